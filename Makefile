@@ -1,0 +1,51 @@
+# llamad: `make run` serves the default model, `make test` runs the tests.
+# Both set everything up first; setup is idempotent and caches native builds
+# outside the repository (see scripts/native.py and src/llamad/_pins.py).
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: setup native ffi run test test-unit bench lint format clean
+
+setup: ffi
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,dev]'
+	touch $@
+
+native: $(STAMP)
+	$(PY) scripts/native.py llama
+	$(PY) scripts/native.py model
+
+ffi: native
+	$(PY) build_ffi.py
+
+run: setup
+	$(PY) -m llamad.demo
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: $(STAMP)
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) scripts/native.py llama --tools
+	$(PY) -m bench.run_all
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench scripts build_ffi.py
+	$(VENV)/bin/ruff format --check src tests bench scripts build_ffi.py
+	$(VENV)/bin/mypy
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format src tests bench scripts build_ffi.py
+	$(VENV)/bin/ruff check --fix src tests bench scripts build_ffi.py
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info src/llamad/llama_ffi/_llama.*

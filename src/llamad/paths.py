@@ -1,0 +1,64 @@
+"""Where llamad keeps things that live outside the repository.
+
+The native cache (llama.cpp builds, the default model) is keyed by the pins in
+:mod:`llamad._pins` so that CI and later runs reuse it. ``LLAMAD_CACHE_DIR``
+moves it; ``LLAMAD_DEFAULT_MODEL`` points at another GGUF.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from llamad import _pins
+from llamad.errors import LlamadError
+
+
+class AssetMissing(LlamadError):
+    """A native asset that ``make setup`` provides is not there."""
+
+    code = "asset_missing"
+
+
+def cache_root() -> Path:
+    env = os.environ.get("LLAMAD_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "llamad"
+
+
+def backend() -> str:
+    name = os.environ.get("LLAMA_BACKEND", "cpu").strip().lower() or "cpu"
+    if name not in _pins.BACKENDS:
+        raise LlamadError(
+            f"LLAMA_BACKEND={name!r} is not one of {', '.join(_pins.BACKENDS)}"
+        )
+    return name
+
+
+def llama_prefix(backend_name: str | None = None) -> Path:
+    """Install prefix of the pinned llama.cpp build for one backend."""
+    name = backend_name or backend()
+    return (
+        cache_root()
+        / "llama.cpp"
+        / f"{_pins.LLAMA_CPP_PYTHON_VERSION}-{_pins.LLAMA_CPP_COMMIT}-{name}"
+    )
+
+
+def default_model_path() -> Path:
+    """Path of the default GGUF; raises :class:`AssetMissing` if absent."""
+    env = os.environ.get("LLAMAD_DEFAULT_MODEL")
+    path = (
+        Path(env).expanduser()
+        if env
+        else cache_root()
+        / "models"
+        / f"{_pins.DEFAULT_MODEL_WHEEL}-{_pins.DEFAULT_MODEL_WHEEL_VERSION}"
+        / _pins.DEFAULT_MODEL_FILE
+    )
+    if not path.is_file():
+        raise AssetMissing(f"default model not found at {path}; run `make setup`")
+    return path
