@@ -103,7 +103,10 @@ def llama_source(prefix: Path) -> Path:
     with tarfile.open(sdist) as tar:
         members = []
         for m in tar.getmembers():
-            if m.name.startswith(member_root) and len(m.name) > len(member_root):
+            rel = m.name[len(member_root):]
+            # The sdist keeps llama.cpp as a git submodule; its `.git` pointer
+            # file would make CMake ask git about a repository that is not there.
+            if m.name.startswith(member_root) and rel and rel != ".git":
                 m.name = m.name[len(member_root):]
                 members.append(m)
         tar.extractall(tmp, members=members, filter="data")
