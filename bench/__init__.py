@@ -1,0 +1,1 @@
+"""llamad benchmarks: peers side by side in one invocation, results as ratios."""
