@@ -1,0 +1,142 @@
+"""The longest-prefix index agrees with a brute-force scan, token-exactly."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llamad.cache.prefix import PrefixIndex, common_prefix_len, tokens_be, tokens_le
+from llamad.errors import BadRequest
+
+pytestmark = pytest.mark.timeout(60)
+
+NS = b"n" * 65
+OTHER_NS = b"o" * 65
+
+
+def le(tokens: list[int]) -> bytes:
+    return struct.pack(f"<{len(tokens)}I", *tokens)
+
+
+def key_of(tokens: list[int]) -> bytes:
+    return b"k" + le(tokens)
+
+
+def brute(rows: list[list[int]], prompt: list[int]) -> tuple[int, int]:
+    """(longest prefix row length, longest common prefix length)."""
+    best_prefix = 0
+    best_common = 0
+    for row in rows:
+        shared = 0
+        for a, b in zip(row, prompt, strict=False):
+            if a != b:
+                break
+            shared += 1
+        best_common = max(best_common, shared)
+        if shared == len(row):
+            best_prefix = max(best_prefix, len(row))
+    return best_prefix, best_common
+
+
+# Small alphabets make shared prefixes and mid-row divergence common; values
+# past 255 make sure multi-byte token ids are compared as whole tokens.
+token = st.sampled_from([0, 1, 2, 255, 256, 65536, 0xFFFFFFFF])
+seqs = st.lists(token, min_size=1, max_size=12)
+
+
+@given(rows=st.lists(seqs, max_size=25, unique_by=tuple), prompt=seqs)
+@settings(max_examples=400, deadline=None)
+def test_prefix_match_agrees_with_brute_force(rows: list[list[int]], prompt: list[int]) -> None:
+    index = PrefixIndex()
+    for row in rows:
+        index.add(NS, le(row), key_of(row))
+    match = index.match(NS, le(prompt))
+    want_prefix, want_common = brute(rows, prompt)
+    assert match.prefix_tokens == want_prefix
+    assert match.common_tokens == want_common
+    if want_prefix:
+        assert match.prefix_key == key_of(prompt[:want_prefix])
+    else:
+        assert match.prefix_key is None
+    if want_common:
+        assert match.common_key is not None
+        row = next(r for r in rows if key_of(r) == match.common_key)
+        assert row[:want_common] == prompt[:want_common]
+        assert match.common_row_tokens == len(row)
+    else:
+        assert match.common_key is None
+
+
+def test_prefix_match_never_crosses_namespaces() -> None:
+    index = PrefixIndex()
+    index.add(OTHER_NS, le([1, 2, 3]), key_of([1, 2, 3]))
+    match = index.match(NS, le([1, 2, 3, 4]))
+    assert match.prefix_key is None and match.common_key is None
+
+
+def test_common_prefix_counts_whole_tokens_only() -> None:
+    index = PrefixIndex()
+    # 0x00000100 and 0x00000101 share three big-endian bytes but no token.
+    index.add(NS, le([7, 0x100]), key_of([7, 0x100]))
+    match = index.match(NS, le([7, 0x101]))
+    assert match.common_tokens == 1
+    assert match.prefix_key is None
+
+
+def test_prefix_walk_descends_past_diverging_rows() -> None:
+    index = PrefixIndex()
+    rows = [[1], [1, 2, 0], [1, 2, 3, 0], [1, 2, 3, 4, 0]]
+    for row in rows:
+        index.add(NS, le(row), key_of(row))
+    match = index.match(NS, le([1, 2, 3, 4, 5]))
+    assert match.prefix_key == key_of([1])
+    assert match.common_tokens == 4
+    assert match.common_key == key_of([1, 2, 3, 4, 0])
+
+
+def test_remove_forgets_a_row() -> None:
+    index = PrefixIndex()
+    index.add(NS, le([1, 2]), key_of([1, 2]))
+    index.add(NS, le([1]), key_of([1]))
+    assert index.remove(NS, le([1, 2]))
+    assert not index.remove(NS, le([1, 2]))
+    assert index.match(NS, le([1, 2, 3])).prefix_key == key_of([1])
+    assert len(index) == 1
+    assert index.remove(NS, le([1]))
+    assert index.namespaces() == 0
+
+
+def test_same_tokens_under_two_keys_is_rejected() -> None:
+    index = PrefixIndex()
+    index.add(NS, le([1]), b"a")
+    index.add(NS, le([1]), b"a")
+    assert len(index) == 1
+    with pytest.raises(BadRequest):
+        index.add(NS, le([1]), b"b")
+
+
+def test_ragged_token_bytes_are_rejected() -> None:
+    with pytest.raises(BadRequest):
+        tokens_be(b"\x01\x02\x03")
+
+
+@given(st.binary(max_size=3000), st.binary(max_size=3000))
+@settings(max_examples=300, deadline=None)
+def test_common_prefix_len_matches_naive(a: bytes, b: bytes) -> None:
+    naive = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        naive += 1
+    assert common_prefix_len(a, b) == naive
+    assert common_prefix_len(a + a, a + b) == len(a) + naive
+
+
+@given(st.lists(st.integers(0, 2**32 - 1), max_size=50))
+def test_big_endian_round_trip(tokens: list[int]) -> None:
+    data = le(tokens)
+    assert tokens_le(tokens_be(data)) == data
+    assert tokens_be(data) == struct.pack(f">{len(tokens)}I", *tokens)
