@@ -1,0 +1,557 @@
+"""The ``.kvc`` file format (SPEC C2): one saved KV state and what produced it.
+
+Layout, little-endian throughout::
+
+    [0, 72)                 fixed header (see HEADER below)
+    [72, 72 + tlv_len)      TLV records: u8 tag, u32 length, value
+    [.., payload_offset)    zero padding up to a 4096-byte boundary
+    [payload_offset, end)   payload: the raw llama_state_seq bytes
+
+Header fields: magic ``LLAMADKV``, u16 format version, u8 save reason, u8
+reserved (0), u32 token count, u32 hit count, u32 context size, u64 created and
+last-used times (unix ns), u64 payload offset and length, u32 TLV length, u32
+CRC32C of ``[72, payload_offset)``, u32 CRC32C of the payload, and last a u32
+CRC32C of the 68 header bytes before it.
+
+Every byte is covered by a check: the header by its own CRC, the TLV region and
+padding by the TLV CRC, the payload by the payload CRC, and the length by
+``payload_offset + payload_len == file size``. So any single-bit flip or any
+truncation is rejected, and the key is recomputed from the TLV (never trusted
+from a file name). The hit count and last-used time live in the header only, so
+cache-meta can persist them by rewriting 72 bytes (:func:`update_stats`).
+
+TLV tags (all required, each once, ascending): 1 fingerprint (32), 2 fingerprint
+mode (1: 0 safe, 1 gguf_chunked, 2 fast_unsafe), 3 quant byte (1), 4 ctx params
+hash (32), 5 hostname (UTF-8), 6 llamad version (UTF-8), 7 reason detail
+(UTF-8), 8 token ids (u32 LE, token count of them).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import time
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import TYPE_CHECKING, Final, Protocol
+
+import crc32c
+
+from llamad import __version__
+from llamad.cache.errors import InvalidCacheValue, KvcCorrupt
+from llamad.cache.key import (
+    CTX_HASH_LEN,
+    FINGERPRINT_LEN,
+    TOKEN_BYTES,
+    FingerprintMode,
+    Namespace,
+    tokens_to_bytes,
+)
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+MAGIC: Final = b"LLAMADKV"
+FORMAT_VERSION: Final = 1
+HEADER: Final = struct.Struct("<8sHBBIIIQQQQIIII")
+HEADER_LEN: Final = HEADER.size
+_HEADER_CRC_SPAN: Final = HEADER_LEN - 4
+PAYLOAD_ALIGN: Final = 4096
+SUFFIX: Final = ".kvc"
+
+MAX_TOKENS: Final = 1 << 24
+MAX_HOSTNAME: Final = 255
+MAX_VERSION: Final = 64
+MAX_REASON_DETAIL: Final = 1024
+MAX_PAYLOAD: Final = 1 << 40
+_TLV_RECORD: Final = struct.Struct("<BI")
+MAX_TLV: Final = (
+    8 * _TLV_RECORD.size
+    + FINGERPRINT_LEN
+    + CTX_HASH_LEN
+    + 2
+    + MAX_HOSTNAME
+    + MAX_VERSION
+    + MAX_REASON_DETAIL
+    + MAX_TOKENS * TOKEN_BYTES
+)
+# Bytes fed to CRC32C and to write(2) per step: small enough to stay in L2
+# between the checksum and the copy, large enough that syscalls don't show.
+IO_CHUNK: Final = 1 << 20
+
+
+class SaveReason(IntEnum):
+    """Why a row was saved (SPEC C10 counts saves per reason)."""
+
+    COLD = 1
+    CONTINUED = 2
+    FINISH = 3
+    EVICT = 4
+    SHUTDOWN = 5
+
+
+class _Tag(IntEnum):
+    FINGERPRINT = 1
+    MODE = 2
+    QUANT = 3
+    CTX_HASH = 4
+    HOSTNAME = 5
+    VERSION = 6
+    REASON_DETAIL = 7
+    TOKENS = 8
+
+
+_MODE_BYTES: Final = {
+    FingerprintMode.SAFE: 0,
+    FingerprintMode.GGUF_CHUNKED: 1,
+    FingerprintMode.FAST_UNSAFE: 2,
+}
+_MODES_BY_BYTE: Final = {v: k for k, v in _MODE_BYTES.items()}
+
+
+class _HasFileno(Protocol):
+    def fileno(self) -> int: ...
+
+
+def _align(n: int) -> int:
+    return -(-n // PAYLOAD_ALIGN) * PAYLOAD_ALIGN
+
+
+def _text(field_name: str, value: str, limit: int) -> bytes:
+    if not isinstance(value, str):
+        raise InvalidCacheValue(field_name, "expected a string")
+    data = value.encode("utf-8")
+    if len(data) > limit:
+        raise InvalidCacheValue(field_name, f"{len(data)} bytes of UTF-8, limit {limit}")
+    return data
+
+
+def _uint(field_name: str, value: int, bits: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << bits:
+        raise InvalidCacheValue(field_name, f"{value!r} is not a u{bits}")
+
+
+@dataclass(frozen=True, slots=True)
+class KvcSpec:
+    """Everything a writer knows about a row before it writes the payload."""
+
+    namespace: Namespace
+    tokens: bytes
+    mode: FingerprintMode
+    reason: SaveReason
+    reason_detail: str = ""
+    context_size: int = 0
+    hit_count: int = 0
+    created_ns: int = field(default_factory=time.time_ns)
+    last_used_ns: int = 0
+    hostname: str = field(default_factory=socket.gethostname)
+    llamad_version: str = __version__
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.namespace, Namespace):
+            raise InvalidCacheValue("namespace", "expected a Namespace")
+        tokens = tokens_to_bytes(self.tokens)
+        n_tokens = len(tokens) // TOKEN_BYTES
+        if not 1 <= n_tokens <= MAX_TOKENS:
+            raise InvalidCacheValue("tokens", f"{n_tokens} tokens, expected 1..{MAX_TOKENS}")
+        object.__setattr__(self, "tokens", tokens)
+        try:
+            object.__setattr__(self, "mode", FingerprintMode(self.mode))
+        except ValueError:
+            raise InvalidCacheValue("mode", f"unknown fingerprint mode {self.mode!r}") from None
+        try:
+            object.__setattr__(self, "reason", SaveReason(self.reason))
+        except ValueError:
+            raise InvalidCacheValue("reason", f"unknown save reason {self.reason!r}") from None
+        _uint("context_size", self.context_size, 32)
+        _uint("hit_count", self.hit_count, 32)
+        _uint("created_ns", self.created_ns, 64)
+        _uint("last_used_ns", self.last_used_ns, 64)
+        if self.last_used_ns == 0:
+            object.__setattr__(self, "last_used_ns", self.created_ns)
+        _text("hostname", self.hostname, MAX_HOSTNAME)
+        _text("llamad_version", self.llamad_version, MAX_VERSION)
+        _text("reason_detail", self.reason_detail, MAX_REASON_DETAIL)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens) // TOKEN_BYTES
+
+    @property
+    def key(self) -> bytes:
+        """The row's 32-byte key."""
+        return self.namespace.key(self.tokens)
+
+    def tlv(self) -> bytes:
+        """The TLV records, in the canonical order :func:`parse` requires."""
+        ns = self.namespace
+        values = (
+            (_Tag.FINGERPRINT, ns.fingerprint),
+            (_Tag.MODE, bytes((_MODE_BYTES[self.mode],))),
+            (_Tag.QUANT, bytes((ns.quant,))),
+            (_Tag.CTX_HASH, ns.ctx_hash),
+            (_Tag.HOSTNAME, self.hostname.encode()),
+            (_Tag.VERSION, self.llamad_version.encode()),
+            (_Tag.REASON_DETAIL, self.reason_detail.encode()),
+            (_Tag.TOKENS, self.tokens),
+        )
+        return b"".join(_TLV_RECORD.pack(tag, len(value)) + value for tag, value in values)
+
+    def payload_offset(self) -> int:
+        return _align(HEADER_LEN + len(self.tlv()))
+
+    def file_size(self, payload_len: int) -> int:
+        """Size of the file this spec produces with a payload of ``payload_len`` bytes."""
+        return self.payload_offset() + payload_len
+
+
+@dataclass(frozen=True, slots=True)
+class KvcMeta:
+    """A validated row as read back from a file: header plus TLV."""
+
+    key: bytes
+    namespace: Namespace
+    mode: FingerprintMode
+    reason: SaveReason
+    reason_detail: str
+    tokens: bytes
+    n_tokens: int
+    hit_count: int
+    context_size: int
+    created_ns: int
+    last_used_ns: int
+    payload_offset: int
+    payload_len: int
+    payload_crc32c: int
+    file_size: int
+    hostname: str
+    llamad_version: str
+
+
+def encode_prefix(spec: KvcSpec, payload_len: int, payload_crc: int) -> bytes:
+    """Header, TLV and padding: the bytes that precede a payload in the file."""
+    _uint("payload_len", payload_len, 64)
+    if payload_len > MAX_PAYLOAD:
+        raise InvalidCacheValue("payload_len", f"{payload_len} exceeds {MAX_PAYLOAD}")
+    tlv = spec.tlv()
+    offset = _align(HEADER_LEN + len(tlv))
+    region = tlv + bytes(offset - HEADER_LEN - len(tlv))
+    head = HEADER.pack(
+        MAGIC,
+        FORMAT_VERSION,
+        spec.reason,
+        0,
+        spec.n_tokens,
+        spec.hit_count,
+        spec.context_size,
+        spec.created_ns,
+        spec.last_used_ns,
+        offset,
+        payload_len,
+        len(tlv),
+        crc32c.crc32c(region),
+        payload_crc,
+        0,
+    )
+    return _seal_header(head) + region
+
+
+def _seal_header(head: bytes | bytearray) -> bytes:
+    crc = crc32c.crc32c(memoryview(head)[:_HEADER_CRC_SPAN])
+    return bytes(head[:_HEADER_CRC_SPAN]) + struct.pack("<I", crc)
+
+
+def _payload_view(payload: Buffer) -> memoryview:
+    view = memoryview(payload)
+    if not view.contiguous:
+        raise InvalidCacheValue("payload", "payload must be a contiguous buffer")
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+def encode_kvc(spec: KvcSpec, payload: Buffer) -> bytes:
+    """A whole file in memory (tests and small payloads; writers use :func:`write_kvc`)."""
+    view = _payload_view(payload)
+    return encode_prefix(spec, len(view), crc32c.crc32c(view)) + bytes(view)
+
+
+def _fd_of(target: int | _HasFileno) -> int:
+    return target if isinstance(target, int) else target.fileno()
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        n = os.pwrite(fd, data, offset)
+        data = data[n:]
+        offset += n
+
+
+def write_kvc(target: int | _HasFileno, spec: KvcSpec, payload: Buffer) -> int:
+    """Write a complete file at offset 0 of ``target``; returns its size in bytes.
+
+    The payload goes from the caller's buffer to the file in chunks, each one
+    checksummed just before it is written (so it is read from memory once and
+    never concatenated into a new buffer); the header, which carries that
+    checksum, is written last. The caller owns durability (fdatasync).
+    """
+    fd = _fd_of(target)
+    view = _payload_view(payload)
+    offset = spec.payload_offset()
+    crc = 0
+    for start in range(0, len(view), IO_CHUNK):
+        chunk = view[start : start + IO_CHUNK]
+        crc = crc32c.crc32c(chunk, crc)
+        _pwrite_all(fd, chunk, offset + start)
+    prefix = encode_prefix(spec, len(view), crc)
+    if len(prefix) != offset:  # pragma: no cover - encode_prefix and payload_offset agree
+        raise AssertionError("prefix length differs from payload offset")
+    _pwrite_all(fd, memoryview(prefix), 0)
+    return offset + len(view)
+
+
+# -- parsing ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Header:
+    reason: SaveReason
+    n_tokens: int
+    hit_count: int
+    context_size: int
+    created_ns: int
+    last_used_ns: int
+    payload_offset: int
+    payload_len: int
+    tlv_len: int
+    tlv_crc: int
+    payload_crc: int
+
+    @property
+    def file_size(self) -> int:
+        return self.payload_offset + self.payload_len
+
+
+def _decode_header(head: bytes | memoryview) -> _Header:
+    if len(head) < HEADER_LEN:
+        raise KvcCorrupt("truncated", f"{len(head)} bytes, shorter than the header")
+    (
+        magic,
+        version,
+        reason,
+        reserved,
+        n_tokens,
+        hit_count,
+        context_size,
+        created_ns,
+        last_used_ns,
+        payload_offset,
+        payload_len,
+        tlv_len,
+        tlv_crc,
+        payload_crc,
+        header_crc,
+    ) = HEADER.unpack_from(head)
+    if magic != MAGIC:
+        raise KvcCorrupt("magic", "not a .kvc file")
+    if version != FORMAT_VERSION:
+        raise KvcCorrupt("version", f"format version {version}, expected {FORMAT_VERSION}")
+    if crc32c.crc32c(memoryview(head)[:_HEADER_CRC_SPAN]) != header_crc:
+        raise KvcCorrupt("header_crc", "header checksum mismatch")
+    # Past the checksum these can only fail for a file we did not write.
+    if reserved != 0 or reason not in SaveReason._value2member_map_:
+        raise KvcCorrupt("field", "bad reason or reserved byte")
+    if not 1 <= n_tokens <= MAX_TOKENS or tlv_len > MAX_TLV or payload_len > MAX_PAYLOAD:
+        raise KvcCorrupt("field", "token count, TLV length or payload length out of range")
+    if payload_offset != _align(HEADER_LEN + tlv_len):
+        raise KvcCorrupt("field", "payload offset does not follow the TLV")
+    return _Header(
+        SaveReason(reason),
+        n_tokens,
+        hit_count,
+        context_size,
+        created_ns,
+        last_used_ns,
+        payload_offset,
+        payload_len,
+        tlv_len,
+        tlv_crc,
+        payload_crc,
+    )
+
+
+def _utf8(tag: _Tag, value: bytes, limit: int) -> str:
+    if len(value) > limit:
+        raise KvcCorrupt("tlv", f"{tag.name.lower()} is {len(value)} bytes, limit {limit}")
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        raise KvcCorrupt("tlv", f"{tag.name.lower()} is not UTF-8") from None
+
+
+def _decode_meta(
+    hdr: _Header, region: bytes | memoryview, file_size: int, expected_key: bytes | None
+) -> KvcMeta:
+    """Validate the TLV region (``[72, payload_offset)``) and build the meta."""
+    if file_size != hdr.file_size:
+        kind = "truncated" if file_size < hdr.file_size else "length"
+        raise KvcCorrupt(kind, f"file is {file_size} bytes, header says {hdr.file_size}")
+    if len(region) != hdr.payload_offset - HEADER_LEN:
+        raise KvcCorrupt("truncated", "TLV region is short")
+    if crc32c.crc32c(region) != hdr.tlv_crc:
+        raise KvcCorrupt("tlv_crc", "TLV checksum mismatch")
+    view = memoryview(region)
+    if any(view[hdr.tlv_len :]):
+        raise KvcCorrupt("tlv", "non-zero padding before the payload")
+    values: dict[_Tag, bytes] = {}
+    pos = 0
+    for tag in _Tag:
+        if pos + _TLV_RECORD.size > hdr.tlv_len:
+            raise KvcCorrupt("tlv", f"missing {tag.name.lower()}")
+        got, length = _TLV_RECORD.unpack_from(view, pos)
+        pos += _TLV_RECORD.size
+        if got != tag:
+            raise KvcCorrupt("tlv", f"tag {got} where {tag.name.lower()} was expected")
+        if length > hdr.tlv_len - pos:
+            raise KvcCorrupt("tlv", f"{tag.name.lower()} runs past the TLV region")
+        values[tag] = bytes(view[pos : pos + length])
+        pos += length
+    if pos != hdr.tlv_len:
+        raise KvcCorrupt("tlv", "trailing bytes after the last TLV record")
+    mode_byte, quant = values[_Tag.MODE], values[_Tag.QUANT]
+    if len(mode_byte) != 1 or mode_byte[0] not in _MODES_BY_BYTE or len(quant) != 1:
+        raise KvcCorrupt("tlv", "bad fingerprint mode or quant byte")
+    tokens = values[_Tag.TOKENS]
+    if len(tokens) != hdr.n_tokens * TOKEN_BYTES:
+        raise KvcCorrupt("tlv", "token ids disagree with the header's token count")
+    try:
+        namespace = Namespace(
+            fingerprint=values[_Tag.FINGERPRINT], quant=quant[0], ctx_hash=values[_Tag.CTX_HASH]
+        )
+    except InvalidCacheValue as exc:
+        raise KvcCorrupt("tlv", str(exc)) from None
+    key = namespace.key(tokens)
+    if expected_key is not None and key != expected_key:
+        raise KvcCorrupt("key_mismatch", "file holds a different key", key=key.hex())
+    return KvcMeta(
+        key=key,
+        namespace=namespace,
+        mode=_MODES_BY_BYTE[mode_byte[0]],
+        reason=hdr.reason,
+        reason_detail=_utf8(_Tag.REASON_DETAIL, values[_Tag.REASON_DETAIL], MAX_REASON_DETAIL),
+        tokens=tokens,
+        n_tokens=hdr.n_tokens,
+        hit_count=hdr.hit_count,
+        context_size=hdr.context_size,
+        created_ns=hdr.created_ns,
+        last_used_ns=hdr.last_used_ns,
+        payload_offset=hdr.payload_offset,
+        payload_len=hdr.payload_len,
+        payload_crc32c=hdr.payload_crc,
+        file_size=file_size,
+        hostname=_utf8(_Tag.HOSTNAME, values[_Tag.HOSTNAME], MAX_HOSTNAME),
+        llamad_version=_utf8(_Tag.VERSION, values[_Tag.VERSION], MAX_VERSION),
+    )
+
+
+def _meta_from_buffer(data: Buffer, expected_key: bytes | None) -> tuple[KvcMeta, memoryview]:
+    view = _payload_view(data)
+    hdr = _decode_header(view[:HEADER_LEN])
+    if len(view) < hdr.payload_offset:
+        raise KvcCorrupt("truncated", f"{len(view)} bytes, shorter than header and TLV")
+    meta = _decode_meta(hdr, view[HEADER_LEN : hdr.payload_offset], len(view), expected_key)
+    return meta, view[hdr.payload_offset :]
+
+
+def _pread_exact(fd: int, n: int, offset: int) -> bytes:
+    data = os.pread(fd, n, offset)
+    while len(data) < n:
+        more = os.pread(fd, n - len(data), offset + len(data))
+        if not more:
+            break
+        data += more
+    return data
+
+
+def read_meta(fd: int, *, expected_key: bytes | None = None) -> KvcMeta:
+    """Validate header and TLV of an open file (no payload checksum)."""
+    size = os.fstat(fd).st_size
+    hdr = _decode_header(_pread_exact(fd, HEADER_LEN, 0))
+    if size < hdr.payload_offset:
+        raise KvcCorrupt("truncated", f"file is {size} bytes, shorter than header and TLV")
+    region = _pread_exact(fd, hdr.payload_offset - HEADER_LEN, HEADER_LEN)
+    return _decode_meta(hdr, region, size, expected_key)
+
+
+def parse_meta(
+    data_or_path: Buffer | str | os.PathLike[str], *, expected_key: bytes | None = None
+) -> KvcMeta:
+    """Validate everything except the payload checksum (the fast path for scans).
+
+    Accepts a whole file's bytes or a path. Recomputes the key from the TLV and,
+    when ``expected_key`` is given, requires it to match. Raises
+    :class:`KvcCorrupt` for anything else.
+    """
+    if isinstance(data_or_path, str | os.PathLike):
+        fd = os.open(data_or_path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return read_meta(fd, expected_key=expected_key)
+        finally:
+            os.close(fd)
+    return _meta_from_buffer(data_or_path, expected_key)[0]
+
+
+def parse(data: Buffer, *, expected_key: bytes | None = None) -> tuple[KvcMeta, memoryview]:
+    """Fully validate a file held in memory; returns the meta and a view of the payload."""
+    meta, payload = _meta_from_buffer(data, expected_key)
+    if crc32c.crc32c(payload) != meta.payload_crc32c:
+        raise KvcCorrupt("payload_crc", "payload checksum mismatch")
+    return meta, payload
+
+
+def read_payload_into(fd: int, meta: KvcMeta, buffer: Buffer) -> int:
+    """Read the payload of a validated file into ``buffer`` and check its CRC.
+
+    Plain ``preadv`` into the caller's memory (no mmap, so a file truncated
+    underneath cannot fault the reader), checksumming each chunk while it is
+    still in cache. Returns the payload length; raises :class:`KvcCorrupt` on a
+    short read or checksum mismatch, after which the buffer holds junk.
+    """
+    view = _payload_view(buffer)
+    if len(view) < meta.payload_len:
+        raise InvalidCacheValue("buffer", f"{len(view)} bytes, payload needs {meta.payload_len}")
+    crc = 0
+    done = 0
+    while done < meta.payload_len:
+        chunk = view[done : min(meta.payload_len, done + IO_CHUNK)]
+        n = os.preadv(fd, [chunk], meta.payload_offset + done)
+        if n <= 0:
+            raise KvcCorrupt("truncated", f"payload ends after {done} bytes")
+        crc = crc32c.crc32c(chunk[:n], crc)
+        done += n
+    if crc != meta.payload_crc32c:
+        raise KvcCorrupt("payload_crc", "payload checksum mismatch")
+    return meta.payload_len
+
+
+def update_stats(fd: int, *, hit_count: int, last_used_ns: int) -> None:
+    """Persist a row's hit count and last-used time by rewriting its header.
+
+    Only cache-meta calls this, and only on rows nobody has pinned, so no
+    reader sees the 72-byte rewrite half done; the header sits in one sector,
+    which storage writes atomically.
+    """
+    _uint("hit_count", hit_count, 32)
+    _uint("last_used_ns", last_used_ns, 64)
+    head = _pread_exact(fd, HEADER_LEN, 0)
+    _decode_header(head)
+    fields = list(HEADER.unpack(head))
+    fields[5] = hit_count
+    fields[8] = last_used_ns
+    _pwrite_all(fd, memoryview(_seal_header(HEADER.pack(*fields))), 0)
+
+
+def file_name(key: bytes) -> str:
+    """``<64 hex digits>.kvc``: the published name of a key."""
+    if len(key) != 32:
+        raise InvalidCacheValue("key", f"expected 32 bytes, got {len(key)}")
+    return key.hex() + SUFFIX
