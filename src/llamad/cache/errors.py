@@ -78,3 +78,26 @@ class PublishAbandoned(CacheError):
     """The writer gave up cleanly: its reservation was superseded or cancelled."""
 
     code = "publish_abandoned"
+
+
+# cache-meta refusals (meta engineer). The writer tells them apart: an
+# already-cached or in-flight key counts as ``duplicate_dropped``, a full tier
+# as ``saves_dropped``.
+
+
+class AlreadyCached(SaveRefused):
+    """``reserve_save`` for a key that is already published: nothing to write."""
+
+    code = "already_cached"
+
+
+class SaveInFlight(SaveRefused):
+    """Another writer holds a live reservation for this key."""
+
+    code = "save_in_flight"
+
+
+class CacheFull(SaveRefused):
+    """The tier cannot make room: the row exceeds its quota or the rest is pinned."""
+
+    code = "cache_full"
