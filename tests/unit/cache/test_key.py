@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -203,10 +204,8 @@ def test_effective_fingerprint_depends_on_scale_and_adapter() -> None:
     assert one == effective_fingerprint(base, [(a, 1.0 + 1e-9)])
 
 
-def test_model_fingerprint_safe_is_the_file_sha256(tmp_path: object) -> None:
-    from pathlib import Path
-
-    path = Path(str(tmp_path)) / "m.bin"
+def test_model_fingerprint_safe_is_the_file_sha256(tmp_path: Path) -> None:
+    path = tmp_path / "m.bin"
     path.write_bytes(b"weights" * 1000)
     digest = hashlib.sha256(path.read_bytes()).digest()
     assert model_fingerprint(path, "safe") == digest
@@ -215,7 +214,7 @@ def test_model_fingerprint_safe_is_the_file_sha256(tmp_path: object) -> None:
         model_fingerprint(path, "safe", supplied=b"\x00" * 32)
 
 
-def test_fast_unsafe_trusts_the_supplied_fingerprint_and_requires_one(tmp_path: object) -> None:
+def test_fast_unsafe_trusts_the_supplied_fingerprint_and_requires_one() -> None:
     assert model_fingerprint("/nonexistent", "fast_unsafe", supplied=b"\x07" * 32) == b"\x07" * 32
     with pytest.raises(InvalidCacheValue):
         model_fingerprint("/nonexistent", "fast_unsafe")
