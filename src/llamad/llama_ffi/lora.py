@@ -1,0 +1,104 @@
+"""LoRA adapters (SPEC L10).
+
+An adapter is loaded for one model (:meth:`Model.load_adapter`), attached to
+contexts at a scale (:meth:`Context.set_adapter`) and unloaded with
+:meth:`LoraAdapter.unload`, which first detaches it from every live context.
+Adapters lease the model, and attached contexts lease the adapter, so the
+native free order is always context → adapter → model.
+
+The cache identity of a context with adapters is
+:func:`effective_fingerprint` (owned by :mod:`llamad.cache.key`) over the
+``(sha256 of the adapter file, scale)`` of every adapter with a non-zero scale.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from llamad.cache.fingerprint import file_sha256
+from llamad.cache.key import effective_fingerprint
+from llamad.llama_ffi.errors import AdapterError
+from llamad.llama_ffi.gguf_check import check_gguf
+from llamad.llama_ffi.lifetime import NativeHandle
+from llamad.llama_ffi.native import ffi, lib, read_metadata
+
+if TYPE_CHECKING:
+    from llamad.llama_ffi.model import Model
+
+__all__ = ["LoraAdapter", "effective_fingerprint"]
+
+log = structlog.get_logger("llamad.llama_ffi")
+
+
+def _adapter_free(model_handle: NativeHandle, path: str) -> Callable[[Any], None]:
+    def free(ptr: Any) -> None:
+        lib.llama_adapter_lora_free(ptr)
+        model_handle.release()
+        log.info("adapter.freed", path=path)
+
+    return free
+
+
+class LoraAdapter:
+    """One LoRA adapter GGUF loaded for ``model``.
+
+    ``sha256`` is the digest of the adapter file, folded into the cache key by
+    :meth:`Context.effective_fingerprint`.
+    """
+
+    def __init__(self, model: Model, path: str | os.PathLike[str]) -> None:
+        self.model = model
+        self.path = Path(path)
+        check_gguf(self.path)
+        self.sha256 = file_sha256(self.path)
+        model_handle = model.native_handle
+        model_ptr = model_handle.acquire()
+        try:
+            ptr = lib.llama_adapter_lora_init(model_ptr, os.fsencode(self.path))
+            if ptr == ffi.NULL:
+                raise AdapterError(
+                    f"llama.cpp could not load {self.path} as a LoRA adapter for this model "
+                    "(see llama.log events)",
+                    details={"path": str(self.path)},
+                )
+        except BaseException:
+            model_handle.release()
+            raise
+        self._handle = NativeHandle(ptr, _adapter_free(model_handle, str(self.path)), "adapter")
+        self._finalizer = weakref.finalize(self, self._handle.close)
+        log.info("adapter.loaded", path=str(self.path), sha256=self.sha256.hex())
+
+    @property
+    def native_handle(self) -> NativeHandle:
+        return self._handle
+
+    @property
+    def closed(self) -> bool:
+        return self._handle.closed
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The adapter's GGUF metadata key/values (scalars only)."""
+        with self._handle.lease() as ptr:
+            return read_metadata(
+                ptr,
+                lib.llama_adapter_meta_count,
+                lib.llama_adapter_meta_key_by_index,
+                lib.llama_adapter_meta_val_str_by_index,
+            )
+
+    def unload(self) -> None:
+        """Detach from every context of the model and free the adapter (idempotent)."""
+        for ctx in self.model._live_contexts():
+            ctx.remove_adapter(self)
+        self._finalizer()
+
+    def __repr__(self) -> str:
+        state = "unloaded" if self.closed else "loaded"
+        return f"<LoraAdapter {self.path.name} {self.sha256.hex()[:12]} {state}>"

@@ -1,0 +1,145 @@
+"""The compiled extension, process-wide llama.cpp initialisation and log routing.
+
+llama.cpp writes a great deal to stderr by default. :func:`ensure_backend`
+(called before any model is loaded) installs a log callback that forwards
+messages at or above a threshold into structlog as ``llama.log`` events and
+drops the rest in C, so debug chatter never costs a trip into Python. The
+threshold comes from ``LLAMAD_LLAMA_LOG`` (``debug``, ``info``, ``warn``,
+``error``, ``off``; default ``warn``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from llamad.llama_ffi.errors import LlamaError
+
+try:
+    from llamad.llama_ffi._llama import ffi, lib
+except ImportError as exc:  # pragma: no cover - only without `make setup`
+    raise LlamaError("the llama.cpp binding is not built; run `make setup` (build_ffi.py)") from exc
+
+__all__ = [
+    "ensure_backend",
+    "ffi",
+    "lib",
+    "read_metadata",
+    "read_string",
+    "set_log_level",
+    "system_info",
+]
+
+log = structlog.get_logger("llamad.llama_ffi")
+
+LOG_LEVELS: dict[str, int] = {
+    "debug": int(lib.GGML_LOG_LEVEL_DEBUG),
+    "info": int(lib.GGML_LOG_LEVEL_INFO),
+    "warn": int(lib.GGML_LOG_LEVEL_WARN),
+    "warning": int(lib.GGML_LOG_LEVEL_WARN),
+    "error": int(lib.GGML_LOG_LEVEL_ERROR),
+    "off": int(lib.GGML_LOG_LEVEL_CONT),
+    "none": int(lib.GGML_LOG_LEVEL_CONT),
+}
+_STRUCTLOG_METHOD = {
+    int(lib.GGML_LOG_LEVEL_DEBUG): "debug",
+    int(lib.GGML_LOG_LEVEL_INFO): "info",
+    int(lib.GGML_LOG_LEVEL_WARN): "warning",
+    int(lib.GGML_LOG_LEVEL_ERROR): "error",
+}
+
+_init_lock = threading.Lock()
+_initialised = False
+
+
+@ffi.def_extern(onerror=lambda *_: None)  # type: ignore[untyped-decorator]
+def _llamad_log_cb(level: int, text: Any, _user_data: Any) -> None:
+    # Runs on llama.cpp's threads as well as ours; it must never raise into C,
+    # hence the blanket guard (and onerror as the last line of defence).
+    try:
+        message = ffi.string(text).decode("utf-8", "replace").strip()
+        # Load progress is drawn as bare dots; they carry no information.
+        if not message or not message.strip("."):
+            return
+        method = _STRUCTLOG_METHOD.get(int(level), "info")
+        getattr(log, method)("llama.log", message=message)
+    except BaseException:
+        return
+
+
+def _level_from_env() -> int:
+    raw = os.environ.get("LLAMAD_LLAMA_LOG", "warn").strip().lower()
+    return LOG_LEVELS.get(raw, LOG_LEVELS["warn"])
+
+
+def set_log_level(level: str) -> None:
+    """Change which llama.cpp messages reach structlog (``debug`` … ``off``)."""
+    try:
+        value = LOG_LEVELS[level.strip().lower()]
+    except KeyError:
+        raise LlamaError(
+            f"unknown llama log level {level!r}; expected one of {sorted(LOG_LEVELS)}"
+        ) from None
+    lib.llamad_log_install(value)
+
+
+def _silence_at_exit() -> None:
+    # A C++ destructor that logs after the interpreter is finalised would call
+    # into a dead interpreter; past this point logging stays entirely in C.
+    lib.llamad_log_install(LOG_LEVELS["off"])
+
+
+def ensure_backend() -> None:
+    """Initialise llama.cpp once per process and route its logs (idempotent)."""
+    global _initialised
+    if _initialised:
+        return
+    with _init_lock:
+        if _initialised:
+            return
+        lib.llamad_log_install(_level_from_env())
+        lib.llama_backend_init()
+        atexit.register(_silence_at_exit)
+        _initialised = True
+
+
+def system_info() -> str:
+    """llama.cpp's one-line description of the CPU features it was built for."""
+    ensure_backend()
+    return str(ffi.string(lib.llama_print_system_info()).decode("utf-8", "replace"))
+
+
+def read_string(fn: Callable[[Any, int], int], initial: int = 256) -> str | None:
+    """Call a llama.cpp ``(buf, size) -> length`` string getter, growing the
+    buffer until the value fits; None when llama.cpp reports no value."""
+    size = initial
+    while True:
+        buf = ffi.new("char[]", size)
+        n = int(fn(buf, size))
+        if n < 0:
+            return None
+        if n < size:
+            return bytes(ffi.buffer(buf, n)).decode("utf-8", "replace")
+        size = n + 1
+
+
+def read_metadata(
+    owner: Any,
+    count: Callable[[Any], int],
+    key_by_index: Callable[[Any, int, Any, int], int],
+    val_by_index: Callable[[Any, int, Any, int], int],
+) -> dict[str, str]:
+    """GGUF scalar metadata of a model or adapter through llama.cpp's indexed getters."""
+    out: dict[str, str] = {}
+    for i in range(int(count(owner))):
+        key = read_string(functools.partial(key_by_index, owner, i))
+        val = read_string(functools.partial(val_by_index, owner, i))
+        if key is not None and val is not None:
+            out[key] = val
+    return out

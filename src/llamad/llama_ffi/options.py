@@ -1,0 +1,208 @@
+"""Load and context options: frozen, validated at construction.
+
+An invalid value raises :class:`llamad.errors.ConfigError` naming the field, so
+a bad model configuration is a refusal to start rather than a surprise inside
+llama.cpp.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from llamad.errors import ConfigError
+from llamad.llama_ffi.native import lib
+
+__all__ = [
+    "ContextOptions",
+    "FlashAttn",
+    "KVType",
+    "LoadMode",
+    "ModelOptions",
+    "PoolingType",
+    "SplitMode",
+    "default_threads",
+]
+
+
+class LoadMode(enum.IntEnum):
+    """How llama.cpp maps the weights (``llama_load_mode``)."""
+
+    AUTO = int(lib.LLAMA_LOAD_MODE_AUTO)
+    NONE = int(lib.LLAMA_LOAD_MODE_NONE)
+    MMAP = int(lib.LLAMA_LOAD_MODE_MMAP)
+    MLOCK = int(lib.LLAMA_LOAD_MODE_MLOCK)
+    MMAP_MLOCK = int(lib.LLAMA_LOAD_MODE_MMAP_MLOCK)
+    DIRECT_IO = int(lib.LLAMA_LOAD_MODE_DIRECT_IO)
+
+
+class SplitMode(enum.IntEnum):
+    """How a model is split across several GPUs (``llama_split_mode``)."""
+
+    NONE = int(lib.LLAMA_SPLIT_MODE_NONE)
+    LAYER = int(lib.LLAMA_SPLIT_MODE_LAYER)
+    ROW = int(lib.LLAMA_SPLIT_MODE_ROW)
+    TENSOR = int(lib.LLAMA_SPLIT_MODE_TENSOR)
+
+
+class FlashAttn(enum.IntEnum):
+    """Flash attention: let llama.cpp decide, force off, or force on."""
+
+    AUTO = int(lib.LLAMA_FLASH_ATTN_TYPE_AUTO)
+    OFF = int(lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+    ON = int(lib.LLAMA_FLASH_ATTN_TYPE_ENABLED)
+
+
+class PoolingType(enum.IntEnum):
+    """How token embeddings are pooled per sequence (``llama_pooling_type``)."""
+
+    UNSPECIFIED = int(lib.LLAMA_POOLING_TYPE_UNSPECIFIED)
+    NONE = int(lib.LLAMA_POOLING_TYPE_NONE)
+    MEAN = int(lib.LLAMA_POOLING_TYPE_MEAN)
+    CLS = int(lib.LLAMA_POOLING_TYPE_CLS)
+    LAST = int(lib.LLAMA_POOLING_TYPE_LAST)
+    RANK = int(lib.LLAMA_POOLING_TYPE_RANK)
+
+
+class KVType(enum.IntEnum):
+    """Element type of the K and V caches (a subset of ``ggml_type``)."""
+
+    F32 = int(lib.GGML_TYPE_F32)
+    F16 = int(lib.GGML_TYPE_F16)
+    BF16 = int(lib.GGML_TYPE_BF16)
+    Q8_0 = int(lib.GGML_TYPE_Q8_0)
+    Q5_1 = int(lib.GGML_TYPE_Q5_1)
+    Q5_0 = int(lib.GGML_TYPE_Q5_0)
+    Q4_1 = int(lib.GGML_TYPE_Q4_1)
+    Q4_0 = int(lib.GGML_TYPE_Q4_0)
+    IQ4_NL = int(lib.GGML_TYPE_IQ4_NL)
+
+    @property
+    def quantized(self) -> bool:
+        return self not in (KVType.F32, KVType.F16, KVType.BF16)
+
+
+def default_threads() -> int:
+    """Cores this process may run on (the benchmark bar assumes all of them)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - non-Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _coerce_enum(owner: object, name: str, kind: type[enum.IntEnum]) -> None:
+    value = getattr(owner, name)
+    if isinstance(value, kind):
+        return
+    try:
+        coerced = kind[value.upper()] if isinstance(value, str) else kind(value)
+    except (KeyError, ValueError):
+        choices = ", ".join(m.name.lower() for m in kind)
+        raise ConfigError(f"{name}: {value!r} is not one of {choices}") from None
+    object.__setattr__(owner, name, coerced)
+
+
+def _require(cond: bool, name: str, message: str) -> None:
+    if not cond:
+        raise ConfigError(f"{name}: {message}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """How to load a model (SPEC L2).
+
+    ``n_gpu_layers`` -1 offloads every layer (no effect on a CPU build);
+    ``tensor_split`` gives each GPU's share (at most ``llama_max_devices()``
+    entries); ``vocab_only`` loads the tokenizer without weights.
+    """
+
+    n_gpu_layers: int = -1
+    load_mode: LoadMode = LoadMode.AUTO
+    vocab_only: bool = False
+    split_mode: SplitMode = SplitMode.LAYER
+    main_gpu: int = 0
+    tensor_split: tuple[float, ...] = ()
+    check_tensors: bool = False
+
+    def __post_init__(self) -> None:
+        _coerce_enum(self, "load_mode", LoadMode)
+        _coerce_enum(self, "split_mode", SplitMode)
+        _require(_is_int(self.n_gpu_layers), "n_gpu_layers", "must be an integer")
+        _require(self.n_gpu_layers >= -1, "n_gpu_layers", "must be >= -1 (-1 = all)")
+        _require(_is_int(self.main_gpu) and self.main_gpu >= 0, "main_gpu", "must be >= 0")
+        _require(isinstance(self.vocab_only, bool), "vocab_only", "must be a bool")
+        _require(isinstance(self.check_tensors, bool), "check_tensors", "must be a bool")
+        split = tuple(self.tensor_split)
+        object.__setattr__(self, "tensor_split", split)
+        max_devices = int(lib.llama_max_devices())
+        _require(
+            len(split) <= max_devices,
+            "tensor_split",
+            f"at most {max_devices} entries (llama_max_devices)",
+        )
+        _require(
+            all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in split),
+            "tensor_split",
+            "entries must be finite and >= 0",
+        )
+
+
+@dataclass(frozen=True)
+class ContextOptions:
+    """Options of one inference context (SPEC L3).
+
+    ``n_threads``/``n_threads_batch`` default to every core this process may
+    use. ``n_ctx`` is the total across sequences; unless ``kv_unified`` each
+    of the ``n_seq_max`` sequences gets ``n_ctx / n_seq_max`` positions.
+    ``pooling`` only matters with ``embeddings`` (or :meth:`Context.embed`);
+    ``UNSPECIFIED`` takes the model's own choice.
+    """
+
+    n_ctx: int = 4096
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    n_seq_max: int = 1
+    n_threads: int = field(default_factory=default_threads)
+    n_threads_batch: int = field(default_factory=default_threads)
+    flash_attn: FlashAttn = FlashAttn.AUTO
+    type_k: KVType = KVType.F16
+    type_v: KVType = KVType.F16
+    embeddings: bool = False
+    pooling: PoolingType = PoolingType.UNSPECIFIED
+    kv_unified: bool = False
+    offload_kqv: bool = True
+
+    def __post_init__(self) -> None:
+        _coerce_enum(self, "flash_attn", FlashAttn)
+        _coerce_enum(self, "type_k", KVType)
+        _coerce_enum(self, "type_v", KVType)
+        _coerce_enum(self, "pooling", PoolingType)
+        for name in ("n_ctx", "n_batch", "n_ubatch", "n_seq_max", "n_threads", "n_threads_batch"):
+            _require(_is_int(getattr(self, name)), name, "must be an integer")
+        _require(self.n_ctx >= 1, "n_ctx", "must be >= 1")
+        _require(self.n_batch >= 1, "n_batch", "must be >= 1")
+        _require(1 <= self.n_ubatch <= self.n_batch, "n_ubatch", "must be in [1, n_batch]")
+        max_seq = int(lib.llama_max_parallel_sequences())
+        _require(1 <= self.n_seq_max <= max_seq, "n_seq_max", f"must be in [1, {max_seq}]")
+        _require(
+            self.n_ctx >= self.n_seq_max,
+            "n_ctx",
+            "must be >= n_seq_max (every sequence needs room)",
+        )
+        _require(self.n_threads >= 1, "n_threads", "must be >= 1")
+        _require(self.n_threads_batch >= 1, "n_threads_batch", "must be >= 1")
+        # llama.cpp can only read a quantised V cache through flash attention.
+        _require(
+            not (self.type_v.quantized and self.flash_attn is FlashAttn.OFF),
+            "type_v",
+            f"{self.type_v.name} needs flash_attn on or auto",
+        )
+        for name in ("embeddings", "kv_unified", "offload_kqv"):
+            _require(isinstance(getattr(self, name), bool), name, "must be a bool")

@@ -1,0 +1,159 @@
+
+/* llamad shim: small C helpers compiled into llamad.llama_ffi._llama.
+ *
+ * They exist for two reasons: loops over every token of a batch are far too
+ * slow through cffi one field at a time, and llama.cpp logs from its own
+ * threads at a rate where calling into Python for messages we drop anyway
+ * would cost real time.
+ */
+
+#include <stdint.h>
+#include <stddef.h>
+#include <math.h>
+
+static void _llamad_log_cb(enum ggml_log_level level, const char * text, void * user_data);
+
+/* Messages below this level never reach Python. GGML_LOG_LEVEL_CONT (5) and
+ * above means "silent": nothing reaches Python at all, which is also the state
+ * installed at interpreter exit so that a late log line from a C++ destructor
+ * cannot call into a finalised interpreter. */
+static volatile int llamad_log_min = GGML_LOG_LEVEL_WARN;
+/* Level of the last message, so that a CONT fragment inherits it. A race
+ * between threads only mislabels a continuation fragment. */
+static volatile int llamad_log_last = GGML_LOG_LEVEL_INFO;
+
+static void llamad_log_filter(enum ggml_log_level level, const char * text, void * user_data) {
+    int effective = (int) level;
+    if (level == GGML_LOG_LEVEL_CONT) {
+        effective = llamad_log_last;
+    } else {
+        llamad_log_last = (int) level;
+    }
+    if (effective < llamad_log_min || llamad_log_min >= GGML_LOG_LEVEL_CONT) {
+        return;
+    }
+    _llamad_log_cb((enum ggml_log_level) effective, text, user_data);
+}
+
+static void llamad_log_silent(enum ggml_log_level level, const char * text, void * user_data) {
+    (void) level;
+    (void) text;
+    (void) user_data;
+}
+
+void llamad_log_install(int min_level) {
+    llamad_log_min = min_level;
+    if (min_level >= GGML_LOG_LEVEL_CONT) {
+        llama_log_set(llamad_log_silent, NULL);
+    } else {
+        llama_log_set(llamad_log_filter, NULL);
+    }
+}
+
+/* Append one run of consecutive positions of a single sequence. Returns the
+ * index of the first appended row, or -1 when the batch would overflow
+ * `capacity` (the batch is then left unchanged). */
+int32_t llamad_batch_add_seq(struct llama_batch * batch, int32_t capacity, const llama_token * tokens,
+                             int32_t n_tokens, llama_pos pos0, llama_seq_id seq_id, int8_t logits_last) {
+    int32_t start = batch->n_tokens;
+    if (n_tokens < 0 || start < 0 || n_tokens > capacity - start) {
+        return -1;
+    }
+    for (int32_t i = 0; i < n_tokens; i++) {
+        int32_t row = start + i;
+        batch->token[row] = tokens[i];
+        batch->pos[row] = pos0 + i;
+        batch->n_seq_id[row] = 1;
+        batch->seq_id[row][0] = seq_id;
+        batch->logits[row] = 0;
+    }
+    if (n_tokens > 0 && logits_last) {
+        batch->logits[start + n_tokens - 1] = 1;
+    }
+    batch->n_tokens = start + n_tokens;
+    return start;
+}
+
+/* Validate every row against the context before llama.cpp sees the batch,
+ * because several bad inputs trip GGML_ASSERT (an abort) instead of an error
+ * return. Returns 0 when valid, else 1 = token id out of range, 2 = sequence
+ * id out of range, 3 = position outside [0, n_ctx_seq); *bad_row names the
+ * first offending row. */
+int32_t llamad_batch_check(const struct llama_batch * batch, int32_t n_vocab, int32_t n_seq_max,
+                           llama_pos n_ctx_seq, int32_t * bad_row) {
+    for (int32_t i = 0; i < batch->n_tokens; i++) {
+        *bad_row = i;
+        llama_token t = batch->token[i];
+        if (t < 0 || t >= n_vocab) {
+            return 1;
+        }
+        for (int32_t s = 0; s < batch->n_seq_id[i]; s++) {
+            llama_seq_id id = batch->seq_id[i][s];
+            if (id < 0 || id >= n_seq_max) {
+                return 2;
+            }
+        }
+        if (batch->pos[i] < 0 || batch->pos[i] >= n_ctx_seq) {
+            return 3;
+        }
+    }
+    *bad_row = -1;
+    return 0;
+}
+
+/* Index of the first token outside [0, n_vocab), or -1 when all are valid. */
+int32_t llamad_tokens_check(const llama_token * tokens, int32_t n_tokens, int32_t n_vocab) {
+    for (int32_t i = 0; i < n_tokens; i++) {
+        if (tokens[i] < 0 || tokens[i] >= n_vocab) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+/* Touch one byte per page, writing back what was read, so every page of the
+ * buffer is mapped writable before a state copy lands in it; contents are
+ * preserved. */
+void llamad_prefault(uint8_t * data, size_t size, size_t page) {
+    volatile uint8_t * p = data;
+    if (page == 0) {
+        page = 4096;
+    }
+    for (size_t off = 0; off < size; off += page) {
+        p[off] = p[off];
+    }
+    if (size > 0) {
+        p[size - 1] = p[size - 1];
+    }
+}
+
+/* Sample one token from output row `idx`: what llama_sampler_sample does,
+ * with two checks it lacks. A row without logits returns 1 instead of
+ * tripping an assert, and when every candidate was ruled out (a grammar that
+ * nothing satisfies once biases are applied) it returns 2 *before* accepting
+ * the token: accepting it would make the grammar abort the process. `scratch`
+ * holds n_vocab entries, reused across calls so sampling allocates nothing. */
+int32_t llamad_sample(struct llama_sampler * chain, struct llama_context * ctx, int32_t idx,
+                      llama_token_data * scratch, int32_t n_vocab, llama_token * out) {
+    const float * logits = llama_get_logits_ith(ctx, idx);
+    if (logits == NULL) {
+        return 1;
+    }
+    for (int32_t i = 0; i < n_vocab; i++) {
+        scratch[i].id = i;
+        scratch[i].logit = logits[i];
+        scratch[i].p = 0.0f;
+    }
+    llama_token_data_array cur = { scratch, (size_t) n_vocab, -1, false };
+    llama_sampler_apply(chain, &cur);
+    if (cur.selected < 0 || (size_t) cur.selected >= cur.size) {
+        return 2;
+    }
+    const llama_token_data picked = cur.data[cur.selected];
+    if (isnan(picked.logit) || (isinf(picked.logit) && picked.logit < 0)) {
+        return 2;
+    }
+    llama_sampler_accept(chain, picked.id);
+    *out = picked.id;
+    return 0;
+}
