@@ -1,0 +1,209 @@
+"""What a cache lookup answers, and how a prefix match becomes a restore plan (SPEC C8).
+
+A lookup is one round trip to cache-meta. Its answer names at most one row,
+already **pinned** for the caller (so it cannot be evicted while the loader
+reads it), where the row lives, and how many of the prompt's tokens the
+restored state covers. The model worker then reads the row's bytes straight
+from shared memory or a file, hands them to ``llama_state_seq_set_data``,
+truncates the sequence to ``use_tokens`` when the row runs past the prompt,
+prefills the rest, and checks the pin back in.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from llamad.cache.prefix import PrefixMatch
+from llamad.errors import BadRequest
+
+__all__ = [
+    "HitKind",
+    "Lookup",
+    "LookupPolicy",
+    "RowRef",
+    "choose_restore",
+]
+
+
+class HitKind(StrEnum):
+    """How the returned row relates to the prompt."""
+
+    EXACT = "exact"
+    """The row holds exactly the prompt's tokens."""
+    PREFIX = "prefix"
+    """The row's tokens are a proper prefix of the prompt: restore, prefill the rest."""
+    COMMON = "common"
+    """The row shares ``use_tokens`` leading tokens with the prompt and then diverges:
+    restore it, truncate the sequence to ``use_tokens``, prefill the rest."""
+
+
+@dataclass(frozen=True, slots=True)
+class RowRef:
+    """Where a published row lives, handed to the loader.
+
+    ``pin`` is the pin id to check back in (``None`` when the row was not
+    pinned). ``location`` is tier-specific: a file path for ``ram_file`` and
+    ``disk``, a shared-memory segment name for ``ram``. ``size`` is the whole
+    ``.kvc`` size, so the loader can size its buffer before reading.
+    """
+
+    key: bytes
+    tier: str
+    location: str
+    size: int
+    n_tokens: int
+    pin: int | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "tier": self.tier,
+            "location": self.location,
+            "size": self.size,
+            "n_tokens": self.n_tokens,
+            "pin": self.pin,
+        }
+
+    @classmethod
+    def from_wire(cls, body: Any) -> RowRef:
+        if not isinstance(body, dict):
+            raise BadRequest("row must be a map", details={"field": "row"})
+        try:
+            key, tier, location = body["key"], body["tier"], body["location"]
+            size, n_tokens, pin = body["size"], body["n_tokens"], body.get("pin")
+        except KeyError as exc:
+            raise BadRequest(f"row is missing {exc.args[0]!r}", details={"field": "row"}) from None
+        if not isinstance(key, bytes) or not isinstance(tier, str) or not isinstance(location, str):
+            raise BadRequest("row key/tier/location have the wrong types", details={"field": "row"})
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (size, n_tokens)):
+            raise BadRequest("row size/n_tokens must be ints", details={"field": "row"})
+        if pin is not None and (not isinstance(pin, int) or isinstance(pin, bool)):
+            raise BadRequest("row pin must be an int or nil", details={"field": "row"})
+        return cls(key, tier, location, size, n_tokens, pin)
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """The answer to a prefix lookup (and to the worker's combined resolve).
+
+    ``row`` is ``None`` on a miss. ``use_tokens`` is how many prompt tokens the
+    restored row covers. ``common_tokens``/``common_key`` report the longest
+    common prefix between the prompt and *any* saved row of the namespace,
+    even when that row was not chosen (or on a miss), so callers can see what
+    a restore-and-truncate could have saved. ``resumed`` says the answer waited
+    for an in-flight save to publish. ``probes`` counts index comparisons.
+    """
+
+    kind: HitKind | None
+    row: RowRef | None
+    use_tokens: int
+    common_tokens: int
+    common_key: bytes | None
+    resumed: bool = False
+    probes: int = 0
+
+    @property
+    def hit(self) -> bool:
+        return self.row is not None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "kind": None if self.kind is None else self.kind.value,
+            "row": None if self.row is None else self.row.to_wire(),
+            "use_tokens": self.use_tokens,
+            "common_tokens": self.common_tokens,
+            "common_key": self.common_key,
+            "resumed": self.resumed,
+            "probes": self.probes,
+        }
+
+    @classmethod
+    def from_wire(cls, body: Any) -> Lookup:
+        if not isinstance(body, dict):
+            raise BadRequest("lookup must be a map", details={"field": "lookup"})
+        kind = body.get("kind")
+        row = body.get("row")
+        try:
+            return cls(
+                kind=None if kind is None else HitKind(kind),
+                row=None if row is None else RowRef.from_wire(row),
+                use_tokens=int(body["use_tokens"]),
+                common_tokens=int(body["common_tokens"]),
+                common_key=body.get("common_key"),
+                resumed=bool(body.get("resumed", False)),
+                probes=int(body.get("probes", 0)),
+            )
+        except (KeyError, ValueError, TypeError) as exc:
+            raise BadRequest(f"malformed lookup: {exc}", details={"field": "lookup"}) from None
+
+
+@dataclass(frozen=True, slots=True)
+class LookupPolicy:
+    """When restoring a diverging row and truncating it beats a shorter prefix row.
+
+    ``restore_cost`` is the cost of restoring one token relative to prefilling
+    one (restoring 2048 tokens of the default model costs ~5 ms, prefilling
+    them seconds, so the true ratio is far below the default 0.05, which errs
+    towards not reading big rows for a small gain). A diverging row is used
+    only when it covers at least ``common_min_tokens`` prompt tokens.
+    """
+
+    common_min_tokens: int = 256
+    restore_cost: float = 0.05
+    allow_common: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.common_min_tokens, bool) or not isinstance(self.common_min_tokens, int):
+            raise BadRequest(
+                "common_min_tokens must be an int", details={"field": "common_min_tokens"}
+            )
+        if self.common_min_tokens < 1:
+            raise BadRequest(
+                "common_min_tokens must be >= 1", details={"field": "common_min_tokens"}
+            )
+        cost = self.restore_cost
+        if isinstance(cost, bool) or not isinstance(cost, int | float) or not math.isfinite(cost):
+            raise BadRequest(
+                "restore_cost must be a finite number", details={"field": "restore_cost"}
+            )
+        if not 0 <= cost <= 1:
+            raise BadRequest("restore_cost must lie in [0, 1]", details={"field": "restore_cost"})
+
+
+@dataclass(frozen=True, slots=True)
+class RestorePlan:
+    """The row a prefix match picked: its key, kind and prompt tokens covered."""
+
+    key: bytes
+    kind: HitKind
+    use_tokens: int
+
+
+def choose_restore(
+    match: PrefixMatch, prompt_tokens: int, policy: LookupPolicy
+) -> RestorePlan | None:
+    """Pick the row to restore from a prefix match (pure; no pins, no counters).
+
+    The score of a candidate is the prefill it saves minus the cost of reading
+    the whole row: ``use - restore_cost * row_tokens``. A row that is a prefix
+    of the prompt needs no truncation and wins ties.
+    """
+    best: RestorePlan | None = None
+    best_score = -math.inf
+    if match.prefix_key is not None and match.prefix_tokens > 0:
+        kind = HitKind.EXACT if match.prefix_tokens == prompt_tokens else HitKind.PREFIX
+        best = RestorePlan(match.prefix_key, kind, match.prefix_tokens)
+        best_score = match.prefix_tokens * (1.0 - policy.restore_cost)
+    if (
+        policy.allow_common
+        and match.common_key is not None
+        and match.common_key != match.prefix_key
+        and match.common_tokens >= policy.common_min_tokens
+    ):
+        score = match.common_tokens - policy.restore_cost * match.common_row_tokens
+        if score > best_score and score > 0:
+            best = RestorePlan(match.common_key, HitKind.COMMON, match.common_tokens)
+    return best

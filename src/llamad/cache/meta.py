@@ -1,0 +1,929 @@
+"""cache-meta: the sole writer's state machine (SPEC C4, C5, C8, C9).
+
+One :class:`CacheMeta` owns everything mutable about the cache: the index of
+published rows, the per-tier ledgers (bytes, quota, LRU), pins, the
+reservation table of in-flight saves, and the waiters parked on those saves.
+It is a plain object: every operation is a method call that returns its
+answer or raises a typed error, time comes from an injected clock, and file
+effects (delete a row, validate an orphan, persist hit counts) go through a
+:class:`RowStore`. The process layer (:mod:`llamad.cache.meta_proc`) only
+decodes messages, calls these methods and sends replies; unit tests step this
+object directly.
+
+Reservation stages follow the publish protocol (C5)::
+
+    reserve_save ──► RESERVED ──check_reservation──► CHECKED ──mark_published──► LINKED
+                        │                               │                          │
+                        └──────── cancel / reap ────────┴──── announce_saved ──────┴─► row
+
+``RESERVED`` means nothing can be on the final path yet; from ``CHECKED`` on
+the writer may have linked, so reaping a ``CHECKED`` or ``LINKED``
+reservation (TTL elapsed, or its owner died) validates the final file and
+adopts it, or unlinks it.
+
+Waiters (``lookup_exact_or_wait`` and a ``resolve`` with a ``parent_key``)
+are deferred replies: the method returns :data:`WAIT`, and when the save
+publishes, is abandoned or the deadline passes, the answer is queued for the
+process layer to collect with :meth:`CacheMeta.take_ready`.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+import structlog
+
+from llamad.cache.errors import (
+    AlreadyCached,
+    CacheFull,
+    InvalidCacheValue,
+    PublishAbandoned,
+    SaveInFlight,
+)
+from llamad.cache.eviction import TierLedger, plan_across_tiers
+from llamad.cache.key import HEADER_LEN, KEY_LEN, TOKEN_BYTES
+from llamad.cache.kvc import KvcMeta, SaveReason
+from llamad.cache.lookup import HitKind, Lookup, LookupPolicy, RowRef, choose_restore
+from llamad.cache.prefix import PrefixIndex, tokens_be, tokens_le
+from llamad.cache.reservation import (
+    TIERS,
+    Adopted,
+    Owner,
+    Reservation,
+    SaveIntent,
+    Stage,
+    check_bytes,
+    check_tier,
+    check_tokens,
+    row_key,
+)
+
+log = structlog.get_logger("llamad.cache.meta")
+
+_REASON_COUNTER: Final = {
+    SaveReason.COLD: "saves_cold",
+    SaveReason.CONTINUED: "saves_continued",
+    SaveReason.FINISH: "saves_finish",
+    SaveReason.EVICT: "saves_evict",
+    SaveReason.SHUTDOWN: "saves_shutdown",
+}
+
+
+class _Wait:
+    """The type of :data:`WAIT`."""
+
+    _instance: _Wait | None = None
+
+    def __new__(cls) -> _Wait:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "WAIT"
+
+
+WAIT: Final = _Wait()
+"""Returned by a lookup that parked a waiter; its answer comes via ``take_ready``."""
+
+
+class CounterSink(Protocol):
+    """Where cache-meta bumps the SPEC C10 counters."""
+
+    def add(self, name: str, n: int = 1) -> None: ...
+
+    def set(self, name: str, value: int) -> None: ...
+
+
+class DictCounters:
+    """In-process counters (the default, and what unit tests read)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, int] = {}
+
+    def add(self, name: str, n: int = 1) -> None:
+        self.values[name] = self.values.get(name, 0) + n
+
+    def set(self, name: str, value: int) -> None:
+        self.values[name] = value
+
+    def get(self, name: str) -> int:
+        return self.values.get(name, 0)
+
+
+@dataclass(slots=True)
+class Row:
+    """A published row in the index. Its tokens live in the prefix index."""
+
+    key: bytes
+    namespace: bytes
+    tier: str
+    size: int
+    n_tokens: int
+    location: str
+    reason: SaveReason
+    created_ns: int
+    last_used_ns: int
+    # The row's token ids as u32 big-endian: the very object the prefix index holds.
+    tokens_be: bytes = b""
+    hits: int = 0
+    pins: int = 0
+    lru_seq: int = 0
+    stats_dirty: bool = False
+
+    def ref(self, pin: int | None = None) -> RowRef:
+        return RowRef(self.key, self.tier, self.location, self.size, self.n_tokens, pin)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "key": self.key.hex(),
+            "tier": self.tier,
+            "size": self.size,
+            "n_tokens": self.n_tokens,
+            "location": self.location,
+            "reason": self.reason.name.lower(),
+            "created_ns": self.created_ns,
+            "last_used_ns": self.last_used_ns,
+            "hits": self.hits,
+            "pins": self.pins,
+            "status": "available",
+        }
+
+
+class RowStore(Protocol):
+    """File effects cache-meta needs from the tiers."""
+
+    def delete(self, tier: str, key: bytes, location: str) -> None:
+        """Remove a row's bytes (missing is fine)."""
+
+    def adopt(self, tier: str, key: bytes, location: str | None) -> Adopted | None:
+        """Validate the published file of ``key``; unlink it and return None if invalid."""
+
+    def persist_stats(self, tier: str, location: str, hits: int, last_used_ns: int) -> None:
+        """Write a row's hit count and last-used time back into its file header."""
+
+    def exists(self, tier: str, location: str) -> bool:
+        """Whether a row's bytes are still there."""
+
+
+@dataclass(frozen=True, slots=True)
+class MetaConfig:
+    """Quotas and timings of cache-meta; invalid values raise naming the field.
+
+    ``quotas`` maps tier name → byte quota; a tier left out is not served.
+    ``reservation_ttl_s`` bounds how long a silent writer keeps a key
+    reserved (each protocol step renews it). ``max_wait_s`` caps the wait a
+    lookup may ask for.
+    """
+
+    quotas: Mapping[str, int]
+    reservation_ttl_s: float = 60.0
+    max_wait_s: float = 60.0
+    lookup: LookupPolicy = field(default_factory=LookupPolicy)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.quotas, Mapping) or not self.quotas:
+            raise InvalidCacheValue("quotas", "at least one tier needs a quota")
+        for tier, quota in self.quotas.items():
+            check_tier(tier)
+            if isinstance(quota, bool) or not isinstance(quota, int) or quota < 0:
+                raise InvalidCacheValue("quotas", f"{tier}: {quota!r} is not a byte count >= 0")
+        object.__setattr__(self, "quotas", dict(self.quotas))
+        for name in ("reservation_ttl_s", "max_wait_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise InvalidCacheValue(name, f"{value!r} is not a positive number of seconds")
+        if not isinstance(self.lookup, LookupPolicy):
+            raise InvalidCacheValue("lookup", "expected a LookupPolicy")
+
+
+@dataclass(slots=True)
+class _Waiter:
+    handle: object
+    key: bytes
+    owner: Owner
+    deadline: float
+    # Called with True once the awaited key is published, False when it is
+    # abandoned or the deadline passes; returns the deferred answer.
+    finish: Callable[[bool], object]
+
+
+@dataclass(frozen=True, slots=True)
+class GcReport:
+    """What :meth:`CacheMeta.gc` did."""
+
+    evicted: int
+    bytes_freed: int
+    missing: int
+    reaped: int
+
+    def to_wire(self) -> dict[str, int]:
+        return {
+            "evicted": self.evicted,
+            "bytes_freed": self.bytes_freed,
+            "missing": self.missing,
+            "reaped": self.reaped,
+        }
+
+
+class CacheMeta:
+    """The cache's single source of truth. Not thread-safe: one caller at a time."""
+
+    def __init__(
+        self,
+        config: MetaConfig,
+        store: RowStore,
+        *,
+        counters: CounterSink | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.counters: CounterSink = counters if counters is not None else DictCounters()
+        self._clock = clock
+        self._wall_ns = wall_ns
+        self.ledgers: dict[str, TierLedger[Row]] = {
+            tier: TierLedger(tier, quota) for tier, quota in config.quotas.items()
+        }
+        self.rows: dict[bytes, Row] = {}
+        self.prefix = PrefixIndex()
+        self.reservations: dict[bytes, Reservation] = {}
+        # pin id → (owner, key); owner → pin ids, so a dead owner's pins go at once.
+        self._pins: dict[int, tuple[Owner, bytes]] = {}
+        self._pins_by_owner: dict[Owner, set[int]] = {}
+        self._waiters: dict[bytes, list[_Waiter]] = {}
+        self._ready: list[tuple[object, object]] = []
+        # Tokens and pin ids start at a random point so that a writer holding a
+        # token from a previous cache-meta incarnation cannot match a new one.
+        self._next_id = secrets.randbits(40) << 20
+        self._lru_clock = 0
+
+    # ------------------------------------------------------------------ helpers
+
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    def _ledger(self, tier: str) -> TierLedger[Row]:
+        ledger = self.ledgers.get(tier)
+        if ledger is None:
+            raise InvalidCacheValue("tier", f"tier {tier!r} is not configured")
+        return ledger
+
+    def _stamp(self, row: Row) -> None:
+        self._lru_clock += 1
+        row.lru_seq = self._lru_clock
+
+    def _sync_bytes(self, tier: str) -> None:
+        self.counters.set(f"bytes_{tier}", self.ledgers[tier].used)
+
+    def _touch(self, row: Row) -> None:
+        self._stamp(row)
+        row.last_used_ns = self._wall_ns()
+        self.ledgers[row.tier].touch(row)
+
+    def _pin(self, row: Row, owner: Owner) -> int:
+        pin = self._new_id()
+        row.pins += 1
+        self._pins[pin] = (owner, row.key)
+        self._pins_by_owner.setdefault(owner, set()).add(pin)
+        return pin
+
+    def _hit(self, row: Row, owner: Owner | None) -> RowRef:
+        """A row was served: LRU, hit count, and the pin if there is an owner."""
+        self._touch(row)
+        row.hits += 1
+        row.stats_dirty = True
+        return row.ref(None if owner is None else self._pin(row, owner))
+
+    def _insert(self, row: Row, tokens: bytes) -> None:
+        ledger = self.ledgers[row.tier]
+        row.tokens_be = tokens_be(tokens)
+        self.prefix.add_be(row.namespace, row.tokens_be, row.key)
+        self._stamp(row)
+        ledger.add(row)
+        self.rows[row.key] = row
+        self._sync_bytes(row.tier)
+
+    def _drop(self, row: Row, *, delete: bool) -> None:
+        """Forget a row (and delete its bytes when asked)."""
+        del self.rows[row.key]
+        ledger = self.ledgers[row.tier]
+        ledger.remove(row)
+        self.prefix.remove_be(row.namespace, row.tokens_be)
+        self._sync_bytes(row.tier)
+        if delete:
+            self.store.delete(row.tier, row.key, row.location)
+
+    def _evict(self, victims: Sequence[Row]) -> int:
+        freed = 0
+        for row in victims:
+            if row.pins:  # pragma: no cover - plans only ever hold unpinned rows
+                raise AssertionError("eviction plan contains a pinned row")
+            self._drop(row, delete=True)
+            freed += row.size
+            log.info("cache.evicted", key=row.key.hex(), tier=row.tier, size=row.size)
+        if victims:
+            self.counters.add("evictions", len(victims))
+        return freed
+
+    def _release_waiters(self, key: bytes, published: bool) -> None:
+        for waiter in self._waiters.pop(key, ()):
+            self._ready.append((waiter.handle, waiter.finish(published)))
+
+    # ---------------------------------------------------------- publish (C5)
+
+    def reserve_save(self, intent: SaveIntent, owner: Owner, *, ttl_s: float | None = None) -> int:
+        """Stage 1: claim ``intent.key`` for one writer; returns the reservation token.
+
+        Raises :class:`AlreadyCached` when the key is published (its LRU
+        position is refreshed: the row is evidently still useful),
+        :class:`SaveInFlight` when another live reservation holds it, and
+        :class:`CacheFull` when the tier cannot make room without evicting
+        pinned rows. Room is made by evicting the tier's least recently used
+        unpinned rows, and only when enough of them exist.
+        """
+        ledger = self._ledger(intent.tier)
+        row = self.rows.get(intent.key)
+        if row is not None:
+            self._touch(row)
+            self.counters.add("duplicate_dropped")
+            raise AlreadyCached("key is already published", details={"key": intent.key.hex()})
+        current = self.reservations.get(intent.key)
+        if current is not None:
+            if current.deadline > self._clock():
+                self.counters.add("duplicate_dropped")
+                raise SaveInFlight(
+                    "another save of this key is in flight", details={"key": intent.key.hex()}
+                )
+            self._reap(current, why="expired")
+        if intent.size > ledger.quota:
+            self.counters.add("saves_dropped")
+            raise CacheFull(
+                f"{intent.size} bytes exceed the {intent.tier} quota of {ledger.quota}",
+                details={"tier": intent.tier, "size": intent.size},
+            )
+        need = intent.size - ledger.headroom()
+        if need > 0:
+            victims, freed = ledger.plan(need)
+            if freed < need:
+                self.counters.add("saves_dropped")
+                raise CacheFull(
+                    f"{intent.tier} cannot free {need} bytes: the rest is pinned or reserved",
+                    details={"tier": intent.tier, "size": intent.size, "need": need},
+                )
+            self._evict(victims)
+        ttl = self.config.reservation_ttl_s if ttl_s is None else ttl_s
+        if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl > 0:
+            raise InvalidCacheValue("ttl_s", f"{ttl!r} is not a positive number of seconds")
+        token = self._new_id()
+        self.reservations[intent.key] = Reservation(
+            token=token,
+            intent=intent,
+            owner=owner,
+            stage=Stage.RESERVED,
+            deadline=self._clock() + ttl,
+        )
+        ledger.reserved += intent.size
+        return token
+
+    def _live(self, key: bytes, token: int) -> Reservation:
+        res = self.reservations.get(key)
+        if res is None or res.token != token:
+            raise PublishAbandoned(
+                "reservation is gone (expired, cancelled or superseded)",
+                details={"key": key.hex(), "reason": "superseded" if res else "expired"},
+            )
+        return res
+
+    def _renew(self, res: Reservation) -> None:
+        res.deadline = max(res.deadline, self._clock() + self.config.reservation_ttl_s)
+
+    def check_reservation(self, key: bytes, token: int) -> None:
+        """Stage 3: confirm the token is still the live one, right before ``link(2)``.
+
+        Raises :class:`PublishAbandoned` when it is not; the writer must then
+        delete its tmp file and give up.
+        """
+        res = self._live(key, token)
+        if res.stage is Stage.RESERVED:
+            res.stage = Stage.CHECKED
+        self._renew(res)
+
+    def mark_published(self, key: bytes, token: int, location: str) -> None:
+        """Stage 4 done: the final file is linked at ``location`` (not yet announced)."""
+        if not isinstance(location, str) or not location:
+            raise InvalidCacheValue("location", "expected a non-empty string")
+        res = self._live(key, token)
+        if res.stage is Stage.RESERVED:
+            raise InvalidCacheValue("token", "check_reservation must come before the link")
+        res.stage = Stage.LINKED
+        res.location = location
+        self._renew(res)
+
+    def announce_saved(
+        self, key: bytes, token: int, *, location: str | None = None, size: int | None = None
+    ) -> RowRef:
+        """Stage 5: the row is durable; make it visible and wake its waiters.
+
+        ``location`` is required unless :meth:`mark_published` gave it;
+        ``size`` corrects the reserved size when the file came out different.
+        """
+        res = self._live(key, token)
+        if res.stage is Stage.RESERVED:
+            raise InvalidCacheValue("token", "check_reservation must come before announce_saved")
+        where = location if location is not None else res.location
+        if not isinstance(where, str) or not where:
+            raise InvalidCacheValue("location", "announce_saved needs the row's location")
+        actual = res.intent.size if size is None else size
+        if isinstance(actual, bool) or not isinstance(actual, int) or actual <= 0:
+            raise InvalidCacheValue("size", f"{actual!r} is not a positive byte count")
+        now = self._wall_ns()
+        row = self._publish(res, where, actual, hits=0, created_ns=now, last_used_ns=now)
+        self.counters.add(_REASON_COUNTER[res.intent.reason])
+        log.info(
+            "cache.published",
+            key=key.hex(),
+            tier=row.tier,
+            size=row.size,
+            n_tokens=row.n_tokens,
+            reason=res.intent.reason.name.lower(),
+        )
+        return row.ref()
+
+    def _publish(
+        self,
+        res: Reservation,
+        location: str,
+        size: int,
+        *,
+        hits: int,
+        created_ns: int,
+        last_used_ns: int,
+    ) -> Row:
+        intent = res.intent
+        del self.reservations[intent.key]
+        ledger = self.ledgers[intent.tier]
+        ledger.reserved -= intent.size
+        row = Row(
+            key=intent.key,
+            namespace=intent.namespace,
+            tier=intent.tier,
+            size=size,
+            n_tokens=intent.n_tokens,
+            location=location,
+            reason=intent.reason,
+            created_ns=created_ns,
+            last_used_ns=last_used_ns,
+            hits=hits,
+        )
+        self._insert(row, intent.tokens)
+        self._release_waiters(intent.key, True)
+        # A file larger than promised may push the tier over quota.
+        self._enforce_quota(ledger)
+        return row
+
+    def cancel_reservation(self, key: bytes, token: int) -> bool:
+        """The writer gave up; returns whether the reservation was still live."""
+        res = self.reservations.get(key)
+        if res is None or res.token != token:
+            return False
+        self._drop_reservation(res)
+        return True
+
+    def _drop_reservation(self, res: Reservation) -> None:
+        del self.reservations[res.intent.key]
+        self.ledgers[res.intent.tier].reserved -= res.intent.size
+        self._release_waiters(res.intent.key, False)
+
+    def _reap(self, res: Reservation, *, why: str) -> None:
+        """Clean up after a writer that expired or died (two-stage, C5)."""
+        if res.stage is Stage.RESERVED:
+            self._drop_reservation(res)
+            log.info("cache.reservation_dropped", key=res.intent.key.hex(), why=why)
+            return
+        adopted = self.store.adopt(res.intent.tier, res.intent.key, res.location)
+        if adopted is None:
+            self._drop_reservation(res)
+            log.info(
+                "cache.reservation_dropped", key=res.intent.key.hex(), why=why, stage=res.stage.name
+            )
+            return
+        meta = adopted.meta
+        self._publish(
+            res,
+            adopted.location,
+            meta.file_size,
+            hits=meta.hit_count,
+            created_ns=meta.created_ns,
+            last_used_ns=meta.last_used_ns,
+        )
+        self.counters.add(_REASON_COUNTER[res.intent.reason])
+        log.info("cache.orphan_adopted", key=res.intent.key.hex(), why=why, tier=res.intent.tier)
+
+    # ------------------------------------------------------------- pins (C4)
+
+    def checkout(self, key: bytes, owner: Owner) -> RowRef | None:
+        """Pin a published row for ``owner`` without counting a lookup."""
+        row = self.rows.get(key)
+        if row is None:
+            return None
+        self._touch(row)
+        return row.ref(self._pin(row, owner))
+
+    def checkin(self, pin: int) -> bool:
+        """Release a pin; returns whether it was held."""
+        held = self._pins.pop(pin, None)
+        if held is None:
+            return False
+        owner, key = held
+        pins = self._pins_by_owner.get(owner)
+        if pins is not None:
+            pins.discard(pin)
+            if not pins:
+                del self._pins_by_owner[owner]
+        row = self.rows.get(key)
+        if row is not None:
+            row.pins -= 1
+        return True
+
+    def pins_of(self, owner: Owner) -> int:
+        return len(self._pins_by_owner.get(owner, ()))
+
+    def owners(self) -> set[Owner]:
+        """Every owner currently holding a pin, a reservation or a waiter."""
+        found = set(self._pins_by_owner)
+        found.update(res.owner for res in self.reservations.values())
+        found.update(w.owner for waiters in self._waiters.values() for w in waiters)
+        return found
+
+    def owner_down(self, owner: Owner) -> None:
+        """``owner`` died: release its pins, reap its reservations, drop its waiters."""
+        pins = sorted(self._pins_by_owner.get(owner, ()))
+        for pin in pins:
+            self.checkin(pin)
+        for res in [r for r in self.reservations.values() if r.owner == owner]:
+            self._reap(res, why="owner_down")
+        for key in list(self._waiters):
+            kept = [w for w in self._waiters[key] if w.owner != owner]
+            if kept:
+                self._waiters[key] = kept
+            else:
+                del self._waiters[key]
+        if pins:
+            log.info("cache.pins_released", owner=owner, pins=len(pins))
+
+    # ----------------------------------------------------------- lookups (C8)
+
+    def lookup_exact(self, key: bytes, owner: Owner | None = None) -> RowRef | None:
+        """The row of exactly ``key``, pinned for ``owner`` when one is given."""
+        row = self.rows.get(key)
+        if row is None:
+            self.counters.add("misses")
+            return None
+        self.counters.add("hits_exact")
+        return self._hit(row, owner)
+
+    def lookup_exact_or_wait(
+        self, key: bytes, owner: Owner, wait_s: float, handle: object
+    ) -> RowRef | _Wait | None:
+        """Like :meth:`lookup_exact`, but wait up to ``wait_s`` for an in-flight save.
+
+        Returns :data:`WAIT` when a waiter was parked; ``handle`` comes back
+        from :meth:`take_ready` with the row (pinned) or ``None``.
+        """
+        row = self.rows.get(key)
+        if row is not None:
+            self.counters.add("hits_exact")
+            return self._hit(row, owner)
+        if key not in self.reservations or wait_s <= 0:
+            self.counters.add("misses")
+            return None
+
+        def finish(published: bool) -> RowRef | None:
+            found = self.rows.get(key) if published else None
+            if found is None:
+                self.counters.add("misses")
+                return None
+            self.counters.add("hits_resume")
+            return self._hit(found, owner)
+
+        self._park(key, owner, wait_s, handle, finish)
+        return WAIT
+
+    def _park(
+        self,
+        key: bytes,
+        owner: Owner,
+        wait_s: float,
+        handle: object,
+        finish: Callable[[bool], object],
+    ) -> None:
+        wait = min(float(wait_s), self.config.max_wait_s)
+        self._waiters.setdefault(key, []).append(
+            _Waiter(
+                handle=handle, key=key, owner=owner, deadline=self._clock() + wait, finish=finish
+            )
+        )
+
+    def longest_prefix(
+        self,
+        namespace: bytes,
+        tokens: bytes,
+        owner: Owner | None = None,
+        *,
+        parent_key: bytes | None = None,
+    ) -> Lookup:
+        """Longest saved prefix of the prompt, or the best row to restore and truncate.
+
+        One call answers everything the worker needs: the chosen row (pinned
+        for ``owner``), how many prompt tokens it covers, and the longest
+        common prefix with any row of the namespace. The chosen row's key is
+        re-derived from the prompt (or its own tokens) before it is returned,
+        so an index fault can only ever produce a miss, never a wrong state.
+        """
+        namespace = check_bytes("namespace", namespace, HEADER_LEN)
+        tokens = check_tokens(tokens)
+        return self._longest_prefix(namespace, tokens, owner, parent_key=parent_key, resumed=False)
+
+    def _longest_prefix(
+        self,
+        namespace: bytes,
+        tokens: bytes,
+        owner: Owner | None,
+        *,
+        parent_key: bytes | None,
+        resumed: bool,
+    ) -> Lookup:
+        started = time.perf_counter_ns()
+        prompt_be = tokens_be(tokens)
+        match = self.prefix.match_be(namespace, prompt_be)
+        plan = choose_restore(match, len(tokens) // TOKEN_BYTES, self.config.lookup)
+        row = None if plan is None else self.rows.get(plan.key)
+        if (
+            plan is not None
+            and row is not None
+            and not self._verified(row, plan.kind, tokens, plan.use_tokens)
+        ):
+            row = None
+        self.counters.add("longest_prefix_probes", match.probes)
+        if plan is None or row is None:
+            self.counters.add("misses")
+            self.counters.add("longest_prefix_ns", time.perf_counter_ns() - started)
+            return Lookup(
+                None, None, 0, match.common_tokens, match.common_key, resumed, match.probes
+            )
+        if resumed and row.key == parent_key:
+            self.counters.add("hits_resume")
+        elif row.key == parent_key or plan.kind is HitKind.EXACT:
+            self.counters.add("hits_exact")
+        else:
+            self.counters.add("hits_longest_prefix")
+        ref = self._hit(row, owner)
+        self.counters.add("longest_prefix_ns", time.perf_counter_ns() - started)
+        return Lookup(
+            plan.kind,
+            ref,
+            plan.use_tokens,
+            match.common_tokens,
+            match.common_key,
+            resumed,
+            match.probes,
+        )
+
+    def _verified(self, row: Row, kind: HitKind, prompt: bytes, use_tokens: int) -> bool:
+        if kind is HitKind.COMMON:
+            own = tokens_le(row.tokens_be)
+            span = use_tokens * TOKEN_BYTES
+            ok = row_key(row.namespace, own) == row.key and own[:span] == prompt[:span]
+        else:
+            ok = row_key(row.namespace, prompt[: use_tokens * TOKEN_BYTES]) == row.key
+        if not ok:  # pragma: no cover - would mean the index itself is corrupt
+            log.error("cache.index_mismatch", key=row.key.hex())
+            self._drop(row, delete=False)
+        return ok
+
+    def resolve(
+        self,
+        namespace: bytes,
+        tokens: bytes,
+        owner: Owner,
+        *,
+        parent_key: bytes | None = None,
+        wait_s: float = 0.0,
+        handle: object = None,
+    ) -> Lookup | _Wait:
+        """The model worker's whole cache resolution in one round trip.
+
+        With a ``parent_key`` whose save is still in flight, wait up to
+        ``wait_s`` for it to publish (a deferred answer, :data:`WAIT`); then,
+        or straight away, run :meth:`longest_prefix` on the prompt. The parent
+        key is a hint, never trusted: the row is used only if its tokens are a
+        prefix of the prompt.
+        """
+        namespace = check_bytes("namespace", namespace, HEADER_LEN)
+        tokens = check_tokens(tokens)
+        if parent_key is not None:
+            parent_key = check_bytes("parent_key", parent_key, KEY_LEN)
+            if parent_key not in self.rows and parent_key in self.reservations and wait_s > 0:
+
+                def finish(published: bool) -> Lookup:
+                    return self._longest_prefix(
+                        namespace, tokens, owner, parent_key=parent_key, resumed=published
+                    )
+
+                self._park(parent_key, owner, wait_s, handle, finish)
+                return WAIT
+        return self._longest_prefix(namespace, tokens, owner, parent_key=parent_key, resumed=False)
+
+    # ---------------------------------------------------- eviction, gc (C9)
+
+    def _enforce_quota(self, ledger: TierLedger[Row]) -> tuple[int, int]:
+        need = -ledger.headroom()
+        if need <= 0:
+            return 0, 0
+        victims, _ = ledger.plan(need)
+        return len(victims), self._evict(victims)
+
+    def evict_bytes(self, n: int, tiers: Iterable[str] | None = None) -> tuple[int, int]:
+        """Free at least ``n`` bytes, globally least recently used first.
+
+        Only unpinned rows of ``tiers`` (default: all) are candidates; returns
+        ``(rows evicted, bytes freed)``, which may fall short of ``n`` when the
+        rest is pinned.
+        """
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise InvalidCacheValue("n", f"{n!r} is not a byte count >= 0")
+        names = list(self.ledgers) if tiers is None else [check_tier(t) for t in tiers]
+        ledgers = [self.ledgers[t] for t in names if t in self.ledgers]
+        victims, _ = plan_across_tiers(ledgers, n)
+        return len(victims), self._evict(victims)
+
+    def evictable_bytes(self, tiers: Iterable[str] | None = None) -> int:
+        names = list(self.ledgers) if tiers is None else list(tiers)
+        return sum(
+            row.size for t in names if t in self.ledgers for row in self.ledgers[t].unpinned()
+        )
+
+    def used_bytes(self, tiers: Iterable[str] | None = None) -> int:
+        names = list(self.ledgers) if tiers is None else list(tiers)
+        return sum(self.ledgers[t].used for t in names if t in self.ledgers)
+
+    def gc(self) -> GcReport:
+        """A full maintenance pass: reap expired reservations, drop rows whose bytes
+        vanished, bring every tier under its quota, persist hit counts."""
+        reaped = self.reap_expired()
+        missing = 0
+        for row in list(self.rows.values()):
+            if row.pins == 0 and not self.store.exists(row.tier, row.location):
+                self._drop(row, delete=False)
+                missing += 1
+        evicted = freed = 0
+        for ledger in self.ledgers.values():
+            n, b = self._enforce_quota(ledger)
+            evicted += n
+            freed += b
+        self.flush_stats()
+        return GcReport(evicted=evicted, bytes_freed=freed, missing=missing, reaped=reaped)
+
+    # ------------------------------------------------------ time, waiters
+
+    def reap_expired(self) -> int:
+        """Reap every reservation whose TTL elapsed; returns how many."""
+        now = self._clock()
+        expired = [res for res in self.reservations.values() if res.deadline <= now]
+        for res in expired:
+            self._reap(res, why="expired")
+        return len(expired)
+
+    def tick(self) -> None:
+        """Run everything that is due: reservation TTLs and waiter deadlines."""
+        self.reap_expired()
+        now = self._clock()
+        for key in list(self._waiters):
+            due = [w for w in self._waiters[key] if w.deadline <= now]
+            if not due:
+                continue
+            kept = [w for w in self._waiters[key] if w.deadline > now]
+            if kept:
+                self._waiters[key] = kept
+            else:
+                del self._waiters[key]
+            for waiter in due:
+                self._ready.append((waiter.handle, waiter.finish(False)))
+
+    def next_deadline(self) -> float | None:
+        """The earliest clock value at which :meth:`tick` has work, if any."""
+        deadlines = [res.deadline for res in self.reservations.values()]
+        deadlines.extend(w.deadline for waiters in self._waiters.values() for w in waiters)
+        return min(deadlines) if deadlines else None
+
+    def take_ready(self) -> list[tuple[object, object]]:
+        """Deferred answers that became ready: ``(handle, answer)`` pairs."""
+        ready, self._ready = self._ready, []
+        return ready
+
+    def waiting(self) -> int:
+        return sum(len(w) for w in self._waiters.values())
+
+    # ------------------------------------------------ startup and hit counts
+
+    def adopt_file(self, meta: KvcMeta, tier: str, location: str) -> bool:
+        """Index a valid file found by a startup scan; returns whether it was kept.
+
+        A key already indexed in a faster tier wins; the slower copy is
+        deleted and counted as ``duplicate_dropped``. Call
+        :meth:`finish_rebuild` after the last file.
+        """
+        self._ledger(tier)
+        existing = self.rows.get(meta.key)
+        if existing is not None:
+            self.counters.add("duplicate_dropped")
+            if TIERS.index(tier) >= TIERS.index(existing.tier):
+                self.store.delete(tier, meta.key, location)
+                return False
+            self._drop(existing, delete=True)
+        row = Row(
+            key=meta.key,
+            namespace=meta.namespace.header(),
+            tier=tier,
+            size=meta.file_size,
+            n_tokens=meta.n_tokens,
+            location=location,
+            reason=meta.reason,
+            created_ns=meta.created_ns,
+            last_used_ns=meta.last_used_ns,
+            hits=meta.hit_count,
+        )
+        self._insert(row, meta.tokens)
+        return True
+
+    def finish_rebuild(self) -> tuple[int, int]:
+        """Order each tier's LRU after a scan, then enforce quotas.
+
+        Rows are ranked by popularity first (hit count in log2 buckets, as
+        persisted in the file headers) and recency second, so rows that were
+        hit often survive the first eviction walk after a restart even if
+        their last use is older. Returns what quota enforcement evicted.
+        """
+        evicted = freed = 0
+        for ledger in self.ledgers.values():
+            ordered = sorted(ledger.rows(), key=lambda r: (r.hits.bit_length(), r.last_used_ns))
+            for row in ordered:
+                ledger.remove(row)
+            for row in ordered:
+                self._stamp(row)
+                ledger.add(row)
+            n, b = self._enforce_quota(ledger)
+            evicted += n
+            freed += b
+            self._sync_bytes(ledger.name)
+        return evicted, freed
+
+    def flush_stats(self, limit: int | None = None) -> int:
+        """Persist dirty hit counts of unpinned rows into their headers; returns how many."""
+        done = 0
+        for row in self.rows.values():
+            if limit is not None and done >= limit:
+                break
+            if not row.stats_dirty or row.pins:
+                continue
+            try:
+                self.store.persist_stats(
+                    row.tier, row.location, min(row.hits, 2**32 - 1), row.last_used_ns
+                )
+            except Exception as exc:  # a vanished or damaged file must not stop the flush
+                log.warning("cache.stats_persist_failed", key=row.key.hex(), error=str(exc))
+            row.stats_dirty = False
+            done += 1
+        return done
+
+    # ------------------------------------------------------------- inspection
+
+    def dump(self) -> list[dict[str, Any]]:
+        """Every row and reservation as plain dicts (for ``dump`` and debugging)."""
+        out = [row.describe() for row in self.rows.values()]
+        out.extend(res.describe() for res in self.reservations.values())
+        return out
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "rows": len(self.rows),
+            "reservations": len(self.reservations),
+            "pins": len(self._pins),
+            "waiters": self.waiting(),
+            "tiers": {
+                name: {
+                    "quota": ledger.quota,
+                    "used": ledger.used,
+                    "reserved": ledger.reserved,
+                    "rows": len(ledger),
+                }
+                for name, ledger in self.ledgers.items()
+            },
+        }

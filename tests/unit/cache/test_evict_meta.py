@@ -1,0 +1,121 @@
+"""Quota-driven LRU eviction, evict_bytes, gc and the rebuild order."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from meta_fakes import intent, kvc_meta, make_meta, publish
+
+from llamad.cache.errors import CacheFull
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@given(
+    sizes=st.lists(st.integers(1, 4000), min_size=1, max_size=60),
+    pin_every=st.integers(0, 5),
+)
+@settings(max_examples=150, deadline=None)
+def test_quotas_hold_under_a_stream_of_saves(sizes: list[int], pin_every: int) -> None:
+    quota = 10_000
+    meta, store, _, _ = make_meta({"disk": quota, "ram": quota // 2})
+    for i, size in enumerate(sizes):
+        tier = "ram" if i % 3 == 0 else "disk"
+        it = intent([i, i + 1], tier=tier, size=size)
+        try:
+            publish(meta, store, it, owner=1)
+        except CacheFull:
+            continue
+        if pin_every and i % pin_every == 0:
+            meta.checkout(it.key, owner=2)
+        for ledger in meta.ledgers.values():
+            assert ledger.used + ledger.reserved <= ledger.quota
+            assert ledger.used == sum(r.size for r in ledger.rows())
+    assert all(r.pins == 0 or r.key in meta.rows for r in meta.rows.values())
+
+
+def test_quota_eviction_takes_the_least_recently_used_row() -> None:
+    meta, store, _, counters = make_meta({"disk": 3000})
+    a = publish(meta, store, intent([1]))
+    b = publish(meta, store, intent([2]))
+    c = publish(meta, store, intent([3]))
+    meta.lookup_exact(a)  # a is now the most recently used
+    d = publish(meta, store, intent([4]))
+    assert set(meta.rows) == {a, c, d}
+    assert store.deleted == [b]
+    assert counters.get("evictions") == 1
+
+
+def test_evict_bytes_is_globally_lru_across_the_requested_tiers() -> None:
+    meta, store, _, _ = make_meta()
+    keys = []
+    for i, tier in enumerate(["disk", "ram", "ram_file", "ram", "disk"]):
+        keys.append(publish(meta, store, intent([i], tier=tier)))
+    assert meta.evict_bytes(1500, ["ram", "ram_file"]) == (2, 2000)
+    assert store.deleted == [keys[1], keys[2]]
+    assert meta.evict_bytes(1) == (1, 1000)
+    assert store.deleted[-1] == keys[0]
+
+
+def test_evict_bytes_of_zero_evicts_nothing() -> None:
+    meta, store, _, _ = make_meta()
+    publish(meta, store, intent([1]))
+    assert meta.evict_bytes(0) == (0, 0)
+
+
+def test_gc_drops_rows_whose_files_vanished_and_reaps_expired_reservations() -> None:
+    meta, store, clock, _ = make_meta(ttl=5)
+    gone = publish(meta, store, intent([1]))
+    kept = publish(meta, store, intent([2]))
+    store.files = {k: v for k, v in store.files.items() if v != gone}
+    meta.reserve_save(intent([3]), owner=9)
+    clock.advance(10)
+    report = meta.gc()
+    assert (report.missing, report.reaped) == (1, 1)
+    assert set(meta.rows) == {kept}
+    assert meta.ledgers["disk"].used == 1000 and meta.ledgers["disk"].reserved == 0
+
+
+def test_rebuild_keeps_popular_rows_through_the_first_eviction_walk() -> None:
+    meta, _store, _, _ = make_meta({"disk": 3000})
+    popular = intent([1])
+    stale = intent([2])
+    fresh = intent([3])
+    for it, hits, used in ((popular, 40, 100), (stale, 0, 200), (fresh, 0, 300)):
+        meta.adopt_file(kvc_meta(it, hits=hits, last_used_ns=used), "disk", f"/disk/{it.key.hex()}")
+    meta.finish_rebuild()
+    assert meta.evict_bytes(2000) == (2, 2000)
+    assert set(meta.rows) == {popular.key}
+
+
+def test_rebuild_over_quota_evicts_down_to_it() -> None:
+    meta, _, _, counters = make_meta({"disk": 2500})
+    for i in range(5):
+        it = intent([i])
+        meta.adopt_file(kvc_meta(it, last_used_ns=i), "disk", f"/disk/{i}")
+    evicted, freed = meta.finish_rebuild()
+    assert (evicted, freed) == (3, 3000)
+    assert meta.ledgers["disk"].used == 2000
+    assert counters.get("bytes_disk") == 2000
+
+
+def test_duplicate_key_in_a_slower_tier_is_dropped_at_rebuild() -> None:
+    meta, store, _, counters = make_meta()
+    it = intent([1])
+    assert meta.adopt_file(kvc_meta(it), "disk", "/disk/a")
+    assert meta.adopt_file(kvc_meta(it), "ram_file", "/shm/a")
+    assert not meta.adopt_file(kvc_meta(it), "disk", "/disk/b")
+    assert meta.rows[it.key].tier == "ram_file"
+    assert counters.get("duplicate_dropped") == 2
+    assert store.deleted == [it.key, it.key]
+
+
+def test_eviction_removes_rows_from_the_prefix_index() -> None:
+    meta, store, _, _ = make_meta()
+    keys = [publish(meta, store, intent(list(range(n)))) for n in (5, 10, 20)]
+    random.Random(1).shuffle(keys)
+    meta.evict_bytes(3000)
+    assert len(meta.prefix) == 0 and meta.rows == {}
