@@ -1,0 +1,40 @@
+"""Process entry points: a supervisor as a child process, and a root supervisor.
+
+``run_supervisor_process`` is the ``start`` target of every nested supervisor
+(see :func:`llamad.supervisor.spec.supervisor_child`): the child runner calls
+it in a fresh interpreter, it runs the supervisor loop in the main thread, and
+it reports ready to its own parent only after all of its children started, so
+start order holds across the levels of the tree.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from typing import Any, NoReturn
+
+from llamad.supervisor.child import notifies_ready, notify_ready
+from llamad.supervisor.runtime import Supervisor
+from llamad.supervisor.spec import SupervisorSpec
+
+__all__ = ["run_root", "run_supervisor_process"]
+
+
+@notifies_ready
+def run_supervisor_process(spec: Mapping[str, Any]) -> NoReturn:
+    """Run the supervisor described by ``spec`` (its wire form) until it stops.
+
+    Exits 0 after SIGTERM/SIGINT or auto_shutdown, non-zero after an
+    escalation or a failed initial start (so the parent sees an abnormal exit).
+    """
+    supervisor = Supervisor(SupervisorSpec.from_wire(spec))
+    sys.exit(supervisor.run(install_signal_handlers=True, on_ready=notify_ready))
+
+
+def run_root(spec: SupervisorSpec) -> NoReturn:
+    """Run ``spec`` as this process's root supervisor (main thread) and exit with its code.
+
+    The code is non-zero after an escalation or a failed start, so a service
+    manager (systemd ``Restart=on-failure``) can act on it.
+    """
+    sys.exit(Supervisor(spec).run(install_signal_handlers=True))

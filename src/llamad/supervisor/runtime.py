@@ -1,0 +1,577 @@
+"""The supervisor process layer: one event loop that spawns, watches and stops children.
+
+:class:`Supervisor` owns a :class:`~llamad.supervisor.core.SupervisorCore`
+(the OTP rules) and the child processes. Its loop waits in one ``epoll`` set
+on every child's pidfd (exit), every child's status pipe (ready, heartbeats)
+and a wake-up pipe (API commands from other threads, signals). It executes the
+core's decisions: stop children (SIGTERM, wait ``shutdown``, SIGKILL, reap),
+start them in order, escalate or shut down.
+
+Two ways to run it:
+
+- ``Supervisor(spec).run()`` in a process's main thread (the root daemon, or a
+  nested supervisor child via :mod:`llamad.supervisor.proc`): SIGTERM/SIGINT
+  stop it in order; it returns the exit code to exit with.
+- ``Supervisor(spec).start()`` on a background thread, for in-process use (and
+  tests); :meth:`Supervisor.stop` shuts it down.
+
+Every public method is thread-safe: calls from other threads are marshalled to
+the loop thread, which alone spawns children. That matters beyond tidiness:
+``PR_SET_PDEATHSIG`` fires when the *thread* that forked a child exits, so
+children must be created by the thread that lives as long as the supervisor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from types import FrameType
+from typing import Any, TypeVar
+
+import structlog
+
+from llamad.supervisor import child as child_side
+from llamad.supervisor.core import (
+    AutoShutdownPlan,
+    ChildCounts,
+    ChildInfo,
+    Decision,
+    Escalation,
+    NotRestarted,
+    RestartPlan,
+    Stale,
+    Stop,
+    SupervisorCore,
+)
+from llamad.supervisor.errors import StartFailed, SupervisorStopped
+from llamad.supervisor.exits import (
+    EXIT_ESCALATED,
+    EXIT_NORMAL,
+    EXIT_START_FAILED,
+    ExitReason,
+    classify_exit,
+    describe_exit,
+)
+from llamad.supervisor.process import ChildProcess, ReadyOutcome, shutdown_processes
+from llamad.supervisor.spec import ChildSpec, SupervisorSpec
+
+__all__ = ["Supervisor"]
+
+log = structlog.get_logger("llamad.supervisor")
+
+_T = TypeVar("_T")
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Supervisor:
+    """A running supervisor: OTP semantics over real OS processes."""
+
+    def __init__(self, spec: SupervisorSpec) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self._core = SupervisorCore(spec)
+        self._log = log.bind(sup=spec.name)
+        self._procs: dict[int, ChildProcess] = {}
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._commands: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
+        self._commands_lock = threading.Lock()
+        self._accepting = True
+        self._retries: deque[str] = deque()
+        self._stop_requested = False
+        self._loop_thread: int | None = None
+        self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+        self._done = threading.Event()
+        self._start_error: StartFailed | None = None
+        self._exit_code: int | None = None
+
+    # ================================================================= running
+
+    def run(
+        self,
+        *,
+        install_signal_handlers: bool = True,
+        on_ready: Callable[[], None] | None = None,
+    ) -> int:
+        """Start the children in order, then supervise until told to stop or giving up.
+
+        Returns the exit code for this process: 0 after a requested stop or an
+        auto_shutdown, :data:`~llamad.supervisor.exits.EXIT_ESCALATED` after
+        exceeding the restart intensity, :data:`~llamad.supervisor.exits.EXIT_START_FAILED`
+        if an initial child could not start. ``on_ready`` runs once every
+        initial child has started.
+        """
+        if self._loop_thread is not None:
+            raise RuntimeError("a Supervisor runs once")
+        self._loop_thread = threading.get_ident()
+        restore = self._install_signals() if install_signal_handlers else None
+        code: int = EXIT_START_FAILED
+        try:
+            started = self._start_initial()
+            if started:
+                self._started.set()
+                if on_ready is not None:
+                    on_ready()
+                code = self._loop()
+        finally:
+            # Signals must stop writing to the wake-up pipe before it is closed.
+            if restore is not None:
+                restore()
+            self._close(code)
+        return code
+
+    def start(self) -> None:
+        """Run on a background thread; return once every initial child has started.
+
+        Raises :class:`~llamad.supervisor.errors.StartFailed` (after stopping
+        whatever had started) if an initial child cannot start.
+        """
+        self._thread = threading.Thread(
+            target=self.run,
+            kwargs={"install_signal_handlers": False},
+            name=f"supervisor-{self.name}",
+            daemon=True,
+        )
+        self._thread.start()
+        self._started.wait()
+        if self._start_error is not None:
+            self._thread.join()
+            raise self._start_error
+        if self._done.is_set():
+            raise SupervisorStopped(
+                f"supervisor {self.name!r} ended while starting", details={"supervisor": self.name}
+            )
+
+    def stop(self, timeout: float | None = None) -> int | None:
+        """Stop every child in reverse start order and end the loop; the exit code.
+
+        ``None`` if the loop did not finish within ``timeout``.
+        """
+        self.request_stop()
+        return self.wait(timeout)
+
+    def request_stop(self) -> None:
+        """Ask the loop to shut down (returns at once; safe from any thread)."""
+        self._stop_requested = True
+        self._wake()
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Wait for the loop to end (stop, escalation, auto_shutdown); its exit code."""
+        if not self._done.wait(timeout):
+            return None
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        return self._exit_code
+
+    @property
+    def exit_code(self) -> int | None:
+        """The exit code once the loop has ended, else ``None``."""
+        return self._exit_code
+
+    @property
+    def running(self) -> bool:
+        return self._started.is_set() and not self._done.is_set()
+
+    def __enter__(self) -> Supervisor:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ============================================================ public API
+
+    def start_child(self, child: ChildSpec | Sequence[Any], *, child_id: str | None = None) -> int:
+        """Start a new child and return its pid (OTP ``start_child``).
+
+        A static supervisor takes a :class:`ChildSpec` (appended to the start
+        order); ``simple_one_for_one`` takes extra args for its template and an
+        optional ``child_id``. Blocks until the child reports ready.
+        """
+        return self._call(lambda: self._do_start_child(child, child_id))
+
+    def terminate_child(self, child: str | int) -> None:
+        """Stop a child by id (or pid) with its shutdown policy; keep its spec unless
+        it is temporary or dynamic (OTP ``terminate_child``)."""
+        self._call(lambda: self._do_terminate_child(child))
+
+    def restart_child(self, child_id: str) -> int:
+        """Start a kept child spec that has no process; its new pid."""
+        return self._call(lambda: self._do_restart_child(child_id))
+
+    def delete_child(self, child_id: str) -> None:
+        """Forget a kept child spec that has no process."""
+        self._call(lambda: self._core.delete(child_id))
+
+    def which_children(self) -> list[ChildInfo]:
+        """Every child in start order with its pid or state."""
+        return self._call(self._core.which_children)
+
+    def count_children(self) -> ChildCounts:
+        return self._call(self._core.count_children)
+
+    # ================================================================ loop
+
+    def _loop(self) -> int:
+        while True:
+            if self._stop_requested:
+                return self._shut_down("requested", self._core.shutdown_order(), EXIT_NORMAL)
+            exited: list[ChildProcess] = []
+            for key, _ in self._selector.select(self._next_timeout()):
+                if key.data is None:
+                    self._drain_wake()
+                    continue
+                kind, proc = key.data
+                if kind == "status":
+                    if not proc.read_status():
+                        self._selector.unregister(key.fd)
+                else:
+                    exited.append(proc)
+            if self._stop_requested:
+                continue
+            for proc in exited:
+                # Identity, not pid: handling an earlier exit may already have
+                # stopped this one (one_for_all) and started others.
+                if self._procs.get(proc.pid) is proc:
+                    code = self._handle_exit(proc)
+                    if code is not None:
+                        return code
+            self._run_commands()
+            for _ in range(len(self._retries)):
+                code = self._retry(self._retries.popleft())
+                if code is not None:
+                    return code
+            self._check_liveness()
+            child_side.heartbeat()
+
+    def _next_timeout(self) -> float | None:
+        waits: list[float] = []
+        if self._retries or self._commands:
+            return 0.0
+        now = time.monotonic()
+        for proc in self._procs.values():
+            limit = proc.spec.liveness_timeout
+            if limit is not None:
+                waits.append(max(0.0, proc.last_beat + limit - now) + 0.001)
+        own = child_side.heartbeat_interval()
+        if own is not None:
+            waits.append(own)
+        return min(waits) if waits else None
+
+    def _handle_exit(self, proc: ChildProcess) -> int | None:
+        rc = proc.reap()
+        assert rc is not None, "pidfd readable means the child has exited"
+        self._forget(proc)
+        now = time.monotonic()
+        reason = classify_exit(rc)
+        decision = self._core.exited(proc.pid, reason, now)
+        emit = self._log.warning if reason is ExitReason.ABNORMAL else self._log.info
+        emit(
+            "child.exited",
+            child=proc.spec.id,
+            pid=proc.pid,
+            reason=reason.value,
+            exit=describe_exit(rc),
+            cause=proc.killed_for,
+            restarts_in_window=self._core.restarts_in_window(now),
+        )
+        return self._execute(decision)
+
+    def _execute(self, decision: Decision) -> int | None:
+        if isinstance(decision, Stale):
+            return None
+        if isinstance(decision, NotRestarted):
+            self._log.info("child.not_restarted", child=decision.child_id, removed=decision.removed)
+            return None
+        if isinstance(decision, RestartPlan):
+            self._log.info(
+                "sup.restarting",
+                trigger=decision.trigger,
+                strategy=self.spec.flags.strategy.value,
+                stop=[s.child_id for s in decision.stop],
+                start=list(decision.start),
+                restarts_in_window=decision.restarts_in_window,
+            )
+            self._stop_children(decision.stop)
+            for child_id in decision.start:
+                result = self._spawn_and_wait(self._core.spec_of(child_id))
+                if isinstance(result, StartFailed):
+                    self._core.start_failed(child_id)
+                    self._retries.append(child_id)
+                    self._log.error(
+                        "child.restart_failed", child=child_id, **_failure_fields(result)
+                    )
+                    break
+                self._core.started(child_id, result.pid)
+                self._log.info(
+                    "child.restarted",
+                    child=child_id,
+                    pid=result.pid,
+                    restarts_in_window=decision.restarts_in_window,
+                )
+            return None
+        if isinstance(decision, Escalation):
+            self._log.error(
+                "sup.escalated",
+                trigger=decision.trigger,
+                restarts_in_window=decision.restarts_in_window,
+                intensity=self.spec.flags.intensity,
+                period=self.spec.flags.period,
+            )
+            return self._shut_down("escalated", decision.stop, EXIT_ESCALATED)
+        assert isinstance(decision, AutoShutdownPlan)
+        self._log.info("sup.auto_shutdown", trigger=decision.trigger)
+        return self._shut_down("auto_shutdown", decision.stop, EXIT_NORMAL)
+
+    def _retry(self, child_id: str) -> int | None:
+        decision = self._core.try_again(child_id, time.monotonic())
+        return None if decision is None else self._execute(decision)
+
+    def _check_liveness(self) -> None:
+        now = time.monotonic()
+        for proc in list(self._procs.values()):
+            limit = proc.spec.liveness_timeout
+            if limit is None or proc.killed_for is not None:
+                continue
+            silent = now - proc.last_beat
+            if silent > limit:
+                self._log.warning(
+                    "child.hung",
+                    child=proc.spec.id,
+                    pid=proc.pid,
+                    silent_for=round(silent, 3),
+                    liveness_timeout=limit,
+                )
+                proc.kill("hung")
+
+    # ====================================================== starting children
+
+    def _start_initial(self) -> bool:
+        for child_id in self._core.initial_starts():
+            result = self._spawn_and_wait(self._core.spec_of(child_id))
+            if isinstance(result, StartFailed):
+                self._log.error("child.start_failed", child=child_id, **_failure_fields(result))
+                self._start_error = result
+                self._shut_down("start_failed", self._core.shutdown_order(), EXIT_START_FAILED)
+                return False
+            self._core.started(child_id, result.pid)
+            self._log.info("child.started", child=child_id, pid=result.pid)
+        self._log.info(
+            "sup.started",
+            strategy=self.spec.flags.strategy.value,
+            children=len(self._core.initial_starts()),
+            pid=os.getpid(),
+        )
+        return True
+
+    def _spawn_and_wait(self, spec: ChildSpec) -> ChildProcess | StartFailed:
+        try:
+            proc = ChildProcess.spawn(spec, supervisor=self.name)
+        except OSError as exc:
+            return StartFailed(
+                f"cannot spawn {spec.id!r}: {exc}",
+                details={"child": spec.id, "reason": "spawn", "error": str(exc)},
+            )
+        outcome = proc.wait_ready(
+            spec.start_timeout, child_side.heartbeat, child_side.heartbeat_interval()
+        )
+        if outcome is ReadyOutcome.READY:
+            self._procs[proc.pid] = proc
+            self._selector.register(proc.pidfd, selectors.EVENT_READ, ("exit", proc))
+            if proc.status_fd is not None:
+                self._selector.register(proc.status_fd, selectors.EVENT_READ, ("status", proc))
+            return proc
+        if outcome is ReadyOutcome.TIMEOUT:
+            proc.kill("start_timeout")
+            proc.wait(None)
+            proc.close()
+            return StartFailed(
+                f"{spec.id!r} did not report ready within {spec.start_timeout}s",
+                details={"child": spec.id, "reason": "start_timeout", "pid": proc.pid},
+            )
+        rc = proc.returncode
+        proc.close()
+        exit_text = describe_exit(rc) if rc is not None else "unknown"
+        return StartFailed(
+            f"{spec.id!r} exited before it was ready ({exit_text})",
+            details={"child": spec.id, "reason": "exit", "exit": exit_text, "pid": proc.pid},
+        )
+
+    # ====================================================== stopping children
+
+    def _stop_children(self, stops: Sequence[Stop]) -> None:
+        """Stop ``stops`` in the given order (simple_one_for_one: all at once)."""
+        procs = [self._procs[s.pid] for s in stops if s.pid in self._procs]
+        if not procs:
+            return
+        if self._core.is_dynamic:
+            self._terminate(procs, self._core.spec.children[0].shutdown_policy)
+            return
+        for proc in procs:
+            self._terminate([proc], proc.spec.shutdown_policy)
+
+    def _terminate(self, procs: list[ChildProcess], policy: Any) -> None:
+        for proc in procs:
+            self._forget(proc)
+        shutdown_processes(procs, policy, child_side.heartbeat, child_side.heartbeat_interval())
+        for proc in procs:
+            rc = proc.returncode
+            if proc.killed_for == "shutdown_timeout":
+                self._log.warning(
+                    "child.shutdown_timeout", child=proc.spec.id, pid=proc.pid, shutdown=policy
+                )
+            self._log.info(
+                "child.stopped",
+                child=proc.spec.id,
+                pid=proc.pid,
+                reason=ExitReason.SHUTDOWN.value,
+                exit=describe_exit(rc) if rc is not None else "unknown",
+            )
+            proc.close()
+
+    def _shut_down(self, why: str, stops: Sequence[Stop], code: int) -> int:
+        self._log.info("sup.shutting_down", reason=why, children=len(stops))
+        self._stop_children(stops)
+        self._log.info("sup.stopped", reason=why, exit_code=code)
+        return code
+
+    def _forget(self, proc: ChildProcess) -> None:
+        self._procs.pop(proc.pid, None)
+        for fd in (proc.pidfd, proc.status_fd):
+            if fd is not None and fd >= 0:
+                with contextlib.suppress(KeyError, ValueError):
+                    self._selector.unregister(fd)
+
+    # ====================================================== dynamic children
+
+    def _do_start_child(self, child: ChildSpec | Sequence[Any], child_id: str | None) -> int:
+        spec = self._core.prepare_start(child, child_id)
+        result = self._spawn_and_wait(spec)
+        if isinstance(result, StartFailed):
+            self._log.error("child.start_failed", child=spec.id, **_failure_fields(result))
+            raise result
+        self._core.add_started(spec, result.pid)
+        self._log.info("child.started", child=spec.id, pid=result.pid, dynamic=True)
+        return result.pid
+
+    def _do_terminate_child(self, child: str | int) -> None:
+        child_id = self._core.resolve(child)
+        pid = self._core.pid_of(child_id)
+        if pid is not None:
+            self._stop_children((Stop(child_id, pid),))
+        self._core.terminated(child_id)
+
+    def _do_restart_child(self, child_id: str) -> int:
+        spec = self._core.prepare_restart(child_id)
+        result = self._spawn_and_wait(spec)
+        if isinstance(result, StartFailed):
+            self._log.error("child.start_failed", child=child_id, **_failure_fields(result))
+            raise result
+        self._core.started(child_id, result.pid)
+        self._log.info("child.started", child=child_id, pid=result.pid)
+        return result.pid
+
+    # ======================================================= plumbing
+
+    def _call(self, fn: Callable[[], _T]) -> _T:
+        if threading.get_ident() == self._loop_thread and not self._done.is_set():
+            return fn()
+        future: Future[_T] = Future()
+        with self._commands_lock:
+            if not self._accepting or not self._started.is_set():
+                raise SupervisorStopped(
+                    f"supervisor {self.name!r} is not running", details={"supervisor": self.name}
+                )
+            self._commands.append((fn, future))
+        self._wake()
+        return future.result()
+
+    def _run_commands(self) -> None:
+        while True:
+            with self._commands_lock:
+                if not self._commands:
+                    return
+                fn, future = self._commands.popleft()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except BaseException as exc:
+                future.set_exception(exc)
+
+    def _wake(self) -> None:
+        # Under the lock so a late caller never writes to a closed (maybe reused) fd.
+        with self._commands_lock:
+            if self._wake_w < 0:
+                return
+            with contextlib.suppress(BlockingIOError):
+                os.write(self._wake_w, b"\0")
+
+    def _drain_wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wake_r, 4096):
+                pass
+
+    def _install_signals(self) -> Callable[[], None] | None:
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            # Only a flag: the wake-up fd below interrupts the loop's select.
+            self._stop_requested = True
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in _STOP_SIGNALS}
+        previous_fd = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+
+        def restore() -> None:
+            signal.set_wakeup_fd(previous_fd)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+        return restore
+
+    def _close(self, code: int) -> None:
+        with self._commands_lock:
+            self._accepting = False
+            pending = list(self._commands)
+            self._commands.clear()
+        for _, future in pending:
+            if future.set_running_or_notify_cancel():
+                future.set_exception(
+                    SupervisorStopped(
+                        f"supervisor {self.name!r} stopped", details={"supervisor": self.name}
+                    )
+                )
+        # Reached with live children only if the loop itself failed: never leave
+        # them behind, whatever happened.
+        leftovers = list(self._procs.values())
+        for proc in leftovers:
+            self._forget(proc)
+            proc.kill("supervisor_failed")
+        for proc in leftovers:
+            proc.wait(None)
+            proc.close()
+        self._selector.close()
+        with self._commands_lock:
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            self._wake_r = self._wake_w = -1
+        self._exit_code = code
+        self._done.set()
+        self._started.set()
+
+
+def _failure_fields(err: StartFailed) -> dict[str, Any]:
+    return {k: v for k, v in err.details.items() if k != "child"}
