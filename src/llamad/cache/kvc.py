@@ -533,6 +533,31 @@ def read_payload_into(fd: int, meta: KvcMeta, buffer: Buffer) -> int:
     return meta.payload_len
 
 
+def copy_payload_into(file_bytes: Buffer, meta: KvcMeta, buffer: Buffer) -> int:
+    """Copy the payload out of a whole file held in memory, checking its CRC on the way.
+
+    For a ``ram`` row mapped from shared memory: each chunk is checksummed and
+    then copied while it is still in cache. Returns the payload length; raises
+    :class:`KvcCorrupt` on a size or checksum mismatch (the buffer then holds junk).
+    """
+    src = _payload_view(file_bytes)
+    dst = _payload_view(buffer)
+    if len(dst) < meta.payload_len:
+        raise InvalidCacheValue("buffer", f"{len(dst)} bytes, payload needs {meta.payload_len}")
+    if len(src) != meta.file_size:
+        raise KvcCorrupt("truncated", f"{len(src)} bytes mapped, file is {meta.file_size}")
+    crc = 0
+    base = meta.payload_offset
+    for start in range(0, meta.payload_len, IO_CHUNK):
+        stop = min(meta.payload_len, start + IO_CHUNK)
+        chunk = src[base + start : base + stop]
+        crc = crc32c.crc32c(chunk, crc)
+        dst[start:stop] = chunk
+    if crc != meta.payload_crc32c:
+        raise KvcCorrupt("payload_crc", "payload checksum mismatch")
+    return meta.payload_len
+
+
 def update_stats(fd: int, *, hit_count: int, last_used_ns: int) -> None:
     """Persist a row's hit count and last-used time by rewriting its header.
 

@@ -1,0 +1,439 @@
+"""Where published rows live (SPEC C3): ``ram``, ``ram_file`` and ``disk`` tiers.
+
+All three hold one ``.kvc`` file per row, named ``<key hex>.kvc``, and differ
+in lifetime:
+
+- ``ram``: POSIX shared-memory segments named ``/llamad-ram.<instance>.<key>.kvc``.
+  On Linux a segment *is* a file under ``/dev/shm`` (``shm_open`` opens
+  exactly that path), so the tier handles segments by path, which gives it
+  the same ``link(2)`` publish as the other tiers. Segments belong to one
+  daemon instance: they are purged when it stops and when the next one starts.
+- ``ram_file``: files in a tmpfs directory (``/dev/shm/llamad/...`` or a
+  configured root); they survive a daemon restart and are adopted by its scan.
+- ``disk``: files in the state directory; they survive a reboot.
+
+Quotas and LRU are cache-meta's (it owns the index); a tier knows its quota
+so a save that could never fit is refused before a byte is written. Files are
+read with plain ``pread`` into memory the caller owns, never ``mmap``: a file
+truncated under a reader then yields a short read (a miss), not a SIGBUS.
+``ram`` segments are the exception, mapped and copied (see
+``_copy_from_segment`` for why that is safe and needed).
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import re
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Final, Protocol
+
+import structlog
+
+from llamad.cache.errors import CacheError, InvalidCacheValue, KvcCorrupt, TierError, TierFull
+from llamad.cache.kvc import (
+    KvcMeta,
+    copy_payload_into,
+    read_meta,
+    read_payload_into,
+    update_stats,
+)
+from llamad.cache.reservation import Adopted
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+log = structlog.get_logger("llamad.cache.tiers")
+
+SHM_ROOT: Final = Path("/dev/shm")
+_KEY_HEX: Final = re.compile(r"[0-9a-f]{64}")
+_INSTANCE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_WRITER: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+class TierKind(StrEnum):
+    """The three tiers, fastest first."""
+
+    RAM = "ram"
+    RAM_FILE = "ram_file"
+    DISK = "disk"
+
+
+class RowMissing(CacheError):
+    """The row's file is not there (evicted or deleted underneath)."""
+
+    code = "row_missing"
+
+
+class CounterAdd(Protocol):
+    """The part of :class:`llamad.cache.counters.Counters` the tiers bump."""
+
+    def add(self, name: str, n: int = 1) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TierConfig:
+    """One tier's place and budget; invalid values raise naming the field.
+
+    ``root`` is the directory of ``ram_file`` / ``disk`` files; for ``ram`` it
+    is the shared-memory filesystem (``/dev/shm``), and ``instance`` keeps two
+    daemons on one host (or two tests) from purging each other's segments.
+    """
+
+    kind: TierKind
+    root: Path
+    quota: int
+    instance: str = "default"
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "kind", TierKind(self.kind))
+        except ValueError:
+            raise InvalidCacheValue("kind", f"unknown tier {self.kind!r}") from None
+        if not isinstance(self.root, str | os.PathLike):
+            raise InvalidCacheValue("root", "expected a path")
+        root = Path(self.root)
+        if not root.is_absolute():
+            raise InvalidCacheValue("root", f"{root} is not an absolute path")
+        object.__setattr__(self, "root", root)
+        if isinstance(self.quota, bool) or not isinstance(self.quota, int) or self.quota < 0:
+            raise InvalidCacheValue("quota", f"{self.quota!r} is not a byte count >= 0")
+        if not isinstance(self.instance, str) or not _INSTANCE.fullmatch(self.instance):
+            raise InvalidCacheValue("instance", f"{self.instance!r} is not [A-Za-z0-9_-]{{1,64}}")
+
+    @property
+    def name(self) -> str:
+        return self.kind.value
+
+
+class Tier:
+    """File operations of one tier. Stateless beyond its config: any process may hold one."""
+
+    def __init__(self, config: TierConfig) -> None:
+        self.config = config
+        self.name = config.name
+        self.kind = config.kind
+        self.root = config.root
+        self.quota = config.quota
+        # ram segments share /dev/shm with everything else on the host, so
+        # their names carry a prefix that scopes them to this daemon instance.
+        self.prefix = f"llamad-ram.{config.instance}." if config.kind is TierKind.RAM else ""
+        self._final = re.compile(re.escape(self.prefix) + r"([0-9a-f]{64})\.kvc")
+        self._tmp = re.compile(re.escape(self.prefix) + r"[0-9a-f]{64}\.kvc\.[A-Za-z0-9_-]+\.tmp")
+
+    def __repr__(self) -> str:
+        return f"Tier({self.name}, root={str(self.root)!r}, quota={self.quota})"
+
+    # -- naming ---------------------------------------------------------------
+
+    def path_for(self, key: bytes) -> Path:
+        """The published path of ``key`` in this tier."""
+        if not isinstance(key, bytes) or len(key) != 32:
+            raise InvalidCacheValue("key", "expected 32 bytes")
+        return self.root / f"{self.prefix}{key.hex()}.kvc"
+
+    def location_for(self, key: bytes) -> str:
+        """The location string cache-meta records for ``key`` (its absolute path)."""
+        return str(self.path_for(key))
+
+    def segment_name(self, key: bytes) -> str:
+        """The POSIX ``shm_open`` name of a ``ram`` row."""
+        if self.kind is not TierKind.RAM:
+            raise InvalidCacheValue("tier", f"{self.name} rows are files, not segments")
+        return "/" + self.path_for(key).name
+
+    def tmp_path_for(self, key: bytes, writer: str) -> Path:
+        """``<key>.kvc.<writer>.tmp`` beside the final path (``link(2)`` stays in one dir)."""
+        if not isinstance(writer, str) or not _WRITER.fullmatch(writer):
+            raise InvalidCacheValue("writer", f"{writer!r} is not [A-Za-z0-9_-]{{1,64}}")
+        final = self.path_for(key)
+        return final.with_name(f"{final.name}.{writer}.tmp")
+
+    def key_of(self, path: str | os.PathLike[str]) -> bytes | None:
+        """The key a published file name stands for, or None if it is not one of ours."""
+        p = Path(path)
+        m = self._final.fullmatch(p.name)
+        return bytes.fromhex(m.group(1)) if m and p.parent == self.root else None
+
+    def _resolve(self, key_or_location: bytes | str | os.PathLike[str]) -> tuple[bytes, Path]:
+        if isinstance(key_or_location, bytes):
+            return key_or_location, self.path_for(key_or_location)
+        key = self.key_of(key_or_location)
+        if key is None:
+            # Locations arrive in messages: never touch a path outside the tier.
+            raise InvalidCacheValue("location", f"{key_or_location!s} is not a row of {self.name}")
+        return key, Path(key_or_location)
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Create the tier's directory (0700) if needed."""
+        try:
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise TierError(f"cannot create {self.root}: {exc}") from exc
+
+    def _entries(self) -> Iterator[os.DirEntry[str]]:
+        try:
+            with os.scandir(self.root) as it:
+                yield from it
+        except FileNotFoundError:
+            return
+
+    def scan(self, counters: CounterAdd | None = None) -> Iterator[KvcMeta]:
+        """Startup scan: yield valid rows; delete ``*.tmp`` leftovers and corrupt files.
+
+        A ``ram`` tier yields nothing: its segments died with the previous
+        daemon by definition, so they are deleted like leftovers. Files that
+        are not named like ours are left alone. Only header and TLV are
+        checked here (fast); the payload checksum is checked on every load.
+        """
+        for entry in self._entries():
+            name = entry.name
+            if self._tmp.fullmatch(name) or (
+                self.kind is TierKind.RAM and self._final.fullmatch(name)
+            ):
+                _unlink(Path(entry.path))
+                continue
+            m = self._final.fullmatch(name)
+            if m is None:
+                continue
+            try:
+                fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            try:
+                meta = read_meta(fd, expected_key=bytes.fromhex(m.group(1)))
+            except KvcCorrupt as exc:
+                log.warning(
+                    "cache.corrupt_file", tier=self.name, path=entry.path, reason=exc.reason
+                )
+                _unlink(Path(entry.path))
+                if counters is not None:
+                    counters.add("corrupt_files")
+                continue
+            finally:
+                os.close(fd)
+            yield meta
+
+    def purge(self) -> int:
+        """Delete every row and leftover of this tier (a ``ram`` tier at daemon stop)."""
+        n = 0
+        for entry in self._entries():
+            if self._tmp.fullmatch(entry.name) or self._final.fullmatch(entry.name):
+                n += _unlink(Path(entry.path))
+        return n
+
+    def usage(self) -> int:
+        """Bytes held by published rows on the filesystem (for checks, not accounting)."""
+        total = 0
+        for entry in self._entries():
+            if self._final.fullmatch(entry.name):
+                try:
+                    total += entry.stat().st_size
+                except FileNotFoundError:
+                    continue
+        return total
+
+    # -- rows -----------------------------------------------------------------
+
+    def exists(self, key_or_location: bytes | str | os.PathLike[str]) -> bool:
+        return self._resolve(key_or_location)[1].exists()
+
+    def delete(self, key_or_location: bytes | str | os.PathLike[str]) -> bool:
+        """Unlink a row; returns whether it was there."""
+        return bool(_unlink(self._resolve(key_or_location)[1]))
+
+    def read_meta(self, key_or_location: bytes | str | os.PathLike[str]) -> KvcMeta:
+        """Header and TLV of a row, validated against its key (no payload checksum)."""
+        key, path = self._resolve(key_or_location)
+        fd = self._open(path)
+        try:
+            return read_meta(fd, expected_key=key)
+        finally:
+            os.close(fd)
+
+    def read_into(self, key_or_location: bytes | str | os.PathLike[str], buffer: Buffer) -> int:
+        """Validate a row completely and read its payload into ``buffer``; returns its length.
+
+        Raises :class:`RowMissing` when the file is gone and :class:`KvcCorrupt`
+        when any check fails (the buffer then holds junk and must not be used).
+        """
+        key, path = self._resolve(key_or_location)
+        fd = self._open(path)
+        try:
+            meta = read_meta(fd, expected_key=key)
+            if self.kind is TierKind.RAM:
+                return _copy_from_segment(fd, meta, buffer)
+            return read_payload_into(fd, meta, buffer)
+        finally:
+            os.close(fd)
+
+    def persist_stats(
+        self, key_or_location: bytes | str | os.PathLike[str], hits: int, last_used_ns: int
+    ) -> None:
+        """Write a row's hit count and last use into its header (cache-meta, unpinned rows)."""
+        path = self._resolve(key_or_location)[1]
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise RowMissing(f"{path} is gone") from None
+        try:
+            update_stats(fd, hit_count=min(hits, 2**32 - 1), last_used_ns=last_used_ns)
+        finally:
+            os.close(fd)
+
+    def _open(self, path: Path) -> int:
+        try:
+            return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise RowMissing(f"{path} is gone") from None
+        except OSError as exc:
+            raise TierError(f"cannot open {path}: {exc}") from exc
+
+    # -- the writer's side (see llamad.cache.publish) ---------------------------
+
+    def create_tmp(self, key: bytes, writer: str, size: int) -> tuple[Path, int]:
+        """Create ``<key>.kvc.<writer>.tmp`` exclusively and reserve ``size`` bytes in it.
+
+        The allocation makes a full tmpfs or disk fail here, with a clean
+        :class:`TierFull`, rather than halfway through the payload.
+        """
+        path = self.tmp_path_for(key, writer)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except FileNotFoundError:
+            raise TierError(f"tier directory {self.root} is missing") from None
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as exc:
+            os.close(fd)
+            _unlink(path)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise TierFull(f"{self.name} has no room for {size} bytes") from exc
+            raise TierError(f"cannot allocate {path}: {exc}") from exc
+        return path, fd
+
+    def sync_dir(self) -> None:
+        """fsync the tier directory so a link or unlink in it is durable."""
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _copy_from_segment(fd: int, meta: KvcMeta, buffer: Buffer) -> int:
+    # A ram row is read the way shared memory is meant to be read: mapped and
+    # copied. read(2) from tmpfs costs up to 3x a memcpy on some kernels (and
+    # does on the benchmark VM), which would break the restore bar. The usual
+    # mmap hazard, SIGBUS when the file shrinks under the mapping, cannot come
+    # from llamad: a published segment is never truncated or rewritten, only
+    # unlinked, and unlinking leaves an existing mapping intact. Files on disk
+    # and ram_file rows, which other tools may touch, are never mapped.
+    with mmap.mmap(
+        fd, meta.file_size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ
+    ) as mapped:
+        view = memoryview(mapped)
+        try:
+            return copy_payload_into(view, meta, buffer)
+        finally:
+            view.release()
+
+
+def _unlink(path: Path) -> int:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return 0
+    return 1
+
+
+def build_tiers(configs: Mapping[str, TierConfig] | list[TierConfig]) -> dict[str, Tier]:
+    """Tiers by name; each name at most once."""
+    items = list(configs.values()) if isinstance(configs, Mapping) else list(configs)
+    tiers: dict[str, Tier] = {}
+    for cfg in items:
+        if cfg.name in tiers:
+            raise InvalidCacheValue("tiers", f"tier {cfg.name!r} configured twice")
+        tiers[cfg.name] = Tier(cfg)
+    return tiers
+
+
+class TierStore:
+    """The tiers as cache-meta's ``RowStore``: the file effects the sole writer asks for."""
+
+    def __init__(self, tiers: Mapping[str, Tier], counters: CounterAdd | None = None) -> None:
+        self.tiers = dict(tiers)
+        self.counters = counters
+
+    def tier(self, name: str) -> Tier:
+        try:
+            return self.tiers[name]
+        except KeyError:
+            raise InvalidCacheValue("tier", f"tier {name!r} is not configured") from None
+
+    def delete(self, tier: str, key: bytes, location: str) -> None:
+        """Remove a row's file (missing is fine)."""
+        self.tier(tier).delete(location)
+
+    def adopt(self, tier: str, key: bytes, location: str | None) -> Adopted | None:
+        """Validate the final file of an abandoned reservation; unlink it if it is junk."""
+        t = self.tier(tier)
+        where = location if location is not None else t.location_for(key)
+        if t.key_of(where) != key:
+            raise InvalidCacheValue("location", f"{where} is not the file of this key")
+        try:
+            meta = t.read_meta(where)
+        except RowMissing:
+            return None
+        except KvcCorrupt as exc:
+            log.warning("cache.orphan_corrupt", tier=tier, path=where, reason=exc.reason)
+            t.delete(where)
+            if self.counters is not None:
+                self.counters.add("corrupt_files")
+            return None
+        return Adopted(meta=meta, location=where)
+
+    def persist_stats(self, tier: str, location: str, hits: int, last_used_ns: int) -> None:
+        """Write a row's hit count and last use back into its header."""
+        self.tier(tier).persist_stats(location, hits, last_used_ns)
+
+    def exists(self, tier: str, location: str) -> bool:
+        return self.tier(tier).exists(location)
+
+
+def load(
+    tier: Tier,
+    key_or_location: bytes | str | os.PathLike[str],
+    buffer: Buffer,
+    counters: CounterAdd | None = None,
+) -> int | None:
+    """A loader's read: the payload length in ``buffer``, or None for a miss.
+
+    A corrupt row is deleted and counted (``corrupt_files``) and reads as a
+    miss, so its bytes can never reach ``llama_state_seq_set_data``; the
+    caller should also tell cache-meta to forget the row. ``load_total_ns``
+    accumulates the time of successful loads.
+    """
+    started = time.perf_counter_ns()
+    try:
+        n = tier.read_into(key_or_location, buffer)
+    except RowMissing:
+        return None
+    except KvcCorrupt as exc:
+        log.warning(
+            "cache.corrupt_row", tier=tier.name, row=str(key_or_location), reason=exc.reason
+        )
+        tier.delete(key_or_location)
+        if counters is not None:
+            counters.add("corrupt_files")
+        return None
+    if counters is not None:
+        counters.add("load_total_ns", time.perf_counter_ns() - started)
+    return n

@@ -1,0 +1,235 @@
+"""Tiers (SPEC C3): naming, startup scan, reads into caller memory, corruption on load."""
+
+from __future__ import annotations
+
+import errno
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _posixshmem import shm_open  # the segment a ram tier names must exist
+
+from llamad.cache.counters import Counters
+from llamad.cache.errors import InvalidCacheValue, KvcCorrupt, TierFull
+from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
+from llamad.cache.kvc import KvcSpec, SaveReason, encode_kvc, file_name
+from llamad.cache.tiers import (
+    RowMissing,
+    Tier,
+    TierConfig,
+    TierKind,
+    TierStore,
+    build_tiers,
+    load,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+NS = Namespace(fingerprint=b"\x21" * 32, quant=3, ctx_hash=b"\x31" * 32)
+
+
+def spec_for(tokens: list[int]) -> KvcSpec:
+    return KvcSpec(NS, tokens_to_bytes(tokens), FingerprintMode.SAFE, SaveReason.COLD)
+
+
+def put(tier: Tier, tokens: list[int], payload: bytes) -> KvcSpec:
+    """Publish a row the simple way (the publish protocol has its own tests)."""
+    spec = spec_for(tokens)
+    tier.path_for(spec.key).write_bytes(encode_kvc(spec, payload))
+    return spec
+
+
+@pytest.fixture
+def counters(tmp_path: Path) -> Iterator[Counters]:
+    c = Counters.create(tmp_path / "counters")
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> Tier:
+    tier = Tier(TierConfig(TierKind.DISK, tmp_path / "disk", 1 << 30))
+    tier.prepare()
+    return tier
+
+
+@pytest.fixture
+def ram() -> Iterator[Tier]:
+    tier = Tier(TierConfig(TierKind.RAM, Path("/dev/shm"), 1 << 30, f"t{uuid.uuid4().hex[:12]}"))
+    yield tier
+    tier.purge()
+
+
+def test_read_into_returns_the_exact_payload(disk: Tier) -> None:
+    payload = os.urandom(3 << 20)
+    spec = put(disk, [1, 2, 3], payload)
+    buf = bytearray(len(payload) + 7)
+    assert disk.read_into(spec.key, buf) == len(payload)
+    assert bytes(buf[: len(payload)]) == payload
+    assert disk.read_into(disk.location_for(spec.key), buf) == len(payload)
+
+
+def test_ram_rows_are_posix_shm_segments_read_back_exactly(ram: Tier) -> None:
+    payload = os.urandom(1 << 20)
+    spec = put(ram, [4, 5], payload)
+    fd = shm_open(ram.segment_name(spec.key), os.O_RDONLY, 0)
+    os.close(fd)
+    buf = bytearray(len(payload))
+    assert ram.read_into(spec.key, buf) == len(payload)
+    assert buf == payload
+
+
+def test_scan_adopts_valid_files_and_deletes_tmp_and_corrupt_ones(
+    disk: Tier, counters: Counters
+) -> None:
+    good = put(disk, [1, 2, 3], b"good")
+    bad = put(disk, [7, 8], b"bad payload header flipped")
+    data = bytearray(disk.path_for(bad.key).read_bytes())
+    data[20] ^= 4
+    disk.path_for(bad.key).write_bytes(data)
+    misnamed = spec_for([9])
+    disk.path_for(misnamed.key).write_bytes(encode_kvc(spec_for([10]), b"x"))
+    leftover = disk.tmp_path_for(good.key, "w-1")
+    leftover.write_bytes(b"half a file")
+    foreign = disk.root / "notes.txt"
+    foreign.write_text("not ours")
+
+    found = list(disk.scan(counters))
+
+    assert [m.key for m in found] == [good.key]
+    assert found[0].payload_len == 4
+    assert not disk.path_for(bad.key).exists()
+    assert not disk.path_for(misnamed.key).exists()
+    assert not leftover.exists()
+    assert foreign.exists()
+    assert counters.get("corrupt_files") == 2
+
+
+def test_ram_scan_purges_segments_of_a_previous_daemon(ram: Tier) -> None:
+    spec = put(ram, [1], b"old daemon")
+    other = Tier(TierConfig(TierKind.RAM, Path("/dev/shm"), 1 << 20, "someone-else"))
+    assert list(ram.scan()) == []
+    assert not ram.path_for(spec.key).exists()
+    assert other.prefix != ram.prefix
+
+
+def test_load_of_a_bit_flipped_row_is_a_miss_that_deletes_and_counts(
+    disk: Tier, counters: Counters
+) -> None:
+    spec = put(disk, [1, 2, 3], os.urandom(100_000))
+    path = disk.path_for(spec.key)
+    data = bytearray(path.read_bytes())
+    data[-500] ^= 0x10
+    path.write_bytes(data)
+    buf = bytearray(200_000)
+    with pytest.raises(KvcCorrupt):
+        disk.read_into(spec.key, buf)
+    assert load(disk, spec.key, buf, counters) is None
+    assert not path.exists()
+    assert counters.get("corrupt_files") == 1
+    assert counters.get("load_total_ns") == 0
+
+
+@pytest.mark.parametrize("kind", [TierKind.DISK, TierKind.RAM])
+def test_load_of_a_truncated_row_is_a_miss(
+    kind: TierKind, disk: Tier, ram: Tier, counters: Counters
+) -> None:
+    tier = disk if kind is TierKind.DISK else ram
+    spec = put(tier, [5, 6], os.urandom(50_000))
+    path = tier.path_for(spec.key)
+    os.truncate(path, path.stat().st_size - 1)
+    assert load(tier, spec.key, bytearray(60_000), counters) is None
+    assert counters.get("corrupt_files") == 1
+
+
+def test_load_counts_time_and_missing_rows_are_misses(disk: Tier, counters: Counters) -> None:
+    spec = put(disk, [1], b"abc")
+    buf = bytearray(10)
+    assert load(disk, spec.key, buf, counters) == 3
+    assert counters.get("load_total_ns") > 0
+    assert load(disk, spec_for([2]).key, buf, counters) is None
+    with pytest.raises(RowMissing):
+        disk.read_into(spec_for([2]).key, buf)
+
+
+def test_locations_outside_the_tier_are_refused(disk: Tier, tmp_path: Path) -> None:
+    spec = put(disk, [1], b"abc")
+    outside = tmp_path / file_name(spec.key)
+    outside.write_bytes(disk.path_for(spec.key).read_bytes())
+    for location in (str(outside), "/etc/passwd", str(disk.root / "../x.kvc")):
+        with pytest.raises(InvalidCacheValue):
+            disk.read_into(location, bytearray(10))
+        with pytest.raises(InvalidCacheValue):
+            disk.delete(location)
+    assert outside.exists()
+
+
+def test_create_tmp_is_exclusive_and_sized(disk: Tier) -> None:
+    key = spec_for([1]).key
+    path, fd = disk.create_tmp(key, "w1", 8192)
+    os.close(fd)
+    assert path.name == f"{key.hex()}.kvc.w1.tmp"
+    assert path.stat().st_size == 8192
+    with pytest.raises(FileExistsError):
+        disk.create_tmp(key, "w1", 10)
+    with pytest.raises(InvalidCacheValue):
+        disk.tmp_path_for(key, "../evil")
+
+
+def test_create_tmp_on_a_full_filesystem_is_tier_full_and_leaves_nothing(
+    disk: Tier, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_space(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", no_space)
+    with pytest.raises(TierFull):
+        disk.create_tmp(spec_for([1]).key, "w1", 1 << 20)
+    assert list(disk.root.iterdir()) == []
+
+
+def test_tier_store_adopts_valid_orphans_and_unlinks_junk(disk: Tier, counters: Counters) -> None:
+    store = TierStore(build_tiers([disk.config]), counters)
+    good = put(disk, [1, 2], b"orphan")
+    adopted = store.adopt("disk", good.key, None)
+    assert adopted is not None
+    assert adopted.meta.key == good.key
+    assert adopted.location == disk.location_for(good.key)
+    junk_key = spec_for([3]).key
+    disk.path_for(junk_key).write_bytes(b"\x00" * 100)
+    assert store.adopt("disk", junk_key, disk.location_for(junk_key)) is None
+    assert not disk.path_for(junk_key).exists()
+    assert counters.get("corrupt_files") == 1
+    assert store.adopt("disk", spec_for([4]).key, None) is None
+
+
+def test_persist_stats_survives_a_rescan(disk: Tier) -> None:
+    store = TierStore(build_tiers([disk.config]))
+    spec = put(disk, [1, 2], b"popular")
+    store.persist_stats("disk", disk.location_for(spec.key), 17, 12345)
+    (meta,) = disk.scan()
+    assert (meta.hit_count, meta.last_used_ns) == (17, 12345)
+    assert disk.read_into(spec.key, bytearray(7)) == 7
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"kind": "tape", "root": Path("/x"), "quota": 1}, "kind"),
+        ({"kind": "disk", "root": Path("rel"), "quota": 1}, "root"),
+        ({"kind": "disk", "root": Path("/x"), "quota": -1}, "quota"),
+        ({"kind": "ram", "root": Path("/dev/shm"), "quota": 1, "instance": "a/b"}, "instance"),
+    ],
+)
+def test_tier_config_rejects_bad_fields(kwargs: dict[str, object], field: str) -> None:
+    with pytest.raises(InvalidCacheValue) as err:
+        TierConfig(**kwargs)  # type: ignore[arg-type]
+    assert err.value.field == field
+
+
+def test_a_tier_configured_twice_is_refused(tmp_path: Path) -> None:
+    cfg = TierConfig(TierKind.DISK, tmp_path, 1)
+    with pytest.raises(InvalidCacheValue):
+        build_tiers([cfg, cfg])
