@@ -5,11 +5,11 @@ from __future__ import annotations
 import errno
 import os
 import uuid
+from _posixshmem import shm_open  # the segment a ram tier names must exist
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _posixshmem import shm_open  # the segment a ram tier names must exist
 
 from llamad.cache.counters import Counters
 from llamad.cache.errors import InvalidCacheValue, KvcCorrupt, TierFull
