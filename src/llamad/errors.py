@@ -102,6 +102,24 @@ class ConfigError(LlamadError):
     code = "config_error"
 
 
+class SchemaError(BadRequest):
+    """A JSON Schema that cannot become a grammar; details name ``path`` and ``keyword``."""
+
+    code = "bad_schema"
+
+
+class TemplateError(LlamadError):
+    """A chat template failed to render (its own ``raise_exception`` included)."""
+
+    code = "template_error"
+
+
+class TemplateSecurityError(TemplateError):
+    """A chat template reached for something the sandbox forbids."""
+
+    code = "template_security"
+
+
 def error_class(code: str) -> type[LlamadError]:
     """The class that represents ``code`` on the wire (base class if unknown)."""
     return _BY_CODE.get(code, LlamadError)
