@@ -155,6 +155,12 @@ typedef struct llama_chat_message {
     const char * content;
 } llama_chat_message;
 
+enum gguf_type {
+    GGUF_TYPE_FLOAT32,
+    GGUF_TYPE_STRING,
+    ...
+};
+
 struct gguf_init_params {
     bool no_alloc;
     struct ggml_context ** ctx;
@@ -306,6 +312,8 @@ size_t gguf_get_data_offset(const struct gguf_context * ctx);
 int64_t gguf_get_n_tensors(const struct gguf_context * ctx);
 size_t gguf_get_tensor_offset(const struct gguf_context * ctx, int64_t tensor_id);
 size_t gguf_get_tensor_size(const struct gguf_context * ctx, int64_t tensor_id);
+int64_t gguf_find_key(const struct gguf_context * ctx, const char * key);
+enum gguf_type gguf_get_kv_type(const struct gguf_context * ctx, int64_t key_id);
 
 /* --- shim.c ---------------------------------------------------------------- */
 void llamad_log_install(int min_level);

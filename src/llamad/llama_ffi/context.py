@@ -603,7 +603,7 @@ def _writable(buf: Any) -> Any:
         buf = buf.memory
     try:
         return ffi.from_buffer("uint8_t[]", buf, require_writable=True)
-    except TypeError as exc:
+    except (TypeError, BufferError) as exc:
         raise BadRequest(f"pack_seq needs a writable buffer: {exc}") from None
 
 
@@ -612,5 +612,5 @@ def _readable(buf: Any) -> Any:
         buf = buf.memory
     try:
         return ffi.from_buffer("uint8_t[]", buf)
-    except TypeError as exc:
+    except (TypeError, BufferError) as exc:
         raise BadRequest(f"unpack_seq needs a buffer: {exc}") from None

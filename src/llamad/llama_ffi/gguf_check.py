@@ -11,7 +11,8 @@ mmap) deep inside the loader.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from llamad.llama_ffi.errors import ModelFileError, NotGGUF, TruncatedGGUF
@@ -31,10 +32,16 @@ class GGUFInfo:
     version: int
     n_tensors: int
     data_end: int
+    key_types: Mapping[str, int] = field(default_factory=dict)
+    """``gguf_type`` of each key asked for (-1 when absent)."""
 
 
-def check_gguf(path: str | os.PathLike[str]) -> GGUFInfo:
-    """Validate ``path`` as a whole GGUF file; raise a typed error otherwise."""
+def check_gguf(path: str | os.PathLike[str], *, keys: Iterable[str] = ()) -> GGUFInfo:
+    """Validate ``path`` as a whole GGUF file; raise a typed error otherwise.
+
+    ``keys`` names metadata keys whose value types the caller wants to know
+    (llama.cpp asserts on the type of some keys instead of checking it).
+    """
     p = Path(path)
     try:
         with open(p, "rb") as fh:
@@ -76,6 +83,10 @@ def check_gguf(path: str | os.PathLike[str]) -> GGUFInfo:
             end += int(lib.gguf_get_tensor_size(gctx, i))
             data_end = max(data_end, end)
         version = int(lib.gguf_get_version(gctx))
+        key_types: dict[str, int] = {}
+        for key in keys:
+            kid = int(lib.gguf_find_key(gctx, key.encode("utf-8")))
+            key_types[key] = -1 if kid < 0 else int(lib.gguf_get_kv_type(gctx, kid))
     finally:
         lib.gguf_free(gctx)
     if data_end > st.st_size:
@@ -84,5 +95,10 @@ def check_gguf(path: str | os.PathLike[str]) -> GGUFInfo:
             details={"path": str(p), "size": st.st_size, "needed": data_end},
         )
     return GGUFInfo(
-        path=p, size=st.st_size, version=version, n_tensors=n_tensors, data_end=data_end
+        path=p,
+        size=st.st_size,
+        version=version,
+        n_tensors=n_tensors,
+        data_end=data_end,
+        key_types=key_types,
     )

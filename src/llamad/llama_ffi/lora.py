@@ -45,6 +45,27 @@ def _adapter_free(model_handle: NativeHandle, path: str) -> Callable[[Any], None
     return free
 
 
+# Keys llama.cpp reads with gguf_get_val_str / _f32, which abort on a value of
+# another type; an adapter file must pass this check before llama.cpp sees it.
+_ADAPTER_KEYS = {
+    "general.type": int(lib.GGUF_TYPE_STRING),
+    "general.architecture": int(lib.GGUF_TYPE_STRING),
+    "adapter.type": int(lib.GGUF_TYPE_STRING),
+    "adapter.lora.alpha": int(lib.GGUF_TYPE_FLOAT32),
+}
+
+
+def _check_adapter_header(path: Path) -> None:
+    info = check_gguf(path, keys=_ADAPTER_KEYS)
+    for key, want in _ADAPTER_KEYS.items():
+        got = info.key_types[key]
+        if got not in (-1, want):
+            raise AdapterError(
+                f"{path}: metadata {key} has GGUF type {got}, expected {want}",
+                details={"path": str(path), "key": key},
+            )
+
+
 class LoraAdapter:
     """One LoRA adapter GGUF loaded for ``model``.
 
@@ -55,7 +76,7 @@ class LoraAdapter:
     def __init__(self, model: Model, path: str | os.PathLike[str]) -> None:
         self.model = model
         self.path = Path(path)
-        check_gguf(self.path)
+        _check_adapter_header(self.path)
         self.sha256 = file_sha256(self.path)
         model_handle = model.native_handle
         model_ptr = model_handle.acquire()

@@ -27,7 +27,10 @@ def prefault(buf: Any) -> None:
     Not for memory another process writes concurrently: each page is read and
     written back.
     """
-    view = ffi.from_buffer("uint8_t[]", buf, require_writable=True)
+    try:
+        view = ffi.from_buffer("uint8_t[]", buf, require_writable=True)
+    except (TypeError, BufferError) as exc:
+        raise BadRequest(f"prefault needs a writable buffer: {exc}") from None
     lib.llamad_prefault(view, len(view), PAGE_SIZE)
 
 
