@@ -1,0 +1,224 @@
+"""The writer pool (SPEC C6): async saves, the global cap, leak-proof permits."""
+
+from __future__ import annotations
+
+import errno
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from llamad.cache.errors import SaveRefused, TierFull
+from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
+from llamad.cache.kvc import KvcSpec, SaveReason
+from llamad.cache.meta import CacheMeta, DictCounters, MetaConfig
+from llamad.cache.publish import LocalMeta, PublishOutcome, PublishStage
+from llamad.cache.tiers import Tier, TierConfig, TierKind, TierStore, build_tiers
+from llamad.cache.writer import PermitSet, WriterPool
+
+pytestmark = pytest.mark.timeout(60)
+
+NS = Namespace(fingerprint=b"\x61" * 32, quant=3, ctx_hash=b"\x71" * 32)
+PAYLOAD = os.urandom(200_000)
+
+
+def spec_for(tokens: list[int]) -> KvcSpec:
+    return KvcSpec(NS, tokens_to_bytes(tokens), FingerprintMode.SAFE, SaveReason.CONTINUED)
+
+
+def wait_until(predicate: object, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not reached before the deadline"
+        time.sleep(0.01)
+
+
+def _hold_permits(path: str, n: int, ready: mp.synchronize.Event) -> None:
+    permits = PermitSet.attach(path)
+    held = [permits.try_acquire() for _ in range(n)]
+    assert all(p is not None for p in held)
+    ready.set()
+    signal.pause()
+
+
+class Rig:
+    def __init__(self, root: Path, permits: int = 2, **pool_kwargs: object) -> None:
+        self.tier = Tier(TierConfig(TierKind.DISK, root / "disk", 1 << 30))
+        self.tier.prepare()
+        self.counters = DictCounters()
+        self.meta = CacheMeta(
+            MetaConfig(quotas={"disk": 1 << 30}),
+            TierStore(build_tiers([self.tier.config])),
+            counters=self.counters,
+        )
+        self.permits = PermitSet.create(root / "permits", permits)
+        self.pool = WriterPool(
+            LocalMeta(self.meta),
+            {"disk": self.tier},
+            self.permits,
+            counters=self.counters,
+            **pool_kwargs,  # type: ignore[arg-type]
+        )
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    r = Rig(tmp_path)
+    yield r
+    r.pool.close()
+
+
+def test_async_save_returns_before_the_write_and_publishes(tmp_path: Path) -> None:
+    gate = threading.Event()
+
+    def hold_after_write(stage: PublishStage, key: bytes) -> None:
+        if stage is PublishStage.WRITTEN:
+            assert gate.wait(20)
+
+    rig = Rig(tmp_path, on_stage=hold_after_write)
+    spec = spec_for([1, 2, 3])
+    future = rig.pool.save_async(spec, "disk", PAYLOAD)
+    assert future is not None
+    assert not future.done()  # the caller's loop is free while the writer works
+    assert rig.pool.in_flight() == 1
+    gate.set()
+    assert future.result(20).outcome is PublishOutcome.PUBLISHED
+    assert rig.meta.lookup_exact(spec.key) is not None
+    wait_until(lambda: rig.pool.in_flight() == 0)
+    assert rig.permits.held() == 0
+    rig.pool.close()
+
+
+def test_save_without_a_free_permit_is_dropped_and_counted(rig: Rig) -> None:
+    held = [rig.permits.try_acquire(), rig.permits.try_acquire()]
+    assert rig.permits.try_acquire() is None
+    spec = spec_for([1])
+    assert rig.pool.save_async(spec, "disk", PAYLOAD) is None
+    assert rig.counters.get("saves_dropped") == 1
+    assert rig.meta.reservations == {}
+    assert list(rig.tier.root.iterdir()) == []
+    for p in held:
+        assert p is not None
+        p.release()
+    future = rig.pool.save_async(spec, "disk", PAYLOAD)
+    assert future is not None
+    assert future.result(20).stored
+
+
+def test_permits_held_by_a_killed_process_are_returned(tmp_path: Path) -> None:
+    permits = PermitSet.create(tmp_path / "permits", 3)
+    ctx = mp.get_context("spawn")
+    ready = ctx.Event()
+    child = ctx.Process(target=_hold_permits, args=(str(permits.path), 3, ready))
+    child.start()
+    try:
+        assert ready.wait(30)
+        assert permits.held() == 3
+        assert permits.try_acquire() is None
+        os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        child.join(30)
+        wait_until(lambda: permits.held() == 0)
+        permit = permits.try_acquire()
+        assert permit is not None
+        permit.release()
+    finally:
+        if child.is_alive():
+            child.kill()
+            child.join(30)
+
+
+def test_global_cap_holds_across_pools(rig: Rig) -> None:
+    gate = threading.Event()
+    entered = threading.Semaphore(0)
+
+    def park(stage: PublishStage, key: bytes) -> None:
+        if stage is PublishStage.RESERVED:
+            entered.release()
+            assert gate.wait(20)
+
+    other = WriterPool(
+        LocalMeta(rig.meta, owner=4242),
+        {"disk": rig.tier},
+        PermitSet.attach(rig.permits.path),
+        counters=rig.counters,
+        threads=4,
+        on_stage=park,
+    )
+    futures = [other.save_async(spec_for([i]), "disk", PAYLOAD) for i in range(4)]
+    assert [f is not None for f in futures] == [True, True, False, False]
+    assert entered.acquire(timeout=20) and entered.acquire(timeout=20)
+    assert rig.pool.save_async(spec_for([99]), "disk", PAYLOAD) is None
+    assert rig.counters.get("saves_dropped") == 3
+    gate.set()
+    for f in futures:
+        if f is not None:
+            assert f.result(20).stored
+    other.close()
+
+
+def test_sync_save_waits_for_a_permit_then_publishes(rig: Rig) -> None:
+    held = [rig.permits.try_acquire(), rig.permits.try_acquire()]
+
+    def release_later() -> None:
+        time.sleep(0.2)
+        for p in held:
+            assert p is not None
+            p.release()
+
+    t = threading.Thread(target=release_later)
+    t.start()
+    result = rig.pool.save_sync(spec_for([7]), "disk", PAYLOAD, timeout_s=20)
+    t.join(20)
+    assert result.outcome is PublishOutcome.PUBLISHED
+
+
+def test_sync_save_times_out_as_refused(rig: Rig) -> None:
+    held = [rig.permits.try_acquire(), rig.permits.try_acquire()]
+    with pytest.raises(SaveRefused):
+        rig.pool.save_sync(spec_for([7]), "disk", PAYLOAD, timeout_s=0.05)
+    assert rig.counters.get("saves_dropped") == 1
+    for p in held:
+        assert p is not None
+        p.release()
+
+
+def test_a_failing_save_returns_its_permit_and_reservation(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_space(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", no_space)
+    future = rig.pool.save_async(spec_for([1]), "disk", PAYLOAD)
+    assert future is not None
+    with pytest.raises(TierFull):
+        future.result(20)
+    wait_until(lambda: rig.pool.in_flight() == 0)
+    assert rig.permits.held() == 0
+    assert rig.meta.reservations == {}
+    assert rig.counters.get("saves_dropped") == 1
+
+
+def test_close_without_waiting_returns_queued_permits(tmp_path: Path) -> None:
+    gate = threading.Event()
+
+    def park(stage: PublishStage, key: bytes) -> None:
+        if stage is PublishStage.RESERVED:
+            assert gate.wait(20)
+
+    rig = Rig(tmp_path, permits=4, threads=1, on_stage=park)
+    futures = [rig.pool.save_async(spec_for([i]), "disk", PAYLOAD) for i in range(3)]
+    assert all(f is not None for f in futures)
+    rig.pool.close(wait=False)
+    gate.set()
+    for f in futures:
+        assert f is not None
+        wait_until(f.done)
+    wait_until(lambda: rig.permits.held() == 0)
+    assert rig.pool.in_flight() == 0
+    assert rig.pool.save_async(spec_for([9]), "disk", PAYLOAD) is None
