@@ -514,7 +514,7 @@ def read_payload_into(fd: int, meta: KvcMeta, buffer: Buffer) -> int:
     Plain ``preadv`` into the caller's memory (no mmap, so a file truncated
     underneath cannot fault the reader), checksumming each chunk while it is
     still in cache. Returns the payload length; raises :class:`KvcCorrupt` on a
-    short read or checksum mismatch, after which the buffer holds junk.
+    short read or checksum mismatch, after zeroing what it had copied.
     """
     view = _payload_view(buffer)
     if len(view) < meta.payload_len:
@@ -525,12 +525,20 @@ def read_payload_into(fd: int, meta: KvcMeta, buffer: Buffer) -> int:
         chunk = view[done : min(meta.payload_len, done + IO_CHUNK)]
         n = os.preadv(fd, [chunk], meta.payload_offset + done)
         if n <= 0:
+            _scrub(view, done)
             raise KvcCorrupt("truncated", f"payload ends after {done} bytes")
         crc = crc32c.crc32c(chunk[:n], crc)
         done += n
     if crc != meta.payload_crc32c:
+        _scrub(view, done)
         raise KvcCorrupt("payload_crc", "payload checksum mismatch")
     return meta.payload_len
+
+
+def _scrub(view: memoryview, n: int) -> None:
+    # A caller that ignores the exception must still not find a corrupt
+    # state in its buffer: zero whatever was copied in.
+    view[:n] = bytes(n)
 
 
 def copy_payload_into(file_bytes: Buffer, meta: KvcMeta, buffer: Buffer) -> int:
@@ -538,24 +546,30 @@ def copy_payload_into(file_bytes: Buffer, meta: KvcMeta, buffer: Buffer) -> int:
 
     For a ``ram`` row mapped from shared memory: each chunk is checksummed and
     then copied while it is still in cache. Returns the payload length; raises
-    :class:`KvcCorrupt` on a size or checksum mismatch (the buffer then holds junk).
+    :class:`KvcCorrupt` on a size or checksum mismatch (after zeroing the copy).
     """
     src = _payload_view(file_bytes)
     dst = _payload_view(buffer)
-    if len(dst) < meta.payload_len:
-        raise InvalidCacheValue("buffer", f"{len(dst)} bytes, payload needs {meta.payload_len}")
-    if len(src) != meta.file_size:
-        raise KvcCorrupt("truncated", f"{len(src)} bytes mapped, file is {meta.file_size}")
-    crc = 0
-    base = meta.payload_offset
-    for start in range(0, meta.payload_len, IO_CHUNK):
-        stop = min(meta.payload_len, start + IO_CHUNK)
-        chunk = src[base + start : base + stop]
-        crc = crc32c.crc32c(chunk, crc)
-        dst[start:stop] = chunk
-    if crc != meta.payload_crc32c:
-        raise KvcCorrupt("payload_crc", "payload checksum mismatch")
-    return meta.payload_len
+    try:
+        if len(dst) < meta.payload_len:
+            raise InvalidCacheValue("buffer", f"{len(dst)} bytes, payload needs {meta.payload_len}")
+        if len(src) != meta.file_size:
+            raise KvcCorrupt("truncated", f"{len(src)} bytes mapped, file is {meta.file_size}")
+        crc = 0
+        base = meta.payload_offset
+        for start in range(0, meta.payload_len, IO_CHUNK):
+            stop = min(meta.payload_len, start + IO_CHUNK)
+            # Released at once: a view left alive (even in a traceback) would
+            # keep the caller's mapping from being closed.
+            with src[base + start : base + stop] as chunk:
+                crc = crc32c.crc32c(chunk, crc)
+                dst[start:stop] = chunk
+        if crc != meta.payload_crc32c:
+            _scrub(dst, meta.payload_len)
+            raise KvcCorrupt("payload_crc", "payload checksum mismatch")
+        return meta.payload_len
+    finally:
+        src.release()
 
 
 def update_stats(fd: int, *, hit_count: int, last_used_ns: int) -> None:

@@ -262,7 +262,7 @@ class Tier:
         """Validate a row completely and read its payload into ``buffer``; returns its length.
 
         Raises :class:`RowMissing` when the file is gone and :class:`KvcCorrupt`
-        when any check fails (the buffer then holds junk and must not be used).
+        when any check fails (nothing of the row is left in the buffer then).
         """
         key, path = self._resolve(key_or_location)
         fd = self._open(path)

@@ -1,0 +1,132 @@
+"""Published rows damaged on disk are never restored (SPEC C2, C3).
+
+Rows go through the real publish protocol into each tier; then bytes are
+flipped or cut off underneath cache-meta. A load must report a miss, count
+``corrupt_files``, leave the caller's buffer unused, and the row must be gone
+for the next lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from llamad.cache.counters import Counters
+from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
+from llamad.cache.kvc import HEADER_LEN, KvcSpec, SaveReason
+from llamad.cache.meta import CacheMeta, MetaConfig
+from llamad.cache.publish import LocalMeta, PublishOutcome, publish
+from llamad.cache.tiers import TierConfig, TierKind, TierStore, build_tiers, load
+
+pytestmark = pytest.mark.timeout(120)
+
+NS = Namespace(fingerprint=b"\xa1" * 32, quant=3, ctx_hash=b"\xb1" * 32)
+PAYLOAD = random.Random(7).randbytes(64 * 1024)
+
+
+class Cache:
+    def __init__(self, tmp_path: Path) -> None:
+        self.counters = Counters.create(tmp_path / "counters")
+        self.tiers = build_tiers(
+            [
+                TierConfig(TierKind.RAM, Path("/dev/shm"), 1 << 30, f"c{uuid.uuid4().hex[:12]}"),
+                TierConfig(TierKind.RAM_FILE, tmp_path / "ram_file", 1 << 30),
+                TierConfig(TierKind.DISK, tmp_path / "disk", 1 << 30),
+            ]
+        )
+        for tier in self.tiers.values():
+            tier.prepare()
+        self.meta = CacheMeta(
+            MetaConfig(quotas={name: 1 << 30 for name in self.tiers}),
+            TierStore(self.tiers, self.counters),
+            counters=self.counters,
+        )
+        self.writer = LocalMeta(self.meta, owner=11)
+        self._n = 0
+
+    def save(self, tier: str) -> KvcSpec:
+        self._n += 1
+        spec = KvcSpec(
+            NS, tokens_to_bytes([self._n, *range(300)]), FingerprintMode.SAFE, SaveReason.COLD
+        )
+        result = publish(self.writer, self.tiers[tier], spec, PAYLOAD)
+        assert result.outcome is PublishOutcome.PUBLISHED
+        return spec
+
+    def restore(self, key: bytes) -> bytes | None:
+        """What a model worker does: pinned lookup, load, forget on a miss, checkin."""
+        ref = self.meta.lookup_exact(key, owner=22)
+        if ref is None:
+            return None
+        assert ref.pin is not None
+        buf = bytearray(ref.size)
+        try:
+            n = load(self.tiers[ref.tier], ref.location, buf, self.counters)
+            if n is None:
+                self.meta.forget(key)
+                assert not any(buf), "a failed load must not hand out bytes"
+                return None
+            return bytes(buf[:n])
+        finally:
+            self.meta.checkin(ref.pin)
+
+    def close(self) -> None:
+        for tier in self.tiers.values():
+            if tier.kind is TierKind.RAM:
+                tier.purge()
+        self.counters.close()
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Iterator[Cache]:
+    c = Cache(tmp_path)
+    yield c
+    c.close()
+
+
+def damage_points(file_size: int, payload_offset: int) -> list[tuple[str, int]]:
+    rnd = random.Random(file_size)
+    flips = [
+        0,
+        9,
+        HEADER_LEN - 1,
+        HEADER_LEN + 3,
+        payload_offset - 1,
+        payload_offset,
+        file_size - 1,
+    ]
+    flips += [rnd.randrange(file_size) for _ in range(8)]
+    cuts = [0, HEADER_LEN - 1, HEADER_LEN + 10, payload_offset, file_size - 1]
+    return [("flip", i) for i in flips] + [("cut", n) for n in cuts]
+
+
+@pytest.mark.parametrize("tier", ["ram", "ram_file", "disk"])
+def test_damaged_rows_load_as_misses_and_are_counted(cache: Cache, tier: str) -> None:
+    probe = cache.save(tier)
+    meta = cache.tiers[tier].read_meta(probe.key)
+    assert cache.restore(probe.key) == PAYLOAD
+
+    points = damage_points(meta.file_size, meta.payload_offset)
+    for n, (how, where) in enumerate(points, start=1):
+        spec = cache.save(tier)
+        path = cache.tiers[tier].path_for(spec.key)
+        if how == "flip":
+            with open(path, "r+b") as f:
+                f.seek(where)
+                byte = f.read(1)[0]
+                f.seek(where)
+                f.write(bytes([byte ^ (1 << (where % 8))]))
+        else:
+            os.truncate(path, where)
+        assert cache.restore(spec.key) is None, f"{how} at {where} was restored"
+        assert cache.counters.get("corrupt_files") == n
+        assert not path.exists()
+        assert cache.meta.lookup_exact(spec.key) is None
+
+    # Undamaged neighbours are unaffected.
+    assert cache.restore(probe.key) == PAYLOAD
