@@ -31,6 +31,7 @@ from enum import StrEnum
 __all__ = [
     "EXIT_CHILD_BOOT_FAILED",
     "EXIT_CHILD_ERROR",
+    "EXIT_CRASHED",
     "EXIT_ESCALATED",
     "EXIT_NORMAL",
     "EXIT_ORPHANED",
@@ -43,6 +44,8 @@ __all__ = [
 EXIT_NORMAL = 0
 #: The child's entry function raised (the runner printed the traceback).
 EXIT_CHILD_ERROR = 1
+#: A supervisor's own loop failed (a bug); its children were killed first.
+EXIT_CRASHED = 1
 #: The child runner could not read its boot record or import its target.
 EXIT_CHILD_BOOT_FAILED = 2
 #: A supervisor exceeded its restart intensity and stopped its children.

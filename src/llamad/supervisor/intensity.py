@@ -33,9 +33,11 @@ class RestartIntensity:
         self._times: deque[float] = deque()
 
     def record(self, now: float) -> RestartVerdict:
-        """Count a restart at ``now``; ``allowed`` is false when the supervisor must escalate."""
-        threshold = now - self.period
-        while self._times and self._times[0] < threshold:
+        """Count a restart at ``now``; ``allowed`` is false when the supervisor must escalate.
+
+        ``now`` never decreases (it comes from ``time.monotonic()``).
+        """
+        while self._times and now - self._times[0] > self.period:
             self._times.popleft()
         self._times.append(now)
         count = len(self._times)
@@ -43,5 +45,4 @@ class RestartIntensity:
 
     def in_window(self, now: float) -> int:
         """How many recorded restarts still count at ``now`` (for logs and status)."""
-        threshold = now - self.period
-        return sum(1 for t in self._times if t >= threshold)
+        return sum(1 for t in self._times if now - t <= self.period)

@@ -52,6 +52,7 @@ from llamad.supervisor.core import (
 )
 from llamad.supervisor.errors import StartFailed, SupervisorStopped
 from llamad.supervisor.exits import (
+    EXIT_CRASHED,
     EXIT_ESCALATED,
     EXIT_NORMAL,
     EXIT_START_FAILED,
@@ -125,6 +126,10 @@ class Supervisor:
                 if on_ready is not None:
                     on_ready()
                 code = self._loop()
+        except BaseException:
+            code = EXIT_CRASHED
+            self._log.exception("sup.crashed")
+            raise
         finally:
             # Signals must stop writing to the wake-up pipe before it is closed.
             if restore is not None:
@@ -139,8 +144,7 @@ class Supervisor:
         whatever had started) if an initial child cannot start.
         """
         self._thread = threading.Thread(
-            target=self.run,
-            kwargs={"install_signal_handlers": False},
+            target=self._run_in_thread,
             name=f"supervisor-{self.name}",
             daemon=True,
         )
@@ -153,6 +157,12 @@ class Supervisor:
             raise SupervisorStopped(
                 f"supervisor {self.name!r} ended while starting", details={"supervisor": self.name}
             )
+
+    def _run_in_thread(self) -> None:
+        # A crash is logged by run() and visible as exit_code; the children are
+        # already gone. Re-raising here would only reach threading's excepthook.
+        with contextlib.suppress(Exception):
+            self.run(install_signal_handlers=False)
 
     def stop(self, timeout: float | None = None) -> int | None:
         """Stop every child in reverse start order and end the loop; the exit code.

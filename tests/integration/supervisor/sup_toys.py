@@ -1,10 +1,12 @@
 """Toy child programs for the supervisor tests.
 
-Each toy appends JSON lines (``event``, ``name``, ``pid``) to a log file shared
-by the test, so a test can read back the order in which children started and
-stopped and which pids they ran as. Toys run as real supervised children:
-``Start("sup_toys:<function>", ...)`` (the test conftest puts this folder on
-the children's ``PYTHONPATH``).
+Each toy appends JSON lines (``event``, ``name``, ``pid``) to a log file
+shared by the test, so a test can read back the order in which children
+started and stopped and which pids they ran as. A toy records ``start``
+before it reports ready, so the log's start order is the supervisor's.
+
+Toys run as real supervised children, ``Start("sup_toys:<function>", ...)``;
+the test conftest puts this folder on the children's ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -45,29 +47,33 @@ def _on_term(log_path: str, name: str, term_delay: float, ignore: bool) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def sleeper(
-    log_path: str, name: str, term_delay: float = 0.0, ignore_term: bool = False
-) -> None:
+@notifies_ready
+def sleeper(log_path: str, name: str, term_delay: float = 0.0, ignore_term: bool = False) -> None:
     """Start, then idle until signalled; SIGTERM is recorded (then delayed or ignored)."""
     _on_term(log_path, name, term_delay, ignore_term)
     record(log_path, "start", name)
+    notify_ready()
     while True:
         signal.pause()
 
 
+@notifies_ready
 def exiter(log_path: str, name: str, code: int = 0, after: float = 0.0) -> None:
     """Start, wait ``after`` seconds, exit with ``code``."""
     record(log_path, "start", name)
+    notify_ready()
     if after:
         time.sleep(after)
     record(log_path, "exit", name, code=code)
     sys.exit(code)
 
 
+@notifies_ready
 def beater(log_path: str, name: str, beat_for: float) -> None:
     """Heartbeat for ``beat_for`` seconds, then hang (alive, silent)."""
     _on_term(log_path, name, 0.0, False)
     record(log_path, "start", name)
+    notify_ready()
     stop_at = time.monotonic() + beat_for
     while time.monotonic() < stop_at:
         heartbeat()
@@ -99,3 +105,10 @@ def slow_ready(log_path: str, name: str, delay: float) -> None:
     record(log_path, "start", name)
     while True:
         signal.pause()
+
+
+if __name__ == "__main__":
+    # ``python -m sup_toys '<spec as JSON>'``: a root supervisor process.
+    from llamad.supervisor import SupervisorSpec, run_root
+
+    run_root(SupervisorSpec.from_wire(json.loads(sys.argv[1])))
