@@ -528,6 +528,18 @@ class CacheMeta:
 
     # ------------------------------------------------------------- pins (C4)
 
+    def forget(self, key: bytes) -> bool:
+        """Drop a row a loader found corrupt or missing (its file is already gone).
+
+        Pins on it stay valid to check in; the bytes are not served again.
+        """
+        row = self.rows.get(key)
+        if row is None:
+            return False
+        self._drop(row, delete=True)
+        log.warning("cache.row_forgotten", key=key.hex(), tier=row.tier)
+        return True
+
     def checkout(self, key: bytes, owner: Owner) -> RowRef | None:
         """Pin a published row for ``owner`` without counting a lookup."""
         row = self.rows.get(key)

@@ -1,0 +1,285 @@
+"""CacheClient: how writers, model workers and tools talk to cache-meta.
+
+Every method is one round trip to the cache-meta actor (found by name in the
+actor registry, followed across restarts). Errors arrive as the typed
+exceptions cache-meta raised (:class:`~llamad.cache.errors.AlreadyCached`,
+:class:`~llamad.cache.errors.PublishAbandoned`, ...); a cache-meta crash
+during a call raises :class:`~llamad.errors.WorkerCrashed` at once, and the
+next call reconnects to the restarted process.
+
+A model worker resolves a prompt like this::
+
+    found = cache.resolve(namespace, prompt_tokens, parent_key=parent, wait_s=0.5)
+    if found.row is not None:
+        try:
+            n = cache.load_into(found.row, buffer)      # straight from shm or a file
+            if n is not None:
+                ...  # llama_state_seq_set_data(buffer[:n]); keep found.use_tokens
+        finally:
+            cache.checkin(found.row.pin)
+
+and a writer publishes with :meth:`reserve_save` → write the tmp file →
+:meth:`check_reservation` → ``link(2)`` → :meth:`mark_published` → fsync
+the directory → :meth:`announce_saved` (see :mod:`llamad.cache.publish`).
+
+A client is not thread-safe: use one per thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from llamad.actors.client import Client
+from llamad.actors.registry import Registry
+from llamad.cache.key import Namespace, TokenSeq, tokens_to_bytes
+from llamad.cache.lookup import Lookup, RowRef
+from llamad.cache.meta_wire import ACTOR_NAME
+from llamad.cache.reservation import SaveIntent, check_bytes
+from llamad.cache.tiers import Tier, TierConfig, load
+from llamad.errors import BadRequest
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+    from llamad.cache.counters import Counters
+    from llamad.cache.sup import CacheSettings
+
+__all__ = ["CacheClient"]
+
+
+def _header(namespace: Namespace | bytes) -> bytes:
+    if isinstance(namespace, Namespace):
+        return namespace.header()
+    return check_bytes("namespace", namespace, 65)
+
+
+def _row(body: Any) -> RowRef | None:
+    return None if body is None else RowRef.from_wire(body)
+
+
+class CacheClient:
+    """A connection to cache-meta (see the module doc for the call patterns).
+
+    ``registry`` / ``registry_root`` locate the actor registry (default: the
+    daemon's runtime directory); ``endpoint`` bypasses it. ``tiers`` (or
+    ``settings``) let :meth:`load_into` read rows; ``counters`` receives the
+    loader's ``load_total_ns`` and ``corrupt_files``.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str = ACTOR_NAME,
+        registry: Registry | None = None,
+        registry_root: Path | str | None = None,
+        endpoint: str | None = None,
+        timeout: float | None = 30.0,
+        connect_timeout: float = 5.0,
+        tiers: Iterable[TierConfig] = (),
+        counters: Counters | None = None,
+        client_name: str = "cache-client",
+    ) -> None:
+        if endpoint is not None:
+            self._client = Client(
+                endpoint,
+                timeout=timeout,
+                connect_timeout=connect_timeout,
+                client_name=client_name,
+            )
+        else:
+            reg = registry if registry is not None else Registry(registry_root)
+            self._client = Client(
+                name=name,
+                registry=reg,
+                timeout=timeout,
+                connect_timeout=connect_timeout,
+                client_name=client_name,
+            )
+        self.tiers: dict[str, Tier] = {cfg.name: Tier(cfg) for cfg in tiers}
+        self.load_counters = counters
+
+    @classmethod
+    def from_settings(cls, settings: CacheSettings, **kwargs: Any) -> CacheClient:
+        """A client for the cache described by ``settings`` (registry, tiers)."""
+        return cls(
+            name=settings.actor_name,
+            registry_root=settings.registry_root,
+            tiers=settings.tiers,
+            **kwargs,
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> CacheClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _call(
+        self, op: str, body: Mapping[str, Any], tokens: bytes | None = None, **kw: Any
+    ) -> Any:
+        blobs = () if tokens is None else (tokens,)
+        return self._client.call(op, dict(body), blobs=blobs, **kw)
+
+    # -- the publish protocol (writers) -----------------------------------------
+
+    def reserve_save(self, intent: SaveIntent, *, ttl_s: float | None = None) -> int:
+        """Stage 1: claim ``intent.key``; returns the reservation token."""
+        body: dict[str, Any] = {
+            "key": intent.key,
+            "namespace": intent.namespace,
+            "tier": intent.tier,
+            "size": intent.size,
+            "reason": int(intent.reason),
+        }
+        if ttl_s is not None:
+            body["ttl_s"] = ttl_s
+        reply = self._call("reserve_save", body, intent.tokens)
+        return int(reply["token"])
+
+    def check_reservation(self, key: bytes, token: int) -> None:
+        """Stage 3: raises :class:`~llamad.cache.errors.PublishAbandoned` if stale."""
+        self._call("check_reservation", {"key": key, "token": token})
+
+    def mark_published(self, key: bytes, token: int, location: str) -> None:
+        """Stage 4 done: the final file is linked at ``location``."""
+        self._call("mark_published", {"key": key, "token": token, "location": location})
+
+    def announce_saved(
+        self, key: bytes, token: int, *, location: str | None = None, size: int | None = None
+    ) -> RowRef:
+        """Stage 5: make the row visible (and wake whoever waits for it)."""
+        body: dict[str, Any] = {"key": key, "token": token}
+        if location is not None:
+            body["location"] = location
+        if size is not None:
+            body["size"] = size
+        return RowRef.from_wire(self._call("announce_saved", body))
+
+    def cancel_reservation(self, key: bytes, token: int) -> bool:
+        """Give up a save; returns whether the reservation was still live."""
+        return bool(self._call("cancel_reservation", {"key": key, "token": token}))
+
+    # -- lookups (model workers) ----------------------------------------------
+
+    def lookup_exact(self, key: bytes, *, pin: bool = True) -> RowRef | None:
+        """The row of exactly ``key`` (pinned for this process unless ``pin=False``)."""
+        return _row(self._call("lookup_exact", {"key": key, "pin": pin}))
+
+    def lookup_exact_or_wait(self, key: bytes, wait_s: float) -> RowRef | None:
+        """Like :meth:`lookup_exact`, waiting up to ``wait_s`` for an in-flight save."""
+        return _row(
+            self._call(
+                "lookup_exact_or_wait", {"key": key, "wait_s": wait_s}, timeout=wait_s + 30.0
+            )
+        )
+
+    def longest_prefix(
+        self,
+        namespace: Namespace | bytes,
+        tokens: TokenSeq,
+        *,
+        parent_key: bytes | None = None,
+        pin: bool = True,
+    ) -> Lookup:
+        """Longest saved prefix of ``tokens`` (or a row to restore and truncate)."""
+        body: dict[str, Any] = {"namespace": _header(namespace), "pin": pin}
+        if parent_key is not None:
+            body["parent_key"] = parent_key
+        return Lookup.from_wire(self._call("longest_prefix", body, tokens_to_bytes(tokens)))
+
+    def resolve(
+        self,
+        namespace: Namespace | bytes,
+        tokens: TokenSeq,
+        *,
+        parent_key: bytes | None = None,
+        wait_s: float = 0.0,
+    ) -> Lookup:
+        """A model worker's whole cache resolution in one round trip (pinned)."""
+        body: dict[str, Any] = {"namespace": _header(namespace), "wait_s": wait_s}
+        if parent_key is not None:
+            body["parent_key"] = parent_key
+        reply = self._call("resolve", body, tokens_to_bytes(tokens), timeout=wait_s + 30.0)
+        return Lookup.from_wire(reply)
+
+    def checkout(self, key: bytes) -> RowRef | None:
+        """Pin a row without counting a lookup."""
+        return _row(self._call("checkout", {"key": key}))
+
+    def checkin(self, pin: int | None) -> bool:
+        """Release a pin (``None`` is accepted and ignored, for unpinned rows)."""
+        if pin is None:
+            return False
+        return bool(self._call("checkin", {"pin": pin}))
+
+    def forget(self, key: bytes) -> bool:
+        """Tell cache-meta a row is gone or corrupt so it stops serving it."""
+        return bool(self._call("forget", {"key": key}))
+
+    @contextmanager
+    def pinned(self, ref: RowRef | None) -> Iterator[RowRef | None]:
+        """Check ``ref``'s pin back in when the block ends, however it ends."""
+        try:
+            yield ref
+        finally:
+            if ref is not None and ref.pin is not None:
+                self.checkin(ref.pin)
+
+    def load_into(self, ref: RowRef, buffer: Buffer) -> int | None:
+        """Validate ``ref``'s file and read its payload into ``buffer``.
+
+        Returns the payload length, or ``None`` on a miss (missing or corrupt:
+        the row is then forgotten by cache-meta and never restored).
+        """
+        tier = self.tiers.get(ref.tier)
+        if tier is None:
+            raise BadRequest(f"this client has no {ref.tier!r} tier configured")
+        n = load(tier, ref.location, buffer, self.load_counters)
+        if n is None:
+            self.forget(ref.key)
+        return n
+
+    # -- administration -------------------------------------------------------
+
+    def evict_bytes(self, n: int, tiers: Iterable[str] | None = None) -> tuple[int, int]:
+        """Free at least ``n`` bytes (LRU, unpinned only); returns (rows, bytes)."""
+        body: dict[str, Any] = {"n": n}
+        if tiers is not None:
+            body["tiers"] = list(tiers)
+        reply = self._call("evict_bytes", body)
+        return int(reply["rows"]), int(reply["bytes"])
+
+    def gc(self) -> dict[str, int]:
+        """Reap, drop vanished rows, enforce quotas, persist hit counts."""
+        return dict(self._call("gc", {}))
+
+    def dump(self) -> list[dict[str, Any]]:
+        """Every row and in-flight reservation."""
+        return list(self._call("dump", {}))
+
+    def counters(self) -> dict[str, int]:
+        """All SPEC C10 counters and gauges, summed over processes."""
+        return dict(self._call("counters", {}))
+
+    def reset_counters(self) -> None:
+        self._call("reset_counters", {})
+
+    def status(self) -> dict[str, Any]:
+        """Rows, reservations, pins, waiters, per-tier bytes and the pressure scheduler."""
+        return dict(self._call("status", {}))
+
+    def pressure_check(self) -> dict[str, Any]:
+        """Run the pressure scheduler's check now (evicts only when enabled)."""
+        return dict(self._call("pressure_check", {}))

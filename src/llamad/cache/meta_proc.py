@@ -1,0 +1,500 @@
+"""cache-meta as a process: the actor loop around :class:`~llamad.cache.meta.CacheMeta`.
+
+:func:`run_meta` is the supervised child's entry point. It rebuilds the index
+from the tiers (``ram_file`` and ``disk`` scans, plus this daemon run's
+``ram`` segments), serves the ops of :mod:`llamad.cache.meta_wire` on the
+actor endpoint ``cache-meta``, and steps everything that is due between
+messages: reservation TTLs and waiter deadlines, the pressure scheduler, and
+the write-back of hit counts.
+
+Owners. Every pin, reservation and waiter belongs to the process that asked
+for it (the caller's pid from the actor handshake). cache-meta watches each
+owner with a pidfd in the same poll as its socket, so a process that dies
+(SIGKILL included) loses its pins and its reservations are reaped at once,
+without waiting for a TTL. Only local processes may own state: a remote peer
+could never be watched, so such requests are refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final
+
+import structlog
+
+from llamad import logs
+from llamad.actors.actor import Actor
+from llamad.actors.handles import PendingReply, Request
+from llamad.actors.monitor import ProcessRef, ProcessWatch
+from llamad.actors.registry import Registry
+from llamad.actors.wire import Limits
+from llamad.cache import meta_wire as wire
+from llamad.cache.counters import Counters, CountersUnavailable
+from llamad.cache.errors import KvcCorrupt
+from llamad.cache.kvc import KvcMeta, SaveReason
+from llamad.cache.lookup import Lookup, RowRef
+from llamad.cache.meta import WAIT, CacheMeta
+from llamad.cache.pressure import PressureScheduler, make_source
+from llamad.cache.reservation import Owner, SaveIntent
+from llamad.cache.sup import CacheSettings
+from llamad.cache.tiers import Tier, TierKind, TierStore, build_tiers
+from llamad.errors import BadRequest
+from llamad.supervisor.child import heartbeat, heartbeat_interval, notifies_ready, notify_ready
+
+__all__ = ["MetaProcess", "MetaServer", "main", "run_meta"]
+
+log = structlog.get_logger("llamad.cache.meta_proc")
+
+# Bounds on how much maintenance one loop iteration may do, so a lookup never
+# waits behind a long flush.
+_STATS_BATCH: Final = 256
+_OWNER_SWEEP_S: Final = 30.0
+# The tokens frame of a request can be as long as the longest prompt.
+_LIMITS: Final = Limits(max_frame_bytes=128 * 1024 * 1024)
+
+
+class MetaServer:
+    """cache-meta's process layer: one actor, one :class:`CacheMeta`, one loop.
+
+    Usable in-process too (tests, the standalone example): :meth:`start`,
+    then call :meth:`step` from a loop or :meth:`serve` until stopped.
+    """
+
+    def __init__(self, settings: CacheSettings) -> None:
+        self.settings = settings
+        self.tiers: dict[str, Tier] = build_tiers(list(settings.tiers))
+        try:
+            self.counters = Counters.attach(settings.counters_path)
+        except CountersUnavailable:
+            self.counters = Counters.create(settings.counters_path)
+        self.store = TierStore(self.tiers, self.counters)
+        self.meta = CacheMeta(settings.meta_config(), self.store, counters=self.counters)
+        self.pressure = PressureScheduler(
+            settings.pressure, make_source(settings.pressure), self.meta.evict_bytes
+        )
+        registry = Registry(settings.registry_root)
+        self.actor = Actor(settings.actor_name, registry=registry, limits=_LIMITS)
+        self._owners = ProcessWatch()
+        self._owner_refs: dict[Owner, ProcessRef] = {}
+        self._owner_fds: set[int] = set()
+        self._next_flush = 0.0
+        self._next_sweep = 0.0
+        for name, spec in wire.OPS.items():
+            self.actor.add_op(spec, self._handler(name))
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def rebuild(self) -> dict[str, int]:
+        """Index every valid row the tiers hold; returns rows adopted per tier."""
+        adopted: dict[str, int] = {}
+        started = time.monotonic()
+        for name, tier in self.tiers.items():
+            tier.prepare()
+            found = self._scan_ram(tier) if tier.kind is TierKind.RAM else tier.scan(self.counters)
+            n = 0
+            for row in found:
+                n += self.meta.adopt_file(row, name, tier.location_for(row.key))
+            adopted[name] = n
+        evicted, _ = self.meta.finish_rebuild()
+        log.info(
+            "cache.index_rebuilt",
+            rows=len(self.meta.rows),
+            per_tier=adopted,
+            evicted_over_quota=evicted,
+            seconds=round(time.monotonic() - started, 3),
+        )
+        return adopted
+
+    def _scan_ram(self, tier: Tier) -> list[KvcMeta]:
+        # Tier.scan treats ram segments as dead leftovers (true for a new
+        # daemon, which purges them anyway). A restarted cache-meta of the same
+        # daemon run re-adopts them instead, so a crash loses no row.
+        found: list[KvcMeta] = []
+        for path in sorted(tier.root.glob(f"{tier.prefix}*")):
+            if path.name.endswith(".tmp"):
+                tier_tmp_unlink(path)
+                continue
+            if tier.key_of(path) is None:
+                continue
+            try:
+                found.append(tier.read_meta(path))
+            except KvcCorrupt as exc:
+                log.warning("cache.corrupt_file", tier=tier.name, path=str(path), reason=exc.reason)
+                tier.delete(path)
+                self.counters.add("corrupt_files")
+            except Exception as exc:  # vanished under us, unreadable: not ours to keep
+                log.warning("cache.scan_skipped", tier=tier.name, path=str(path), error=str(exc))
+        return found
+
+    def start(self) -> str:
+        """Rebuild the index, then bind and register the actor; returns the endpoint."""
+        self.rebuild()
+        endpoint = self.actor.start()
+        now = time.monotonic()
+        self._next_flush = now + self.settings.stats_flush_s
+        self._next_sweep = now + _OWNER_SWEEP_S
+        return endpoint
+
+    def close(self) -> None:
+        """Persist hit counts, close the actor, release watches and counters."""
+        try:
+            self.meta.flush_stats()
+        finally:
+            self.actor.close()
+            self._owners.close()
+            source_close = getattr(self.pressure.source, "close", None)
+            if callable(source_close):
+                source_close()
+            self.counters.close()
+
+    def serve(self) -> None:
+        """Serve until SIGTERM/SIGINT (or :meth:`Actor.request_stop`), then close."""
+        previous = {
+            sig: signal.signal(sig, lambda *_: self.actor.request_stop())
+            for sig in (signal.SIGTERM, signal.SIGINT)
+        }
+        try:
+            while not self.actor.stop_requested:
+                self.step(self._timeout())
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self.close()
+
+    def step(self, timeout: float | None = 0.0) -> None:
+        """Handle pending messages (waiting up to ``timeout``), then run what is due."""
+        self.actor.poll(timeout)
+        self._maintain()
+
+    def _timeout(self) -> float:
+        now = time.monotonic()
+        due = [self._next_flush, self._next_sweep]
+        for candidate in (self.meta.next_deadline(), self.pressure.next_due()):
+            if candidate is not None:
+                due.append(candidate)
+        interval = self._owners.poll_interval()
+        if interval is not None:
+            due.append(now + interval)
+        if (beat := _beat_interval()) is not None:
+            due.append(now + beat)
+        return max(0.0, min(due) - now)
+
+    def _maintain(self) -> None:
+        now = time.monotonic()
+        if self._owners.poll_interval() is not None:
+            self._owners_exited()
+        deadline = self.meta.next_deadline()
+        if deadline is not None and deadline <= now:
+            self.meta.tick()
+        self._deliver()
+        self.pressure.poll()
+        if now >= self._next_flush:
+            self.meta.flush_stats(limit=_STATS_BATCH)
+            self._next_flush = now + self.settings.stats_flush_s
+        if now >= self._next_sweep:
+            self._sweep_owners()
+            self._next_sweep = now + _OWNER_SWEEP_S
+        heartbeat()
+
+    # -- owners ---------------------------------------------------------------
+
+    def _owner(self, req: Request[Any]) -> Owner:
+        ref = req.peer.process
+        if not req.peer.local:
+            raise BadRequest("cache-meta serves only processes on its own host and pid namespace")
+        known = self._owner_refs.get(ref.pid)
+        if known != ref:
+            if known is not None:
+                # The pid was recycled: whatever the old process held is released.
+                self.meta.owner_down(ref.pid)
+            before = set(self._owners.fds())
+            if not self._owners.watch(ref):
+                raise BadRequest("the calling process is not alive")
+            for fd in set(self._owners.fds()) - before:
+                self.actor.add_reader(fd, self._owners_exited)
+                self._owner_fds.add(fd)
+            self._owner_refs[ref.pid] = ref
+        return ref.pid
+
+    def _owners_exited(self) -> None:
+        for ref in self._owners.exited():
+            self._drop_owner(ref)
+
+    def _drop_owner(self, ref: ProcessRef) -> None:
+        if self._owner_refs.get(ref.pid) != ref:
+            return
+        del self._owner_refs[ref.pid]
+        self._forget_fds()
+        self.meta.owner_down(ref.pid)
+        self._deliver()
+        log.info("cache.owner_down", pid=ref.pid)
+
+    def _forget_fds(self) -> None:
+        # A watch closes its pidfd when it ends; the poller must let go of the
+        # number before anything reuses it.
+        for fd in self._owner_fds - set(self._owners.fds()):
+            self.actor.remove_reader(fd)
+            self._owner_fds.discard(fd)
+
+    def _sweep_owners(self) -> None:
+        """Stop watching processes that no longer hold anything."""
+        holding = self.meta.owners()
+        for pid, ref in list(self._owner_refs.items()):
+            if pid not in holding:
+                self._owners.unwatch(ref)
+                del self._owner_refs[pid]
+        self._forget_fds()
+
+    # -- deferred answers -----------------------------------------------------
+
+    def _deliver(self) -> None:
+        for handle, answer in self.meta.take_ready():
+            assert isinstance(handle, PendingReply)
+            self._reply(handle, answer)
+
+    def _reply(self, handle: PendingReply, answer: object) -> None:
+        body: Any = None
+        pin = None
+        if isinstance(answer, RowRef):
+            body, pin = answer.to_wire(), answer.pin
+        elif isinstance(answer, Lookup):
+            body = answer.to_wire()
+            pin = None if answer.row is None else answer.row.pin
+        if not handle.reply(body) and pin is not None:
+            # Nobody is there to check the pin in: release it now.
+            self.meta.checkin(pin)
+
+    # -- ops ------------------------------------------------------------------
+
+    def _handler(self, name: str) -> Callable[[Request[Any]], Any]:
+        method: Callable[[Request[Any]], Any] = getattr(self, f"_op_{name}")
+        return method
+
+    def _op_reserve_save(self, req: Request[wire.ReserveSave]) -> dict[str, Any]:
+        b = req.body
+        intent = SaveIntent(
+            key=b.key,
+            namespace=b.namespace,
+            tokens=bytes(req.blobs[0]),
+            tier=b.tier,
+            size=b.size,
+            reason=SaveReason(b.reason),
+        )
+        return {"token": self.meta.reserve_save(intent, self._owner(req), ttl_s=b.ttl_s)}
+
+    def _op_check_reservation(self, req: Request[wire.TokenRef]) -> None:
+        self.meta.check_reservation(req.body.key, req.body.token)
+
+    def _op_mark_published(self, req: Request[wire.MarkPublished]) -> None:
+        b = req.body
+        self._check_location(b.key, b.location)
+        self.meta.mark_published(b.key, b.token, b.location)
+
+    def _op_announce_saved(self, req: Request[wire.AnnounceSaved]) -> dict[str, Any]:
+        b = req.body
+        if b.location is not None:
+            self._check_location(b.key, b.location)
+        return self.meta.announce_saved(b.key, b.token, location=b.location, size=b.size).to_wire()
+
+    def _check_location(self, key: bytes, location: str) -> None:
+        # A location will later be read and deleted: it must be this key's
+        # file in one of our tiers, never an arbitrary path from a message.
+        if not any(t.key_of(location) == key for t in self.tiers.values()):
+            raise BadRequest(
+                "location is not this key's file in any tier", details={"field": "location"}
+            )
+
+    def _op_cancel_reservation(self, req: Request[wire.TokenRef]) -> bool:
+        return self.meta.cancel_reservation(req.body.key, req.body.token)
+
+    def _op_checkout(self, req: Request[wire.KeyBody]) -> dict[str, Any] | None:
+        ref = self.meta.checkout(req.body.key, self._owner(req))
+        return None if ref is None else ref.to_wire()
+
+    def _op_checkin(self, req: Request[wire.Checkin]) -> bool:
+        return self.meta.checkin(req.body.pin)
+
+    def _op_forget(self, req: Request[wire.KeyBody]) -> bool:
+        return self.meta.forget(req.body.key)
+
+    def _op_lookup_exact(self, req: Request[wire.LookupExact]) -> dict[str, Any] | None:
+        owner = self._owner(req) if req.body.pin else None
+        ref = self.meta.lookup_exact(req.body.key, owner)
+        return None if ref is None else ref.to_wire()
+
+    def _op_lookup_exact_or_wait(self, req: Request[wire.LookupWait]) -> None:
+        owner = self._owner(req)
+        handle = req.defer()
+        found = self.meta.lookup_exact_or_wait(req.body.key, owner, req.body.wait_s, handle)
+        if found is not WAIT:
+            self._reply(handle, found)
+
+    def _op_longest_prefix(self, req: Request[wire.LongestPrefix]) -> dict[str, Any]:
+        b = req.body
+        owner = self._owner(req) if b.pin else None
+        found = self.meta.longest_prefix(
+            b.namespace, bytes(req.blobs[0]), owner, parent_key=b.parent_key
+        )
+        return found.to_wire()
+
+    def _op_resolve(self, req: Request[wire.Resolve]) -> None:
+        b = req.body
+        owner = self._owner(req)
+        handle = req.defer()
+        found = self.meta.resolve(
+            b.namespace,
+            bytes(req.blobs[0]),
+            owner,
+            parent_key=b.parent_key,
+            wait_s=b.wait_s,
+            handle=handle,
+        )
+        if found is not WAIT:
+            self._reply(handle, found)
+
+    def _op_evict_bytes(self, req: Request[wire.EvictBytes]) -> dict[str, int]:
+        rows, freed = self.meta.evict_bytes(req.body.n, req.body.tiers)
+        return {"rows": rows, "bytes": freed}
+
+    def _op_gc(self, req: Request[wire.NoArgs]) -> dict[str, int]:
+        return self.meta.gc().to_wire()
+
+    def _op_dump(self, req: Request[wire.NoArgs]) -> list[dict[str, Any]]:
+        return self.meta.dump()
+
+    def _op_counters(self, req: Request[wire.NoArgs]) -> dict[str, int]:
+        return self.counters.snapshot()
+
+    def _op_reset_counters(self, req: Request[wire.NoArgs]) -> None:
+        self.counters.reset()
+
+    def _op_status(self, req: Request[wire.NoArgs]) -> dict[str, Any]:
+        status = self.meta.status()
+        status["pressure"] = self.pressure.status()
+        status["owners"] = len(self._owner_refs)
+        return status
+
+    def _op_pressure_check(self, req: Request[wire.NoArgs]) -> dict[str, Any]:
+        return self.pressure.force_check().to_wire()
+
+
+def tier_tmp_unlink(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+@notifies_ready
+def run_meta(settings: dict[str, Any]) -> None:
+    """Supervised entry point: rebuild, report ready, serve until SIGTERM."""
+    logs.configure()
+    server = MetaServer(CacheSettings.from_wire(settings))
+    server.start()
+    notify_ready()
+    server.serve()
+
+
+def _beat_interval() -> float | None:
+    return heartbeat_interval()
+
+
+class MetaProcess:
+    """cache-meta in a child process of its own, outside any supervisor.
+
+    For tests, benchmarks and the standalone example: starts
+    ``python -m llamad.cache.meta_proc`` with ``settings``, waits for it to
+    serve, and stops it (SIGTERM, then SIGKILL) on :meth:`stop` or at the end
+    of a ``with`` block. In the daemon, :func:`llamad.cache.sup.cache_sup_spec`
+    runs cache-meta under a supervisor instead.
+    """
+
+    def __init__(self, settings: CacheSettings, *, ready_timeout: float = 60.0) -> None:
+        self.settings = settings
+        self.ready_timeout = ready_timeout
+        self.proc: subprocess.Popen[str] | None = None
+        self.endpoint = ""
+        self._settings_file: Path | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self) -> MetaProcess:
+        fd, name = tempfile.mkstemp(prefix="llamad-cache-settings-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(self.settings.to_wire(), f)
+        self._settings_file = Path(name)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "llamad.cache.meta_proc", name],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + self.ready_timeout
+        line = ""
+        while not line.startswith("READY "):
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([self.proc.stdout], [], [], max(0.0, left))
+            line = self.proc.stdout.readline() if ready else ""
+            if not ready or not line:
+                self.stop()
+                raise RuntimeError("cache-meta exited or timed out before serving")
+        self.endpoint = line.split()[1]
+        return self
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM, wait up to ``timeout``, then SIGKILL; returns the exit code."""
+        code = None
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+            code = self.proc.returncode
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+        if self._settings_file is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self._settings_file.unlink()
+            self._settings_file = None
+        return code
+
+    def __enter__(self) -> MetaProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m llamad.cache.meta_proc SETTINGS.json``: cache-meta outside a supervisor.
+
+    Prints ``READY <endpoint> <pid>`` once it serves (tests, benchmarks, the
+    standalone example); SIGTERM stops it.
+    """
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        sys.exit("usage: python -m llamad.cache.meta_proc SETTINGS.json")
+    logs.configure()
+    settings = CacheSettings.from_wire(json.loads(Path(args[0]).read_text()))
+    server = MetaServer(settings)
+    endpoint = server.start()
+    print(f"READY {endpoint} {os.getpid()}", flush=True)
+    server.serve()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""cache-meta's wire contract: op names and request schemas, declared once.
+
+The actor runtime validates every request body against these msgspec types
+before a handler runs, so the server only ever sees well-formed input (wrong
+types, out-of-range numbers, unknown fields and bad key lengths are answered
+with ``bad_request``). Token ids never ride inside msgpack: ops that carry a
+prompt or a row's tokens take them as one binary frame of u32 little-endian
+ids (:data:`TOKENS_BLOB`), which also lifts the msgpack header's size cap.
+
+Replies are plain msgpack maps built by :meth:`RowRef.to_wire`,
+:meth:`Lookup.to_wire` and friends; :class:`llamad.cache.client.CacheClient`
+turns them back into those types.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final, Literal
+
+import msgspec
+
+from llamad.actors.ops import OpKind, OpSpec
+
+__all__ = ["ACTOR_NAME", "OPS", "TOKENS_BLOB"]
+
+ACTOR_NAME: Final = "cache-meta"
+"""The registry name cache-meta serves under."""
+
+TOKENS_BLOB: Final = 1
+"""Ops with tokens take exactly one binary frame: the u32 little-endian ids."""
+
+Key = Annotated[bytes, msgspec.Meta(min_length=32, max_length=32)]
+Header = Annotated[bytes, msgspec.Meta(min_length=65, max_length=65)]
+TierName = Literal["ram", "ram_file", "disk"]
+Location = Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+Token = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+Bytes = Annotated[int, msgspec.Meta(ge=0, le=2**62)]
+Wait = Annotated[float, msgspec.Meta(ge=0, le=3600)]
+
+
+class _Body(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    pass
+
+
+class ReserveSave(_Body, frozen=True, forbid_unknown_fields=True):
+    key: Key
+    namespace: Header
+    tier: TierName
+    size: Annotated[int, msgspec.Meta(gt=0, le=2**62)]
+    reason: Annotated[int, msgspec.Meta(ge=1, le=5)]
+    ttl_s: Annotated[float, msgspec.Meta(gt=0, le=86_400)] | None = None
+
+
+class TokenRef(_Body, frozen=True, forbid_unknown_fields=True):
+    key: Key
+    token: Token
+
+
+class MarkPublished(_Body, frozen=True, forbid_unknown_fields=True):
+    key: Key
+    token: Token
+    location: Location
+
+
+class AnnounceSaved(_Body, frozen=True, forbid_unknown_fields=True):
+    key: Key
+    token: Token
+    location: Location | None = None
+    size: Annotated[int, msgspec.Meta(gt=0, le=2**62)] | None = None
+
+
+class KeyBody(_Body, frozen=True, forbid_unknown_fields=True):
+    key: Key
+
+
+class LookupExact(_Body, frozen=True, forbid_unknown_fields=True):
+    key: Key
+    pin: bool = True
+
+
+class LookupWait(_Body, frozen=True, forbid_unknown_fields=True):
+    key: Key
+    wait_s: Wait
+
+
+class LongestPrefix(_Body, frozen=True, forbid_unknown_fields=True):
+    namespace: Header
+    parent_key: Key | None = None
+    pin: bool = True
+
+
+class Resolve(_Body, frozen=True, forbid_unknown_fields=True):
+    namespace: Header
+    parent_key: Key | None = None
+    wait_s: Wait = 0.0
+
+
+class Checkin(_Body, frozen=True, forbid_unknown_fields=True):
+    pin: Token
+
+
+class EvictBytes(_Body, frozen=True, forbid_unknown_fields=True):
+    n: Bytes
+    tiers: list[TierName] | None = None
+
+
+class NoArgs(_Body, frozen=True, forbid_unknown_fields=True):
+    pass
+
+
+def _call(name: str, body: Any, doc: str, *, tokens: bool = False) -> OpSpec:
+    blobs = TOKENS_BLOB if tokens else 0
+    return OpSpec(name, OpKind.CALL, body=body, min_blobs=blobs, max_blobs=blobs, doc=doc)
+
+
+OPS: Final = {
+    spec.name: spec
+    for spec in (
+        _call("reserve_save", ReserveSave, "stage 1: claim a key; -> {token}", tokens=True),
+        _call("check_reservation", TokenRef, "stage 3: is the token still live?"),
+        _call("mark_published", MarkPublished, "stage 4 done: final file linked"),
+        _call("announce_saved", AnnounceSaved, "stage 5: row visible; -> row"),
+        _call("cancel_reservation", TokenRef, "writer gave up; -> bool"),
+        _call("checkout", KeyBody, "pin a row; -> row | nil"),
+        _call("checkin", Checkin, "release a pin; -> bool"),
+        _call("forget", KeyBody, "drop a row a loader found corrupt; -> bool"),
+        _call("lookup_exact", LookupExact, "-> row | nil (pinned unless pin=false)"),
+        _call("lookup_exact_or_wait", LookupWait, "-> row | nil, waiting for an in-flight save"),
+        _call("longest_prefix", LongestPrefix, "-> lookup", tokens=True),
+        _call("resolve", Resolve, "-> lookup, waiting for parent_key's save", tokens=True),
+        _call("evict_bytes", EvictBytes, "-> {rows, bytes}"),
+        _call("gc", NoArgs, "-> {evicted, bytes_freed, missing, reaped}"),
+        _call("dump", NoArgs, "-> [row | reservation]"),
+        _call("counters", NoArgs, "-> {name: value}"),
+        _call("reset_counters", NoArgs, "-> nil"),
+        _call("status", NoArgs, "-> {rows, reservations, pins, waiters, tiers, pressure}"),
+        _call("pressure_check", NoArgs, "force a pressure check; -> report"),
+    )
+}

@@ -1,0 +1,237 @@
+"""cache_sup: the cache's place in the supervision tree, and its settings.
+
+``cache_sup`` is a ``rest_for_one`` supervisor whose first child is
+cache-meta (:func:`llamad.cache.meta_proc.run_meta`); anything started after
+it (a writer pool process, say) depends on it and restarts with it, while a
+crash of a later child leaves cache-meta alone.
+
+What runs where, and why (ARCHITECTURE asks for the choice to be written
+down):
+
+- **cache-meta** is its own OS process: it owns the index and every pin and
+  reservation, and must survive any model worker's crash.
+- **Tiers** are not processes. A tier is a directory (or a shared-memory
+  namespace) plus stateless file operations any process may perform; the
+  sole-writer rule is kept because only cache-meta decides what is indexed,
+  evicted or adopted. A loader reads a pinned row's file directly.
+- **The pressure scheduler** is a part of cache-meta's loop: its only action
+  is an eviction, which must go through the sole writer anyway, and a
+  cache-meta crash loses nothing of it (its state is a few numbers).
+  Slow sources sample on a thread so the loop never waits on them.
+- **Writers** run wherever the KV bytes are (the model worker) and talk to
+  cache-meta through :class:`llamad.cache.client.CacheClient`; cache-meta
+  watches their pids, so a dead writer's reservation is reaped at once.
+
+The ``ram`` tier's segments belong to one daemon run: the daemon calls
+:func:`purge_ram` when it starts and when it stops. A cache-meta restart in
+between re-adopts them, so no published row of any tier is lost to a
+cache-meta crash.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llamad.cache.errors import InvalidCacheValue
+from llamad.cache.lookup import LookupPolicy
+from llamad.cache.meta import MetaConfig
+from llamad.cache.meta_wire import ACTOR_NAME
+from llamad.cache.pressure import PressureConfig
+from llamad.cache.tiers import Tier, TierConfig, TierKind
+from llamad.supervisor.spec import ChildSpec, Start, Strategy, SupervisorSpec, SupFlags
+
+__all__ = ["CacheSettings", "cache_sup_spec", "meta_child_spec", "purge_ram"]
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class CacheSettings:
+    """Everything cache-meta needs to start; invalid values raise naming the field.
+
+    ``counters_path`` is the shared counters file (on tmpfs, in the daemon's
+    runtime directory). ``registry_root`` is the actor registry directory
+    (``None``: the runtime default). ``stats_flush_s`` is how often hit counts
+    are written back into file headers. ``liveness_timeout`` enables
+    heartbeats to the supervisor.
+    """
+
+    tiers: tuple[TierConfig, ...]
+    counters_path: Path
+    reservation_ttl_s: float = 60.0
+    max_wait_s: float = 60.0
+    lookup: LookupPolicy = field(default_factory=LookupPolicy)
+    pressure: PressureConfig = field(default_factory=PressureConfig)
+    stats_flush_s: float = 10.0
+    registry_root: Path | None = None
+    actor_name: str = ACTOR_NAME
+    liveness_timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        tiers = tuple(self.tiers)
+        if not tiers or not all(isinstance(t, TierConfig) for t in tiers):
+            raise InvalidCacheValue("tiers", "expected at least one TierConfig")
+        names = [t.name for t in tiers]
+        if len(set(names)) != len(names):
+            raise InvalidCacheValue("tiers", f"a tier is configured twice: {names}")
+        object.__setattr__(self, "tiers", tiers)
+        object.__setattr__(self, "counters_path", Path(self.counters_path))
+        if self.registry_root is not None:
+            object.__setattr__(self, "registry_root", Path(self.registry_root))
+        for name in ("stats_flush_s",):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise InvalidCacheValue(name, f"{value!r} is not a positive number of seconds")
+        if self.liveness_timeout is not None and not self.liveness_timeout > 0:
+            raise InvalidCacheValue("liveness_timeout", "must be > 0 seconds when set")
+        if not isinstance(self.pressure, PressureConfig):
+            raise InvalidCacheValue("pressure", "expected a PressureConfig")
+        # Building the meta config validates ttl, waits and the lookup policy.
+        self.meta_config()
+
+    def meta_config(self) -> MetaConfig:
+        return MetaConfig(
+            quotas={t.name: t.quota for t in self.tiers},
+            reservation_ttl_s=self.reservation_ttl_s,
+            max_wait_s=self.max_wait_s,
+            lookup=self.lookup,
+        )
+
+    def tier(self, name: str) -> TierConfig | None:
+        return next((t for t in self.tiers if t.name == name), None)
+
+    @classmethod
+    def defaults(
+        cls,
+        *,
+        state_dir: Path,
+        runtime_dir: Path,
+        instance: str = "default",
+        ram_quota: int = 2 * GIB,
+        ram_file_quota: int = 4 * GIB,
+        disk_quota: int = 64 * GIB,
+        ram_file_root: Path | None = None,
+        **overrides: Any,
+    ) -> CacheSettings:
+        """All three tiers: ``ram`` in /dev/shm, ``ram_file`` under /dev/shm/llamad-<uid>,
+        ``disk`` under ``state_dir/kvc``; counters in ``runtime_dir``."""
+        shm = Path("/dev/shm")
+        tiers = (
+            TierConfig(TierKind.RAM, shm, ram_quota, instance),
+            TierConfig(
+                TierKind.RAM_FILE,
+                ram_file_root or shm / f"llamad-{os.getuid()}" / instance,
+                ram_file_quota,
+                instance,
+            ),
+            TierConfig(TierKind.DISK, Path(state_dir) / "kvc", disk_quota, instance),
+        )
+        return cls(tiers=tiers, counters_path=Path(runtime_dir) / "cache-counters", **overrides)
+
+    # -- wire (Start kwargs must be msgpack-able) -----------------------------
+
+    def to_wire(self) -> dict[str, Any]:
+        p = self.pressure
+        return {
+            "tiers": [
+                {
+                    "kind": t.kind.value,
+                    "root": str(t.root),
+                    "quota": t.quota,
+                    "instance": t.instance,
+                }
+                for t in self.tiers
+            ],
+            "counters_path": str(self.counters_path),
+            "reservation_ttl_s": self.reservation_ttl_s,
+            "max_wait_s": self.max_wait_s,
+            "lookup": {
+                "common_min_tokens": self.lookup.common_min_tokens,
+                "restore_cost": self.lookup.restore_cost,
+                "allow_common": self.lookup.allow_common,
+            },
+            "pressure": {
+                "enabled": p.enabled,
+                "source": p.source,
+                "interval_s": p.interval_s,
+                "high_watermark": p.high_watermark,
+                "low_watermark": p.low_watermark,
+                "min_evict_bytes": p.min_evict_bytes,
+                "evict_tiers": list(p.evict_tiers),
+            },
+            "stats_flush_s": self.stats_flush_s,
+            "registry_root": None if self.registry_root is None else str(self.registry_root),
+            "actor_name": self.actor_name,
+            "liveness_timeout": self.liveness_timeout,
+        }
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> CacheSettings:
+        if not isinstance(data, Mapping):
+            raise InvalidCacheValue("settings", "expected a mapping")
+        try:
+            tiers = tuple(
+                TierConfig(
+                    TierKind(t["kind"]), Path(t["root"]), int(t["quota"]), str(t["instance"])
+                )
+                for t in data["tiers"]
+            )
+            pressure = data.get("pressure") or {}
+            lookup = data.get("lookup") or {}
+            return cls(
+                tiers=tiers,
+                counters_path=Path(data["counters_path"]),
+                reservation_ttl_s=float(data.get("reservation_ttl_s", 60.0)),
+                max_wait_s=float(data.get("max_wait_s", 60.0)),
+                lookup=LookupPolicy(**lookup),
+                pressure=PressureConfig(
+                    **{
+                        **pressure,
+                        "evict_tiers": tuple(pressure.get("evict_tiers", ("ram", "ram_file"))),
+                    }
+                ),
+                stats_flush_s=float(data.get("stats_flush_s", 10.0)),
+                registry_root=(
+                    None if data.get("registry_root") is None else Path(data["registry_root"])
+                ),
+                actor_name=str(data.get("actor_name", ACTOR_NAME)),
+                liveness_timeout=data.get("liveness_timeout"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidCacheValue("settings", f"malformed cache settings: {exc}") from None
+
+
+def meta_child_spec(settings: CacheSettings, *, child_id: str = "cache-meta") -> ChildSpec:
+    """The child spec that runs cache-meta under a supervisor."""
+    return ChildSpec(
+        id=child_id,
+        start=Start("llamad.cache.meta_proc:run_meta", (), {"settings": settings.to_wire()}),
+        shutdown=10.0,
+        liveness_timeout=settings.liveness_timeout,
+        start_timeout=120.0,
+    )
+
+
+def cache_sup_spec(
+    settings: CacheSettings,
+    *,
+    extra_children: Sequence[ChildSpec] = (),
+    intensity: int = 5,
+    period: float = 30.0,
+) -> SupervisorSpec:
+    """``cache_sup``: cache-meta first, then anything that depends on it (rest_for_one)."""
+    return SupervisorSpec(
+        "cache_sup",
+        SupFlags(strategy=Strategy.REST_FOR_ONE, intensity=intensity, period=period),
+        (meta_child_spec(settings), *extra_children),
+    )
+
+
+def purge_ram(settings: CacheSettings) -> int:
+    """Delete this daemon instance's ``ram`` segments (at daemon start and stop)."""
+    cfg = settings.tier(TierKind.RAM.value)
+    return 0 if cfg is None else Tier(cfg).purge()
