@@ -1,0 +1,215 @@
+"""Cache I/O: save and load of a 2048-token KV payload per tier, beside plain copies.
+
+The payload is 2048 tokens x 23,040 bytes (47 MB, the default model's KV per
+2048 tokens). Per tier it measures
+
+- save: the whole publish protocol (reserve, tmp write, fdatasync, check,
+  link, fsync dir, announce) against an in-process cache-meta, beside a plain
+  ``write`` + ``fdatasync`` of the same bytes into the same directory;
+- load: a full validated read (header, TLV, key, payload CRC32C) into a
+  reusable pre-faulted buffer, beside a plain ``memcpy`` of the same bytes and
+  a plain ``pread`` of the same bytes from a file in the same directory (page
+  cache warm).
+
+Measurements are interleaved rep by rep so that load from other processes
+hits all columns alike; medians are reported. Bars (issue 4): ``ram`` load
+<= 2x memcpy; ``disk`` load <= 3x a plain read.
+
+    python -m bench.cache_io_bench [--reps N] [--disk-root DIR] [--record]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from bench.common import median, percentile, record, table
+from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
+from llamad.cache.kvc import KvcSpec, SaveReason
+from llamad.cache.meta import CacheMeta, DictCounters, MetaConfig
+from llamad.cache.publish import LocalMeta, PublishOutcome, publish
+from llamad.cache.tiers import Tier, TierConfig, TierKind, TierStore, build_tiers
+
+N_TOKENS = 2048
+BYTES_PER_TOKEN = 23_040
+PAYLOAD_LEN = N_TOKENS * BYTES_PER_TOKEN
+NS = Namespace(fingerprint=b"\x5a" * 32, quant=3, ctx_hash=b"\xa5" * 32)
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f}"
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def prefaulted(n: int) -> bytearray:
+    buf = bytearray(n)
+    buf[::4096] = b"\x01" * len(range(0, n, 4096))
+    return buf
+
+
+def plain_write(path: Path, payload: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
+def plain_read(path: Path, buf: bytearray) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        view = memoryview(buf)
+        done = 0
+        while done < PAYLOAD_LEN:
+            done += os.preadv(fd, [view[done:PAYLOAD_LEN]], done)
+    finally:
+        os.close(fd)
+
+
+def bench_tier(tier: Tier, payload: bytes, reps: int) -> dict[str, list[float]]:
+    meta = CacheMeta(
+        MetaConfig(quotas={tier.name: 8 * PAYLOAD_LEN}),
+        TierStore(build_tiers([tier.config])),
+        counters=DictCounters(),
+    )
+    writer = LocalMeta(meta)
+    plain = tier.root / f"plain-{uuid.uuid4().hex}.bin"
+    out: dict[str, list[float]] = {
+        k: [] for k in ("save", "write", "first_load", "load", "memcpy", "read")
+    }
+    buf = prefaulted(PAYLOAD_LEN)
+    scratch = prefaulted(PAYLOAD_LEN)
+    scratch_view = memoryview(scratch)
+    keys: list[bytes] = []
+    try:
+        for rep in range(reps):
+            spec = KvcSpec(
+                NS,
+                tokens_to_bytes([rep, *range(1, N_TOKENS)]),
+                FingerprintMode.SAFE,
+                SaveReason.COLD,
+            )
+            started = time.perf_counter()
+            outcome = publish(writer, tier, spec, payload).outcome
+            out["save"].append(time.perf_counter() - started)
+            assert outcome is PublishOutcome.PUBLISHED, outcome
+            keys.append(spec.key)
+            out["write"].append(timed(lambda: plain_write(plain, payload)))
+            load_row = functools.partial(tier.read_into, spec.key, buf)
+            out["first_load"].append(timed(load_row))
+            assert buf == payload
+            for _ in range(3):
+                out["memcpy"].append(timed(lambda: scratch_view.__setitem__(slice(None), payload)))
+                out["read"].append(timed(lambda: plain_read(plain, scratch)))
+                out["load"].append(timed(load_row))
+            # Keep the tier small: only the latest row stays.
+            if len(keys) > 1:
+                ref = meta.lookup_exact(keys[-2])
+                assert ref is not None
+                meta.forget(keys[-2])
+    finally:
+        plain.unlink(missing_ok=True)
+        for key in keys:
+            tier.delete(key)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=8)
+    parser.add_argument("--disk-root", type=Path, default=None)
+    parser.add_argument("--record", action="store_true", help="write bench/results/")
+    args = parser.parse_args(argv)
+
+    payload = os.urandom(PAYLOAD_LEN)
+    disk_parent = args.disk_root or Path(os.environ.get("LLAMAD_BENCH_DISK", "/var/tmp"))
+    disk_root = Path(tempfile.mkdtemp(prefix="llamad-bench-disk-", dir=disk_parent))
+    ram_file_root = Path(tempfile.mkdtemp(prefix="llamad-bench-ramfile-", dir="/dev/shm"))
+    tiers = [
+        Tier(TierConfig(TierKind.RAM, Path("/dev/shm"), 1 << 34, f"bench{os.getpid()}")),
+        Tier(TierConfig(TierKind.RAM_FILE, ram_file_root, 1 << 34)),
+        Tier(TierConfig(TierKind.DISK, disk_root, 1 << 34)),
+    ]
+    rows = []
+    verdicts = []
+    try:
+        for tier in tiers:
+            tier.prepare()
+            r = bench_tier(tier, payload, args.reps)
+            load, memcpy, read = median(r["load"]), median(r["memcpy"]), median(r["read"])
+            save, write = median(r["save"]), median(r["write"])
+            rows.append(
+                [
+                    tier.name,
+                    ms(save),
+                    ms(write),
+                    ms(median(r["first_load"])),
+                    ms(load),
+                    ms(percentile(r["load"], 90)),
+                    ms(memcpy),
+                    ms(read),
+                    f"{load / memcpy:.2f}",
+                    f"{load / read:.2f}",
+                ]
+            )
+            if tier.kind is TierKind.RAM:
+                ok = load <= 2 * memcpy
+                verdicts.append(
+                    f"- ram load <= 2x memcpy: {load / memcpy:.2f}x, {'met' if ok else 'NOT met'}"
+                )
+            if tier.kind is TierKind.DISK:
+                ok = load <= 3 * read
+                met = "met" if ok else "NOT met"
+                verdicts.append(f"- disk load <= 3x plain read: {load / read:.2f}x, {met}")
+    finally:
+        shutil.rmtree(disk_root, ignore_errors=True)
+        shutil.rmtree(ram_file_root, ignore_errors=True)
+        tiers[0].purge()
+
+    headers = [
+        "tier",
+        "save ms",
+        "plain write+fdatasync ms",
+        "first load ms",
+        "load ms (p50)",
+        "load ms (p90)",
+        "memcpy ms",
+        "plain read ms",
+        "load/memcpy",
+        "load/read",
+    ]
+    body = (
+        f"Payload {N_TOKENS} tokens x {BYTES_PER_TOKEN} bytes = {PAYLOAD_LEN / 1e6:.1f} MB; "
+        f"{args.reps} saves, each followed by its first load and 3 more loads interleaved "
+        "with memcpy and plain reads (medians unless noted); "
+        f"disk tier under {disk_parent}.\n\n"
+        + table(headers, rows)
+        + "\n\n"
+        + "\n".join(verdicts)
+        + "\n"
+    )
+    print(body)
+    if args.record:
+        path = record("cache-io", "Cache I/O: save and load per tier", body)
+        print(f"recorded {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
