@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 
 import msgpack
@@ -26,7 +27,7 @@ import msgpack
 from llamad.supervisor.child import HEARTBEAT, READY
 from llamad.supervisor.spec import BRUTAL_KILL, INFINITY, ChildSpec, Shutdown
 
-__all__ = ["ChildProcess", "ReadyOutcome", "shutdown_processes"]
+__all__ = ["ChildProcess", "Interrupt", "ReadyOutcome", "shutdown_processes"]
 
 Tick = Callable[[], None]
 
@@ -35,6 +36,20 @@ class ReadyOutcome(StrEnum):
     READY = "ready"
     EXITED = "exited"
     TIMEOUT = "timeout"
+    INTERRUPTED = "interrupted"
+
+
+@dataclass(frozen=True)
+class Interrupt:
+    """An fd that wakes a blocking wait, and the check of whether to give up.
+
+    ``check`` runs when ``fd`` is readable; it must drain ``fd`` and return
+    True to abandon the wait (e.g. the supervisor was asked to stop while a
+    child was loading a model).
+    """
+
+    fd: int
+    check: Callable[[], bool]
 
 
 class ChildProcess:
@@ -129,19 +144,28 @@ class ChildProcess:
                 self.last_beat = now
 
     def wait_ready(
-        self, timeout: float | None, tick: Tick | None = None, tick_every: float | None = None
+        self,
+        timeout: float | None,
+        tick: Tick | None = None,
+        tick_every: float | None = None,
+        interrupt: Interrupt | None = None,
     ) -> ReadyOutcome:
-        """Block until the child reports ready, exits, or ``timeout`` passes."""
+        """Block until the child reports ready, exits, ``timeout`` passes or
+        ``interrupt`` says to give up."""
         deadline = None if timeout is None else time.monotonic() + timeout
         poller = select.poll()
         if self.status_fd is not None:
             poller.register(self.status_fd, select.POLLIN)
         poller.register(self.pidfd, select.POLLIN)
+        if interrupt is not None:
+            poller.register(interrupt.fd, select.POLLIN)
         while True:
             events = poller.poll(_slice_ms(deadline, tick_every))
             for fd, _ in events:
                 if fd == self.status_fd and not self.read_status():
                     poller.unregister(fd)
+                elif interrupt is not None and fd == interrupt.fd and interrupt.check():
+                    return ReadyOutcome.INTERRUPTED
             # Ready wins over exit: a child may report ready and exit at once,
             # and that is a started child that then exited, not a failed start.
             if self.ready:

@@ -60,7 +60,7 @@ from llamad.supervisor.exits import (
     classify_exit,
     describe_exit,
 )
-from llamad.supervisor.process import ChildProcess, ReadyOutcome, shutdown_processes
+from llamad.supervisor.process import ChildProcess, Interrupt, ReadyOutcome, shutdown_processes
 from llamad.supervisor.spec import ChildSpec, SupervisorSpec
 
 __all__ = ["Supervisor"]
@@ -120,8 +120,10 @@ class Supervisor:
         restore = self._install_signals() if install_signal_handlers else None
         code: int = EXIT_START_FAILED
         try:
-            started = self._start_initial()
-            if started:
+            early_exit = self._start_initial()
+            if early_exit is not None:
+                code = early_exit
+            else:
                 self._started.set()
                 if on_ready is not None:
                     on_ready()
@@ -368,14 +370,17 @@ class Supervisor:
 
     # ====================================================== starting children
 
-    def _start_initial(self) -> bool:
+    def _start_initial(self) -> int | None:
+        """Start the initial children; the exit code if the supervisor must end now."""
         for child_id in self._core.initial_starts():
             result = self._spawn_and_wait(self._core.spec_of(child_id))
             if isinstance(result, StartFailed):
+                if result.details.get("reason") == "interrupted":
+                    return self._shut_down("requested", self._core.shutdown_order(), EXIT_NORMAL)
                 self._log.error("child.start_failed", child=child_id, **_failure_fields(result))
                 self._start_error = result
                 self._shut_down("start_failed", self._core.shutdown_order(), EXIT_START_FAILED)
-                return False
+                return EXIT_START_FAILED
             self._core.started(child_id, result.pid)
             self._log.info("child.started", child=child_id, pid=result.pid)
         self._log.info(
@@ -384,7 +389,7 @@ class Supervisor:
             children=len(self._core.initial_starts()),
             pid=os.getpid(),
         )
-        return True
+        return None
 
     def _spawn_and_wait(self, spec: ChildSpec) -> ChildProcess | StartFailed:
         try:
@@ -395,7 +400,10 @@ class Supervisor:
                 details={"child": spec.id, "reason": "spawn", "error": str(exc)},
             )
         outcome = proc.wait_ready(
-            spec.start_timeout, child_side.heartbeat, child_side.heartbeat_interval()
+            spec.start_timeout,
+            child_side.heartbeat,
+            child_side.heartbeat_interval(),
+            Interrupt(self._wake_r, self._stop_wanted),
         )
         if outcome is ReadyOutcome.READY:
             self._procs[proc.pid] = proc
@@ -403,10 +411,16 @@ class Supervisor:
             if proc.status_fd is not None:
                 self._selector.register(proc.status_fd, selectors.EVENT_READ, ("status", proc))
             return proc
-        if outcome is ReadyOutcome.TIMEOUT:
-            proc.kill("start_timeout")
+        if outcome in (ReadyOutcome.TIMEOUT, ReadyOutcome.INTERRUPTED):
+            # Not started yet, so no shutdown protocol applies: nothing to save.
+            proc.kill(outcome.value)
             proc.wait(None)
             proc.close()
+            if outcome is ReadyOutcome.INTERRUPTED:
+                return StartFailed(
+                    f"start of {spec.id!r} abandoned: the supervisor is stopping",
+                    details={"child": spec.id, "reason": "interrupted", "pid": proc.pid},
+                )
             return StartFailed(
                 f"{spec.id!r} did not report ready within {spec.start_timeout}s",
                 details={"child": spec.id, "reason": "start_timeout", "pid": proc.pid},
@@ -528,6 +542,15 @@ class Supervisor:
                 return
             with contextlib.suppress(BlockingIOError):
                 os.write(self._wake_w, b"\0")
+
+    def _stop_wanted(self) -> bool:
+        """For blocking waits: drain the wake-up pipe, say whether to give up.
+
+        Draining loses nothing: queued commands stay in ``_commands`` and the
+        loop runs them without needing the wake-up byte.
+        """
+        self._drain_wake()
+        return self._stop_requested
 
     def _drain_wake(self) -> None:
         with contextlib.suppress(BlockingIOError):

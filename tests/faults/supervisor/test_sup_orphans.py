@@ -203,3 +203,18 @@ def test_supervisor_loop_failure_kills_its_children(events: EventLog) -> None:
     os.kill(a, signal.SIGKILL)
     assert sup.wait(60) == EXIT_CRASHED
     assert not pid_alive(b)
+
+
+def test_sigterm_during_a_child_start_abandons_the_start(events: EventLog) -> None:
+    spec = SupervisorSpec(
+        "root",
+        SupFlags(),
+        (toy(events, "sleeper", "a"), toy(events, "slow_ready", "b", 3600.0, start_timeout=None)),
+    )
+    root = spawn_root(spec)
+    booting = events.wait_for("booting", "b")[0]["pid"]
+    os.kill(root.pid, signal.SIGTERM)
+    # b would never report ready and has no start timeout: only the stop request ends the wait.
+    assert root.wait(60) == 0
+    assert events.sequence("term") == [("term", "a")]
+    assert not pid_alive(booting)
