@@ -80,6 +80,9 @@ class Context:
         model_handle = model.native_handle
         model_ptr = model_handle.acquire()  # raises Closed; released when we free
         try:
+            if model.options.vocab_only or model.n_layer == 0:
+                # llama.cpp asserts (aborts) building a context without weights.
+                raise Unsupported("a vocab_only model has no weights to run a context on")
             params = lib.llama_context_default_params()
             params.n_ctx = opts.n_ctx
             params.n_batch = opts.n_batch

@@ -127,8 +127,11 @@ class Model:
         self.n_ctx_train = int(lib.llama_model_n_ctx_train(ptr))
         self.n_embd = int(lib.llama_model_n_embd(ptr))
         self.n_layer = int(lib.llama_model_n_layer(ptr))
-        self.n_head = int(lib.llama_model_n_head(ptr))
-        self.n_head_kv = int(lib.llama_model_n_head_kv(ptr))
+        # llama.cpp aborts on per-layer queries of a model without layers
+        # (vocab_only): only ask when there is a layer 0.
+        has_layers = self.n_layer > 0
+        self.n_head = int(lib.llama_model_n_head(ptr)) if has_layers else 0
+        self.n_head_kv = int(lib.llama_model_n_head_kv(ptr)) if has_layers else 0
         self.size = int(lib.llama_model_size(ptr))
         self.n_params = int(lib.llama_model_n_params(ptr))
         self.ftype = int(lib.llama_model_ftype(ptr))
