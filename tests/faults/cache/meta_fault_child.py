@@ -21,8 +21,9 @@ from llamad.cache.client import CacheClient
 from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcSpec, SaveReason
 from llamad.cache.publish import PublishStage, publish
-from llamad.cache.sup import CacheSettings
+from llamad.cache.sup import CacheSettings, cache_sup_spec
 from llamad.cache.tiers import Tier
+from llamad.supervisor import run_root
 
 NS = Namespace(fingerprint=b"\x33" * 32, quant=3, ctx_hash=b"\x44" * 32)
 
@@ -58,6 +59,9 @@ def main() -> None:
 
         result = publish(cache, Tier(cfg), row_spec(seed), row_payload(seed), on_stage=die)
         print(f"DONE {result.outcome}", flush=True)
+    elif cmd == "sup":
+        cache.close()
+        run_root(cache_sup_spec(settings, intensity=10, period=60))
     else:
         sys.exit(f"unknown command {cmd!r}")
 
