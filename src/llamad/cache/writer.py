@@ -161,13 +161,15 @@ DoneCallback = Callable[["Future[PublishResult]"], None]
 class WriterPool:
     """Async and sync saves for one process, sharing the daemon-wide permits.
 
-    The caller hands over a payload buffer and must leave it untouched until
-    the returned future is done (``on_done`` is the place to recycle it).
+    ``connect`` makes the cache-meta connection a writer thread uses (called
+    once per thread: ``lambda: CacheClient.from_settings(settings)``). The
+    caller hands over a payload buffer and must leave it untouched until the
+    returned future is done (``on_done`` is the place to recycle it).
     """
 
     def __init__(
         self,
-        meta: PublishMeta,
+        connect: Callable[[], PublishMeta],
         tiers: Mapping[str, Tier],
         permits: PermitSet,
         *,
@@ -177,7 +179,7 @@ class WriterPool:
     ) -> None:
         if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 64:
             raise InvalidCacheValue("threads", f"{threads!r} is not in [1, 64]")
-        self.meta = meta
+        self._connect = connect
         self.tiers = dict(tiers)
         self.permits = permits
         self.counters = counters
@@ -186,6 +188,19 @@ class WriterPool:
         self._lock = threading.Lock()
         self._in_flight = 0
         self._closed = False
+        self._local = threading.local()
+        self._metas: list[PublishMeta] = []
+
+    def _meta(self) -> PublishMeta:
+        # A CacheClient is one connection and not thread-safe: each writer
+        # thread (and each thread calling save_sync) gets its own.
+        meta: PublishMeta | None = getattr(self._local, "meta", None)
+        if meta is None:
+            meta = self._connect()
+            self._local.meta = meta
+            with self._lock:
+                self._metas.append(meta)
+        return meta
 
     def _tier(self, name: str) -> Tier:
         try:
@@ -265,7 +280,7 @@ class WriterPool:
 
     def _run(self, permit: Permit, tier: Tier, spec: KvcSpec, payload: Buffer) -> PublishResult:
         try:
-            result = publish(self.meta, tier, spec, payload, on_stage=self._on_stage)
+            result = publish(self._meta(), tier, spec, payload, on_stage=self._on_stage)
         except BaseException as exc:
             self._dropped(spec, tier.name, f"{type(exc).__name__}: {exc}")
             raise
@@ -278,7 +293,19 @@ class WriterPool:
         return result
 
     def close(self, *, wait: bool = True) -> None:
-        """Refuse new saves; with ``wait``, let the accepted ones finish."""
+        """Refuse new saves; with ``wait``, let the accepted ones finish.
+
+        Connections the pool opened are closed once no save can use them.
+        """
         with self._lock:
             self._closed = True
         self._executor.shutdown(wait=wait, cancel_futures=not wait)
+        if wait:
+            with self._lock:
+                metas, self._metas = self._metas, []
+            seen: set[int] = set()
+            for meta in metas:
+                close = getattr(meta, "close", None)
+                if close is not None and id(meta) not in seen:
+                    seen.add(id(meta))
+                    close()

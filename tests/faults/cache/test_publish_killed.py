@@ -81,7 +81,8 @@ def writer_main(root: str, permits: str, kill_after: int, conn: Connection) -> N
         if stage == kill_after:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    pool = WriterPool(PipeMeta(conn), {"disk": tier}, PermitSet.attach(permits), on_stage=die)
+    meta = PipeMeta(conn)
+    pool = WriterPool(lambda: meta, {"disk": tier}, PermitSet.attach(permits), on_stage=die)
     pool.save_sync(make_spec(), "disk", PAYLOAD, timeout_s=30)
     os._exit(3)  # never reached when the stage kills us
 

@@ -57,8 +57,9 @@ class Rig:
             counters=self.counters,
         )
         self.permits = PermitSet.create(root / "permits", permits)
+        writer = LocalMeta(self.meta)
         self.pool = WriterPool(
-            LocalMeta(self.meta),
+            lambda: writer,
             {"disk": self.tier},
             self.permits,
             counters=self.counters,
@@ -141,8 +142,9 @@ def test_global_cap_holds_across_pools(rig: Rig) -> None:
             entered.release()
             assert gate.wait(20)
 
+    other_meta = LocalMeta(rig.meta, owner=4242)
     other = WriterPool(
-        LocalMeta(rig.meta, owner=4242),
+        lambda: other_meta,
         {"disk": rig.tier},
         PermitSet.attach(rig.permits.path),
         counters=rig.counters,
@@ -222,3 +224,40 @@ def test_close_without_waiting_returns_queued_permits(tmp_path: Path) -> None:
     wait_until(lambda: rig.permits.held() == 0)
     assert rig.pool.in_flight() == 0
     assert rig.pool.save_async(spec_for([9]), "disk", PAYLOAD) is None
+
+
+def test_each_writer_thread_gets_its_own_connection_closed_with_the_pool(
+    tmp_path: Path,
+) -> None:
+    class Conn(LocalMeta):
+        closed = False
+
+        def close(self) -> None:
+            self.closed = True
+
+    rig = Rig(tmp_path, permits=4)
+    made: list[Conn] = []
+    lock = threading.Lock()
+
+    def connect() -> Conn:
+        conn = Conn(rig.meta)
+        with lock:
+            made.append(conn)
+        return conn
+
+    both = threading.Barrier(2)
+
+    def park(stage: PublishStage, key: bytes) -> None:
+        if stage is PublishStage.RESERVED:
+            both.wait(20)  # two saves in two threads at once
+
+    pool = WriterPool(connect, {"disk": rig.tier}, rig.permits, threads=2, on_stage=park)
+    futures = [pool.save_async(spec_for([i]), "disk", PAYLOAD) for i in range(2)]
+    for f in futures:
+        assert f is not None
+        assert f.result(20).stored
+    assert len(made) == 2
+    assert not any(c.closed for c in made)
+    pool.close()
+    assert all(c.closed for c in made)
+    rig.pool.close()
