@@ -125,7 +125,8 @@ class ChildProcess:
     # ----------------------------------------------------------------- status
 
     def read_status(self) -> bool:
-        """Drain the status pipe; ``False`` once the child closed it."""
+        """Drain the status pipe; ``False`` once the child closed it (then
+        stop watching the fd and call :meth:`close_status`)."""
         if self.status_fd is None:
             return False
         while True:
@@ -134,8 +135,6 @@ class ChildProcess:
             except BlockingIOError:
                 return True
             if not data:
-                os.close(self.status_fd)
-                self.status_fd = None
                 return False
             now = time.monotonic()
             if READY in data:
@@ -164,6 +163,7 @@ class ChildProcess:
             for fd, _ in events:
                 if fd == self.status_fd and not self.read_status():
                     poller.unregister(fd)
+                    self.close_status()
                 elif interrupt is not None and fd == interrupt.fd and interrupt.check():
                     return ReadyOutcome.INTERRUPTED
             # Ready wins over exit: a child may report ready and exit at once,
@@ -210,11 +210,14 @@ class ChildProcess:
         )
         return self.reap()
 
-    def close(self) -> None:
-        """Release our fds (after the child is reaped)."""
+    def close_status(self) -> None:
         if self.status_fd is not None:
             os.close(self.status_fd)
             self.status_fd = None
+
+    def close(self) -> None:
+        """Release our fds (after the child is reaped)."""
+        self.close_status()
         if self.pidfd >= 0:
             os.close(self.pidfd)
             self.pidfd = -1

@@ -61,7 +61,7 @@ from llamad.supervisor.exits import (
     describe_exit,
 )
 from llamad.supervisor.process import ChildProcess, Interrupt, ReadyOutcome, shutdown_processes
-from llamad.supervisor.spec import ChildSpec, SupervisorSpec
+from llamad.supervisor.spec import ChildSpec, Shutdown, SupervisorSpec
 
 __all__ = ["Supervisor"]
 
@@ -249,6 +249,7 @@ class Supervisor:
                 if kind == "status":
                     if not proc.read_status():
                         self._selector.unregister(key.fd)
+                        proc.close_status()
                 else:
                     exited.append(proc)
             if self._stop_requested:
@@ -446,7 +447,7 @@ class Supervisor:
         for proc in procs:
             self._terminate([proc], proc.spec.shutdown_policy)
 
-    def _terminate(self, procs: list[ChildProcess], policy: Any) -> None:
+    def _terminate(self, procs: list[ChildProcess], policy: Shutdown) -> None:
         for proc in procs:
             self._forget(proc)
         shutdown_processes(procs, policy, child_side.heartbeat, child_side.heartbeat_interval())
