@@ -11,6 +11,7 @@ from llamad.supervisor import ChildState, Supervisor, SupervisorSpec, SupFlags
 pytestmark = pytest.mark.timeout(90)
 
 
+@pytest.mark.slow
 def test_hung_child_is_killed_and_restarted(events: EventLog) -> None:
     beater = toy(events, "beater", "w", 3.0, liveness_timeout=1.0)
     spec = SupervisorSpec("live", SupFlags(intensity=5, period=60), (beater,))
