@@ -13,6 +13,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
+from llamad.logs import configure as configure_logs
 from llamad.supervisor.child import notifies_ready, notify_ready
 from llamad.supervisor.runtime import Supervisor
 from llamad.supervisor.spec import SupervisorSpec
@@ -27,6 +28,7 @@ def run_supervisor_process(spec: Mapping[str, Any]) -> NoReturn:
     Exits 0 after SIGTERM/SIGINT or auto_shutdown, non-zero after an
     escalation or a failed initial start (so the parent sees an abnormal exit).
     """
+    configure_logs()
     supervisor = Supervisor(SupervisorSpec.from_wire(spec))
     sys.exit(supervisor.run(install_signal_handlers=True, on_ready=notify_ready))
 
