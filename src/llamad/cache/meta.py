@@ -48,7 +48,7 @@ from llamad.cache.eviction import TierLedger, plan_across_tiers
 from llamad.cache.key import HEADER_LEN, KEY_LEN, TOKEN_BYTES
 from llamad.cache.kvc import KvcMeta, SaveReason
 from llamad.cache.lookup import HitKind, Lookup, LookupPolicy, RowRef, choose_restore
-from llamad.cache.prefix import PrefixIndex, tokens_be, tokens_le
+from llamad.cache.prefix import PrefixIndex
 from llamad.cache.reservation import (
     TIERS,
     Adopted,
@@ -128,8 +128,8 @@ class Row:
     reason: SaveReason
     created_ns: int
     last_used_ns: int
-    # The row's token ids as u32 big-endian: the very object the prefix index holds.
-    tokens_be: bytes = b""
+    # The row's token ids (u32 LE): the very object the prefix index holds.
+    tokens: bytes = b""
     hits: int = 0
     pins: int = 0
     lru_seq: int = 0
@@ -303,8 +303,8 @@ class CacheMeta:
 
     def _insert(self, row: Row, tokens: bytes) -> None:
         ledger = self.ledgers[row.tier]
-        row.tokens_be = tokens_be(tokens)
-        self.prefix.add_be(row.namespace, row.tokens_be, row.key)
+        row.tokens = tokens
+        self.prefix.add(row.namespace, tokens, row.key)
         self._stamp(row)
         ledger.add(row)
         self.rows[row.key] = row
@@ -315,7 +315,7 @@ class CacheMeta:
         del self.rows[row.key]
         ledger = self.ledgers[row.tier]
         ledger.remove(row)
-        self.prefix.remove_be(row.namespace, row.tokens_be)
+        self.prefix.remove(row.namespace, row.tokens)
         self._sync_bytes(row.tier)
         if delete:
             self.store.delete(row.tier, row.key, row.location)
@@ -673,8 +673,7 @@ class CacheMeta:
         resumed: bool,
     ) -> Lookup:
         started = time.perf_counter_ns()
-        prompt_be = tokens_be(tokens)
-        match = self.prefix.match_be(namespace, prompt_be)
+        match = self.prefix.match(namespace, tokens)
         plan = choose_restore(match, len(tokens) // TOKEN_BYTES, self.config.lookup)
         row = None if plan is None else self.rows.get(plan.key)
         if (
@@ -710,7 +709,7 @@ class CacheMeta:
 
     def _verified(self, row: Row, kind: HitKind, prompt: bytes, use_tokens: int) -> bool:
         if kind is HitKind.COMMON:
-            own = tokens_le(row.tokens_be)
+            own = row.tokens
             span = use_tokens * TOKEN_BYTES
             ok = row_key(row.namespace, own) == row.key and own[:span] == prompt[:span]
         else:

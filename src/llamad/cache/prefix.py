@@ -1,13 +1,13 @@
 """Longest-prefix index: which saved rows share a prefix with a prompt.
 
 Per namespace (the key header: fingerprint, quant byte, ctx hash) the index
-keeps every saved row's token ids encoded as **u32 big-endian** bytes in one
-sorted list. Fixed-width big-endian encoding makes byte order equal token
-order, and turns "row is a token prefix of the prompt" into "row's bytes are a
-byte prefix of the prompt's bytes" (as long as prefix lengths are floored to a
-multiple of four).
+keeps every saved row's token ids, as the u32 little-endian bytes the key is
+computed from, in one sorted list. Token ids have a fixed width, so "row is a
+token prefix of the prompt" is "row's bytes are a byte prefix of the prompt's
+bytes", and a common prefix in bytes, floored to a multiple of four, is a
+common prefix in tokens.
 
-Two facts about a sorted list of strings do all the work:
+Two facts about a sorted list of byte strings do all the work:
 
 * every row that is a prefix of the prompt sorts at or before the prompt, and
   any string between such a row and the prompt starts with that row; so the
@@ -18,15 +18,19 @@ Two facts about a sorted list of strings do all the work:
 
 Both take O(log n) comparisons (plus one re-search per row that diverges in
 the middle of the walk, which needs unusually shaped data to happen more than
-once), and every comparison is a C-level ``memcmp`` over bytes. Nothing here
-trusts the result blindly: cache-meta re-derives the winner's key with
-:meth:`llamad.cache.key.Namespace.key` before answering.
+once), and every comparison is a C-level ``memcmp`` over bytes.
+
+Why little-endian and not big-endian (which would make byte order equal
+numeric token order): nothing here needs numeric order, only the prefix
+relation, which any fixed-width encoding preserves; keeping the key's own
+encoding means a row shares its token bytes with the save that produced it
+and a prompt is never re-encoded on the lookup path. Nothing here is trusted
+blindly either: cache-meta re-derives the winner's key with ``sha256``
+before answering.
 """
 
 from __future__ import annotations
 
-import sys
-from array import array
 from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass
 
@@ -41,36 +45,19 @@ __all__ = [
     "TOKEN_BYTES",
     "PrefixIndex",
     "PrefixMatch",
+    "check_token_bytes",
     "common_prefix_len",
-    "tokens_be",
-    "tokens_le",
 ]
 
 
-def _swapped(data: bytes) -> bytes:
+def check_token_bytes(data: bytes) -> bytes:
+    """``data`` if it is whole u32 token ids, else :class:`BadRequest`."""
     if len(data) % TOKEN_BYTES:
         raise BadRequest(
             f"token bytes must be a multiple of {TOKEN_BYTES} long, got {len(data)}",
             details={"field": "tokens"},
         )
-    words = array("I")
-    if words.itemsize != TOKEN_BYTES:  # pragma: no cover - every Linux/macOS ABI has 4-byte I
-        raise RuntimeError("array('I') is not 32 bits on this platform")
-    words.frombytes(data)
-    words.byteswap()
-    return words.tobytes()
-
-
-def tokens_be(tokens_le_bytes: bytes) -> bytes:
-    """Re-encode u32 little-endian token ids (the key's encoding) as big-endian."""
-    if sys.byteorder == "little":
-        return _swapped(tokens_le_bytes)
-    return bytes(tokens_le_bytes)  # pragma: no cover - big-endian hosts
-
-
-def tokens_le(tokens_be_bytes: bytes) -> bytes:
-    """Inverse of :func:`tokens_be`."""
-    return tokens_be(tokens_be_bytes)
+    return data
 
 
 def common_prefix_len(a: bytes, b: bytes) -> int:
@@ -127,7 +114,7 @@ _NO_MATCH = PrefixMatch(None, 0, None, 0, 0, 0)
 
 
 class _Space:
-    """One namespace: sorted big-endian token strings and their keys."""
+    """One namespace: sorted token strings and their keys."""
 
     __slots__ = ("keys", "rows")
 
@@ -157,18 +144,15 @@ class PrefixIndex:
         """How many namespaces currently hold at least one row."""
         return len(self._spaces)
 
-    def add(self, namespace: bytes, tokens_le_bytes: bytes, key: bytes) -> None:
-        """Index a row given its u32 little-endian token bytes."""
-        self.add_be(namespace, tokens_be(tokens_le_bytes), key)
-
-    def add_be(self, namespace: bytes, be: bytes, key: bytes) -> None:
-        """Index a row given its tokens already in big-endian encoding."""
-        if not be:
+    def add(self, namespace: bytes, tokens: bytes, key: bytes) -> None:
+        """Index a row given its u32 little-endian token bytes (kept by reference)."""
+        check_token_bytes(tokens)
+        if not tokens:
             raise BadRequest("an indexed row needs at least one token", details={"field": "tokens"})
         space = self._spaces.get(namespace)
         if space is None:
             space = self._spaces[namespace] = _Space()
-        existing = space.keys.get(be)
+        existing = space.keys.get(tokens)
         if existing is not None:
             if existing != key:
                 raise BadRequest(
@@ -176,39 +160,32 @@ class PrefixIndex:
                     details={"field": "key"},
                 )
             return
-        insort(space.rows, be)
-        space.keys[be] = key
+        insort(space.rows, tokens)
+        space.keys[tokens] = key
         self._count += 1
 
-    def remove(self, namespace: bytes, tokens_le_bytes: bytes) -> bool:
+    def remove(self, namespace: bytes, tokens: bytes) -> bool:
         """Forget a row; returns whether it was indexed."""
-        return self.remove_be(namespace, tokens_be(tokens_le_bytes))
-
-    def remove_be(self, namespace: bytes, be: bytes) -> bool:
-        """Forget a row given its big-endian tokens; returns whether it was indexed."""
         space = self._spaces.get(namespace)
-        if space is None or space.keys.pop(be, None) is None:
+        if space is None or space.keys.pop(tokens, None) is None:
             return False
-        at = bisect_left(space.rows, be)
+        at = bisect_left(space.rows, tokens)
         del space.rows[at]
         self._count -= 1
         if not space.rows:
             del self._spaces[namespace]
         return True
 
-    def contains(self, namespace: bytes, tokens_le_bytes: bytes) -> bool:
+    def contains(self, namespace: bytes, tokens: bytes) -> bool:
         space = self._spaces.get(namespace)
-        return space is not None and tokens_be(tokens_le_bytes) in space.keys
+        return space is not None and tokens in space.keys
 
-    def match(self, namespace: bytes, prompt_le: bytes) -> PrefixMatch:
+    def match(self, namespace: bytes, prompt: bytes) -> PrefixMatch:
         """Longest prefix row and best common-prefix row for a prompt.
 
-        ``prompt_le`` is the prompt's u32 little-endian token bytes.
+        ``prompt`` is the prompt's u32 little-endian token bytes.
         """
-        return self.match_be(namespace, tokens_be(prompt_le))
-
-    def match_be(self, namespace: bytes, prompt: bytes) -> PrefixMatch:
-        """:meth:`match` for a prompt already in big-endian encoding."""
+        check_token_bytes(prompt)
         space = self._spaces.get(namespace)
         if space is None or not prompt:
             return _NO_MATCH
@@ -265,13 +242,3 @@ class PrefixIndex:
             common_row_tokens=common_row_tokens,
             probes=probes,
         )
-
-    def row_tokens_be(self, namespace: bytes, key: bytes) -> bytes | None:
-        """Slow reverse lookup (key → tokens) for diagnostics; O(rows in namespace)."""
-        space = self._spaces.get(namespace)
-        if space is None:
-            return None
-        for be, k in space.keys.items():
-            if k == key:
-                return be
-        return None

@@ -1,0 +1,225 @@
+"""Cache lookup latency: 10,000 rows, looked up from another process over the actor transport.
+
+The index holds rows of varied lengths (log-uniform, 256 to 32,768 tokens)
+arranged as conversations: each conversation's rows are prefixes of one token
+stream, the way cold, continued and finish saves of a chat are. The rows are
+written as ``.kvc`` files into a ``ram_file`` tier and a real cache-meta
+process adopts them at startup (its rebuild time is reported too). This
+process then calls cache-meta exactly as a model worker does, through
+:class:`llamad.cache.client.CacheClient`:
+
+- ``lookup_exact`` of a saved key (pinned; the checkin is not timed);
+- ``longest_prefix`` of 2,000- and 30,000-token prompts that extend a saved
+  conversation and then diverge (a hit: the longest saved prefix at any
+  length), and of random prompts (a miss);
+- the transport's own round trip (``$ping``) beside them, and cache-meta's
+  server-side ``longest_prefix_ns`` per lookup from its counters.
+
+Bars (issue 4): longest-prefix p50 ≤ 200 µs at 2,000 tokens and ≤ 1 ms at
+30,000 tokens.
+
+    python -m bench.cache_lookup_bench [--rows 10000] [--samples 2000] [--record]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from bench.common import median, percentile, record, table
+from llamad.cache.client import CacheClient
+from llamad.cache.key import FingerprintMode, Namespace
+from llamad.cache.kvc import KvcSpec, SaveReason, write_kvc
+from llamad.cache.lookup import HitKind
+from llamad.cache.meta_proc import MetaProcess
+from llamad.cache.sup import CacheSettings
+from llamad.cache.tiers import Tier, TierConfig, TierKind
+
+NS = Namespace(fingerprint=b"\xb1" * 32, quant=3, ctx_hash=b"\xb2" * 32)
+MAX_LEN = 32_768
+MIN_LEN = 256
+PAYLOAD = b"\x00" * 64  # the bytes are irrelevant to a lookup
+
+
+def log_uniform(rng: random.Random, lo: int, hi: int) -> int:
+    return round(math.exp(rng.uniform(math.log(lo), math.log(hi))))
+
+
+def write_rows(tier: Tier, n_rows: int, per_conv: int, rng: random.Random) -> list[bytes]:
+    """Write ``n_rows`` rows; returns each conversation's token stream (u32 LE)."""
+    convs = []
+    written = 0
+    while written < n_rows:
+        stream = os.urandom(4 * MAX_LEN)
+        convs.append(stream)
+        lengths = {log_uniform(rng, MIN_LEN, MAX_LEN) for _ in range(per_conv)}
+        for n in sorted(lengths):
+            if written >= n_rows:
+                break
+            spec = KvcSpec(NS, stream[: 4 * n], FingerprintMode.SAFE, SaveReason.CONTINUED)
+            fd = os.open(tier.path_for(spec.key), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                write_kvc(fd, spec, PAYLOAD)
+            finally:
+                os.close(fd)
+            written += 1
+    return convs
+
+
+def sample(fn: Callable[[], object], n: int) -> list[float]:
+    """Per-call wall time in microseconds."""
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter_ns()
+        fn()
+        out.append((time.perf_counter_ns() - t0) / 1000)
+    return out
+
+
+def row(name: str, us: list[float], note: str = "") -> list[object]:
+    return [
+        name,
+        len(us),
+        f"{median(us):.0f}",
+        f"{percentile(us, 90):.0f}",
+        f"{percentile(us, 99):.0f}",
+        note,
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--rows", type=int, default=10_000)
+    parser.add_argument("--per-conversation", type=int, default=20)
+    parser.add_argument("--samples", type=int, default=2000)
+    parser.add_argument("--record", action="store_true", help="write bench/results/")
+    args = parser.parse_args()
+    rng = random.Random(20261125)
+
+    instance = f"bench{uuid.uuid4().hex[:8]}"
+    base = Path(tempfile.mkdtemp(prefix="lcb-", dir="/tmp"))
+    shm = Path("/dev/shm") / f"llamad-bench-{instance}"
+    ram_file = TierConfig(TierKind.RAM_FILE, shm, 16 << 30, instance)
+    settings = CacheSettings(
+        tiers=(ram_file,),
+        counters_path=Path("/dev/shm") / f"llamad-bench-{instance}.counters",
+        registry_root=base / "reg",
+    )
+    tier = Tier(ram_file)
+    tier.prepare()
+    try:
+        t0 = time.monotonic()
+        convs = write_rows(tier, args.rows, args.per_conversation, rng)
+        write_s = time.monotonic() - t0
+        t0 = time.monotonic()
+        with MetaProcess(settings, ready_timeout=600), CacheClient.from_settings(settings) as cache:
+            start_s = time.monotonic() - t0
+            status = cache.status()
+            assert status["rows"] == args.rows, status
+            keys = [bytes.fromhex(r["key"]) for r in cache.dump()]
+
+            def prompts(length: int, hit: bool, n: int) -> list[bytes]:
+                out = []
+                for _ in range(n):
+                    if hit:
+                        stream = rng.choice(convs)
+                        cut = rng.randrange(length // 2, length)
+                        out.append(stream[: 4 * cut] + os.urandom(4 * (length - cut)))
+                    else:
+                        out.append(os.urandom(4 * length))
+                return out
+
+            results = []
+            n = args.samples
+            for _ in range(200):  # warm up connections, caches and the allocator
+                cache.lookup_exact(rng.choice(keys), pin=False)
+
+            ping = sample(lambda: cache._client.call("$ping", {}), n)
+            results.append(row("transport round trip ($ping)", ping, "peer"))
+
+            def exact() -> None:
+                ref = cache.lookup_exact(rng.choice(keys))
+                assert ref is not None
+                cache.checkin(ref.pin)
+
+            # Time only the lookup: the checkin is a second call a worker makes later.
+            exact_us: list[float] = []
+            for _ in range(n):
+                key = rng.choice(keys)
+                t_start = time.perf_counter_ns()
+                ref = cache.lookup_exact(key)
+                exact_us.append((time.perf_counter_ns() - t_start) / 1000)
+                assert ref is not None
+                cache.checkin(ref.pin)
+            results.append(row("lookup_exact (hit, pinned)", exact_us))
+
+            for length, count in ((2000, n), (30_000, max(200, n // 4))):
+                for hit in (True, False):
+                    batch = prompts(length, hit, count)
+                    before = cache.counters()
+                    hits = 0
+                    us: list[float] = []
+                    for prompt in batch:
+                        t_start = time.perf_counter_ns()
+                        found = cache.longest_prefix(NS, prompt)
+                        us.append((time.perf_counter_ns() - t_start) / 1000)
+                        if found.row is not None:
+                            hits += 1
+                            assert found.kind in (HitKind.PREFIX, HitKind.COMMON)
+                            cache.checkin(found.row.pin)
+                    after = cache.counters()
+                    server = (
+                        (after["longest_prefix_ns"] - before["longest_prefix_ns"]) / count / 1000
+                    )
+                    probes = (
+                        after["longest_prefix_probes"] - before["longest_prefix_probes"]
+                    ) / count
+                    results.append(
+                        row(
+                            f"longest_prefix {length:,} tok ({'hit' if hit else 'miss'})",
+                            us,
+                            f"hits {hits}/{count}; server {server:.0f} µs; {probes:.0f} probes",
+                        )
+                    )
+            final = cache.status()
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+        settings.counters_path.unlink(missing_ok=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+    body = table(["lookup", "n", "p50 µs", "p90 µs", "p99 µs", "notes"], results)
+    lp2k = next(r for r in results if str(r[0]).startswith("longest_prefix 2,000 tok (hit"))
+    lp30k = next(r for r in results if str(r[0]).startswith("longest_prefix 30,000 tok (hit"))
+    bars = table(
+        ["bar", "measured p50", "limit", "met"],
+        [
+            ["longest prefix, 2,000 tokens", f"{lp2k[2]} µs", "200 µs", float(lp2k[2]) <= 200],
+            ["longest prefix, 30,000 tokens", f"{lp30k[2]} µs", "1000 µs", float(lp30k[2]) <= 1000],
+        ],
+    )
+    setup = (
+        f"{args.rows:,} rows ({len(convs)} conversations, lengths log-uniform "
+        f"{MIN_LEN}..{MAX_LEN} tokens) in a ram_file tier; files written in {write_s:.1f} s; "
+        f"cache-meta start with index rebuild {start_s:.1f} s; pins after the run: "
+        f"{final['pins']}. Client and cache-meta are separate processes on ipc://."
+    )
+    text = f"{setup}\n\n{body}\n\n{bars}\n"
+    print(text)
+    if args.record:
+        print(
+            record(
+                "cache-lookup", "Cache lookup latency (10,000 rows, over the actor transport)", text
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
