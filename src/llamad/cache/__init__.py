@@ -3,12 +3,16 @@
 Storage side: keys (:mod:`.key`), the ``.kvc`` format (:mod:`.kvc`), tiers
 (:mod:`.tiers`), the writer's half of the publish protocol (:mod:`.publish`),
 the writer pool (:mod:`.writer`), save policy (:mod:`.policy`) and shared
-counters (:mod:`.counters`). The sole writer, cache-meta, and its client live
-in :mod:`.meta`, :mod:`.meta_proc` and :mod:`.client`.
+counters (:mod:`.counters`). Meta side: the sole writer's state machine
+(:mod:`.meta`, :mod:`.reservation`, :mod:`.eviction`), lookups (:mod:`.prefix`,
+:mod:`.lookup`), the pressure scheduler (:mod:`.pressure`), the process
+(:mod:`.meta_proc`, wire contract in :mod:`.meta_wire`), the client every other
+process uses (:mod:`.client`) and cache_sup (:mod:`.sup`).
 """
 
 from __future__ import annotations
 
+from llamad.cache.client import CacheClient
 from llamad.cache.counters import Counters
 from llamad.cache.key import (
     KEY_LEN,
@@ -22,6 +26,8 @@ from llamad.cache.key import (
     tokens_to_bytes,
 )
 from llamad.cache.kvc import KvcMeta, KvcSpec, SaveReason, parse, parse_meta, write_kvc
+from llamad.cache.lookup import HitKind, Lookup, LookupPolicy, RowRef
+from llamad.cache.meta import CacheMeta, GcReport, MetaConfig
 from llamad.cache.policy import (
     CachePolicy,
     cold_save_split,
@@ -29,29 +35,49 @@ from llamad.cache.policy import (
     should_finish_save,
     trim_boundary,
 )
+from llamad.cache.prefix import PrefixIndex, PrefixMatch
+from llamad.cache.pressure import PressureConfig, PressureScheduler
 from llamad.cache.publish import PublishMeta, PublishOutcome, PublishResult, publish
+from llamad.cache.reservation import SaveIntent, Stage
+from llamad.cache.sup import CacheSettings, cache_sup_spec, purge_ram
 from llamad.cache.tiers import Tier, TierConfig, TierKind, TierStore, load
 from llamad.cache.writer import PermitSet, WriterPool
 
 __all__ = [
     "KEY_LEN",
     "QUANT_BYTES",
+    "CacheClient",
+    "CacheMeta",
     "CachePolicy",
+    "CacheSettings",
     "Counters",
     "FingerprintMode",
+    "GcReport",
+    "HitKind",
     "KvcMeta",
     "KvcSpec",
+    "Lookup",
+    "LookupPolicy",
+    "MetaConfig",
     "Namespace",
     "PermitSet",
+    "PrefixIndex",
+    "PrefixMatch",
+    "PressureConfig",
+    "PressureScheduler",
     "PublishMeta",
     "PublishOutcome",
     "PublishResult",
+    "RowRef",
+    "SaveIntent",
     "SaveReason",
+    "Stage",
     "Tier",
     "TierConfig",
     "TierKind",
     "TierStore",
     "WriterPool",
+    "cache_sup_spec",
     "cold_save_split",
     "ctx_params_hash",
     "effective_fingerprint",
@@ -60,6 +86,7 @@ __all__ = [
     "parse",
     "parse_meta",
     "publish",
+    "purge_ram",
     "quant_byte",
     "should_continued_save",
     "should_finish_save",
