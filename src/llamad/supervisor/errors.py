@@ -10,6 +10,7 @@ codes.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from llamad.errors import ConfigError, LlamadError
@@ -25,8 +26,24 @@ class InvalidSpec(ConfigError, ValueError):
 
     code = "invalid_spec"
 
-    def __init__(self, field: str, problem: str, **details: Any) -> None:
-        super().__init__(f"{field}: {problem}", details={"field": field, **details})
+    def __init__(
+        self,
+        field: str,
+        problem: str | None = None,
+        *,
+        details: Mapping[str, Any] | None = None,
+    ) -> None:
+        if problem is None:
+            # Rebuilt from the wire by llamad.errors.from_wire(message, details=...):
+            # the first argument is the whole message, the parts ride in details.
+            extra = dict(details or {})
+            super().__init__(field, details=extra)
+            self.field = str(extra.get("field", ""))
+            self.problem = str(extra.get("problem", field))
+            return
+        super().__init__(
+            f"{field}: {problem}", details={**(details or {}), "field": field, "problem": problem}
+        )
         self.field = field
         self.problem = problem
 

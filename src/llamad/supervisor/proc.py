@@ -10,7 +10,7 @@ start order holds across the levels of the tree.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
 from llamad.logs import configure as configure_logs
@@ -22,15 +22,35 @@ __all__ = ["run_root", "run_supervisor_process"]
 
 
 @notifies_ready
-def run_supervisor_process(spec: Mapping[str, Any]) -> NoReturn:
+def run_supervisor_process(spec: Mapping[str, Any], service: str | None = None) -> NoReturn:
     """Run the supervisor described by ``spec`` (its wire form) until it stops.
 
+    With ``service``, its dynamic API is also served as actor ``service``
+    (:mod:`llamad.supervisor.service`), up before the supervisor reports ready.
     Exits 0 after SIGTERM/SIGINT or auto_shutdown, non-zero after an
     escalation or a failed initial start (so the parent sees an abnormal exit).
     """
     configure_logs()
     supervisor = Supervisor(SupervisorSpec.from_wire(spec))
-    sys.exit(supervisor.run(install_signal_handlers=True, on_ready=notify_ready))
+    stop_service: Callable[[], None] | None = None
+
+    def on_ready() -> None:
+        nonlocal stop_service
+        if service is not None:
+            # Imported here: only supervisors that serve pay for ZeroMQ.
+            from llamad.supervisor.service import SupervisorService  # noqa: PLC0415
+
+            served = SupervisorService(supervisor, service)
+            served.start()
+            stop_service = served.stop
+        notify_ready()
+
+    try:
+        code = supervisor.run(install_signal_handlers=True, on_ready=on_ready)
+    finally:
+        if stop_service is not None:
+            stop_service()
+    sys.exit(code)
 
 
 def run_root(spec: SupervisorSpec) -> NoReturn:

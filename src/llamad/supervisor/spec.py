@@ -189,7 +189,11 @@ class Start:
     def from_wire(cls, data: object, name: str = "start") -> Start:
         _check_wire_keys(data, {"target", "args", "kwargs"}, {"target"}, name)
         assert isinstance(data, Mapping)
-        return cls(data["target"], data.get("args", ()), data.get("kwargs", {}))
+        try:
+            return cls(data["target"], data.get("args", ()), data.get("kwargs", {}))
+        except InvalidSpec as exc:
+            # Our own checks name "start.<field>"; report where it sits in `data`.
+            raise InvalidSpec(name + exc.field.removeprefix("start"), exc.problem) from exc
 
 
 @dataclass(frozen=True)
@@ -417,15 +421,22 @@ def supervisor_child(
     significant: bool = False,
     liveness_timeout: float | None = None,
     start_timeout: float | None = DEFAULT_START_TIMEOUT,
+    service: str | None = None,
 ) -> ChildSpec:
     """A child spec that runs the supervisor ``spec`` as a child process.
 
     The child reports ready only once all of its own children have started, so
     the parent's start order holds across levels (as with OTP's ``start_link``).
+    With ``service``, the child also serves its dynamic API (``start_child``,
+    ``which_children``, ...) as the actor of that name, for other processes
+    (see :mod:`llamad.supervisor.service`).
     """
+    kwargs: dict[str, Any] = {"spec": spec.to_wire()}
+    if service is not None:
+        kwargs["service"] = service
     return ChildSpec(
         id=child_id or spec.name,
-        start=Start(SUPERVISOR_ENTRY, (), {"spec": spec.to_wire()}),
+        start=Start(SUPERVISOR_ENTRY, (), kwargs),
         restart=restart,
         shutdown=shutdown,
         type=ChildType.SUPERVISOR,

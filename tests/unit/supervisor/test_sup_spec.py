@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llamad.errors import ConfigError, LlamadError, error_class
+from llamad.errors import ConfigError, LlamadError, error_class, from_wire
 from llamad.supervisor.errors import InvalidSpec
 from llamad.supervisor.spec import (
     BRUTAL_KILL,
@@ -271,3 +271,15 @@ def test_from_wire_names_nested_field() -> None:
 def test_from_wire_rejects_non_mapping() -> None:
     with pytest.raises(InvalidSpec):
         ChildSpec.from_wire(["id", "start"])
+
+
+def test_invalid_spec_survives_the_wire_with_its_field() -> None:
+    with pytest.raises(InvalidSpec) as e:
+        spec(restart="bogus")
+    rebuilt = from_wire(e.value.to_wire())
+    assert isinstance(rebuilt, InvalidSpec)
+    assert (rebuilt.field, rebuilt.problem, str(rebuilt)) == (
+        "restart",
+        e.value.problem,
+        str(e.value),
+    )
