@@ -22,6 +22,7 @@ truncated under a reader then yields a short read (a miss), not a SIGBUS.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
@@ -33,6 +34,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Protocol
 
+import crc32c
 import structlog
 
 from llamad.cache.errors import CacheError, InvalidCacheValue, KvcCorrupt, TierError, TierFull
@@ -273,6 +275,45 @@ class Tier:
             return read_payload_into(fd, meta, buffer)
         finally:
             os.close(fd)
+
+    @contextlib.contextmanager
+    def mapped_payload(
+        self, key_or_location: bytes | str | os.PathLike[str]
+    ) -> Iterator[memoryview]:
+        """A ``ram`` row's payload in place, fully validated: restore with no copy at all.
+
+        Inside the block the view can go straight to
+        ``llama_state_seq_set_data``, which copies it into the KV cache; that
+        saves the copy into an intermediate buffer that :meth:`read_into`
+        makes. Do not keep the view (or anything made from it) past the
+        block: it is unmapped there. Raises like :meth:`read_into`.
+        """
+        if self.kind is not TierKind.RAM:
+            raise InvalidCacheValue("tier", f"{self.name} rows are read with read_into, not mapped")
+        key, path = self._resolve(key_or_location)
+        fd = self._open(path)
+        try:
+            meta = read_meta(fd, expected_key=key)
+            mapped = mmap.mmap(
+                fd, meta.file_size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ
+            )
+        finally:
+            os.close(fd)
+        view = memoryview(mapped)
+        payload = view[meta.payload_offset : meta.file_size]
+        try:
+            if crc32c.crc32c(payload) != meta.payload_crc32c:
+                raise KvcCorrupt("payload_crc", "payload checksum mismatch")
+            yield payload
+        finally:
+            try:
+                payload.release()
+                view.release()
+                mapped.close()
+            except BufferError:
+                # The caller kept an export of the view; the mapping goes away
+                # with the last reference instead.
+                log.warning("cache.mapping_kept_alive", tier=self.name, path=str(path))
 
     def persist_stats(
         self, key_or_location: bytes | str | os.PathLike[str], hits: int, last_used_ns: int

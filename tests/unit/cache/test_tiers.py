@@ -233,3 +233,26 @@ def test_a_tier_configured_twice_is_refused(tmp_path: Path) -> None:
     cfg = TierConfig(TierKind.DISK, tmp_path, 1)
     with pytest.raises(InvalidCacheValue):
         build_tiers([cfg, cfg])
+
+
+def test_mapped_payload_is_the_validated_ram_row_in_place(ram: Tier, disk: Tier) -> None:
+    payload = os.urandom(300_000)
+    spec = put(ram, [8, 9], payload)
+    with ram.mapped_payload(spec.key) as view:
+        assert view.nbytes == len(payload)
+        assert view == payload
+    with pytest.raises(ValueError):
+        view.tobytes()  # released at the end of the block
+    with pytest.raises(InvalidCacheValue), disk.mapped_payload(put(disk, [1], b"x").key):
+        pass
+
+
+def test_mapped_payload_of_a_damaged_segment_is_refused(ram: Tier) -> None:
+    spec = put(ram, [8, 9], os.urandom(100_000))
+    path = ram.path_for(spec.key)
+    with open(path, "r+b") as f:
+        f.seek(-10, os.SEEK_END)
+        f.write(b"\xff")
+    with pytest.raises(KvcCorrupt) as err, ram.mapped_payload(spec.key):
+        pytest.fail("a corrupt row was handed out")
+    assert err.value.reason == "payload_crc"
