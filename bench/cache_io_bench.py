@@ -9,7 +9,10 @@ The payload is 2048 tokens x 23,040 bytes (47 MB, the default model's KV per
 - load: a full validated read (header, TLV, key, payload CRC32C) into a
   reusable pre-faulted buffer, beside a plain ``memcpy`` of the same bytes and
   a plain ``pread`` of the same bytes from a file in the same directory (page
-  cache warm).
+  cache warm);
+- for ``ram``, also a mapped restore: map the segment and CRC-check the
+  payload in place, the bytes ``llama_state_seq_set_data`` can read with no
+  intermediate buffer.
 
 Measurements are interleaved rep by rep so that load from other processes
 hits all columns alike; medians are reported. Bars (issue 4): ``ram`` load
@@ -82,6 +85,12 @@ def plain_read(path: Path, buf: bytearray) -> None:
         os.close(fd)
 
 
+def validate_mapped(tier: Tier, key: bytes) -> None:
+    """A ram restore without the buffer copy: map and CRC-check in place."""
+    with tier.mapped_payload(key) as view:
+        assert view.nbytes == PAYLOAD_LEN
+
+
 def bench_tier(tier: Tier, payload: bytes, reps: int) -> dict[str, list[float]]:
     meta = CacheMeta(
         MetaConfig(quotas={tier.name: 8 * PAYLOAD_LEN}),
@@ -91,7 +100,7 @@ def bench_tier(tier: Tier, payload: bytes, reps: int) -> dict[str, list[float]]:
     writer = LocalMeta(meta)
     plain = tier.root / f"plain-{uuid.uuid4().hex}.bin"
     out: dict[str, list[float]] = {
-        k: [] for k in ("save", "write", "first_load", "load", "memcpy", "read")
+        k: [] for k in ("save", "write", "first_load", "load", "mapped", "memcpy", "read")
     }
     buf = prefaulted(PAYLOAD_LEN)
     scratch = prefaulted(PAYLOAD_LEN)
@@ -118,6 +127,8 @@ def bench_tier(tier: Tier, payload: bytes, reps: int) -> dict[str, list[float]]:
                 out["memcpy"].append(timed(lambda: scratch_view.__setitem__(slice(None), payload)))
                 out["read"].append(timed(lambda: plain_read(plain, scratch)))
                 out["load"].append(timed(load_row))
+                if tier.kind is TierKind.RAM:
+                    out["mapped"].append(timed(functools.partial(validate_mapped, tier, spec.key)))
             # Keep the tier small: only the latest row stays.
             if len(keys) > 1:
                 ref = meta.lookup_exact(keys[-2])
@@ -162,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                     ms(median(r["first_load"])),
                     ms(load),
                     ms(percentile(r["load"], 90)),
+                    ms(median(r["mapped"])) if r["mapped"] else "-",
                     ms(memcpy),
                     ms(read),
                     f"{load / memcpy:.2f}",
@@ -189,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         "first load ms",
         "load ms (p50)",
         "load ms (p90)",
+        "mapped, no copy ms",
         "memcpy ms",
         "plain read ms",
         "load/memcpy",
