@@ -1,0 +1,772 @@
+"""The serving side: an actor owns an endpoint and answers validated requests.
+
+An :class:`Actor` binds one ROUTER socket, checks every inbound message
+against the wire format and its op's declared schema, and runs the op's
+handler. A handler failure becomes an error reply; the actor keeps serving.
+
+Two ways to run one:
+
+- a plain actor calls :meth:`Actor.serve_forever` (SIGTERM/SIGINT stop it
+  cleanly);
+- an actor embedded in a loop that does other work (a model worker's tick
+  loop, cache-meta with writer threads) calls :meth:`Actor.poll` each
+  iteration: ``poll(0)`` handles what is queued without blocking,
+  ``poll(timeout)`` sleeps until a message, a timer, a watched fd
+  (:meth:`Actor.add_reader`) or :meth:`Actor.wake` (thread- and signal-safe).
+
+Everything else (sending through handles, registering ops) happens on the
+thread that started the actor. ZeroMQ state is created in :meth:`start`, in
+the process that serves, never inherited across ``fork``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import heapq
+import itertools
+import os
+import secrets
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any, Final, cast
+
+import msgspec
+import structlog
+import zmq
+
+from llamad.actors.errors import ActorConfigError, WrongProcess
+from llamad.actors.handles import Peer, PendingReply, Request, StreamSender, _internal
+from llamad.actors.monitor import ProcessRef, ProcessWatch
+from llamad.actors.ops import OpKind, OpSpec
+from llamad.actors.registry import Registration, Registry, check_name
+from llamad.actors.sockets import configure, validate_endpoint
+from llamad.actors.wire import (
+    CLIENT_KINDS,
+    Blob,
+    Hello,
+    Kind,
+    Limits,
+    Message,
+    Rejected,
+    Welcome,
+    decode_body,
+    decode_envelope,
+    encode_envelope,
+    error_body,
+)
+from llamad.errors import BadRequest, LlamadError, TooLarge, Unavailable, UnknownOp
+
+__all__ = ["Actor", "ActorStats", "Handler"]
+
+log = structlog.get_logger("llamad.actors")
+
+Handler = Callable[[Request[Any]], Any]
+"""A handler takes the validated request and returns the reply body (calls),
+an iterator of events or the end body (streams), or ``None`` (casts)."""
+
+_HELLO: Final = msgspec.msgpack.Decoder(Hello)
+_MAX_BATCH: Final = 256  # messages per poll() before yielding to the owner's loop
+_PEER_SWEEP_S: Final = 0.05  # how often a busy actor checks for dead peers
+_LOG_EVERY_S: Final = 1.0  # rate limit of logs about malformed input, per error code
+
+
+@dataclass(slots=True)
+class ActorStats:
+    """Counters of one actor's life (exposed by the ``$info`` op)."""
+
+    received: int = 0
+    replies: int = 0
+    errors: int = 0
+    events: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+    handler_failures: int = 0
+    send_dropped: int = 0
+    peers_down: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Route:
+    spec: OpSpec
+    handler: Handler
+
+
+class Actor:
+    """A named actor serving ops on one endpoint (see module doc).
+
+    ``endpoint`` defaults to the registry's deterministic ``ipc://`` path for
+    ``name``; ``tcp://HOST:0`` binds an ephemeral port (read :attr:`endpoint`
+    after :meth:`start`). With ``register=True`` (default) the actor claims
+    ``name`` in ``registry`` (default :class:`Registry`) so clients can find
+    it by name and follow its restarts.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        endpoint: str | None = None,
+        registry: Registry | None = None,
+        register: bool = True,
+        limits: Limits | None = None,
+    ) -> None:
+        self.name = check_name(name)
+        if endpoint is not None:
+            validate_endpoint(endpoint)
+        elif not register:
+            raise ActorConfigError("endpoint", "required when the actor is not registered")
+        self.limits = limits or Limits()
+        self._endpoint_arg = endpoint
+        self._registry = registry
+        self._register = register
+        self._routes: dict[str, _Route] = {}
+        self._peer_down: list[Callable[[Peer, str], None]] = []
+        self.stats = ActorStats()
+        self.instance = ""
+        self.endpoint = ""
+        self._pid = 0
+        self._state = "new"
+        self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
+        self._sock: zmq.Socket[bytes] | None = None
+        self._poller = zmq.Poller()
+        self._poller_dirty = True
+        self._wake_fd = -1
+        self._readers: dict[int, Callable[[], None]] = {}
+        self._registration: Registration | None = None
+        self._peers: dict[bytes, Peer] = {}
+        self._peers_by_pid: dict[int, set[bytes]] = {}
+        self._watch = ProcessWatch()
+        self._last_sweep = 0.0
+        self._timers: list[tuple[float, int, PendingReply]] = []
+        self._timer_seq = itertools.count()
+        self._stop_requested = False
+        self._log_state: dict[str, tuple[float, int]] = {}
+        self.add_op(OpSpec("$ping", OpKind.CALL, body=Any), self._op_ping, _builtin=True)
+        self.add_op(OpSpec("$info", OpKind.CALL, body=Any), self._op_info, _builtin=True)
+
+    # -- declaration ---------------------------------------------------------
+
+    def add_op(self, spec: OpSpec, handler: Handler, *, _builtin: bool = False) -> None:
+        """Serve ``spec`` with ``handler``. Names starting with ``$`` are reserved."""
+        if spec.name.startswith("$") and not _builtin:
+            raise ActorConfigError("name", f"{spec.name!r}: names starting with '$' are reserved")
+        if spec.name in self._routes:
+            raise ActorConfigError("name", f"op {spec.name!r} is already declared")
+        if spec.max_blobs > self.limits.max_blobs:
+            raise ActorConfigError(
+                "max_blobs", f"op {spec.name!r} allows more blobs than the actor's limit"
+            )
+        self._routes[spec.name] = _Route(spec, handler)
+
+    def op(
+        self, name: str, kind: OpKind | str = OpKind.CALL, *, body: Any = dict[str, Any], **kw: Any
+    ) -> Callable[[Handler], Handler]:
+        """Decorator form of :meth:`add_op`: ``@actor.op("echo", body=Echo)``."""
+
+        def register(handler: Handler) -> Handler:
+            self.add_op(OpSpec(name, OpKind(kind), body=body, **kw), handler)
+            return handler
+
+        return register
+
+    def on_peer_down(self, callback: Callable[[Peer, str], None]) -> None:
+        """Run ``callback(peer, reason)`` when a client goes away (after its
+        open requests were cancelled). Reasons: ``peer_closed`` (it said bye),
+        ``peer_died`` (its process exited), ``unreachable`` (a send found no
+        connection)."""
+        self._peer_down.append(callback)
+
+    def add_reader(self, fd: int, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` from :meth:`poll` whenever ``fd`` is readable."""
+        self._readers[fd] = callback
+        self._poller_dirty = True
+
+    def remove_reader(self, fd: int) -> None:
+        self._readers.pop(fd, None)
+        self._poller_dirty = True
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def start(self) -> str:
+        """Create the ZeroMQ context and socket here, bind, register; return
+        the bound endpoint."""
+        if self._state != "new":
+            raise RuntimeError(f"actor {self.name!r} is {self._state}, cannot start")
+        self._pid = os.getpid()
+        self.instance = secrets.token_hex(8)
+        registry = self._registry
+        if self._register and registry is None:
+            registry = self._registry = Registry()
+        endpoint = self._endpoint_arg
+        if endpoint is None:
+            assert registry is not None
+            endpoint = registry.ipc_endpoint(self.name)
+        if self._register:
+            assert registry is not None
+            self._registration = registry.claim(self.name)
+        try:
+            self._ctx = zmq.Context()
+            sock = self._ctx.socket(zmq.ROUTER)
+            self._sock = sock
+            configure(sock, self.limits, linger_s=self.limits.linger_s, tcp=_is_tcp(endpoint))
+            sock.bind(endpoint)
+            self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            if self._registration is not None:
+                self._registration.publish(self.endpoint, self.instance)
+        except BaseException:
+            self._teardown()
+            raise
+        self._state = "running"
+        log.info(
+            "actor.started",
+            actor=self.name,
+            endpoint=self.endpoint,
+            pid=self._pid,
+            instance=self.instance,
+        )
+        return self.endpoint
+
+    def request_stop(self) -> None:
+        """Ask :meth:`serve_forever` to return (thread- and signal-safe)."""
+        self._stop_requested = True
+        self.wake()
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop_requested
+
+    def wake(self) -> None:
+        """Interrupt a blocking :meth:`poll` (thread- and signal-safe)."""
+        if self._wake_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.eventfd_write(self._wake_fd, 1)
+
+    def serve_forever(self, *, handle_signals: bool = True) -> None:
+        """Serve until :meth:`request_stop` (or SIGTERM/SIGINT), then close."""
+        if self._state == "new":
+            self.start()
+        previous: dict[signal.Signals, Any] = {}
+        if handle_signals and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, self._on_signal)
+        try:
+            while not self._stop_requested:
+                self.poll(None)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self.close()
+
+    def close(self) -> None:
+        """Fail what is still open, close the socket, then the context. Idempotent."""
+        if self._state != "running":
+            self._teardown()
+            return
+        self._check_process()
+        self._state = "closing"
+        stopping = Unavailable(f"actor {self.name!r} is stopping")
+        for peer in list(self._peers.values()):
+            for handle in list(peer.open.values()):
+                handle.fail(stopping)
+        self._teardown()
+        log.info("actor.stopped", actor=self.name, pid=self._pid, instance=self.instance)
+
+    def __enter__(self) -> Actor:
+        if self._state == "new":
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def running(self) -> bool:
+        return self._state == "running"
+
+    @property
+    def peers(self) -> list[Peer]:
+        """Connected clients that completed the handshake."""
+        return list(self._peers.values())
+
+    # -- the loop step -------------------------------------------------------
+
+    def poll(self, timeout: float | None = 0.0) -> int:
+        """Handle what is pending, waiting up to ``timeout`` seconds (``None``:
+        until something happens) if nothing is; return messages handled."""
+        self._check_process()
+        if self._state != "running":
+            raise RuntimeError(f"actor {self.name!r} is not running")
+        handled = self._drain()
+        if handled == 0 and (timeout is None or timeout > 0):
+            handled = self._wait(timeout)
+        elif time.monotonic() - self._last_sweep > _PEER_SWEEP_S:
+            self._peers_exited(self._watch.exited())
+        if self._timers:
+            self._fire_timers()
+        return handled
+
+    def _wait(self, timeout: float | None) -> int:
+        if self._poller_dirty:
+            self._rebuild_poller()
+        budget = timeout
+        if self._timers:
+            until = max(0.0, self._timers[0][0] - time.monotonic())
+            budget = until if budget is None else min(budget, until)
+        interval = self._watch.poll_interval()
+        if interval is not None:
+            budget = interval if budget is None else min(budget, interval)
+        ms = None if budget is None else max(0, int(budget * 1000 + 0.999))
+        ready = self._poller.poll(ms)
+        fds: list[int] = []
+        for item, _ in ready:
+            if item is self._sock:
+                continue
+            assert isinstance(item, int)
+            if item == self._wake_fd:
+                with contextlib.suppress(BlockingIOError):
+                    os.eventfd_read(self._wake_fd)
+            elif item in self._readers:
+                self._run_reader(item)
+            else:
+                fds.append(item)
+        self._peers_exited(self._watch.exited(fds))
+        return self._drain()
+
+    def _rebuild_poller(self) -> None:
+        poller = zmq.Poller()
+        assert self._sock is not None
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._wake_fd, zmq.POLLIN)
+        for fd in self._readers:
+            poller.register(fd, zmq.POLLIN)
+        for fd in self._watch.fds():
+            poller.register(fd, zmq.POLLIN)
+        self._poller = poller
+        self._poller_dirty = False
+
+    def _run_reader(self, fd: int) -> None:
+        try:
+            self._readers[fd]()
+        except Exception:
+            log.exception("actor.reader_failed", actor=self.name, fd=fd)
+
+    def _drain(self) -> int:
+        sock = self._sock
+        assert sock is not None
+        max_blobs = self.limits.max_blobs
+        handled = 0
+        # EVENTS first: cheaper than letting recv raise Again on an empty queue.
+        while handled < _MAX_BATCH and cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            ident = sock.recv(zmq.NOBLOCK)
+            header: bytes | None = None
+            blobs: list[memoryview] = []
+            extra = 0
+            if sock.getsockopt(zmq.RCVMORE):
+                header = sock.recv(zmq.NOBLOCK)
+                # Every part of a multipart message must be read even when
+                # the message is refused, or it would poison the next one.
+                while sock.getsockopt(zmq.RCVMORE):
+                    frame = sock.recv(zmq.NOBLOCK, copy=False)
+                    if len(blobs) < max_blobs:
+                        blobs.append(frame.buffer)
+                    else:
+                        extra += 1
+            handled += 1
+            self.stats.received += 1
+            self._handle(ident, header, blobs, extra)
+        return handled
+
+    # -- inbound -------------------------------------------------------------
+
+    def _handle(
+        self, ident: bytes, header: bytes | None, blobs: list[memoryview], extra: int
+    ) -> None:
+        if header is None:
+            self._refuse(ident, 0, None, BadRequest("message has no header frame"))
+            return
+        try:
+            env = decode_envelope(header, self.limits.max_header_bytes, CLIENT_KINDS)
+        except Rejected as rej:
+            self._refuse(ident, rej.cid, rej.kind, rej.error)
+            return
+        kind = env.kind
+        if extra:
+            self._refuse(
+                ident,
+                env.cid,
+                kind,
+                TooLarge(
+                    f"{len(blobs) + extra} binary frames exceed the limit of "
+                    f"{self.limits.max_blobs}",
+                    details={"limit": self.limits.max_blobs},
+                ),
+            )
+            return
+        peer = self._peers.get(ident)
+        if kind == Kind.HELLO:
+            self._hello(ident, env.cid, env.body)
+            return
+        if kind == Kind.CANCEL:
+            if peer is not None and (handle := peer.open.get(env.cid)) is not None:
+                handle._cancel("cancelled")
+            return
+        if kind == Kind.BYE:
+            if peer is not None:
+                self._peer_gone(peer, "peer_closed")
+            return
+        if peer is None:
+            self._refuse(ident, env.cid, kind, BadRequest("no handshake: send HELLO first"))
+            return
+        route = self._routes.get(env.op)
+        if route is None:
+            self._refuse(
+                ident, env.cid, kind, UnknownOp(f"unknown op {env.op!r}", details={"op": env.op})
+            )
+            return
+        spec = route.spec
+        if spec.kind.wire_kind != kind:
+            self._refuse(
+                ident,
+                env.cid,
+                kind,
+                BadRequest(f"op {env.op!r} is a {spec.kind} op, not {Kind(kind).name.lower()}"),
+            )
+            return
+        if not spec.min_blobs <= len(blobs) <= spec.max_blobs:
+            self._refuse(
+                ident,
+                env.cid,
+                kind,
+                BadRequest(
+                    f"op {env.op!r} takes {spec.min_blobs}..{spec.max_blobs} binary frames, "
+                    f"got {len(blobs)}"
+                ),
+            )
+            return
+        if kind != Kind.CAST and (env.cid == 0 or env.cid in peer.open):
+            self._refuse(
+                ident, env.cid, kind, BadRequest(f"correlation id {env.cid} is 0 or in use")
+            )
+            return
+        try:
+            body = decode_body(env.body, spec.decoder)
+        except BadRequest as exc:
+            self._refuse(ident, env.cid, kind, exc)
+            return
+        self._dispatch(
+            route, Request(self, peer, Kind(kind), env.cid, env.op, body=body, blobs=tuple(blobs))
+        )
+
+    def _dispatch(self, route: _Route, req: Request[Any]) -> None:
+        try:
+            result = route.handler(req)
+            if req.kind == Kind.CALL:
+                if req.handle is None:
+                    self._send_result(req.peer, Kind.REPLY, req.cid, result, req.op)
+            elif req.kind == Kind.STREAM:
+                took_sender = req.handle is not None
+                if isinstance(result, Iterator):
+                    self._run_stream(req.stream(), result)
+                elif not took_sender:
+                    # The handler finished the stream by returning: the value
+                    # is the terminal body. Taking the sender means "later".
+                    self._send_end(req.stream(), result)
+        except Exception as exc:
+            self._handler_failed(req, exc)
+
+    def _run_stream(self, sender: StreamSender, events: Iterator[Any]) -> None:
+        try:
+            while not sender.done:
+                try:
+                    item = next(events)
+                except StopIteration as stop:
+                    self._send_end(sender, stop.value)
+                    return
+                if isinstance(item, Message):
+                    sender.emit(item.body, item.blobs)
+                else:
+                    sender.emit(item)
+        finally:
+            close = getattr(events, "close", None)
+            if close is not None:
+                close()
+
+    def _send_end(self, sender: StreamSender, result: Any) -> None:
+        if isinstance(result, Message):
+            sender.end(result.body, result.blobs)
+        else:
+            sender.end(result)
+
+    def _handler_failed(self, req: Request[Any], exc: Exception) -> None:
+        if isinstance(exc, LlamadError):
+            err = exc
+            log.info(
+                "actor.handler_refused",
+                actor=self.name,
+                op=req.op,
+                code=err.code,
+                error=err.message,
+            )
+        else:
+            self.stats.handler_failures += 1
+            err = _internal(exc, req.op)
+            log.error(
+                "actor.handler_failed", actor=self.name, op=req.op, error=err.message, exc_info=exc
+            )
+        if req.kind == Kind.CAST:
+            return
+        handle = req.handle
+        if handle is None:
+            self._send_error(req.peer, req.cid, err)
+        elif not handle.done:
+            handle.fail(err)
+
+    def _hello(self, ident: bytes, cid: int, raw: msgspec.Raw) -> None:
+        try:
+            hello = decode_body(raw, _HELLO)
+        except BadRequest as exc:
+            self._refuse(ident, cid, Kind.HELLO, exc)
+            return
+        ref = ProcessRef(hello.pid, hello.start_ticks, hello.boot_id, hello.pidns)
+        local = ref.is_local()
+        if local and not self._watch.watch(ref):
+            self._refuse(ident, cid, Kind.HELLO, BadRequest(f"no live process {hello.pid}"))
+            return
+        old = self._peers.get(ident)
+        if old is not None and old.process != ref:
+            self._peer_gone(old, "peer_closed")
+        peer = Peer(ident, ref, hello.name, local)
+        if old is not None and old.process == ref:
+            peer.open = old.open
+        self._peers[ident] = peer
+        self._peers_by_pid.setdefault(ref.pid, set()).add(ident)
+        self._poller_dirty = True
+        me = ProcessRef.current()
+        welcome = Welcome(
+            name=self.name,
+            instance=self.instance,
+            pid=me.pid,
+            start_ticks=me.start_ticks,
+            boot_id=me.boot_id,
+            pidns=me.pidns,
+            max_frame_bytes=self.limits.max_frame_bytes,
+            max_header_bytes=self.limits.max_header_bytes,
+            max_blobs=self.limits.max_blobs,
+            ops={name: str(r.spec.kind) for name, r in self._routes.items()},
+        )
+        self._send_body(peer, Kind.REPLY, cid, welcome, (), op="$hello")
+        log.debug("actor.peer_up", actor=self.name, peer_pid=ref.pid, peer=hello.name)
+
+    # -- peers ---------------------------------------------------------------
+
+    def _peers_exited(self, dead: list[ProcessRef]) -> None:
+        self._last_sweep = time.monotonic()
+        for ref in dead:
+            self._poller_dirty = True
+            for ident in list(self._peers_by_pid.get(ref.pid, ())):
+                peer = self._peers.get(ident)
+                if peer is not None and peer.process == ref:
+                    self._peer_gone(peer, "peer_died")
+
+    def _peer_gone(self, peer: Peer, reason: str) -> None:
+        if not peer.connected:
+            return
+        peer.connected = False
+        self.stats.peers_down += 1
+        if self._peers.get(peer.routing_id) is peer:
+            del self._peers[peer.routing_id]
+        same_pid = self._peers_by_pid.get(peer.process.pid)
+        if same_pid is not None:
+            same_pid.discard(peer.routing_id)
+            if not same_pid:
+                del self._peers_by_pid[peer.process.pid]
+                self._watch.unwatch(peer.process)
+                self._poller_dirty = True
+        cancelled = len(peer.open)
+        for handle in list(peer.open.values()):
+            handle._cancel(reason)
+        log.info(
+            "actor.peer_down",
+            actor=self.name,
+            peer_pid=peer.process.pid,
+            peer=peer.name,
+            reason=reason,
+            cancelled=cancelled,
+        )
+        for callback in self._peer_down:
+            try:
+                callback(peer, reason)
+            except Exception:
+                log.exception("actor.peer_down_callback_failed", actor=self.name)
+
+    # -- outbound ------------------------------------------------------------
+
+    def _send_result(self, peer: Peer, kind: Kind, cid: int, result: Any, op: str) -> bool:
+        if isinstance(result, Message):
+            return self._send_body(peer, kind, cid, result.body, result.blobs, op=op)
+        return self._send_body(peer, kind, cid, result, (), op=op)
+
+    def _send_error(self, peer: Peer, cid: int, error: LlamadError) -> bool:
+        self.stats.errors += 1
+        return self._send_frames(peer, encode_envelope(Kind.ERROR, cid, "", error_body(error)), ())
+
+    def _send_body(
+        self,
+        peer: Peer,
+        kind: Kind,
+        cid: int,
+        body: Any,
+        blobs: Sequence[Blob],
+        *,
+        op: str,
+        stream: StreamSender | None = None,
+    ) -> bool:
+        try:
+            header = encode_envelope(kind, cid, "", body)
+        except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
+            self.stats.handler_failures += 1
+            log.error("actor.unencodable", actor=self.name, op=op, kind=kind.name, error=str(exc))
+            err = LlamadError(f"{op}: the answer could not be encoded: {exc}", details={"op": op})
+            if stream is not None:
+                stream._close()
+            self._send_error(peer, cid, err)
+            return False
+        if kind == Kind.EVENT:
+            self.stats.events += 1
+        else:
+            self.stats.replies += 1
+        sent = self._send_frames(peer, header, blobs)
+        if not sent and stream is not None and not stream.done and peer.connected:
+            stream._cancel("backpressure")
+        return sent
+
+    def _send_frames(self, peer: Peer, header: bytes, blobs: Sequence[Blob]) -> bool:
+        if not peer.connected or self._sock is None:
+            return False
+        return self._send_raw(peer.routing_id, header, blobs, peer)
+
+    def _send_raw(
+        self, ident: bytes, header: bytes, blobs: Sequence[Blob], peer: Peer | None
+    ) -> bool:
+        sock = self._sock
+        assert sock is not None
+        try:
+            sock.send(ident, zmq.SNDMORE | zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            if exc.errno == errno.EHOSTUNREACH:
+                if peer is not None:
+                    self._peer_gone(peer, "unreachable")
+                return False
+            if exc.errno == errno.EAGAIN:
+                self.stats.send_dropped += 1
+                self._log_limited("actor.send_dropped", "hwm", reason="peer queue full")
+                return False
+            raise
+        # After the routing frame is accepted the rest of the message cannot
+        # fail: ZeroMQ queues multipart messages atomically.
+        if not blobs:
+            sock.send(header)
+            return True
+        sock.send(header, zmq.SNDMORE)
+        last = len(blobs) - 1
+        for i, blob in enumerate(blobs):
+            sock.send(blob, 0 if i == last else zmq.SNDMORE, copy=False)
+        return True
+
+    def _refuse(self, ident: bytes, cid: int, kind: int | None, error: LlamadError) -> None:
+        counts = self.stats.rejected
+        counts[error.code] = counts.get(error.code, 0) + 1
+        self._log_limited("actor.rejected", error.code, error=error.message)
+        if kind in (Kind.CAST, Kind.CANCEL, Kind.BYE):
+            return  # the sender expects no answer to these
+        self.stats.errors += 1
+        self._send_raw(ident, encode_envelope(Kind.ERROR, cid, "", error_body(error)), (), None)
+
+    def _log_limited(self, event: str, key: str, **fields: Any) -> None:
+        now = time.monotonic()
+        last, suppressed = self._log_state.get(key, (0.0, 0))
+        if now - last < _LOG_EVERY_S:
+            self._log_state[key] = (last, suppressed + 1)
+            return
+        self._log_state[key] = (now, 0)
+        log.warning(event, actor=self.name, code=key, suppressed=suppressed, **fields)
+
+    # -- timers --------------------------------------------------------------
+
+    def _schedule(self, delay: float, handle: PendingReply) -> None:
+        deadline = time.monotonic() + max(0.0, delay)
+        heapq.heappush(self._timers, (deadline, next(self._timer_seq), handle))
+
+    def _fire_timers(self) -> None:
+        now = time.monotonic()
+        while self._timers and self._timers[0][0] <= now:
+            _, _, handle = heapq.heappop(self._timers)
+            if not handle.done:
+                handle._expire()
+
+    # -- built-in ops --------------------------------------------------------
+
+    def _op_ping(self, req: Request[Any]) -> dict[str, Any]:
+        return {"pid": self._pid, "instance": self.instance, "name": self.name}
+
+    def _op_info(self, req: Request[Any]) -> dict[str, Any]:
+        s = self.stats
+        return {
+            "name": self.name,
+            "instance": self.instance,
+            "pid": self._pid,
+            "endpoint": self.endpoint,
+            "peers": len(self._peers),
+            "open": sum(len(p.open) for p in self._peers.values()),
+            "ops": {n: str(r.spec.kind) for n, r in self._routes.items()},
+            "stats": {
+                "received": s.received,
+                "replies": s.replies,
+                "errors": s.errors,
+                "events": s.events,
+                "rejected": dict(s.rejected),
+                "handler_failures": s.handler_failures,
+                "send_dropped": s.send_dropped,
+                "peers_down": s.peers_down,
+            },
+        }
+
+    # -- internals -----------------------------------------------------------
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.request_stop()
+
+    def _check_process(self) -> None:
+        if self._pid and os.getpid() != self._pid:
+            raise WrongProcess(
+                f"actor {self.name!r} was started in pid {self._pid}; ZeroMQ state "
+                "cannot be used after fork"
+            )
+
+    def _teardown(self) -> None:
+        if self._sock is not None:
+            self._sock.close(linger=round(self.limits.linger_s * 1000))
+            self._sock = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+        if self._wake_fd >= 0:
+            os.close(self._wake_fd)
+            self._wake_fd = -1
+        self._watch.close()
+        if self._registration is not None:
+            self._registration.release()
+            self._registration = None
+        self._peers.clear()
+        self._peers_by_pid.clear()
+        self._timers.clear()
+        self._state = "closed"
+
+
+def _is_tcp(endpoint: str) -> bool:
+    return endpoint.startswith("tcp://")

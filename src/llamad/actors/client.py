@@ -1,0 +1,634 @@
+"""The calling side: a blocking client of one actor.
+
+A :class:`Client` owns one DEALER socket (and its own ZeroMQ context, created
+in the process and at the moment it first connects). It multiplexes any
+number of open calls and streams by correlation id, so a thread can hold a
+stream open while making calls.
+
+**Handshake.** On connect the client sends HELLO (protocol version and its
+own process identity) and gets a :class:`~llamad.actors.wire.Welcome` with
+the actor's identity and limits; a version mismatch fails the connect with
+:class:`~llamad.errors.VersionMismatch`.
+
+**Crash detection.** When the actor runs on this host (same boot and pid
+namespace) the client watches its pid with a pidfd in the same poll as the
+socket: a caller blocked in :meth:`Client.call` wakes the moment the actor's
+process exits and gets :class:`~llamad.errors.WorkerCrashed`, and open
+streams end with that error. For a remote actor (or ``watch="connection"``)
+a ZeroMQ socket monitor's disconnect event is used instead.
+
+**Reconnect.** After a crash the client is *down*: the next call reconnects
+first. While the actor is not back, calls fail fast with
+:class:`~llamad.errors.Unavailable` (a registered actor with no live record,
+or an ipc endpoint nobody listens on, is refused without waiting; other
+endpoints wait at most ``connect_timeout``). Once the actor is back (a
+restart under the same name, possibly on a new endpoint) calls work again
+with no action from the caller.
+
+A client is not thread-safe: use one per thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Final, Literal, cast
+
+import msgspec
+import structlog
+import zmq
+
+from llamad.actors.errors import ClientClosed, WrongProcess
+from llamad.actors.monitor import ProcessRef, ProcessWatch
+from llamad.actors.registry import Registry, check_name
+from llamad.actors.sockets import configure, ipc_listening, validate_endpoint
+from llamad.actors.wire import (
+    MAX_CID,
+    SERVER_KINDS,
+    Blob,
+    Hello,
+    Kind,
+    Limits,
+    Message,
+    Rejected,
+    Welcome,
+    decode_envelope,
+    encode_envelope,
+    oversized_blob,
+)
+from llamad.errors import (
+    LlamadError,
+    RequestTimeout,
+    TooLarge,
+    Unavailable,
+    WorkerCrashed,
+    from_wire,
+)
+
+__all__ = ["Client", "StreamCall"]
+
+log = structlog.get_logger("llamad.actors")
+
+Watch = Literal["auto", "process", "connection"]
+
+_EMPTY: Final[Any] = object()
+_WELCOME: Final = msgspec.msgpack.Decoder(Welcome)
+_ANY: Final = msgspec.msgpack.Decoder()
+_DECODERS: dict[Any, msgspec.msgpack.Decoder[Any]] = {}
+_LATE_REPLY_GRACE_S: Final = 0.01
+_CLIENT_LIMITS: Final = Limits(linger_s=0.0)
+
+
+@dataclass(slots=True)
+class _Arrival:
+    kind: Kind
+    body: msgspec.Raw | None
+    blobs: tuple[memoryview, ...]
+    error: LlamadError | None = None
+
+
+class _Slot:
+    __slots__ = ("arrivals", "terminal")
+
+    def __init__(self) -> None:
+        self.arrivals: deque[_Arrival] = deque()
+        self.terminal = False
+
+
+class Client:
+    """Blocking client of one actor, reached by ``endpoint`` or registered ``name``.
+
+    ``timeout`` is the default for :meth:`call`; ``connect_timeout`` bounds
+    each (re)connect handshake. ``watch`` picks crash detection: ``auto``
+    (pidfd when the actor is local, else connection events), ``process`` or
+    ``connection``.
+    """
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        *,
+        name: str | None = None,
+        registry: Registry | None = None,
+        timeout: float | None = 30.0,
+        connect_timeout: float = 2.0,
+        limits: Limits | None = None,
+        client_name: str = "",
+        watch: Watch = "auto",
+    ) -> None:
+        if (endpoint is None) == (name is None):
+            raise ValueError("give exactly one of endpoint or name")
+        self._endpoint = validate_endpoint(endpoint) if endpoint is not None else None
+        self._name = check_name(name) if name is not None else None
+        self._registry = registry if registry is not None or name is None else Registry()
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.limits = limits or _CLIENT_LIMITS
+        self.client_name = client_name
+        self.watch_mode: Watch = watch
+        self._pid = os.getpid()
+        self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
+        self._sock: zmq.Socket[bytes] | None = None
+        self._monitor: zmq.Socket[bytes] | None = None
+        self._poller = zmq.Poller()
+        self._watch = ProcessWatch()
+        self._server: Welcome | None = None
+        self._server_ref: ProcessRef | None = None
+        self._slots: dict[int, _Slot] = {}
+        self._next_cid = 0
+        self._closed = False
+
+    # -- connection ----------------------------------------------------------
+
+    @property
+    def server(self) -> Welcome | None:
+        """The actor's handshake reply while connected, else ``None``."""
+        return self._server
+
+    @property
+    def connected(self) -> bool:
+        return self._sock is not None and self._server is not None
+
+    @property
+    def target(self) -> str:
+        return self._name if self._name is not None else str(self._endpoint)
+
+    def connect(self, timeout: float | None = None) -> Welcome:
+        """Handshake now (otherwise the first request does it), retrying until
+        ``timeout`` (default ``connect_timeout``) while the actor is not up."""
+        self._check_usable()
+        deadline = time.monotonic() + (self.connect_timeout if timeout is None else timeout)
+        while True:
+            try:
+                return self._ensure_connected(deadline)
+            except Unavailable:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.01)
+
+    def close(self) -> None:
+        """Say goodbye, close the socket, then the context. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if os.getpid() != self._pid:
+            return  # a forked copy must not touch the parent's ZeroMQ state
+        if self._sock is not None and self._server is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._sock.send(encode_envelope(Kind.BYE, 0, "", None), zmq.NOBLOCK)
+        self._disconnect()
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+        self._fail_all(ClientClosed("client closed"))
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- requests ------------------------------------------------------------
+
+    def call(
+        self,
+        op: str,
+        body: Any = _EMPTY,
+        *,
+        blobs: Sequence[Blob] = (),
+        timeout: float | None = _EMPTY,
+        reply_type: Any = Any,
+    ) -> Any:
+        """Call ``op`` and return the reply body, or raise the actor's typed error.
+
+        ``timeout`` (default: the client's) raises
+        :class:`~llamad.errors.RequestTimeout` and tells the actor to give up;
+        the actor dying raises :class:`~llamad.errors.WorkerCrashed` at once.
+        ``reply_type`` decodes (and validates) the body into a msgspec type.
+        """
+        return self.request(op, body, blobs=blobs, timeout=timeout, reply_type=reply_type).body
+
+    def request(
+        self,
+        op: str,
+        body: Any = _EMPTY,
+        *,
+        blobs: Sequence[Blob] = (),
+        timeout: float | None = _EMPTY,
+        reply_type: Any = Any,
+    ) -> Message:
+        """Like :meth:`call` but return the whole reply, blobs included."""
+        limit = self.timeout if timeout is _EMPTY else timeout
+        deadline = None if limit is None else time.monotonic() + limit
+        cid = self._open(Kind.CALL, op, body, blobs, deadline)
+        slot = self._slots[cid]
+        try:
+            arrival = self._next_arrival(slot, deadline)
+        except RequestTimeout:
+            self._cancel_remote(cid)
+            raise
+        finally:
+            self._slots.pop(cid, None)
+        if arrival.error is not None:
+            raise arrival.error
+        assert arrival.body is not None
+        return Message(_decode(arrival.body, reply_type), arrival.blobs)
+
+    def cast(self, op: str, body: Any = _EMPTY, *, blobs: Sequence[Blob] = ()) -> None:
+        """Send ``op`` without waiting; the actor sends nothing back."""
+        self._open(Kind.CAST, op, body, blobs, None)
+
+    def stream(
+        self,
+        op: str,
+        body: Any = _EMPTY,
+        *,
+        blobs: Sequence[Blob] = (),
+        timeout: float | None = None,
+        event_type: Any = Any,
+    ) -> StreamCall:
+        """Open a stream; iterate the result for events (see :class:`StreamCall`).
+
+        ``timeout`` bounds the wait for each next event (``None``: no bound).
+        """
+        cid = self._open(Kind.STREAM, op, body, blobs, None)
+        return StreamCall(self, cid, op, timeout, event_type)
+
+    # -- internals: sending --------------------------------------------------
+
+    def _open(
+        self, kind: Kind, op: str, body: Any, blobs: Sequence[Blob], deadline: float | None
+    ) -> int:
+        self._check_usable()
+        connect_deadline = time.monotonic() + self.connect_timeout
+        if deadline is not None:
+            connect_deadline = min(connect_deadline, deadline)
+        server = self._ensure_connected(connect_deadline)
+        if len(blobs) > server.max_blobs:
+            raise TooLarge(f"{len(blobs)} blobs exceed the actor's limit of {server.max_blobs}")
+        big = oversized_blob(blobs, server.max_frame_bytes)
+        if big is not None:
+            raise TooLarge(
+                f"blob {big} exceeds the actor's frame limit of {server.max_frame_bytes} bytes",
+                details={"limit": server.max_frame_bytes},
+            )
+        cid = self._cid()
+        header = encode_envelope(kind, cid, op, {} if body is _EMPTY else body)
+        if len(header) > server.max_header_bytes:
+            raise TooLarge(
+                f"request header of {len(header)} bytes exceeds {server.max_header_bytes}",
+                details={"limit": server.max_header_bytes},
+            )
+        if kind != Kind.CAST:
+            self._slots[cid] = _Slot()
+        try:
+            self._send(header, blobs)
+        except BaseException:
+            self._slots.pop(cid, None)
+            raise
+        return cid
+
+    def _send(self, header: bytes, blobs: Sequence[Blob]) -> None:
+        sock = self._sock
+        assert sock is not None
+        try:
+            if not blobs:
+                sock.send(header, zmq.NOBLOCK)
+                return
+            sock.send(header, zmq.SNDMORE | zmq.NOBLOCK)
+        except zmq.Again:
+            raise Unavailable(f"actor {self.target!r} is not reading (send queue full)") from None
+        last = len(blobs) - 1
+        for i, blob in enumerate(blobs):
+            sock.send(blob, 0 if i == last else zmq.SNDMORE, copy=False)
+
+    def _cancel_remote(self, cid: int) -> None:
+        if self._sock is not None and self._server is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._sock.send(encode_envelope(Kind.CANCEL, cid, "", None), zmq.NOBLOCK)
+
+    def _cid(self) -> int:
+        self._next_cid = self._next_cid + 1 if self._next_cid < MAX_CID else 1
+        return self._next_cid
+
+    # -- internals: receiving ------------------------------------------------
+
+    def _next_arrival(self, slot: _Slot, deadline: float | None) -> _Arrival:
+        while not slot.arrivals:
+            if self._sock is None:
+                raise Unavailable(f"actor {self.target!r} is not connected")
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise RequestTimeout(f"no answer from {self.target!r} in time")
+            self._pump(left)
+        return slot.arrivals.popleft()
+
+    def _pump(self, timeout: float | None) -> None:
+        """Wait up to ``timeout`` for traffic or the actor's death; route arrivals."""
+        interval = self._watch.poll_interval()
+        if interval is not None:
+            timeout = interval if timeout is None else min(timeout, interval)
+        ms = None if timeout is None else max(0, int(timeout * 1000 + 0.999))
+        ready = self._poller.poll(ms)
+        fds = [item for item, _ in ready if isinstance(item, int)]
+        self._drain()
+        monitor_ready = any(item is self._monitor for item, _ in ready)
+        if monitor_ready and self._disconnected():
+            self._server_down("connection lost")
+            return
+        if self._watch.exited(fds):
+            self._server_down("process exited")
+
+    def _drain(self) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        while cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            header = sock.recv(zmq.NOBLOCK)
+            blobs: list[memoryview] = []
+            while sock.getsockopt(zmq.RCVMORE):
+                blobs.append(sock.recv(zmq.NOBLOCK, copy=False).buffer)
+            self._route(header, tuple(blobs))
+
+    def _route(self, header: bytes, blobs: tuple[memoryview, ...]) -> None:
+        try:
+            env = decode_envelope(header, self.limits.max_frame_bytes, SERVER_KINDS)
+        except Rejected as rej:
+            log.warning(
+                "actor.client.bad_response", target=self.target, code=rej.error.code, cid=rej.cid
+            )
+            slot = self._slots.get(rej.cid)
+            if slot is not None and not slot.terminal:
+                slot.terminal = True
+                slot.arrivals.append(_Arrival(Kind.ERROR, None, (), rej.error))
+            return
+        slot = self._slots.get(env.cid)
+        if slot is None or slot.terminal:
+            return  # a late answer to something we gave up on
+        kind = Kind(env.kind)
+        if kind == Kind.ERROR:
+            slot.terminal = True
+            slot.arrivals.append(_Arrival(kind, None, (), _error(env.body)))
+            return
+        if kind != Kind.EVENT:
+            slot.terminal = True
+        slot.arrivals.append(_Arrival(kind, env.body, blobs))
+
+    def _disconnected(self) -> bool:
+        monitor = self._monitor
+        assert monitor is not None
+        lost = False
+        while True:
+            try:
+                frames = monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return lost
+            event = int.from_bytes(frames[0][:2], "little")
+            if event == zmq.EVENT_DISCONNECTED:
+                lost = True
+
+    # -- internals: connection state -----------------------------------------
+
+    def _ensure_connected(self, deadline: float) -> Welcome:
+        if self._sock is not None and self._server is not None:
+            # Notice a death that happened while we were idle, so the new
+            # request reconnects instead of failing as if it had been in flight.
+            if self._watch.exited():
+                self._server_down("process exited")
+            elif self._monitor is not None and self._disconnected():
+                self._server_down("connection lost")
+            else:
+                return self._server
+        return self._handshake(deadline)
+
+    def _handshake(self, deadline: float) -> Welcome:
+        endpoint, expected = self._resolve()
+        if self._ctx is None:
+            self._ctx = zmq.Context()
+        sock = self._ctx.socket(zmq.DEALER)
+        configure(sock, self.limits, linger_s=0.0, tcp=endpoint.startswith("tcp://"))
+        sock.setsockopt(zmq.ROUTING_ID, os.urandom(12))
+        sock.setsockopt(zmq.RECONNECT_IVL, 20)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
+        self._sock = sock
+        if self.watch_mode == "connection" or (
+            self.watch_mode == "auto" and (expected is None or not expected.is_local())
+        ):
+            self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        sock.connect(endpoint)
+        if expected is not None and self.watch_mode != "connection":
+            self._watch.watch(expected)
+        self._rebuild_poller()
+        me = ProcessRef.current()
+        hello = Hello(me.pid, me.start_ticks, me.boot_id, me.pidns, self.client_name)
+        cid = self._cid()
+        slot = self._slots[cid] = _Slot()
+        sock.send(encode_envelope(Kind.HELLO, cid, "", hello))
+        try:
+            while not slot.arrivals:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise Unavailable(f"actor {self.target!r} did not answer the handshake")
+                if self._sock is None:
+                    raise Unavailable(f"actor {self.target!r} went away during the handshake")
+                self._pump(left)
+        except BaseException:
+            self._slots.pop(cid, None)
+            self._disconnect()
+            raise
+        self._slots.pop(cid, None)
+        arrival = slot.arrivals.popleft()
+        if arrival.error is not None:
+            self._disconnect()
+            raise arrival.error
+        assert arrival.body is not None
+        welcome = _WELCOME.decode(arrival.body)
+        ref = ProcessRef(welcome.pid, welcome.start_ticks, welcome.boot_id, welcome.pidns)
+        if expected is not None and ref != expected:
+            self._watch.unwatch(expected)
+        if self.watch_mode != "connection" and ref.is_local():
+            if not self._watch.watch(ref):
+                self._disconnect()
+                raise Unavailable(f"actor {self.target!r} exited during the handshake")
+        elif self._monitor is None:
+            self._disconnect()
+            raise Unavailable(
+                f"actor {self.target!r} is not on this host; use watch='connection' or 'auto'"
+            )
+        self._rebuild_poller()
+        self._server = welcome
+        self._server_ref = ref
+        log.debug("actor.client.connected", target=self.target, pid=welcome.pid)
+        return welcome
+
+    def _resolve(self) -> tuple[str, ProcessRef | None]:
+        if self._name is not None:
+            assert self._registry is not None
+            entry = self._registry.lookup(self._name)
+            if entry is None:
+                raise Unavailable(
+                    f"actor {self._name!r} is not running", details={"name": self._name}
+                )
+            return entry.endpoint, entry.process
+        assert self._endpoint is not None
+        if not ipc_listening(self._endpoint):
+            raise Unavailable(
+                f"nothing listens on {self._endpoint}", details={"endpoint": self._endpoint}
+            )
+        return self._endpoint, None
+
+    def _server_down(self, reason: str) -> None:
+        server = self._server
+        if self._slots and self._sock is not None:
+            # Answers the actor sent just before dying may still be in flight
+            # through our I/O thread: give them a moment to land.
+            self._sock.poll(round(_LATE_REPLY_GRACE_S * 1000))
+            self._drain()
+        pid = server.pid if server is not None else None
+        self._disconnect()
+        log.info("actor.client.server_down", target=self.target, pid=pid, reason=reason)
+        self._fail_all(
+            WorkerCrashed(
+                f"actor {self.target!r} (pid {pid}) died: {reason}",
+                details={"actor": self.target, "pid": pid, "reason": reason},
+            )
+        )
+
+    def _fail_all(self, error: LlamadError) -> None:
+        for slot in self._slots.values():
+            if not slot.terminal:
+                slot.terminal = True
+                slot.arrivals.append(_Arrival(Kind.ERROR, None, (), error))
+
+    def _disconnect(self) -> None:
+        if self._monitor is not None:
+            if self._sock is not None:
+                with contextlib.suppress(zmq.ZMQError):
+                    self._sock.disable_monitor()
+            self._monitor.close(linger=0)
+            self._monitor = None
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+        self._watch.close()
+        self._server = None
+        self._server_ref = None
+        self._poller = zmq.Poller()
+
+    def _rebuild_poller(self) -> None:
+        poller = zmq.Poller()
+        if self._sock is not None:
+            poller.register(self._sock, zmq.POLLIN)
+        if self._monitor is not None:
+            poller.register(self._monitor, zmq.POLLIN)
+        for fd in self._watch.fds():
+            poller.register(fd, zmq.POLLIN)
+        self._poller = poller
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise ClientClosed(f"client of {self.target!r} is closed")
+        if os.getpid() != self._pid:
+            raise WrongProcess("a Client cannot be used after fork; create one in this process")
+
+
+class StreamCall:
+    """An open stream: iterate for events; it ends with exactly one terminal.
+
+    Iteration yields each event as a :class:`~llamad.actors.wire.Message`.
+    A successful end stops the iteration and sets :attr:`result` (the end
+    body); a terminal error (the actor's, or ``WorkerCrashed`` if it died) is
+    raised from the iteration and kept in :attr:`error`. :meth:`cancel` (or
+    leaving a ``with`` block early) tells the actor to stop.
+    """
+
+    def __init__(
+        self, client: Client, cid: int, op: str, timeout: float | None, event_type: Any
+    ) -> None:
+        self._client = client
+        self.cid = cid
+        self.op = op
+        self.timeout = timeout
+        self._event_type = event_type
+        self.result: Any = None
+        self.result_blobs: tuple[memoryview, ...] = ()
+        self.error: LlamadError | None = None
+        self.finished = False
+
+    def __iter__(self) -> StreamCall:
+        return self
+
+    def __next__(self) -> Message:
+        if self.finished:
+            raise StopIteration
+        slot = self._client._slots.get(self.cid)
+        if slot is None:
+            self.finished = True
+            raise StopIteration
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        try:
+            arrival = self._client._next_arrival(slot, deadline)
+        except RequestTimeout:
+            self.cancel()
+            raise
+        except LlamadError as exc:
+            self._finish()
+            self.error = exc
+            raise
+        if arrival.error is not None:
+            self._finish()
+            self.error = arrival.error
+            raise arrival.error
+        assert arrival.body is not None
+        if arrival.kind == Kind.END:
+            self._finish()
+            self.result = _decode(arrival.body, Any)
+            self.result_blobs = arrival.blobs
+            raise StopIteration
+        return Message(_decode(arrival.body, self._event_type), arrival.blobs)
+
+    def cancel(self) -> None:
+        """Stop consuming and ask the actor to stop producing. Idempotent."""
+        if not self.finished:
+            self._client._cancel_remote(self.cid)
+            self._finish()
+
+    def _finish(self) -> None:
+        self.finished = True
+        self._client._slots.pop(self.cid, None)
+
+    def __enter__(self) -> StreamCall:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cancel()
+
+
+def _decode(raw: msgspec.Raw, typ: Any) -> Any:
+    decoder = _ANY if typ is Any else _DECODERS.get(typ)
+    if decoder is None:
+        decoder = _DECODERS[typ] = msgspec.msgpack.Decoder(typ)
+    try:
+        return decoder.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+        raise LlamadError(f"malformed answer from the actor: {exc}") from None
+
+
+def _error(raw: msgspec.Raw) -> LlamadError:
+    try:
+        payload = _ANY.decode(raw)
+    except (msgspec.DecodeError, RecursionError):
+        payload = None
+    if not isinstance(payload, dict):
+        return LlamadError("the actor sent a malformed error")
+    return from_wire(payload)

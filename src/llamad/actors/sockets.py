@@ -1,0 +1,87 @@
+"""ZeroMQ plumbing shared by actors and clients: endpoints and socket options.
+
+Every option is set on purpose:
+
+- ``LINGER``: how long ``close`` may wait to flush. Actors linger briefly so
+  their last replies (e.g. "stopping") go out; clients do not linger, since
+  nothing they still hold is worth delaying their exit for.
+- ``MAXMSGSIZE``: per frame; ZeroMQ drops a connection that exceeds it before
+  allocating the frame, so a hostile peer cannot make us buffer gigabytes.
+- ``SNDHWM``/``RCVHWM``: per-peer queue bounds in messages.
+- ``ROUTER_MANDATORY`` on actors: a reply to a vanished peer raises
+  ``EHOSTUNREACH`` instead of disappearing, which is how an actor learns a
+  remote client is gone; a full queue raises ``EAGAIN`` instead of silently
+  dropping.
+- ``HEARTBEAT_*`` on tcp: ZMTP pings close a connection to a host that went
+  away without a FIN, which ipc never needs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from typing import Final
+
+import zmq
+
+from llamad.actors.errors import ActorConfigError
+from llamad.actors.wire import Limits
+
+__all__ = ["configure", "ipc_listening", "validate_endpoint"]
+
+_HEARTBEAT_IVL_MS: Final = 1000
+_HEARTBEAT_TIMEOUT_MS: Final = 3000
+
+
+def validate_endpoint(endpoint: str, field: str = "endpoint") -> str:
+    """Return ``endpoint`` if it is an ``ipc://`` or ``tcp://`` endpoint."""
+    if not isinstance(endpoint, str):
+        raise ActorConfigError(field, f"must be a string, got {endpoint!r}")
+    if endpoint.startswith("ipc://"):
+        path = endpoint[len("ipc://") :]
+        if not path or "\0" in path:
+            raise ActorConfigError(field, f"{endpoint!r} has no usable ipc path")
+        if len(path.encode()) > 107:
+            raise ActorConfigError(field, f"ipc path of {endpoint!r} is longer than 107 bytes")
+        return endpoint
+    if endpoint.startswith("tcp://"):
+        host, sep, port = endpoint[len("tcp://") :].rpartition(":")
+        if not sep or not host or not (port == "*" or port.isdigit()):
+            raise ActorConfigError(field, f"{endpoint!r} is not tcp://HOST:PORT")
+        return endpoint
+    raise ActorConfigError(field, f"{endpoint!r} is neither ipc:// nor tcp://")
+
+
+def configure(sock: zmq.Socket[bytes], limits: Limits, *, linger_s: float, tcp: bool) -> None:
+    """Apply the runtime's options to a fresh socket (before bind/connect)."""
+    sock.setsockopt(zmq.LINGER, round(linger_s * 1000))
+    sock.setsockopt(zmq.MAXMSGSIZE, limits.max_frame_bytes)
+    sock.setsockopt(zmq.SNDHWM, limits.sndhwm)
+    sock.setsockopt(zmq.RCVHWM, limits.rcvhwm)
+    if sock.socket_type == zmq.ROUTER:
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    if tcp:
+        sock.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_IVL_MS)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
+        sock.setsockopt(zmq.HEARTBEAT_TTL, _HEARTBEAT_TIMEOUT_MS)
+
+
+def ipc_listening(endpoint: str) -> bool:
+    """Whether something accepts connections on an ``ipc://`` endpoint right now.
+
+    A plain ``connect(2)`` is refused at once when nobody listens (the socket
+    file of a SIGKILLed actor stays behind), whereas ZeroMQ would retry
+    silently: this is what lets a client fail fast while an actor is down.
+    ``True`` for non-ipc endpoints, which cannot be probed this way.
+    """
+    if not endpoint.startswith("ipc://"):
+        return True
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(endpoint[len("ipc://") :])
+    except OSError:
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            probe.close()
+    return True

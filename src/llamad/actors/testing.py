@@ -1,0 +1,189 @@
+"""A toy actor for tests, benchmarks and demos of the runtime.
+
+Run it as its own process (spawn/exec semantics, like a supervised child)::
+
+    python -m llamad.actors.testing --name toy --registry DIR
+    python -m llamad.actors.testing --endpoint tcp://127.0.0.1:0 --no-register
+
+It prints ``READY <endpoint> <pid>`` on stdout once it serves, and exercises
+every serving style: immediate replies (``echo``, ``fail``, ``refuse``),
+blocking work (``sleep``), deferred replies answered from the loop (``wait``
++ ``publish``, ``hang``), synchronous streams (``count``) and streams pushed
+across loop iterations (``ticks``), plus cancellation bookkeeping
+(``cancels``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Annotated, Any
+
+import msgspec
+import structlog
+
+from llamad.actors.actor import Actor
+from llamad.actors.handles import PendingReply, Request, StreamSender
+from llamad.actors.ops import OpKind, OpSpec
+from llamad.actors.registry import Registry
+from llamad.actors.wire import Message
+from llamad.errors import StickyBusy
+
+__all__ = ["Count", "Sleep", "Ticks", "Wait", "build_toy", "main"]
+
+
+class Sleep(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    s: Annotated[float, msgspec.Meta(ge=0, le=60)]
+
+
+class Count(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    n: Annotated[int, msgspec.Meta(ge=0, le=100_000_000)]
+    size: Annotated[int, msgspec.Meta(ge=0, le=1 << 20)] = 0
+
+
+class Ticks(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    n: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)]
+    interval: Annotated[float, msgspec.Meta(ge=0, le=10)] = 0.0
+
+
+class Wait(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    key: Annotated[str, msgspec.Meta(max_length=64)]
+    timeout: Annotated[float, msgspec.Meta(ge=0, le=60)]
+
+
+class Publish(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    key: Annotated[str, msgspec.Meta(max_length=64)]
+    value: Any = None
+
+
+class _Toy:
+    """State of the toy actor: waiters, pushed streams, observed cancels."""
+
+    def __init__(self, actor: Actor) -> None:
+        self.actor = actor
+        self.waiters: dict[str, list[PendingReply]] = defaultdict(list)
+        self.ticking: list[tuple[StreamSender, int, float, list[int]]] = []
+        self.cancels: list[str] = []
+        self.hung: list[PendingReply] = []
+
+    def echo(self, req: Request[Any]) -> Message:
+        return Message(req.body, req.blobs)
+
+    def fail(self, req: Request[Any]) -> None:
+        raise ValueError("boom")
+
+    def refuse(self, req: Request[Any]) -> None:
+        raise StickyBusy("sequence busy", details={"session": "s1"})
+
+    def sleep(self, req: Request[Sleep]) -> float:
+        time.sleep(req.body.s)
+        return req.body.s
+
+    def hang(self, req: Request[Any]) -> None:
+        pending = req.defer()
+        pending.on_cancel(self.cancels.append)
+        self.hung.append(pending)
+
+    def wait(self, req: Request[Wait]) -> None:
+        pending = req.defer(timeout=req.body.timeout, on_timeout=lambda: {"hit": False})
+        pending.on_cancel(self.cancels.append)
+        self.waiters[req.body.key].append(pending)
+
+    def publish(self, req: Request[Publish]) -> None:
+        for pending in self.waiters.pop(req.body.key, []):
+            pending.reply({"hit": True, "value": req.body.value})
+
+    def count(self, req: Request[Count]) -> Any:
+        payload = b"x" * req.body.size
+        for i in range(req.body.n):
+            yield Message({"i": i}, (payload,)) if payload else {"i": i}
+        return {"n": req.body.n}
+
+    def ticks(self, req: Request[Ticks]) -> None:
+        sender = req.stream()
+        sender.on_cancel(self.cancels.append)
+        self.ticking.append((sender, req.body.n, req.body.interval, [0]))
+
+    def get_cancels(self, req: Request[Any]) -> list[str]:
+        return self.cancels
+
+    def pid(self, req: Request[Any]) -> int:
+        return os.getpid()
+
+    def tick(self) -> float | None:
+        """Push one event to every open ``ticks`` stream; return the next wait."""
+        now = time.monotonic()
+        keep = []
+        for sender, n, interval, sent in self.ticking:
+            if sender.done:
+                continue
+            if sent[0] >= n:
+                sender.end({"n": n})
+                continue
+            sender.emit({"i": sent[0], "t": now})
+            sent[0] += 1
+            keep.append((sender, n, interval, sent))
+        self.ticking = keep
+        if not keep:
+            return None
+        return min(interval for _, _, interval, _ in keep)
+
+
+def build_toy(actor: Actor) -> _Toy:
+    """Declare the toy ops on ``actor``; return the toy's state."""
+    toy = _Toy(actor)
+    actor.add_op(OpSpec("echo", OpKind.CALL, body=Any, max_blobs=4), toy.echo)
+    actor.add_op(OpSpec("fail", OpKind.CALL), toy.fail)
+    actor.add_op(OpSpec("refuse", OpKind.CALL), toy.refuse)
+    actor.add_op(OpSpec("sleep", OpKind.CALL, body=Sleep), toy.sleep)
+    actor.add_op(OpSpec("hang", OpKind.CALL), toy.hang)
+    actor.add_op(OpSpec("wait", OpKind.CALL, body=Wait), toy.wait)
+    actor.add_op(OpSpec("publish", OpKind.CAST, body=Publish), toy.publish)
+    actor.add_op(OpSpec("count", OpKind.STREAM, body=Count), toy.count)
+    actor.add_op(OpSpec("ticks", OpKind.STREAM, body=Ticks), toy.ticks)
+    actor.add_op(OpSpec("cancels", OpKind.CALL), toy.get_cancels)
+    actor.add_op(OpSpec("pid", OpKind.CALL), toy.pid)
+    actor.add_op(OpSpec("fail_cast", OpKind.CAST), toy.fail)
+    return toy
+
+
+def run_toy(actor: Actor, toy: _Toy) -> None:
+    """The toy's loop: serve requests and push ``ticks`` events between polls."""
+    signal.signal(signal.SIGTERM, lambda *_: actor.request_stop())
+    signal.signal(signal.SIGINT, lambda *_: actor.request_stop())
+    try:
+        wait: float | None = None
+        while not actor.stop_requested:
+            actor.poll(wait)
+            wait = toy.tick()
+    finally:
+        actor.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--name", default="toy")
+    parser.add_argument("--endpoint")
+    parser.add_argument("--registry", type=Path)
+    parser.add_argument("--no-register", action="store_true")
+    args = parser.parse_args(argv)
+    # stdout carries the READY line; logs go to stderr.
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    registry = Registry(args.registry) if args.registry else None
+    actor = Actor(
+        args.name, endpoint=args.endpoint, registry=registry, register=not args.no_register
+    )
+    toy = build_toy(actor)
+    endpoint = actor.start()
+    print(f"READY {endpoint} {os.getpid()}", flush=True)
+    run_toy(actor, toy)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
