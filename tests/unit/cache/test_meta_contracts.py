@@ -1,0 +1,201 @@
+"""Contracts of the meta side: settings, configs and wire shapes validate and round-trip."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from llamad.cache.errors import InvalidCacheValue
+from llamad.cache.lookup import HitKind, Lookup, LookupPolicy, RowRef, choose_restore
+from llamad.cache.meta import MetaConfig
+from llamad.cache.meta_wire import OPS
+from llamad.cache.prefix import PrefixMatch
+from llamad.cache.pressure import PressureConfig
+from llamad.cache.sup import CacheSettings, cache_sup_spec
+from llamad.cache.tiers import TierConfig, TierKind
+from llamad.errors import BadRequest
+from llamad.supervisor.spec import Strategy, SupervisorSpec
+
+pytestmark = pytest.mark.timeout(30)
+
+keys = st.binary(min_size=32, max_size=32)
+row_refs = st.builds(
+    RowRef,
+    key=keys,
+    tier=st.sampled_from(["ram", "ram_file", "disk"]),
+    location=st.text(min_size=1, max_size=50),
+    size=st.integers(1, 2**40),
+    n_tokens=st.integers(1, 2**24),
+    pin=st.none() | st.integers(0, 2**62),
+)
+
+
+@given(row_refs)
+def test_row_ref_round_trips_through_its_wire_form(ref: RowRef) -> None:
+    assert RowRef.from_wire(ref.to_wire()) == ref
+
+
+@given(
+    st.builds(
+        Lookup,
+        kind=st.none() | st.sampled_from(list(HitKind)),
+        row=st.none() | row_refs,
+        use_tokens=st.integers(0, 2**24),
+        common_tokens=st.integers(0, 2**24),
+        common_key=st.none() | keys,
+        resumed=st.booleans(),
+        probes=st.integers(0, 1000),
+    )
+)
+def test_lookup_round_trips_through_its_wire_form(found: Lookup) -> None:
+    assert Lookup.from_wire(found.to_wire()) == found
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        None,
+        [],
+        {"key": b"k"},
+        {"key": 1, "tier": "disk", "location": "x", "size": 1, "n_tokens": 1},
+    ],
+)
+def test_malformed_row_ref_is_a_bad_request(body: object) -> None:
+    with pytest.raises(BadRequest):
+        RowRef.from_wire(body)
+
+
+@pytest.mark.parametrize(
+    "body", [None, {"kind": "sideways", "use_tokens": 0, "common_tokens": 0}, {}]
+)
+def test_malformed_lookup_is_a_bad_request(body: object) -> None:
+    with pytest.raises(BadRequest):
+        Lookup.from_wire(body)
+
+
+@pytest.mark.parametrize(
+    ("field", "kwargs"),
+    [
+        ("common_min_tokens", {"common_min_tokens": 0}),
+        ("restore_cost", {"restore_cost": 2.0}),
+        ("restore_cost", {"restore_cost": float("nan")}),
+    ],
+)
+def test_invalid_lookup_policy_names_the_field(field: str, kwargs: dict[str, object]) -> None:
+    with pytest.raises(BadRequest) as err:
+        LookupPolicy(**kwargs)  # type: ignore[arg-type]
+    assert err.value.details["field"] == field
+
+
+@pytest.mark.parametrize(
+    ("field", "kwargs"),
+    [
+        ("quotas", {"quotas": {}}),
+        ("tier", {"quotas": {"tape": 1}}),
+        ("quotas", {"quotas": {"disk": -1}}),
+        ("reservation_ttl_s", {"quotas": {"disk": 1}, "reservation_ttl_s": 0}),
+        ("max_wait_s", {"quotas": {"disk": 1}, "max_wait_s": -1}),
+    ],
+)
+def test_invalid_meta_config_names_the_field(field: str, kwargs: dict[str, object]) -> None:
+    with pytest.raises(InvalidCacheValue) as err:
+        MetaConfig(**kwargs)  # type: ignore[arg-type]
+    assert err.value.field == field
+
+
+def settings(tmp: Path, **kw: object) -> CacheSettings:
+    return CacheSettings.defaults(state_dir=tmp / "state", runtime_dir=tmp / "run", **kw)  # type: ignore[arg-type]
+
+
+def test_cache_settings_round_trip_through_their_wire_form(tmp_path: Path) -> None:
+    s = settings(
+        tmp_path,
+        reservation_ttl_s=12.5,
+        lookup=LookupPolicy(common_min_tokens=64, restore_cost=0.1, allow_common=False),
+        pressure=PressureConfig(enabled=True, source="noop", evict_tiers=("ram",)),
+        stats_flush_s=3.0,
+        registry_root=tmp_path / "reg",
+        liveness_timeout=20.0,
+    )
+    assert CacheSettings.from_wire(s.to_wire()) == s
+    assert s.meta_config().quotas == {"ram": 2 << 30, "ram_file": 4 << 30, "disk": 64 << 30}
+
+
+def test_a_tier_configured_twice_is_refused(tmp_path: Path) -> None:
+    disk = TierConfig(TierKind.DISK, tmp_path, 10)
+    with pytest.raises(InvalidCacheValue) as err:
+        CacheSettings(tiers=(disk, disk), counters_path=tmp_path / "c")
+    assert err.value.field == "tiers"
+
+
+@pytest.mark.parametrize(
+    ("field", "kwargs"),
+    [("stats_flush_s", {"stats_flush_s": 0}), ("reservation_ttl_s", {"reservation_ttl_s": 0})],
+)
+def test_invalid_cache_settings_name_the_field(
+    tmp_path: Path, field: str, kwargs: dict[str, object]
+) -> None:
+    with pytest.raises(InvalidCacheValue) as err:
+        settings(tmp_path, **kwargs)
+    assert err.value.field == field
+
+
+def test_malformed_settings_on_the_wire_are_refused(tmp_path: Path) -> None:
+    wire = settings(tmp_path).to_wire()
+    del wire["tiers"][0]["quota"]
+    with pytest.raises(InvalidCacheValue):
+        CacheSettings.from_wire(wire)
+
+
+def test_cache_sup_starts_cache_meta_first_rest_for_one(tmp_path: Path) -> None:
+    spec = cache_sup_spec(settings(tmp_path))
+    assert isinstance(spec, SupervisorSpec)
+    assert spec.flags.strategy is Strategy.REST_FOR_ONE
+    assert spec.children[0].start.target == "llamad.cache.meta_proc:run_meta"
+    # The start arguments carry the settings and rebuild them exactly.
+    assert CacheSettings.from_wire(spec.children[0].start.kwargs["settings"]) == settings(tmp_path)
+
+
+def test_every_meta_op_is_a_declared_call() -> None:
+    assert set(OPS) == {
+        "reserve_save",
+        "check_reservation",
+        "mark_published",
+        "announce_saved",
+        "cancel_reservation",
+        "checkout",
+        "checkin",
+        "forget",
+        "lookup_exact",
+        "lookup_exact_or_wait",
+        "longest_prefix",
+        "resolve",
+        "evict_bytes",
+        "gc",
+        "dump",
+        "counters",
+        "reset_counters",
+        "status",
+        "pressure_check",
+    }
+    assert {n for n, s in OPS.items() if s.min_blobs == 1} == {
+        "reserve_save",
+        "longest_prefix",
+        "resolve",
+    }
+
+
+def test_choose_restore_prefers_the_wholly_shared_row_on_a_tie() -> None:
+    match = PrefixMatch(b"p" * 32, 1000, b"c" * 32, 1000, 5000, 3)
+    plan = choose_restore(match, 2000, LookupPolicy())
+    assert plan is not None and plan.key == b"p" * 32 and plan.kind is HitKind.PREFIX
+
+
+def test_choose_restore_misses_below_common_min_tokens() -> None:
+    match = PrefixMatch(None, 0, b"c" * 32, 100, 5000, 3)
+    assert choose_restore(match, 2000, LookupPolicy(common_min_tokens=256)) is None
+    plan = choose_restore(match, 2000, LookupPolicy(common_min_tokens=64, restore_cost=0.01))
+    assert plan is not None and plan.kind is HitKind.COMMON and plan.use_tokens == 100
