@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from llamad.cache.key import effective_fingerprint
-from llamad.errors import BadRequest, ContextOverflow
+from llamad.errors import BadRequest, ConfigError, ContextOverflow
 from llamad.llama_ffi.batch import Batch
+from llamad.llama_ffi.embeddings import l2_normalize, plan_groups
 from llamad.llama_ffi.errors import (
     AdapterError,
     BatchTooLarge,
@@ -83,6 +84,8 @@ class Context:
             if model.options.vocab_only or model.n_layer == 0:
                 # llama.cpp asserts (aborts) building a context without weights.
                 raise Unsupported("a vocab_only model has no weights to run a context on")
+            if opts.embeddings and _pooling_of(model, opts.pooling) is PoolingType.MEAN:
+                _check_mean_pooling_layout(opts.n_ctx, opts.n_ubatch, opts.n_seq_max)
             params = lib.llama_context_default_params()
             params.n_ctx = opts.n_ctx
             params.n_batch = opts.n_batch
@@ -118,6 +121,9 @@ class Context:
         self.n_ubatch = int(lib.llama_n_ubatch(ptr))
         self.n_seq_max = int(lib.llama_n_seq_max(ptr))
         self.pooling = PoolingType(int(lib.llama_pooling_type(ptr)))
+        # KV streams: one per sequence unless unified. A packed sequence state
+        # records this count and restores only into a context with the same.
+        self.n_stream = 1 if opts.kv_unified else self.n_seq_max
         self.n_vocab = model.n_vocab
         self.n_embd = model.n_embd
         self._embeddings_on = opts.embeddings
@@ -476,7 +482,8 @@ class Context:
         normalize: bool = True,
         seq_ids: Sequence[int] | None = None,
     ) -> list[list[float]]:
-        """Pooled embeddings of several token sequences in one decode.
+        """Pooled embeddings of several token sequences, batched into as few
+        decodes as pooling allows (see :mod:`llamad.llama_ffi.embeddings`).
 
         Needs a pooling type other than ``NONE`` (set ``ContextOptions.pooling``
         for generative models). Uses sequences ``seq_ids`` (default
@@ -503,25 +510,37 @@ class Context:
                     raise BatchTooLarge(
                         f"an input of {len(toks)} tokens must be in [1, n_ubatch={self.n_ubatch}]"
                     )
-            if sum(len(t) for t in inputs) > self.n_batch:
-                raise BatchTooLarge(f"inputs total more than n_batch={self.n_batch} tokens")
-            batch = Batch(max(1, sum(len(t) for t in inputs)))
+            if not self._embeddings_on:
+                # The real sizes are known now; a graph reserve after a memory
+                # update would use exactly these (see _check_mean_pooling_layout).
+                worst = min(self.n_ctx, self.n_ubatch)
+                if self.pooling is PoolingType.MEAN and worst % self.n_seq_max:
+                    raise Unsupported(
+                        f"mean pooling with n_seq_max={self.n_seq_max} needs "
+                        f"min(n_ctx, n_ubatch)={worst} to be a multiple of n_seq_max"
+                    )
+            groups = plan_groups(
+                [len(t) for t in inputs], self.n_ubatch, equal_lengths=self.n_stream > 1
+            )
+            out: list[list[float]] = [[] for _ in inputs]
+            batch = Batch(self.n_ubatch)
+            if not self._embeddings_on:
+                lib.llama_set_embeddings(ptr, True)
             try:
-                for sid, toks in zip(ids, inputs, strict=True):
-                    batch.add_tokens(toks, sid, 0, logits_last=False)
-                batch.set_all_logits()
-                if not self._embeddings_on:
-                    lib.llama_set_embeddings(ptr, True)
-                try:
+                for group in groups:
+                    batch.clear()
+                    for i in group:
+                        batch.add_tokens(inputs[i], ids[i], 0, logits_last=False)
+                    batch.set_all_logits()
                     self.decode(batch)
-                    out = [self._pooled(ptr, sid, normalize) for sid in ids]
-                finally:
-                    if not self._embeddings_on:
-                        lib.llama_set_embeddings(ptr, False)
-                    for sid in ids:
-                        lib.llama_memory_seq_rm(self._mem, sid, -1, -1)
-                    self._outputs = {}
+                    for i in group:
+                        out[i] = self._pooled(ptr, ids[i], normalize)
             finally:
+                if not self._embeddings_on:
+                    lib.llama_set_embeddings(ptr, False)
+                for sid in ids:
+                    lib.llama_memory_seq_rm(self._mem, sid, -1, -1)
+                self._outputs = {}
                 batch.close()
             return out
 
@@ -530,11 +549,7 @@ class Context:
         if p == ffi.NULL:
             raise EmbeddingsUnavailable(f"llama.cpp returned no embedding for sequence {seq_id}")
         vec = list(ffi.unpack(p, self.n_embd))
-        if normalize:
-            norm = math.sqrt(math.fsum(x * x for x in vec))
-            if norm > 0:
-                vec = [x / norm for x in vec]
-        return vec
+        return l2_normalize(vec) if normalize else vec
 
     # -- LoRA adapters (SPEC L10) --------------------------------------------------------------
 
@@ -617,3 +632,28 @@ def _readable(buf: Any) -> Any:
         return ffi.from_buffer("uint8_t[]", buf)
     except (TypeError, BufferError) as exc:
         raise BadRequest(f"unpack_seq needs a buffer: {exc}") from None
+
+
+def _pooling_of(model: Model, requested: PoolingType) -> PoolingType:
+    """The pooling llama.cpp will use: the requested one, else the model's."""
+    if requested is not PoolingType.UNSPECIFIED:
+        return requested
+    arch = model.metadata.get("general.architecture", "")
+    raw = model.metadata.get(f"{arch}.pooling_type")
+    try:
+        return PoolingType(int(raw)) if raw is not None else PoolingType.NONE
+    except ValueError:
+        return PoolingType.NONE
+
+
+def _check_mean_pooling_layout(n_ctx: int, n_ubatch: int, n_seq_max: int) -> None:
+    # At this pin, reserving the worst-case graph with mean pooling rounds the
+    # ubatch (min(n_ctx, n_ubatch) tokens) up to a multiple of n_seq_max but
+    # not the pooling matrix, and ggml asserts (aborts the process) on the
+    # mismatched matmul. n_ctx is padded by llama.cpp, so before creation the
+    # rule is stated conservatively on n_ubatch alone.
+    if n_seq_max > 1 and (n_ubatch > n_ctx or n_ubatch % n_seq_max != 0):
+        raise ConfigError(
+            f"n_ubatch: mean-pooled embeddings with n_seq_max={n_seq_max} need n_ubatch "
+            f"to be a multiple of n_seq_max and at most n_ctx (got {n_ubatch})"
+        )
