@@ -334,49 +334,26 @@ class _Header:
 def _decode_header(head: bytes | memoryview) -> _Header:
     if len(head) < HEADER_LEN:
         raise KvcCorrupt("truncated", f"{len(head)} bytes, shorter than the header")
-    (
-        magic,
-        version,
-        reason,
-        reserved,
-        n_tokens,
-        hit_count,
-        context_size,
-        created_ns,
-        last_used_ns,
-        payload_offset,
-        payload_len,
-        tlv_len,
-        tlv_crc,
-        payload_crc,
-        header_crc,
-    ) = HEADER.unpack_from(head)
+    fields = HEADER.unpack_from(head)
+    magic, version, reason, reserved = fields[:4]
     if magic != MAGIC:
         raise KvcCorrupt("magic", "not a .kvc file")
     if version != FORMAT_VERSION:
         raise KvcCorrupt("version", f"format version {version}, expected {FORMAT_VERSION}")
-    if crc32c.crc32c(memoryview(head)[:_HEADER_CRC_SPAN]) != header_crc:
+    if crc32c.crc32c(memoryview(head)[:_HEADER_CRC_SPAN]) != fields[-1]:
         raise KvcCorrupt("header_crc", "header checksum mismatch")
     # Past the checksum these can only fail for a file we did not write.
     if reserved != 0 or reason not in SaveReason._value2member_map_:
         raise KvcCorrupt("field", "bad reason or reserved byte")
-    if not 1 <= n_tokens <= MAX_TOKENS or tlv_len > MAX_TLV or payload_len > MAX_PAYLOAD:
-        raise KvcCorrupt("field", "token count, TLV length or payload length out of range")
-    if payload_offset != _align(HEADER_LEN + tlv_len):
+    # Fields 4..13 are _Header's in order; the last one is the header CRC.
+    hdr = _Header(SaveReason(reason), *fields[4:-1])
+    if not 1 <= hdr.n_tokens <= MAX_TOKENS or hdr.tlv_len > MAX_TLV:
+        raise KvcCorrupt("field", "token count or TLV length out of range")
+    if hdr.payload_len > MAX_PAYLOAD:
+        raise KvcCorrupt("field", "payload length out of range")
+    if hdr.payload_offset != _align(HEADER_LEN + hdr.tlv_len):
         raise KvcCorrupt("field", "payload offset does not follow the TLV")
-    return _Header(
-        SaveReason(reason),
-        n_tokens,
-        hit_count,
-        context_size,
-        created_ns,
-        last_used_ns,
-        payload_offset,
-        payload_len,
-        tlv_len,
-        tlv_crc,
-        payload_crc,
-    )
+    return hdr
 
 
 def _utf8(tag: _Tag, value: bytes, limit: int) -> str:
