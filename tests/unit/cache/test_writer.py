@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from llamad.cache.errors import SaveRefused, TierFull
+from llamad.cache.errors import InvalidCacheValue, SaveRefused, TierFull
 from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcSpec, SaveReason
 from llamad.cache.meta import CacheMeta, DictCounters, MetaConfig
@@ -261,3 +261,18 @@ def test_each_writer_thread_gets_its_own_connection_closed_with_the_pool(
     pool.close()
     assert all(c.closed for c in made)
     rig.pool.close()
+
+
+def test_bad_arguments_are_typed_errors_that_hold_nothing(rig: Rig, tmp_path: Path) -> None:
+    with pytest.raises(InvalidCacheValue):
+        rig.pool.save_async(spec_for([1]), "tape", PAYLOAD)
+    with pytest.raises(InvalidCacheValue):
+        rig.pool.save_sync(spec_for([1]), "tape", PAYLOAD, timeout_s=1)
+    assert rig.permits.held() == 0
+    assert rig.pool.in_flight() == 0
+    with pytest.raises(InvalidCacheValue):
+        PermitSet.create(tmp_path / "p2", 0)
+    with pytest.raises(InvalidCacheValue):
+        PermitSet.attach(tmp_path / "absent")
+    with pytest.raises(InvalidCacheValue):
+        WriterPool(lambda: LocalMeta(rig.meta), {}, rig.permits, threads=0)
