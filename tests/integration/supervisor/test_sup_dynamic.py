@@ -87,7 +87,8 @@ def test_start_timeout_kills_a_child_that_never_reports_ready(events: EventLog) 
         with pytest.raises(StartFailed) as e:
             sup.start_child(slow)
         assert e.value.details["reason"] == "start_timeout"
-        assert not pid_alive(events.of("booting")[0]["pid"])
+        assert not pid_alive(e.value.details["pid"])
+        assert sup.which_children() == []
 
 
 def test_initial_child_failing_to_start_stops_started_siblings(events: EventLog) -> None:

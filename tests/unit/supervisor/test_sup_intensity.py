@@ -8,7 +8,7 @@ seconds (a restart exactly ``period`` ago still counts).
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llamad.supervisor.intensity import RestartIntensity
@@ -25,6 +25,7 @@ def otp_oracle(times: list[float], intensity: int, period: float) -> list[bool]:
     return verdicts
 
 
+@settings(deadline=None)
 @given(
     gaps=st.lists(st.floats(0, 10, allow_nan=False), min_size=1, max_size=40),
     intensity=st.integers(0, 6),

@@ -240,12 +240,13 @@ def child_specs(draw: st.DrawFn) -> ChildSpec:
     )
 
 
+@settings(deadline=None)
 @given(child_specs())
 def test_child_spec_wire_round_trip(child: ChildSpec) -> None:
     assert ChildSpec.from_wire(child.to_wire()) == child
 
 
-@settings(max_examples=40)
+@settings(max_examples=40, deadline=None)
 @given(st.lists(child_specs(), max_size=4, unique_by=lambda c: c.id))
 def test_supervisor_spec_wire_round_trip(children: list[ChildSpec]) -> None:
     flags = SupFlags(auto_shutdown="any_significant", intensity=3, period=2.5)
