@@ -711,9 +711,9 @@ class CacheMeta:
         if kind is HitKind.COMMON:
             own = row.tokens
             span = use_tokens * TOKEN_BYTES
-            ok = row_key(row.namespace, own) == row.key and own[:span] == prompt[:span]
+            ok = row_key(row.namespace, own) == row.key and prompt.startswith(own[:span])
         else:
-            ok = row_key(row.namespace, prompt[: use_tokens * TOKEN_BYTES]) == row.key
+            ok = row_key(row.namespace, memoryview(prompt)[: use_tokens * TOKEN_BYTES]) == row.key
         if not ok:  # pragma: no cover - would mean the index itself is corrupt
             log.error("cache.index_mismatch", key=row.key.hex())
             self._drop(row, delete=False)

@@ -69,9 +69,12 @@ def check_tier(value: object) -> str:
     return value
 
 
-def row_key(namespace: bytes, tokens: bytes) -> bytes:
+def row_key(namespace: bytes, tokens: bytes | memoryview) -> bytes:
     """The key of ``tokens`` (u32 LE bytes) in a namespace header (see ``Namespace.key``)."""
-    return hashlib.sha256(namespace + tokens).digest()
+    # Hash in two steps: concatenating would copy a whole prompt first.
+    h = hashlib.sha256(namespace)
+    h.update(tokens)
+    return h.digest()
 
 
 @dataclass(frozen=True, slots=True)
