@@ -272,6 +272,7 @@ class _Rules:
     def __init__(self) -> None:
         self.defs: dict[str, _Expr] = {}
         self._reserved: set[str] = set()
+        self._builtins: dict[str, str] = {}
         self._by_expr: dict[_Expr, str] = {}
 
     def reserve(self, hint: str) -> str:
@@ -297,10 +298,12 @@ class _Rules:
             self.define(existing, expr)
         return _Ref(existing)
 
-    def builtin(self, name: str, build: Callable[[], _Expr]) -> _Ref:
-        """A fixed-name helper rule, defined on first use (recursion-safe)."""
-        if name not in self._reserved:
-            self._reserved.add(name)
+    def builtin(self, key: str, build: Callable[[], _Expr]) -> _Ref:
+        """The helper rule ``key`` (named so unless a schema name took it), built once."""
+        name = self._builtins.get(key)
+        if name is None:
+            # Reserve before building: the generic rules are mutually recursive.
+            name = self._builtins[key] = self.reserve(key)
             self.define(name, build())
         return _Ref(name)
 
@@ -766,7 +769,7 @@ class _Converter:
             if key in seen or (types is not None and not (_types_of(value) & types)):
                 continue
             seen.add(key)
-            options.append(_Lit(json.dumps(value, ensure_ascii=False, separators=(",", ":"))))
+            options.append(_Lit(_compact_json(value)))
         return _alt(*options)
 
     # -- typed schemas
@@ -899,8 +902,10 @@ class _Converter:
     ) -> tuple[Decimal | None, bool, Decimal | None, bool]:
         def number(keyword: str) -> Decimal | None:
             value = schema.get(keyword)
-            if keyword not in schema or isinstance(value, bool):
+            if keyword not in schema:
                 return None
+            if isinstance(value, bool):
+                raise _error(path, keyword, "must be a number")
             if not isinstance(value, int | float) or (
                 isinstance(value, float) and not math.isfinite(value)
             ):
@@ -1272,6 +1277,22 @@ def _types_of(value: Any) -> set[str]:
     if isinstance(value, Mapping):
         return {"object"}
     return set()
+
+
+def _compact_json(value: Any) -> str:
+    """``value`` as compact JSON; integral floats as integers (equal in JSON Schema,
+    and an integer under every draft's ``integer`` type)."""
+
+    def normal(v: Any) -> Any:
+        if isinstance(v, float) and v.is_integer():
+            return int(v)
+        if isinstance(v, list):
+            return [normal(x) for x in v]
+        if isinstance(v, Mapping):
+            return {k: normal(x) for k, x in v.items()}
+        return v
+
+    return json.dumps(normal(value), ensure_ascii=False, separators=(",", ":"))
 
 
 def _canonical(value: Any, path: str, keyword: str) -> str:

@@ -502,7 +502,16 @@ def test_enum_is_filtered_by_type() -> None:
 
 def test_const_and_const_within_enum() -> None:
     check({"const": "fixed"}, good=['"fixed"'], bad=['"other"'])
-    check({"const": 2, "enum": [1, 2.0, 3]}, good=["2.0"], bad=["1", "3"])
+    check({"const": 2, "enum": [1, 2.0, 3]}, good=["2"], bad=["1", "3"])
+
+
+def test_integral_float_constants_are_written_as_integers() -> None:
+    draft4 = {
+        "$schema": "http://json-schema.org/draft-04/schema#",
+        "type": "integer",
+        "enum": [1.0],
+    }
+    check(draft4, good=["1"], bad=["1.0"])
 
 
 def test_enum_string_escapes_round_trip() -> None:
@@ -591,6 +600,24 @@ def test_one_of_with_possibly_overlapping_branches_raises(branches: list[Any]) -
     with pytest.raises(SchemaError) as info:
         json_schema_to_gbnf({"oneOf": branches})
     assert info.value.details == {"path": "/", "keyword": "oneOf"}
+
+
+def test_schema_names_never_capture_helper_rules() -> None:
+    names = ("string", "value", "ws", "char", "root", "number", "integer", "object", "date-format")
+    schema = {
+        "$defs": {n: {"const": n} for n in names},
+        "type": "object",
+        "properties": {
+            **{f"p{i}": {"$ref": f"#/$defs/{n}"} for i, n in enumerate(names)},
+            "s": {"type": "string"},
+            "v": {},
+            "d": {"type": "string", "format": "date"},
+        },
+        "required": [f"p{i}" for i in range(len(names))] + ["s", "v", "d"],
+    }
+    refs = ", ".join(f'"p{i}": "{n}"' for i, n in enumerate(names))
+    good = "{" + refs + ', "s": "free text", "v": [1, {"x": null}], "d": "2024-02-29"}'
+    check(schema, good=[good], bad=[good.replace('"p0": "string"', '"p0": "x"')])
 
 
 def test_single_element_all_of_is_its_element() -> None:
@@ -757,6 +784,7 @@ def test_huge_max_length_means_unbounded_and_huge_min_length_raises() -> None:
         ({"enum": [float("nan")]}, "enum", "/"),
         ({"anyOf": []}, "anyOf", "/"),
         ({"type": "number", "maximum": "10"}, "maximum", "/"),
+        ({"type": "number", "minimum": True}, "minimum", "/"),
         ({"type": ["string", "null"], "nullable": True}, "nullable", "/"),
         ({"properties": {"a/b": {"$id": "x"}}}, "$id", "/properties/a~1b"),
         ({"type": "string", "format": "date", "maxLength": 3}, "format", "/"),
