@@ -17,7 +17,7 @@ hand the caller JSON that fails validation:
   follow them, never spell a declared name, and contain no escapes.
 - Numbers have at most ``max_digits`` digits in each of the integral and the
   fractional part and a two-digit exponent; integers are written without a
-  fraction or exponent. A number with ``minimum``/``maximum`` bounds has no
+  fraction or exponent, and never as ``-0``. A number with ``minimum``/``maximum`` bounds has no
   exponent and at most 15 significant digits, so the bound comparison cannot
   be flipped by binary floating-point rounding on the consumer's side.
 - Whitespace is limited to one space, or a newline and up to ``max_indent``
@@ -27,7 +27,14 @@ hand the caller JSON that fails validation:
 - Strings never use ``\\u`` escapes of surrogate halves (characters outside
   the BMP are written as themselves), so ``minLength``/``maxLength`` count
   what JSON Schema counts: code points.
-- ``enum``/``const`` values are written compactly, exactly as listed.
+- ``enum``/``const`` values are written compactly, as listed (an integral
+  float such as ``2.0`` as the equal integer ``2``).
+- A schema without ``type`` produces values of the types its keywords
+  describe (``properties`` → objects, ``minimum`` → numbers, ...), or any
+  JSON value when it has none.
+- A ``maxLength``/``maxItems`` above 2**20 is treated as no bound (no context
+  window holds that much output); a ``minLength``/``minItems`` above 2**16 is
+  refused.
 - ``oneOf`` is accepted only when its branches provably exclude each other
   (different JSON types, disjoint constant sets, or objects told apart by a
   required discriminator property or by a closed property set); otherwise an
@@ -609,21 +616,17 @@ class _Converter:
     def _object_rule(self) -> _Ref:
         def build() -> _Expr:
             member = _seq(self._string_rule(), _Lit(":"), self._ws(), self._value_rule())
-            return self._container("{", member, None, 0, "}")
+            return self._container("{", member, "}")
 
         return self._rules.builtin("object", build)
 
     def _array_rule(self) -> _Ref:
-        return self._rules.builtin(
-            "array", lambda: self._container("[", self._value_rule(), None, 0, "]")
-        )
+        return self._rules.builtin("array", lambda: self._container("[", self._value_rule(), "]"))
 
-    def _container(self, open_: str, item: _Expr, hi: int | None, lo: int, close: str) -> _Expr:
-        """``open item (, item)* close`` with ``lo``..``hi`` items and bounded whitespace."""
-        sep = _seq(_Lit(","), self._ws())
-        more_hi = None if hi is None else hi - 1
-        items = _seq(item, _rep(_seq(sep, item), max(0, lo - 1), more_hi))
-        return self._wrap(open_, items, lo == 0, close)
+    def _container(self, open_: str, item: _Expr, close: str) -> _Expr:
+        """``open (item (, item)*)? close`` with bounded whitespace."""
+        items = _seq(item, _rep(_seq(_Lit(","), self._ws(), item), 0, None))
+        return self._wrap(open_, items, True, close)
 
     def _wrap(self, open_: str, body: _Expr, allows_empty: bool, close: str) -> _Expr:
         ws = self._ws()
