@@ -58,7 +58,7 @@ def configure(sock: zmq.Socket[bytes], limits: Limits, *, linger_s: float, tcp: 
     sock.setsockopt(zmq.MAXMSGSIZE, limits.max_frame_bytes)
     sock.setsockopt(zmq.SNDHWM, limits.sndhwm)
     sock.setsockopt(zmq.RCVHWM, limits.rcvhwm)
-    if sock.socket_type == zmq.ROUTER:
+    if sock.type == zmq.ROUTER:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     if tcp:
         sock.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_IVL_MS)

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
 import signal
+import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -31,10 +33,10 @@ from llamad.actors.actor import Actor
 from llamad.actors.handles import PendingReply, Request, StreamSender
 from llamad.actors.ops import OpKind, OpSpec
 from llamad.actors.registry import Registry
-from llamad.actors.wire import Message
+from llamad.actors.wire import Limits, Message
 from llamad.errors import StickyBusy
 
-__all__ = ["Count", "Sleep", "Ticks", "Wait", "build_toy", "main"]
+__all__ = ["Count", "Sleep", "Ticks", "ToyProcess", "Wait", "build_toy", "main", "spawn_toy"]
 
 
 class Sleep(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -171,18 +173,76 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--endpoint")
     parser.add_argument("--registry", type=Path)
     parser.add_argument("--no-register", action="store_true")
+    parser.add_argument("--max-frame-bytes", type=int, default=Limits().max_frame_bytes)
     args = parser.parse_args(argv)
     # stdout carries the READY line; logs go to stderr.
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     registry = Registry(args.registry) if args.registry else None
     actor = Actor(
-        args.name, endpoint=args.endpoint, registry=registry, register=not args.no_register
+        args.name,
+        endpoint=args.endpoint,
+        registry=registry,
+        register=not args.no_register,
+        limits=Limits(max_frame_bytes=args.max_frame_bytes),
     )
     toy = build_toy(actor)
     endpoint = actor.start()
     print(f"READY {endpoint} {os.getpid()}", flush=True)
     run_toy(actor, toy)
     return 0
+
+
+class ToyProcess:
+    """A toy actor running as a child process (see :func:`spawn_toy`)."""
+
+    def __init__(self, proc: subprocess.Popen[str], endpoint: str, pid: int) -> None:
+        self.proc = proc
+        self.endpoint = endpoint
+        self.pid = pid
+
+    def kill(self) -> None:
+        """SIGKILL and reap."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM, wait (SIGKILL after ``timeout``), reap; return the exit code."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                return self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.wait()
+
+    def __enter__(self) -> ToyProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+
+
+def spawn_toy(*args: str, ready_timeout: float = 30.0) -> ToyProcess:
+    """Start ``python -m llamad.actors.testing ARGS`` and wait for READY."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llamad.actors.testing", *args],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + ready_timeout
+    while True:
+        left = deadline - time.monotonic()
+        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, left))
+        line = proc.stdout.readline() if ready else ""
+        if line.startswith("READY "):
+            _, endpoint, pid = line.split()
+            return ToyProcess(proc, endpoint, int(pid))
+        if not ready or not line:
+            proc.kill()
+            proc.wait()
+            raise RuntimeError(f"toy actor did not start (exit {proc.returncode})")
 
 
 if __name__ == "__main__":

@@ -138,19 +138,22 @@ class Limits:
     frame is disconnected by ZeroMQ before the runtime sees anything, so no
     reply is possible; clients check it before sending and raise
     :class:`~llamad.errors.TooLarge` locally. ``max_header_bytes`` is the
-    runtime's own cap on the msgpack header (answered with ``too_large``).
+    runtime's own cap on the msgpack header (answered with ``too_large``);
+    ``0`` (default) means ``min(1 MiB, max_frame_bytes)``.
     ``sndhwm``/``rcvhwm`` bound each peer's queue in messages; ``linger_s`` is
     how long closing waits to flush unsent messages.
     """
 
     max_frame_bytes: int = 64 * 1024 * 1024
-    max_header_bytes: int = 1024 * 1024
+    max_header_bytes: int = 0
     max_blobs: int = 16
     sndhwm: int = 10_000
     rcvhwm: int = 10_000
     linger_s: float = 0.2
 
     def __post_init__(self) -> None:
+        if self.max_header_bytes == 0 and isinstance(self.max_frame_bytes, int):
+            object.__setattr__(self, "max_header_bytes", min(1 << 20, self.max_frame_bytes))
         for name in ("max_frame_bytes", "max_header_bytes", "sndhwm", "rcvhwm"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
