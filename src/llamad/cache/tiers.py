@@ -346,6 +346,10 @@ class Tier:
         :class:`TierFull`, rather than halfway through the payload.
         """
         path = self.tmp_path_for(key, writer)
+        if size > self.quota:
+            # cache-meta refuses such a reservation already; this keeps a
+            # writer that skipped it from filling the filesystem.
+            raise TierFull(f"a {size}-byte row exceeds the {self.name} quota of {self.quota}")
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         except FileNotFoundError:

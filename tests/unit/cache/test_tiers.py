@@ -256,3 +256,11 @@ def test_mapped_payload_of_a_damaged_segment_is_refused(ram: Tier) -> None:
     with pytest.raises(KvcCorrupt) as err, ram.mapped_payload(spec.key):
         pytest.fail("a corrupt row was handed out")
     assert err.value.reason == "payload_crc"
+
+
+def test_create_tmp_refuses_a_row_larger_than_the_quota(tmp_path: Path) -> None:
+    tier = Tier(TierConfig(TierKind.DISK, tmp_path / "small", 10_000))
+    tier.prepare()
+    with pytest.raises(TierFull):
+        tier.create_tmp(spec_for([1]).key, "w1", 10_001)
+    assert list(tier.root.iterdir()) == []
