@@ -37,6 +37,7 @@ from enum import IntEnum
 from typing import TYPE_CHECKING, Final, Protocol
 
 import crc32c
+import structlog
 
 from llamad import __version__
 from llamad.cache.errors import InvalidCacheValue, KvcCorrupt
@@ -51,6 +52,10 @@ from llamad.cache.key import (
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
+
+if not crc32c.hardware_based:  # pragma: no cover - every CI host has SSE4.2 or ARMv8 CRC
+    # Software CRC32C runs at a few hundred MB/s: every restore would pay for it.
+    structlog.get_logger("llamad.cache.kvc").warning("cache.crc32c_software_fallback")
 
 MAGIC: Final = b"LLAMADKV"
 FORMAT_VERSION: Final = 1

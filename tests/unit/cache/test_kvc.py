@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import crc32c
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -231,3 +232,8 @@ def test_file_name_is_the_hex_key() -> None:
     assert file_name(key) == key.hex() + ".kvc"
     with pytest.raises(InvalidCacheValue):
         file_name(b"short")
+
+
+def test_crc32c_is_the_hardware_accelerated_implementation() -> None:
+    assert crc32c.hardware_based
+    assert crc32c.crc32c(b"123456789") == 0xE3069283  # the CRC-32C check value
