@@ -378,7 +378,13 @@ class Actor:
                         extra += 1
             handled += 1
             self.stats.received += 1
-            self._handle(ident, header, blobs, extra)
+            try:
+                self._handle(ident, header, blobs, extra)
+            except Exception as exc:
+                # Defense in depth: validation should have refused anything
+                # that can reach here, but no input may stop the actor.
+                log.exception("actor.inbound_failed", actor=self.name)
+                self._refuse(ident, 0, None, _internal(exc, "?"))
         return handled
 
     # -- inbound -------------------------------------------------------------

@@ -48,6 +48,7 @@ from llamad.actors.monitor import ProcessRef, ProcessWatch
 from llamad.actors.registry import Registry, check_name
 from llamad.actors.sockets import configure, ipc_listening, validate_endpoint
 from llamad.actors.wire import (
+    DECODE_ERRORS,
     MAX_CID,
     SERVER_KINDS,
     Blob,
@@ -620,14 +621,14 @@ def _decode(raw: msgspec.Raw, typ: Any) -> Any:
         decoder = _DECODERS[typ] = msgspec.msgpack.Decoder(typ)
     try:
         return decoder.decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+    except DECODE_ERRORS as exc:
         raise LlamadError(f"malformed answer from the actor: {exc}") from None
 
 
 def _error(raw: msgspec.Raw) -> LlamadError:
     try:
         payload = _ANY.decode(raw)
-    except (msgspec.DecodeError, RecursionError):
+    except DECODE_ERRORS:
         payload = None
     if not isinstance(payload, dict):
         return LlamadError("the actor sent a malformed error")

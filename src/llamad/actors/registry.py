@@ -185,7 +185,7 @@ class Registry:
             return None
         try:
             return _ENTRY_DECODER.decode(data)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except (msgspec.DecodeError, UnicodeDecodeError, ValueError):
             return None
 
     def lookup(self, name: str) -> RegistryEntry | None:

@@ -30,13 +30,24 @@ import msgspec
 import structlog
 
 from llamad.actors.actor import Actor
+from llamad.actors.client import Client
 from llamad.actors.handles import PendingReply, Request, StreamSender
 from llamad.actors.ops import OpKind, OpSpec
 from llamad.actors.registry import Registry
 from llamad.actors.wire import Limits, Message
 from llamad.errors import StickyBusy
 
-__all__ = ["Count", "Sleep", "Ticks", "ToyProcess", "Wait", "build_toy", "main", "spawn_toy"]
+__all__ = [
+    "Count",
+    "Sleep",
+    "Ticks",
+    "ToyProcess",
+    "Wait",
+    "build_toy",
+    "client_workload",
+    "main",
+    "spawn_toy",
+]
 
 
 class Sleep(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -190,6 +201,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"READY {endpoint} {os.getpid()}", flush=True)
     run_toy(actor, toy)
     return 0
+
+
+def client_workload(endpoint: str, calls: int, events: int, tag: int = 0) -> dict[str, Any]:
+    """Run in a client process: ``calls`` echo calls and one ``events`` stream.
+
+    Returns what came back, for the caller to check (used by the multi-client
+    tests and the benchmark).
+    """
+    with Client(endpoint, timeout=60, client_name=f"load-{tag}") as client:
+        echoed = [client.call("echo", {"tag": tag, "i": i})["i"] for i in range(calls)]
+        stream = client.stream("count", {"n": events})
+        seen = [m.body["i"] for m in stream]
+        return {"echoed": echoed, "seen": seen, "result": stream.result}
 
 
 class ToyProcess:

@@ -38,6 +38,7 @@ from llamad.errors import BadRequest, LlamadError, TooLarge, VersionMismatch
 
 __all__ = [
     "CLIENT_KINDS",
+    "DECODE_ERRORS",
     "MAX_CID",
     "MAX_OP_LEN",
     "PROTOCOL_VERSION",
@@ -202,6 +203,11 @@ class Rejected(Exception):
         self.kind = kind
 
 
+DECODE_ERRORS: Final = (msgspec.DecodeError, RecursionError, UnicodeDecodeError, ValueError)
+"""What msgspec can raise on hostile bytes: besides ``DecodeError``, invalid
+UTF-8 in a str surfaces as ``UnicodeDecodeError`` and deep nesting as
+``RecursionError``."""
+
 _ENCODER: Final = msgspec.msgpack.Encoder()
 _ENVELOPE: Final = msgspec.msgpack.Decoder(Envelope)
 
@@ -233,7 +239,7 @@ def decode_envelope(
         )
     try:
         env = _ENVELOPE.decode(header)
-    except (msgspec.DecodeError, RecursionError) as exc:
+    except DECODE_ERRORS as exc:
         ints = _peek_ints(header)
         if ints and ints[0] != PROTOCOL_VERSION:
             raise _version_mismatch(ints[0], ints) from None
@@ -252,7 +258,7 @@ def decode_body(raw: msgspec.Raw, decoder: msgspec.msgpack.Decoder[Any]) -> Any:
         return decoder.decode(raw)
     except msgspec.ValidationError as exc:
         raise BadRequest(f"invalid body: {exc}") from None
-    except (msgspec.DecodeError, RecursionError) as exc:
+    except DECODE_ERRORS as exc:
         raise BadRequest(f"malformed body: {exc}") from None
 
 

@@ -134,6 +134,18 @@ def test_deep_nesting_is_bad_request_not_a_crash() -> None:
     assert isinstance(rejected(header).error, BadRequest)
 
 
+def test_invalid_utf8_in_the_op_is_bad_request() -> None:
+    header = b"\x95\x01\x01\x05\xa2\x96\xff\xc0"
+    assert isinstance(rejected(header).error, BadRequest)
+
+
+def test_invalid_utf8_in_the_body_is_bad_request() -> None:
+    header = b"\x95\x01\x01\x05\xa2op\x81\xa1\xfe\x01"
+    env = decode_envelope(header, LIMIT, ALL_KINDS)
+    with pytest.raises(BadRequest):
+        decode_body(env.body, msgspec.msgpack.Decoder(dict[str, Any]))
+
+
 def test_other_protocol_version_is_version_mismatch() -> None:
     rej = rejected(pack([PROTOCOL_VERSION + 1, 1, 12, "op", None]))
     assert rej.error.code == "version_mismatch"

@@ -1,0 +1,117 @@
+"""The runtime between real processes: a toy actor child, clients in this and other processes."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from llamad.actors import Client, Registry
+from llamad.actors.testing import ToyProcess, client_workload, spawn_toy
+from llamad.errors import LlamadError, Unavailable
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(params=["ipc", "tcp"])
+def toy(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ToyProcess]:
+    endpoint = f"ipc://{tmp_path}/toy.sock" if request.param == "ipc" else "tcp://127.0.0.1:0"
+    with spawn_toy("--endpoint", endpoint, "--no-register") as proc:
+        yield proc
+
+
+def test_call_cast_and_stream_between_processes(toy: ToyProcess) -> None:
+    with Client(toy.endpoint, timeout=30) as c:
+        assert c.connect().pid == toy.pid
+        assert c.call("echo", {"x": [1, "two", b"3"]}) == {"x": [1, "two", b"3"]}
+        with pytest.raises(LlamadError, match="boom"):
+            c.call("fail")
+        assert c.call("pid") == toy.pid
+        stream = c.stream("count", {"n": 1000})
+        assert [m.body["i"] for m in stream] == list(range(1000))
+        assert stream.result == {"n": 1000}
+        with Client(toy.endpoint, timeout=30) as other:
+            timer = threading.Timer(0.1, other.cast, ("publish", {"key": "k", "value": "v"}))
+            timer.start()
+            assert c.call("wait", {"key": "k", "timeout": 30}) == {"hit": True, "value": "v"}
+            timer.join()
+
+
+def test_large_blobs_cross_intact(toy: ToyProcess) -> None:
+    payload = os.urandom(8 << 20)
+    with Client(toy.endpoint, timeout=60) as c:
+        reply = c.request("echo", None, blobs=[payload, b""])
+        assert bytes(reply.blobs[0]) == payload
+        assert bytes(reply.blobs[1]) == b""
+
+
+@pytest.mark.slow
+def test_sixteen_client_processes_call_and_stream_concurrently(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    with (
+        spawn_toy("--endpoint", f"ipc://{tmp_path}/toy.sock", "--no-register") as toy,
+        ProcessPoolExecutor(16, mp_context=ctx) as pool,
+    ):
+        futures = [pool.submit(client_workload, toy.endpoint, 100, 300, tag) for tag in range(16)]
+        results = [f.result(timeout=100) for f in futures]
+        for result in results:
+            assert result["echoed"] == list(range(100))
+            assert result["seen"] == list(range(300))
+            assert result["result"] == {"n": 300}
+        with Client(toy.endpoint, timeout=30) as c:
+            info = c.call("$info")
+            assert info["stats"]["handler_failures"] == 0
+            assert info["peers"] == 1  # the pool's clients said goodbye
+
+
+def test_registered_actor_restart_is_followed_by_name(tmp_path: Path) -> None:
+    registry = Registry(tmp_path / "reg")
+    args = ("--name", "toy", "--registry", str(registry.root))
+    client = Client(name="toy", registry=registry, timeout=30, connect_timeout=10)
+    try:
+        with spawn_toy(*args) as first:
+            before = client.connect()
+            assert before.pid == first.pid
+            assert first.stop() == 0
+        assert registry.lookup("toy") is None
+        with pytest.raises(Unavailable):
+            client.call("echo", 1)
+        with spawn_toy(*args) as second:
+            assert client.call("echo", "again") == "again"
+            after = client.server
+            assert after is not None
+            assert after.pid == second.pid and after.instance != before.instance
+    finally:
+        client.close()
+
+
+def test_sigterm_stops_cleanly_and_fails_open_calls_with_unavailable(tmp_path: Path) -> None:
+    registry = Registry(tmp_path / "reg")
+    with spawn_toy("--name", "toy", "--registry", str(registry.root)) as toy:
+        errors: list[BaseException] = []
+        with Client(name="toy", registry=registry, timeout=30) as c:
+            c.connect()
+
+            def call() -> None:
+                try:
+                    c.call("hang")
+                except BaseException as exc:
+                    errors.append(exc)
+
+            caller = threading.Thread(target=call)
+            caller.start()
+            deadline = time.monotonic() + 30
+            with Client(name="toy", registry=registry, timeout=30) as probe:
+                while probe.call("$info")["open"] < 1:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.01)
+            assert toy.stop() == 0
+            caller.join(30)
+        assert [type(e) for e in errors] == [Unavailable]
+        assert registry.read("toy") is None
