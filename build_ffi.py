@@ -16,6 +16,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import cffi
+
 ROOT = Path(__file__).resolve().parent
 PKG = ROOT / "src" / "llamad" / "llama_ffi"
 sys.path.insert(0, str(ROOT / "src"))
@@ -35,8 +37,6 @@ def lib_dir(prefix: Path) -> Path:
 
 
 def main() -> None:
-    import cffi
-
     prefix = paths.llama_prefix()
     src = prefix / "src"
     libs = lib_dir(prefix)

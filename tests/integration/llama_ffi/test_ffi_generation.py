@@ -7,7 +7,16 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from llamad.llama_ffi import Batch, Context, Model, NoLogits, Sampler, SamplerParams
+from llamad.llama_ffi import (
+    Batch,
+    Context,
+    FlashAttn,
+    KVType,
+    Model,
+    NoLogits,
+    Sampler,
+    SamplerParams,
+)
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(180)]
 
@@ -153,3 +162,22 @@ def test_contexts_decode_in_parallel_threads(
     for t in threads:
         t.join(timeout=120)
     assert results == [expected, expected]
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {"flash_attn": FlashAttn.OFF},
+        {"flash_attn": FlashAttn.ON},
+        {"flash_attn": FlashAttn.ON, "type_k": KVType.Q8_0, "type_v": KVType.Q8_0},
+        {"type_k": KVType.F32, "type_v": KVType.F32},
+    ],
+    ids=["fa-off", "fa-on", "fa-on-q8", "f32-kv"],
+)
+def test_attention_and_kv_type_options_generate(
+    make_ctx: MakeCtx, greedy: Greedy, prompt_tokens: list[int], opts: dict[str, object]
+) -> None:
+    ctx = make_ctx(**opts)
+    out = greedy(ctx, prompt_tokens, 8)
+    assert len(out) == 8
+    assert ctx.seq_pos_max(0) == len(prompt_tokens) + 7 - 1
