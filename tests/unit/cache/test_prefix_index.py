@@ -48,7 +48,7 @@ seqs = st.lists(token, min_size=1, max_size=12)
 
 
 @given(rows=st.lists(seqs, max_size=25, unique_by=tuple), prompt=seqs)
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 def test_prefix_match_agrees_with_brute_force(rows: list[list[int]], prompt: list[int]) -> None:
     index = PrefixIndex()
     for row in rows:
