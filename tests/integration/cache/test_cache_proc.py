@@ -71,6 +71,10 @@ def test_cache_proc_publishes_and_serves_rows_from_every_tier(
         assert counters["saves_cold"] == 3
         assert counters["hits_longest_prefix"] == 1 and counters["hits_exact"] == 1
         assert counters["bytes_disk"] > 0
+        cache.reset_counters()
+        after = cache.counters()
+        assert after["saves_cold"] == after["hits_exact"] == 0
+        assert after["bytes_disk"] == counters["bytes_disk"]  # gauges describe state
 
 
 def test_waiter_over_the_wire_is_released_when_the_save_publishes(
