@@ -11,6 +11,7 @@ Skips the build when the extension is newer than its inputs.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import sysconfig
@@ -61,7 +62,11 @@ def main() -> None:
     )
     tmp = ROOT / "build" / "ffi"
     built = Path(ffi.compile(tmpdir=str(tmp), verbose=False))
-    shutil.copy2(built, target)
+    # Never rewrite a loaded library in place (a running process has it
+    # mapped and would crash): copy beside it, then rename over it.
+    staged = target.with_name(target.name + ".tmp")
+    shutil.copy2(built, staged)
+    os.replace(staged, target)
     print(f"[ffi] built {target.relative_to(ROOT)} (rpath {libs})")
 
 
