@@ -140,8 +140,8 @@ def test_corrupt_state_is_rejected_and_leaves_the_sequence_empty(
 
 
 def test_state_larger_than_the_target_context_is_rejected(model: Model, make_ctx: MakeCtx) -> None:
-    big = make_ctx(n_ctx=1024)
-    big.prefill([(i * 37) % 40000 + 100 for i in range(600)])
+    big = make_ctx(n_ctx=512)
+    big.prefill([(i * 37) % 40000 + 100 for i in range(300)])
     small = make_ctx(n_ctx=256)
     with pytest.raises(StateError):
         small.unpack_seq(0, _packed(big, 0))
