@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -142,6 +143,32 @@ def context_on_closed_model(_: Path) -> object:
     m = model()
     m.close()
     return ctx(m)
+
+
+@scenario
+def close_while_another_thread_decodes(_: Path) -> object:
+    c = ctx(n_batch=256, n_ubatch=256)
+    started = threading.Event()
+    failure: list[BaseException] = []
+
+    def decode_until_closed() -> None:
+        b = Batch(256)
+        try:
+            while True:
+                b.clear()
+                b.add_tokens([(i % 1000) + 100 for i in range(200)], 0, 0)
+                started.set()
+                c.decode(b)
+                c.seq_remove(0)
+        except BaseException as exc:
+            failure.append(exc)
+
+    worker = threading.Thread(target=decode_until_closed)
+    worker.start()
+    started.wait(60)
+    c.close()  # waits for the in-flight decode, then frees
+    worker.join(60)
+    raise failure[0]
 
 
 # -- batches ----------------------------------------------------------------------------

@@ -35,6 +35,7 @@ EXPECTED = {
     "sample_with_closed_sampler": "Closed",
     "tokenize_after_model_close": "Closed",
     "context_on_closed_model": "Closed",
+    "close_while_another_thread_decodes": "Closed",
     "batch_larger_than_n_batch": "BatchTooLarge",
     "empty_batch": "BadRequest",
     "token_id_at_n_vocab_in_batch": "InvalidToken",
