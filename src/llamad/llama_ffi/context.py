@@ -20,9 +20,14 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from llamad.cache.key import effective_fingerprint
-from llamad.errors import BadRequest, ConfigError, ContextOverflow
+from llamad.errors import BadRequest, ContextOverflow
 from llamad.llama_ffi.batch import Batch
-from llamad.llama_ffi.embeddings import l2_normalize, plan_groups
+from llamad.llama_ffi.embeddings import (
+    check_mean_pooling_layout,
+    effective_pooling,
+    l2_normalize,
+    plan_groups,
+)
 from llamad.llama_ffi.errors import (
     AdapterError,
     BatchTooLarge,
@@ -41,7 +46,7 @@ from llamad.llama_ffi.errors import (
 from llamad.llama_ffi.lifetime import NativeHandle
 from llamad.llama_ffi.native import ffi, lib
 from llamad.llama_ffi.options import ContextOptions, PoolingType
-from llamad.llama_ffi.state import StateBuffer
+from llamad.llama_ffi.state import readable_view, writable_view
 
 if TYPE_CHECKING:
     from llamad.llama_ffi.lora import LoraAdapter
@@ -84,8 +89,11 @@ class Context:
             if model.options.vocab_only or model.n_layer == 0:
                 # llama.cpp asserts (aborts) building a context without weights.
                 raise Unsupported("a vocab_only model has no weights to run a context on")
-            if opts.embeddings and _pooling_of(model, opts.pooling) is PoolingType.MEAN:
-                _check_mean_pooling_layout(opts.n_ctx, opts.n_ubatch, opts.n_seq_max)
+            if (
+                opts.embeddings
+                and effective_pooling(model.metadata, opts.pooling) is PoolingType.MEAN
+            ):
+                check_mean_pooling_layout(opts.n_ctx, opts.n_ubatch, opts.n_seq_max)
             params = lib.llama_context_default_params()
             params.n_ctx = opts.n_ctx
             params.n_batch = opts.n_batch
@@ -441,7 +449,7 @@ class Context:
         with self._lock:
             ptr = self._ptr()
             self._check_seq(seq_id)
-            dst = _writable(out)
+            dst = writable_view(out)
             need = int(lib.llama_state_seq_get_size(ptr, seq_id))
             if len(dst) < need:
                 raise BufferTooSmall(
@@ -460,7 +468,7 @@ class Context:
         with self._lock:
             ptr = self._ptr()
             self._check_seq(seq_id)
-            src = _readable(data)
+            src = readable_view(data)
             size = len(src) if nbytes is None else nbytes
             if not 0 < size <= len(src):
                 raise BadRequest(f"nbytes {nbytes} outside (0, {len(src)}]")
@@ -512,7 +520,7 @@ class Context:
                     )
             if not self._embeddings_on:
                 # The real sizes are known now; a graph reserve after a memory
-                # update would use exactly these (see _check_mean_pooling_layout).
+                # update would use exactly these (see check_mean_pooling_layout).
                 worst = min(self.n_ctx, self.n_ubatch)
                 if self.pooling is PoolingType.MEAN and worst % self.n_seq_max:
                     raise Unsupported(
@@ -614,46 +622,3 @@ class Context:
         with self._lock:
             active = [(a.sha256, s) for a, s in self._adapters.items() if s != 0.0]
         return effective_fingerprint(base, active)
-
-
-def _writable(buf: Any) -> Any:
-    if isinstance(buf, StateBuffer):
-        buf = buf.memory
-    try:
-        return ffi.from_buffer("uint8_t[]", buf, require_writable=True)
-    except (TypeError, BufferError) as exc:
-        raise BadRequest(f"pack_seq needs a writable buffer: {exc}") from None
-
-
-def _readable(buf: Any) -> Any:
-    if isinstance(buf, StateBuffer):
-        buf = buf.memory
-    try:
-        return ffi.from_buffer("uint8_t[]", buf)
-    except (TypeError, BufferError) as exc:
-        raise BadRequest(f"unpack_seq needs a buffer: {exc}") from None
-
-
-def _pooling_of(model: Model, requested: PoolingType) -> PoolingType:
-    """The pooling llama.cpp will use: the requested one, else the model's."""
-    if requested is not PoolingType.UNSPECIFIED:
-        return requested
-    arch = model.metadata.get("general.architecture", "")
-    raw = model.metadata.get(f"{arch}.pooling_type")
-    try:
-        return PoolingType(int(raw)) if raw is not None else PoolingType.NONE
-    except ValueError:
-        return PoolingType.NONE
-
-
-def _check_mean_pooling_layout(n_ctx: int, n_ubatch: int, n_seq_max: int) -> None:
-    # At this pin, reserving the worst-case graph with mean pooling rounds the
-    # ubatch (min(n_ctx, n_ubatch) tokens) up to a multiple of n_seq_max but
-    # not the pooling matrix, and ggml asserts (aborts the process) on the
-    # mismatched matmul. n_ctx is padded by llama.cpp, so before creation the
-    # rule is stated conservatively on n_ubatch alone.
-    if n_seq_max > 1 and (n_ubatch > n_ctx or n_ubatch % n_seq_max != 0):
-        raise ConfigError(
-            f"n_ubatch: mean-pooled embeddings with n_seq_max={n_seq_max} need n_ubatch "
-            f"to be a multiple of n_seq_max and at most n_ctx (got {n_ubatch})"
-        )

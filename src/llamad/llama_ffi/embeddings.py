@@ -12,9 +12,12 @@ as those rules allow.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-__all__ = ["l2_normalize", "plan_groups"]
+from llamad.errors import ConfigError
+from llamad.llama_ffi.options import PoolingType
+
+__all__ = ["check_mean_pooling_layout", "effective_pooling", "l2_normalize", "plan_groups"]
 
 
 def plan_groups(lengths: Sequence[int], n_ubatch: int, *, equal_lengths: bool) -> list[list[int]]:
@@ -42,3 +45,28 @@ def l2_normalize(vec: list[float]) -> list[float]:
     """``vec`` scaled to unit length (unchanged if it is all zeros)."""
     norm = math.sqrt(math.fsum(x * x for x in vec))
     return [x / norm for x in vec] if norm > 0 else vec
+
+
+def effective_pooling(metadata: Mapping[str, str], requested: PoolingType) -> PoolingType:
+    """The pooling llama.cpp will use: the requested one, else the model's."""
+    if requested is not PoolingType.UNSPECIFIED:
+        return requested
+    arch = metadata.get("general.architecture", "")
+    raw = metadata.get(f"{arch}.pooling_type")
+    try:
+        return PoolingType(int(raw)) if raw is not None else PoolingType.NONE
+    except ValueError:
+        return PoolingType.NONE
+
+
+def check_mean_pooling_layout(n_ctx: int, n_ubatch: int, n_seq_max: int) -> None:
+    # At this pin, reserving the worst-case graph with mean pooling rounds the
+    # ubatch (min(n_ctx, n_ubatch) tokens) up to a multiple of n_seq_max but
+    # not the pooling matrix, and ggml asserts (aborts the process) on the
+    # mismatched matmul. n_ctx is padded by llama.cpp, so before creation the
+    # rule is stated conservatively on n_ubatch alone.
+    if n_seq_max > 1 and (n_ubatch > n_ctx or n_ubatch % n_seq_max != 0):
+        raise ConfigError(
+            f"n_ubatch: mean-pooled embeddings with n_seq_max={n_seq_max} need n_ubatch "
+            f"to be a multiple of n_seq_max and at most n_ctx (got {n_ubatch})"
+        )

@@ -16,7 +16,7 @@ from llamad.errors import BadRequest
 from llamad.llama_ffi.errors import Closed
 from llamad.llama_ffi.native import ffi, lib
 
-__all__ = ["PAGE_SIZE", "StateBuffer", "prefault"]
+__all__ = ["PAGE_SIZE", "StateBuffer", "prefault", "readable_view", "writable_view"]
 
 PAGE_SIZE = mmap.PAGESIZE
 
@@ -106,3 +106,23 @@ class StateBuffer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def writable_view(buf: Any) -> Any:
+    """A ``uint8_t[]`` over writable memory (any buffer or a StateBuffer), no copy."""
+    if isinstance(buf, StateBuffer):
+        buf = buf.memory
+    try:
+        return ffi.from_buffer("uint8_t[]", buf, require_writable=True)
+    except (TypeError, BufferError) as exc:
+        raise BadRequest(f"pack_seq needs a writable buffer: {exc}") from None
+
+
+def readable_view(buf: Any) -> Any:
+    """A ``uint8_t[]`` over any buffer (or a StateBuffer), read in place."""
+    if isinstance(buf, StateBuffer):
+        buf = buf.memory
+    try:
+        return ffi.from_buffer("uint8_t[]", buf)
+    except (TypeError, BufferError) as exc:
+        raise BadRequest(f"unpack_seq needs a buffer: {exc}") from None
