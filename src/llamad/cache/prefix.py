@@ -193,22 +193,30 @@ class PrefixIndex:
         at = bisect_right(rows, prompt)
         probes = max(1, len(rows).bit_length())
 
-        # Best common prefix: one of the two neighbours of the prompt.
+        # Best common prefix: one of the two neighbours of the prompt. The left
+        # neighbour is also where the longest-prefix walk starts, and in the
+        # common case (a prompt extending a saved row) it is that row.
+        left = rows[at - 1] if at > 0 else None
+        right = rows[at] if at < len(rows) else None
+        left_is_prefix = left is not None and prompt.startswith(left)
         common: bytes | None = None
         common_len = 0
-        for neighbour in (rows[at - 1] if at > 0 else None, rows[at] if at < len(rows) else None):
+        for neighbour in (left, right):
             if neighbour is None:
                 continue
             probes += 1
-            shared = common_prefix_len(neighbour, prompt) // TOKEN_BYTES * TOKEN_BYTES
+            if neighbour is left and left_is_prefix:
+                shared = len(neighbour)
+            else:
+                shared = common_prefix_len(neighbour, prompt) // TOKEN_BYTES * TOKEN_BYTES
             if shared > common_len or (
                 shared == common_len and common is not None and len(neighbour) < len(common)
             ):
                 common, common_len = neighbour, shared
 
         # Longest prefix: walk down from the string just at or below the prompt.
-        prefix: bytes | None = None
-        hi = at
+        prefix: bytes | None = left if left_is_prefix else None
+        hi = at if prefix is None else 0
         limit = prompt
         while hi > 0:
             candidate = rows[hi - 1]
