@@ -10,50 +10,121 @@ Typed, lifetime-safe wrappers over the pinned llama.cpp (SPEC L2-L12)::
 
 Misuse that llama.cpp would answer with an abort raises a subclass of
 :class:`llamad.errors.LlamadError` instead (see :mod:`llamad.llama_ffi.errors`).
+
+Names are imported on first use, so the pure-Python parts (the JSON Schema
+converter, the Jinja chat templates) work without loading libllama.
 """
 
-from llamad.errors import ContextOverflow
-from llamad.llama_ffi.batch import Batch
-from llamad.llama_ffi.builtin_template import builtin_chat_template, builtin_template_names
-from llamad.llama_ffi.context import Context
-from llamad.llama_ffi.errors import (
-    AdapterError,
-    BatchTooLarge,
-    BufferTooSmall,
-    ChatTemplateError,
-    Closed,
-    ContextCreateError,
-    DecodeError,
-    EmbeddingsUnavailable,
-    GrammarError,
-    InvalidSequence,
-    InvalidToken,
-    LlamaError,
-    LoadCancelled,
-    ModelFileError,
-    ModelLoadError,
-    NoLogits,
-    NotGGUF,
-    StateError,
-    TruncatedGGUF,
-    Unsupported,
-)
-from llamad.llama_ffi.gguf_check import GGUFInfo, check_gguf
-from llamad.llama_ffi.lora import LoraAdapter, effective_fingerprint
-from llamad.llama_ffi.model import Model, ProgressCallback
-from llamad.llama_ffi.native import ensure_backend, set_log_level, system_info
-from llamad.llama_ffi.options import (
-    ContextOptions,
-    FlashAttn,
-    KVType,
-    LoadMode,
-    ModelOptions,
-    PoolingType,
-    SplitMode,
-    default_threads,
-)
-from llamad.llama_ffi.sampling import Sampler, SamplerParams
-from llamad.llama_ffi.state import PAGE_SIZE, StateBuffer, prefault
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from llamad.errors import ContextOverflow
+    from llamad.llama_ffi.batch import Batch
+    from llamad.llama_ffi.builtin_template import builtin_chat_template, builtin_template_names
+    from llamad.llama_ffi.chat_template import ChatFormatter, ChatTemplate, apply_chat_template
+    from llamad.llama_ffi.context import Context
+    from llamad.llama_ffi.errors import (
+        AdapterError,
+        BatchTooLarge,
+        BufferTooSmall,
+        ChatTemplateError,
+        Closed,
+        ContextCreateError,
+        DecodeError,
+        EmbeddingsUnavailable,
+        GrammarError,
+        InvalidSequence,
+        InvalidToken,
+        LlamaError,
+        LoadCancelled,
+        ModelFileError,
+        ModelLoadError,
+        NoLogits,
+        NotGGUF,
+        StateError,
+        TruncatedGGUF,
+        Unsupported,
+    )
+    from llamad.llama_ffi.gguf_check import GGUFInfo, check_gguf
+    from llamad.llama_ffi.json_schema import GrammarOptions, json_schema_to_gbnf
+    from llamad.llama_ffi.lora import LoraAdapter, effective_fingerprint
+    from llamad.llama_ffi.model import Model, ProgressCallback
+    from llamad.llama_ffi.native import ensure_backend, set_log_level, system_info
+    from llamad.llama_ffi.options import (
+        ContextOptions,
+        FlashAttn,
+        KVType,
+        LoadMode,
+        ModelOptions,
+        PoolingType,
+        SplitMode,
+        default_threads,
+    )
+    from llamad.llama_ffi.sampling import Sampler, SamplerParams
+    from llamad.llama_ffi.state import PAGE_SIZE, StateBuffer, prefault
+
+_EXPORTS: dict[str, str] = {
+    "ContextOverflow": "llamad.errors",
+    "Batch": "llamad.llama_ffi.batch",
+    "builtin_chat_template": "llamad.llama_ffi.builtin_template",
+    "builtin_template_names": "llamad.llama_ffi.builtin_template",
+    "ChatFormatter": "llamad.llama_ffi.chat_template",
+    "ChatTemplate": "llamad.llama_ffi.chat_template",
+    "apply_chat_template": "llamad.llama_ffi.chat_template",
+    "Context": "llamad.llama_ffi.context",
+    "GGUFInfo": "llamad.llama_ffi.gguf_check",
+    "check_gguf": "llamad.llama_ffi.gguf_check",
+    "GrammarOptions": "llamad.llama_ffi.json_schema",
+    "json_schema_to_gbnf": "llamad.llama_ffi.json_schema",
+    "LoraAdapter": "llamad.llama_ffi.lora",
+    "effective_fingerprint": "llamad.llama_ffi.lora",
+    "Model": "llamad.llama_ffi.model",
+    "ProgressCallback": "llamad.llama_ffi.model",
+    "ensure_backend": "llamad.llama_ffi.native",
+    "set_log_level": "llamad.llama_ffi.native",
+    "system_info": "llamad.llama_ffi.native",
+    "ContextOptions": "llamad.llama_ffi.options",
+    "FlashAttn": "llamad.llama_ffi.options",
+    "KVType": "llamad.llama_ffi.options",
+    "LoadMode": "llamad.llama_ffi.options",
+    "ModelOptions": "llamad.llama_ffi.options",
+    "PoolingType": "llamad.llama_ffi.options",
+    "SplitMode": "llamad.llama_ffi.options",
+    "default_threads": "llamad.llama_ffi.options",
+    "Sampler": "llamad.llama_ffi.sampling",
+    "SamplerParams": "llamad.llama_ffi.sampling",
+    "PAGE_SIZE": "llamad.llama_ffi.state",
+    "StateBuffer": "llamad.llama_ffi.state",
+    "prefault": "llamad.llama_ffi.state",
+    **{
+        name: "llamad.llama_ffi.errors"
+        for name in (
+            "AdapterError",
+            "BatchTooLarge",
+            "BufferTooSmall",
+            "ChatTemplateError",
+            "Closed",
+            "ContextCreateError",
+            "DecodeError",
+            "EmbeddingsUnavailable",
+            "GrammarError",
+            "InvalidSequence",
+            "InvalidToken",
+            "LlamaError",
+            "LoadCancelled",
+            "ModelFileError",
+            "ModelLoadError",
+            "NoLogits",
+            "NotGGUF",
+            "StateError",
+            "TruncatedGGUF",
+            "Unsupported",
+        )
+    },
+}
 
 __all__ = [
     "PAGE_SIZE",
@@ -61,6 +132,8 @@ __all__ = [
     "Batch",
     "BatchTooLarge",
     "BufferTooSmall",
+    "ChatFormatter",
+    "ChatTemplate",
     "ChatTemplateError",
     "Closed",
     "Context",
@@ -72,6 +145,7 @@ __all__ = [
     "FlashAttn",
     "GGUFInfo",
     "GrammarError",
+    "GrammarOptions",
     "InvalidSequence",
     "InvalidToken",
     "KVType",
@@ -94,13 +168,28 @@ __all__ = [
     "StateError",
     "TruncatedGGUF",
     "Unsupported",
+    "apply_chat_template",
     "builtin_chat_template",
     "builtin_template_names",
     "check_gguf",
     "default_threads",
     "effective_fingerprint",
     "ensure_backend",
+    "json_schema_to_gbnf",
     "prefault",
     "set_log_level",
     "system_info",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
