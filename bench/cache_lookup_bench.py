@@ -28,11 +28,15 @@ import math
 import os
 import random
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+
+import zmq
 
 from bench.common import median, percentile, record, table
 from llamad.cache.client import CacheClient
@@ -84,6 +88,46 @@ def sample(fn: Callable[[], object], n: int) -> list[float]:
     return out
 
 
+_ECHO = """
+import sys, zmq
+ctx = zmq.Context(); sock = ctx.socket(zmq.ROUTER); sock.bind(sys.argv[1])
+print("READY", flush=True)
+while True:
+    frames = sock.recv_multipart()
+    if frames[-1] == b"stop":
+        break
+    sock.send_multipart(frames)
+sock.close(linger=0); ctx.term()
+"""
+
+
+def raw_zmq_round_trips(n: int, where: Path) -> list[float]:
+    """A bare DEALER/ROUTER echo over ipc between two processes: the floor under any call."""
+    endpoint = f"ipc://{where / 'echo.sock'}"
+    echo = subprocess.Popen([sys.executable, "-c", _ECHO, endpoint], stdout=subprocess.PIPE)
+    assert echo.stdout is not None
+    echo.stdout.readline()
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(endpoint)
+    try:
+        for _ in range(200):
+            sock.send(b"x")
+            sock.recv()
+
+        def once() -> None:
+            sock.send(b"x")
+            sock.recv()
+
+        return sample(once, n)
+    finally:
+        sock.send(b"stop")
+        echo.wait(10)
+        echo.stdout.close()
+        sock.close(linger=0)
+        ctx.term()
+
+
 def row(name: str, us: list[float], note: str = "") -> list[object]:
     return [
         name,
@@ -103,6 +147,7 @@ def main() -> None:
     parser.add_argument("--record", action="store_true", help="write bench/results/")
     args = parser.parse_args()
     rng = random.Random(20261125)
+    load_before = f"{os.getloadavg()[0]:.2f}"
 
     instance = f"bench{uuid.uuid4().hex[:8]}"
     base = Path(tempfile.mkdtemp(prefix="lcb-", dir="/tmp"))
@@ -142,8 +187,10 @@ def main() -> None:
             for _ in range(200):  # warm up connections, caches and the allocator
                 cache.lookup_exact(rng.choice(keys), pin=False)
 
+            raw = raw_zmq_round_trips(n, base)
+            results.append(row("raw ZeroMQ ipc echo (no runtime)", raw, "peer: the floor"))
             ping = sample(lambda: cache._client.call("$ping", {}), n)
-            results.append(row("transport round trip ($ping)", ping, "peer"))
+            results.append(row("actor round trip ($ping)", ping, "peer: the transport"))
 
             # Time only the lookup: the checkin is a second call a worker makes later.
             exact_us: list[float] = []
@@ -209,7 +256,8 @@ def main() -> None:
         f"{args.rows:,} rows ({len(convs)} conversations, lengths log-uniform "
         f"{MIN_LEN}..{MAX_LEN} tokens) in a ram_file tier; files written in {write_s:.1f} s; "
         f"cache-meta start with index rebuild {start_s:.1f} s; pins after the run: "
-        f"{final['pins']}. Client and cache-meta are separate processes on ipc://."
+        f"{final['pins']}. Client and cache-meta are separate processes on ipc://. "
+        f"Load average before/after: {load_before} / {os.getloadavg()[0]:.2f}."
     )
     text = f"{setup}\n\n{body}\n\n{bars}\n"
     print(text)
