@@ -17,7 +17,7 @@ so a save that could never fit is refused before a byte is written. Files are
 read with plain ``pread`` into memory the caller owns, never ``mmap``: a file
 truncated under a reader then yields a short read (a miss), not a SIGBUS.
 ``ram`` segments are the exception, mapped and copied (see
-``_copy_from_segment`` for why that is safe and needed).
+:class:`SegmentMaps` for why that is safe and needed).
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ import errno
 import mmap
 import os
 import re
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -267,14 +269,33 @@ class Tier:
         when any check fails (nothing of the row is left in the buffer then).
         """
         key, path = self._resolve(key_or_location)
+        if self.kind is TierKind.RAM:
+            segment = SEGMENTS.get(path, key)
+            try:
+                return copy_payload_into(segment.view, segment.meta, buffer)
+            except KvcCorrupt:
+                SEGMENTS.drop(path)
+                raise
         fd = self._open(path)
         try:
             meta = read_meta(fd, expected_key=key)
-            if self.kind is TierKind.RAM:
-                return _copy_from_segment(fd, meta, buffer)
             return read_payload_into(fd, meta, buffer)
         finally:
             os.close(fd)
+
+    def warm(self, key_or_location: bytes | str | os.PathLike[str]) -> bool:
+        """Map a ``ram`` row ahead of its first load (off the hot path; see SegmentMaps).
+
+        Returns False for other tiers and for rows that are gone or damaged.
+        """
+        if self.kind is not TierKind.RAM:
+            return False
+        key, path = self._resolve(key_or_location)
+        try:
+            SEGMENTS.get(path, key)
+        except (RowMissing, KvcCorrupt):
+            return False
+        return True
 
     @contextlib.contextmanager
     def mapped_payload(
@@ -286,33 +307,24 @@ class Tier:
         ``llama_state_seq_set_data``, which copies it into the KV cache; that
         saves the copy into an intermediate buffer that :meth:`read_into`
         makes. Do not keep the view (or anything made from it) past the
-        block: it is unmapped there. Raises like :meth:`read_into`.
+        block. Raises like :meth:`read_into`.
         """
         if self.kind is not TierKind.RAM:
             raise InvalidCacheValue("tier", f"{self.name} rows are read with read_into, not mapped")
         key, path = self._resolve(key_or_location)
-        fd = self._open(path)
+        segment = SEGMENTS.get(path, key)
+        payload = segment.view[segment.meta.payload_offset : segment.meta.file_size]
         try:
-            meta = read_meta(fd, expected_key=key)
-            mapped = mmap.mmap(
-                fd, meta.file_size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ
-            )
-        finally:
-            os.close(fd)
-        view = memoryview(mapped)
-        payload = view[meta.payload_offset : meta.file_size]
-        try:
-            if crc32c.crc32c(payload) != meta.payload_crc32c:
+            if crc32c.crc32c(payload) != segment.meta.payload_crc32c:
+                SEGMENTS.drop(path)
                 raise KvcCorrupt("payload_crc", "payload checksum mismatch")
             yield payload
         finally:
             try:
                 payload.release()
-                view.release()
-                mapped.close()
             except BufferError:
-                # The caller kept an export of the view; the mapping goes away
-                # with the last reference instead.
+                # The caller kept an export of the view; the mapping then
+                # lives until that export goes.
                 log.warning("cache.mapping_kept_alive", tier=self.name, path=str(path))
 
     def persist_stats(
@@ -373,22 +385,124 @@ class Tier:
             os.close(fd)
 
 
-def _copy_from_segment(fd: int, meta: KvcMeta, buffer: Buffer) -> int:
-    # A ram row is read the way shared memory is meant to be read: mapped and
-    # copied. read(2) from tmpfs costs up to 3x a memcpy on some kernels (and
-    # does on the benchmark VM), which would break the restore bar. The usual
-    # mmap hazard, SIGBUS when the file shrinks under the mapping, cannot come
-    # from llamad: a published segment is never truncated or rewritten, only
-    # unlinked, and unlinking leaves an existing mapping intact. Files on disk
-    # and ram_file rows, which other tools may touch, are never mapped.
-    with mmap.mmap(
-        fd, meta.file_size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ
-    ) as mapped:
-        view = memoryview(mapped)
+@dataclass(frozen=True, slots=True)
+class _Segment:
+    ino: int
+    dev: int
+    size: int
+    meta: KvcMeta
+    view: memoryview
+
+
+class SegmentMaps:
+    """This process's read-only mappings of ``ram`` segments, kept between loads.
+
+    A ``ram`` row is read the way shared memory is meant to be read: mapped
+    and copied. ``read(2)`` from tmpfs costs up to 3x a memcpy on some kernels
+    (it does on the benchmark VM), and setting up the page tables of a fresh
+    47 MB mapping costs about one memcpy on its own, so mappings are kept and
+    reused: a repeated load is one checksummed copy. ``Tier.warm`` maps a row
+    before its first load (the writer pool does it after a ``ram`` save, so
+    the next turn's restore finds it mapped).
+
+    Safety. The usual mmap hazard, SIGBUS when the file shrinks under the
+    mapping, cannot come from llamad: a published segment is never truncated
+    or rewritten in place except its 72-byte header, only unlinked, and an
+    unlinked segment stays valid while mapped. Every use re-checks the path
+    (same inode and size, else the mapping is dropped and the row re-read),
+    and the payload checksum is verified on every load. Files on disk and
+    ``ram_file`` rows, which other tools may touch, are never mapped.
+
+    Memory. A mapping of a segment cache-meta has since evicted keeps its
+    pages alive, so the map is bounded (``max_bytes``, least recently used
+    first out) and stale entries are swept whenever a segment is mapped.
+    """
+
+    def __init__(self, max_bytes: int = 1 << 30) -> None:
+        self.max_bytes = max_bytes
+        self._maps: OrderedDict[Path, _Segment] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._maps)
+
+    def __contains__(self, path: object) -> bool:
+        return path in self._maps
+
+    def get(self, path: Path, key: bytes) -> _Segment:
+        """The validated mapping of ``path`` (header, TLV and key; not the payload CRC)."""
         try:
-            return copy_payload_into(view, meta, buffer)
+            st = os.stat(path)
+        except FileNotFoundError:
+            self.drop(path)
+            raise RowMissing(f"{path} is gone") from None
+        with self._lock:
+            seg = self._maps.get(path)
+            if seg is not None and (seg.ino, seg.dev, seg.size) == (
+                st.st_ino,
+                st.st_dev,
+                st.st_size,
+            ):
+                self._maps.move_to_end(path)
+                return seg
+        seg = self._map(path, key)
+        with self._lock:
+            old = self._maps.pop(path, None)
+            if old is not None:
+                self._bytes -= old.size
+            self._maps[path] = seg
+            self._bytes += seg.size
+            self._trim()
+        return seg
+
+    def _map(self, path: Path, key: bytes) -> _Segment:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise RowMissing(f"{path} is gone") from None
+        try:
+            st = os.fstat(fd)
+            meta = read_meta(fd, expected_key=key)
+            mapped = mmap.mmap(
+                fd, meta.file_size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ
+            )
         finally:
-            view.release()
+            os.close(fd)
+        # The memoryview keeps the mapping alive; it is unmapped when the last
+        # view of it (this one, or a slice a reader still holds) goes away.
+        return _Segment(st.st_ino, st.st_dev, meta.file_size, meta, memoryview(mapped))
+
+    def _trim(self) -> None:
+        for path in [p for p, seg in self._maps.items() if not _same_file(p, seg)]:
+            self._bytes -= self._maps.pop(path).size
+        while self._bytes > self.max_bytes and len(self._maps) > 1:
+            _, seg = self._maps.popitem(last=False)
+            self._bytes -= seg.size
+
+    def drop(self, path: Path) -> None:
+        """Forget the mapping of ``path`` (damaged, or known to be gone)."""
+        with self._lock:
+            seg = self._maps.pop(path, None)
+            if seg is not None:
+                self._bytes -= seg.size
+
+    def clear(self) -> None:
+        with self._lock:
+            self._maps.clear()
+            self._bytes = 0
+
+
+def _same_file(path: Path, seg: _Segment) -> bool:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (st.st_ino, st.st_dev, st.st_size) == (seg.ino, seg.dev, seg.size)
+
+
+SEGMENTS: Final = SegmentMaps()
+"""The mappings of this process (one per process; tiers share it)."""
 
 
 def _unlink(path: Path) -> int:

@@ -162,7 +162,9 @@ class WriterPool:
     """Async and sync saves for one process, sharing the daemon-wide permits.
 
     ``connect`` makes the cache-meta connection a writer thread uses (called
-    once per thread: ``lambda: CacheClient.from_settings(settings)``). The
+    once per thread: ``lambda: CacheClient.from_settings(settings)``). With
+    ``warm``, a row saved to ``ram`` is mapped into this process right after
+    it is published (see :class:`~llamad.cache.tiers.SegmentMaps`). The
     caller hands over a payload buffer and must leave it untouched until the
     returned future is done (``on_done`` is the place to recycle it).
     """
@@ -176,6 +178,7 @@ class WriterPool:
         counters: CounterAdd | None = None,
         threads: int = 2,
         on_stage: StageHook | None = None,
+        warm: bool = True,
     ) -> None:
         if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 64:
             raise InvalidCacheValue("threads", f"{threads!r} is not in [1, 64]")
@@ -184,6 +187,7 @@ class WriterPool:
         self.permits = permits
         self.counters = counters
         self._on_stage = on_stage
+        self.warm = warm
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kvc-writer")
         self._lock = threading.Lock()
         self._in_flight = 0
@@ -290,6 +294,11 @@ class WriterPool:
                 self._in_flight -= 1
         if result.outcome is PublishOutcome.PUBLISHED:
             log.debug("cache.saved", key=spec.key.hex(), tier=tier.name, size=result.size)
+        if self.warm and result.stored and result.location is not None:
+            # The saving process is the likeliest to restore this row next
+            # (the next turn of the same conversation): map it now, here,
+            # rather than on the restore's critical path.
+            tier.warm(result.location)
         return result
 
     def close(self, *, wait: bool = True) -> None:

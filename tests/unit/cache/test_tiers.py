@@ -16,7 +16,9 @@ from llamad.cache.errors import InvalidCacheValue, KvcCorrupt, TierFull
 from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcSpec, SaveReason, encode_kvc, file_name
 from llamad.cache.tiers import (
+    SEGMENTS,
     RowMissing,
+    SegmentMaps,
     Tier,
     TierConfig,
     TierKind,
@@ -264,3 +266,45 @@ def test_create_tmp_refuses_a_row_larger_than_the_quota(tmp_path: Path) -> None:
     with pytest.raises(TierFull):
         tier.create_tmp(spec_for([1]).key, "w1", 10_001)
     assert list(tier.root.iterdir()) == []
+
+
+def test_ram_loads_reuse_one_mapping_until_the_segment_changes(ram: Tier) -> None:
+    first = os.urandom(200_000)
+    spec = put(ram, [3, 1, 4], first)
+    path = ram.path_for(spec.key)
+    buf = bytearray(len(first))
+    assert ram.warm(spec.key)
+    mapped = SEGMENTS.get(path, spec.key)
+    assert ram.read_into(spec.key, buf) == len(first) and buf == first
+    assert SEGMENTS.get(path, spec.key) is mapped
+
+    # Evicted and saved again under the same name: a new inode, read afresh.
+    ram.delete(spec.key)
+    with pytest.raises(RowMissing):
+        ram.read_into(spec.key, buf)
+    second = os.urandom(200_000)
+    put(ram, [3, 1, 4], second)
+    assert ram.read_into(spec.key, buf) == len(second) and buf == second
+    assert SEGMENTS.get(path, spec.key) is not mapped
+
+
+def test_segment_maps_stay_within_their_byte_bound(ram: Tier) -> None:
+    maps = SegmentMaps(max_bytes=100_000)
+    specs = [put(ram, [i], os.urandom(30_000)) for i in range(5)]
+    for spec in specs:
+        maps.get(ram.path_for(spec.key), spec.key)
+    paths = [ram.path_for(spec.key) for spec in specs]
+    # Each mapping is 34 KiB (header page + payload): two fit, oldest out first.
+    assert [p in maps for p in paths] == [False, False, False, True, True]
+    ram.delete(specs[-1].key)
+    maps.get(paths[0], specs[0].key)
+    # The evicted segment's mapping is swept, not the older live one.
+    assert [p in maps for p in paths] == [True, False, False, True, False]
+    with pytest.raises(RowMissing):
+        maps.get(paths[-1], specs[-1].key)
+
+
+def test_warm_is_a_no_op_for_files_and_missing_rows(ram: Tier, disk: Tier) -> None:
+    spec = put(disk, [1], b"abc")
+    assert not disk.warm(spec.key)
+    assert not ram.warm(spec_for([77]).key)

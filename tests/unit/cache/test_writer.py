@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcSpec, SaveReason
 from llamad.cache.meta import CacheMeta, DictCounters, MetaConfig
 from llamad.cache.publish import LocalMeta, PublishOutcome, PublishStage
-from llamad.cache.tiers import Tier, TierConfig, TierKind, TierStore, build_tiers
+from llamad.cache.tiers import SEGMENTS, Tier, TierConfig, TierKind, TierStore, build_tiers
 from llamad.cache.writer import PermitSet, WriterPool
 
 pytestmark = pytest.mark.timeout(60)
@@ -276,3 +277,24 @@ def test_bad_arguments_are_typed_errors_that_hold_nothing(rig: Rig, tmp_path: Pa
         PermitSet.attach(tmp_path / "absent")
     with pytest.raises(InvalidCacheValue):
         WriterPool(lambda: LocalMeta(rig.meta), {}, rig.permits, threads=0)
+
+
+def test_a_ram_save_is_mapped_for_the_next_restore(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    ram = Tier(TierConfig(TierKind.RAM, Path("/dev/shm"), 1 << 30, f"w{uuid.uuid4().hex[:12]}"))
+    pool = WriterPool(
+        lambda: LocalMeta(
+            CacheMeta(MetaConfig(quotas={"ram": 1 << 30}), TierStore(build_tiers([ram.config])))
+        ),
+        {"ram": ram},
+        rig.permits,
+    )
+    try:
+        spec = spec_for([4, 2])
+        future = pool.save_async(spec, "ram", PAYLOAD)
+        assert future is not None and future.result(20).stored
+        assert ram.path_for(spec.key) in SEGMENTS
+    finally:
+        pool.close()
+        rig.pool.close()
+        ram.purge()
