@@ -44,7 +44,7 @@ from llamad.cache.errors import KvcCorrupt
 from llamad.cache.kvc import KvcMeta, SaveReason
 from llamad.cache.lookup import Lookup, RowRef
 from llamad.cache.meta import WAIT, CacheMeta
-from llamad.cache.pressure import PressureScheduler, make_source
+from llamad.cache.pressure import PressureScheduler, PressureSource, make_source
 from llamad.cache.reservation import Owner, SaveIntent
 from llamad.cache.sup import CacheSettings
 from llamad.cache.tiers import Tier, TierKind, TierStore, build_tiers
@@ -70,7 +70,11 @@ class MetaServer:
     then call :meth:`step` from a loop or :meth:`serve` until stopped.
     """
 
-    def __init__(self, settings: CacheSettings) -> None:
+    def __init__(
+        self, settings: CacheSettings, *, pressure_source: PressureSource | None = None
+    ) -> None:
+        """``pressure_source`` overrides the configured one (e.g. a
+        :class:`~llamad.cache.pressure.CallablePressure` when embedding)."""
         self.settings = settings
         self.tiers: dict[str, Tier] = build_tiers(list(settings.tiers))
         try:
@@ -79,9 +83,8 @@ class MetaServer:
             self.counters = Counters.create(settings.counters_path)
         self.store = TierStore(self.tiers, self.counters)
         self.meta = CacheMeta(settings.meta_config(), self.store, counters=self.counters)
-        self.pressure = PressureScheduler(
-            settings.pressure, make_source(settings.pressure), self.meta.evict_bytes
-        )
+        source = pressure_source if pressure_source is not None else make_source(settings.pressure)
+        self.pressure = PressureScheduler(settings.pressure, source, self.meta.evict_bytes)
         registry = Registry(settings.registry_root)
         self.actor = Actor(settings.actor_name, registry=registry, limits=_LIMITS)
         self._owners = ProcessWatch()
