@@ -219,13 +219,17 @@ class MetaServer:
         if known != ref:
             if known is not None:
                 # The pid was recycled: whatever the old process held is released.
+                del self._owner_refs[ref.pid]
                 self.meta.owner_down(ref.pid)
-            before = set(self._owners.fds())
-            if not self._owners.watch(ref):
-                raise BadRequest("the calling process is not alive")
-            for fd in set(self._owners.fds()) - before:
+            watching = self._owners.watch(ref)
+            # watch() may have closed the old incarnation's pidfd, and the new
+            # one may even reuse its number: resync the poller both ways.
+            self._forget_fds()
+            for fd in set(self._owners.fds()) - self._owner_fds:
                 self.actor.add_reader(fd, self._owners_exited)
                 self._owner_fds.add(fd)
+            if not watching:
+                raise BadRequest("the calling process is not alive")
             self._owner_refs[ref.pid] = ref
         return ref.pid
 
