@@ -125,7 +125,7 @@ class MetaServer:
         found: list[KvcMeta] = []
         for path in sorted(tier.root.glob(f"{tier.prefix}*")):
             if path.name.endswith(".tmp"):
-                tier_tmp_unlink(path)
+                _unlink_quietly(path)
                 continue
             if tier.key_of(path) is None:
                 continue
@@ -188,7 +188,7 @@ class MetaServer:
         interval = self._owners.poll_interval()
         if interval is not None:
             due.append(now + interval)
-        if (beat := _beat_interval()) is not None:
+        if (beat := heartbeat_interval()) is not None:
             due.append(now + beat)
         return max(0.0, min(due) - now)
 
@@ -395,7 +395,7 @@ class MetaServer:
         return self.pressure.force_check().to_wire()
 
 
-def tier_tmp_unlink(path: Path) -> None:
+def _unlink_quietly(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
 
@@ -408,10 +408,6 @@ def run_meta(settings: dict[str, Any]) -> None:
     server.start()
     notify_ready()
     server.serve()
-
-
-def _beat_interval() -> float | None:
-    return heartbeat_interval()
 
 
 class MetaProcess:
