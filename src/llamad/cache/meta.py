@@ -318,7 +318,12 @@ class CacheMeta:
         self.prefix.remove(row.namespace, row.tokens)
         self._sync_bytes(row.tier)
         if delete:
-            self.store.delete(row.tier, row.key, row.location)
+            try:
+                self.store.delete(row.tier, row.key, row.location)
+            except Exception as exc:
+                # The row is out of the index either way; a file that could not
+                # be removed is found again (and judged) by the next startup scan.
+                log.warning("cache.delete_failed", key=row.key.hex(), tier=row.tier, error=str(exc))
 
     def _evict(self, victims: Sequence[Row]) -> int:
         freed = 0
@@ -507,7 +512,13 @@ class CacheMeta:
             self._drop_reservation(res)
             log.info("cache.reservation_dropped", key=res.intent.key.hex(), why=why)
             return
-        adopted = self.store.adopt(res.intent.tier, res.intent.key, res.location)
+        try:
+            adopted = self.store.adopt(res.intent.tier, res.intent.key, res.location)
+        except Exception as exc:
+            # Reaping runs from cache-meta's loop and must never take it down; a
+            # file that could not be judged now is judged by the next startup scan.
+            log.warning("cache.adopt_failed", key=res.intent.key.hex(), error=str(exc))
+            adopted = None
         if adopted is None:
             self._drop_reservation(res)
             log.info(

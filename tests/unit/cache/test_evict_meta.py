@@ -119,3 +119,16 @@ def test_eviction_removes_rows_from_the_prefix_index() -> None:
     random.Random(1).shuffle(keys)
     meta.evict_bytes(3000)
     assert len(meta.prefix) == 0 and meta.rows == {}
+
+
+def test_eviction_drops_the_row_even_when_its_file_cannot_be_deleted() -> None:
+    meta, store, _, counters = make_meta()
+    key = publish(meta, store, intent([1]))
+
+    def broken(tier: str, key: bytes, location: str) -> None:
+        raise PermissionError("EACCES")
+
+    store.delete = broken  # type: ignore[method-assign]
+    assert meta.evict_bytes(1) == (1, 1000)
+    assert key not in meta.rows and meta.ledgers["disk"].used == 0
+    assert counters.get("evictions") == 1

@@ -234,3 +234,19 @@ def test_announce_with_the_real_size_corrects_the_accounting() -> None:
     assert meta.ledgers["disk"].used == 1200
     assert meta.ledgers["disk"].reserved == 0
     assert counters.get("bytes_disk") == 1200
+
+
+def test_reaper_survives_a_store_that_cannot_judge_the_file() -> None:
+    meta, store, clock, _ = make_meta(ttl=5)
+    it = intent(range(10))
+    token = meta.reserve_save(it, owner=1)
+    meta.check_reservation(it.key, token)
+
+    def broken(tier: str, key: bytes, location: str | None) -> None:
+        raise PermissionError("EACCES")
+
+    store.adopt = broken  # type: ignore[method-assign]
+    clock.advance(60)
+    meta.tick()
+    assert it.key not in meta.reservations and it.key not in meta.rows
+    assert meta.ledgers["disk"].reserved == 0
