@@ -27,12 +27,9 @@ import argparse
 import math
 import os
 import random
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,8 +41,8 @@ from llamad.cache.key import FingerprintMode, Namespace
 from llamad.cache.kvc import KvcSpec, SaveReason, write_kvc
 from llamad.cache.lookup import HitKind
 from llamad.cache.meta_proc import MetaProcess
-from llamad.cache.sup import CacheSettings
-from llamad.cache.tiers import Tier, TierConfig, TierKind
+from llamad.cache.sup import CacheSettings, discard
+from llamad.cache.tiers import Tier
 
 NS = Namespace(fingerprint=b"\xb1" * 32, quant=3, ctx_hash=b"\xb2" * 32)
 MAX_LEN = 32_768
@@ -149,15 +146,10 @@ def main() -> None:
     rng = random.Random(20261125)
     load_before = f"{os.getloadavg()[0]:.2f}"
 
-    instance = f"bench{uuid.uuid4().hex[:8]}"
-    base = Path(tempfile.mkdtemp(prefix="lcb-", dir="/tmp"))
-    shm = Path("/dev/shm") / f"llamad-bench-{instance}"
-    ram_file = TierConfig(TierKind.RAM_FILE, shm, 16 << 30, instance)
-    settings = CacheSettings(
-        tiers=(ram_file,),
-        counters_path=Path("/dev/shm") / f"llamad-bench-{instance}.counters",
-        registry_root=base / "reg",
-    )
+    settings = CacheSettings.scratch(prefix="lcb", ram_file_quota=64 << 30)
+    ram_file = settings.tier("ram_file")
+    assert ram_file is not None and settings.registry_root is not None
+    base = settings.registry_root.parent
     tier = Tier(ram_file)
     tier.prepare()
     try:
@@ -233,9 +225,7 @@ def main() -> None:
                     )
             final = cache.status()
     finally:
-        shutil.rmtree(shm, ignore_errors=True)
-        settings.counters_path.unlink(missing_ok=True)
-        shutil.rmtree(base, ignore_errors=True)
+        discard(settings)
 
     body = table(["lookup", "n", "p50 µs", "p90 µs", "p99 µs", "notes"], results)
     lp2k = next(r for r in results if str(r[0]).startswith("longest_prefix 2,000 tok (hit"))

@@ -30,7 +30,11 @@ cache-meta crash.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import tempfile
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +48,7 @@ from llamad.cache.pressure import PressureConfig
 from llamad.cache.tiers import Tier, TierConfig, TierKind
 from llamad.supervisor.spec import ChildSpec, Start, Strategy, SupervisorSpec, SupFlags
 
-__all__ = ["CacheSettings", "cache_sup_spec", "meta_child_spec", "purge_ram"]
+__all__ = ["CacheSettings", "cache_sup_spec", "discard", "meta_child_spec", "purge_ram"]
 
 GIB = 1 << 30
 
@@ -131,6 +135,38 @@ class CacheSettings:
             TierConfig(TierKind.DISK, Path(state_dir) / "kvc", disk_quota, instance),
         )
         return cls(tiers=tiers, counters_path=Path(runtime_dir) / "cache-counters", **overrides)
+
+    @classmethod
+    def scratch(
+        cls,
+        *,
+        prefix: str = "llamad-scratch",
+        ram_quota: int = 64 << 20,
+        ram_file_quota: int = 64 << 20,
+        disk_quota: int = 256 << 20,
+        **overrides: Any,
+    ) -> CacheSettings:
+        """A self-contained cache for tests, benchmarks and examples.
+
+        ``ram`` segments under a unique instance, ``ram_file`` in a private
+        /dev/shm directory, ``disk`` and the actor registry in a short /tmp
+        directory (ipc paths must fit in 107 bytes). :func:`discard` removes
+        all of it.
+        """
+        instance = f"{prefix}-{uuid.uuid4().hex[:12]}"
+        base = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir="/tmp"))
+        shm = Path("/dev/shm")
+        tiers = (
+            TierConfig(TierKind.RAM, shm, ram_quota, instance),
+            TierConfig(TierKind.RAM_FILE, shm / instance, ram_file_quota, instance),
+            TierConfig(TierKind.DISK, base / "disk", disk_quota, instance),
+        )
+        fields: dict[str, Any] = {
+            "counters_path": shm / f"{instance}.counters",
+            "registry_root": base / "reg",
+            **overrides,
+        }
+        return cls(tiers=tiers, **fields)
 
     # -- wire (Start kwargs must be msgpack-able) -----------------------------
 
@@ -229,6 +265,24 @@ def cache_sup_spec(
         SupFlags(strategy=Strategy.REST_FOR_ONE, intensity=intensity, period=period),
         (meta_child_spec(settings), *extra_children),
     )
+
+
+def discard(settings: CacheSettings) -> None:
+    """Remove everything a :meth:`CacheSettings.scratch` cache created.
+
+    Only for scratch caches: it deletes the tiers' directories, the registry
+    and the counters file.
+    """
+    purge_ram(settings)
+    dirs = [cfg.root for cfg in settings.tiers if cfg.kind is not TierKind.RAM]
+    if settings.registry_root is not None:
+        dirs.append(settings.registry_root)
+    for path in dirs:
+        shutil.rmtree(path, ignore_errors=True)
+    settings.counters_path.unlink(missing_ok=True)
+    for parent in {path.parent for path in dirs}:
+        with contextlib.suppress(OSError):
+            parent.rmdir()  # the scratch base, once empty; never a non-empty dir
 
 
 def purge_ram(settings: CacheSettings) -> int:
