@@ -14,8 +14,8 @@ from llamad.cache.meta import MetaConfig
 from llamad.cache.meta_wire import OPS
 from llamad.cache.prefix import PrefixMatch
 from llamad.cache.pressure import PressureConfig
-from llamad.cache.sup import CacheSettings, cache_sup_spec
-from llamad.cache.tiers import TierConfig, TierKind
+from llamad.cache.sup import CacheSettings, cache_sup_spec, discard
+from llamad.cache.tiers import Tier, TierConfig, TierKind
 from llamad.errors import BadRequest
 from llamad.supervisor.spec import Strategy, SupervisorSpec
 
@@ -199,3 +199,25 @@ def test_choose_restore_misses_below_common_min_tokens() -> None:
     assert choose_restore(match, 2000, LookupPolicy(common_min_tokens=256)) is None
     plan = choose_restore(match, 2000, LookupPolicy(common_min_tokens=64, restore_cost=0.01))
     assert plan is not None and plan.kind is HitKind.COMMON and plan.use_tokens == 100
+
+
+def test_scratch_cache_is_private_and_discard_removes_it() -> None:
+    a = CacheSettings.scratch(prefix="lcu")
+    b = CacheSettings.scratch(prefix="lcu")
+    try:
+        assert {t.root for t in a.tiers if t.kind is not TierKind.RAM}.isdisjoint(
+            {t.root for t in b.tiers if t.kind is not TierKind.RAM}
+        )
+        assert a.registry_root != b.registry_root
+        for cfg in a.tiers:
+            Tier(cfg).prepare()
+        assert a.registry_root is not None
+        a.registry_root.mkdir()
+        a.counters_path.write_bytes(b"x")
+    finally:
+        discard(a)
+        discard(b)
+    assert a.registry_root is not None
+    assert not a.registry_root.parent.exists()
+    assert not a.counters_path.exists()
+    assert all(not t.root.exists() for t in a.tiers if t.kind is not TierKind.RAM)
