@@ -32,9 +32,7 @@ def cache_root() -> Path:
 def backend() -> str:
     name = os.environ.get("LLAMA_BACKEND", "cpu").strip().lower() or "cpu"
     if name not in _pins.BACKENDS:
-        raise LlamadError(
-            f"LLAMA_BACKEND={name!r} is not one of {', '.join(_pins.BACKENDS)}"
-        )
+        raise LlamadError(f"LLAMA_BACKEND={name!r} is not one of {', '.join(_pins.BACKENDS)}")
     return name
 
 
