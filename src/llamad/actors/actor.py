@@ -73,6 +73,9 @@ _HELLO: Final = msgspec.msgpack.Decoder(Hello)
 _MAX_BATCH: Final = 256  # messages per poll() before yielding to the owner's loop
 _PEER_SWEEP_S: Final = 0.05  # how often a busy actor checks for dead peers
 _LOG_EVERY_S: Final = 1.0  # rate limit of logs about malformed input, per error code
+_PARK_AT: Final = 1000  # backlog length at which an iterator stream pauses
+_RESUME_AT: Final = 100  # ... and at which it resumes
+_RETRY_S: Final = 0.002  # how soon to retry sending to a full peer queue
 
 
 @dataclass(slots=True)
@@ -142,6 +145,8 @@ class Actor:
         self._watch = ProcessWatch()
         self._last_sweep = 0.0
         self._timers: list[tuple[float, int, PendingReply]] = []
+        self._backlogged: set[Peer] = set()
+        self._parked: list[tuple[StreamSender, Iterator[Any]]] = []
         self._timer_seq = itertools.count()
         self._stop_requested = False
         self._log_state: dict[str, tuple[float, int]] = {}
@@ -301,6 +306,10 @@ class Actor:
         self._check_process()
         if self._state != "running":
             raise RuntimeError(f"actor {self.name!r} is not running")
+        if self._backlogged:
+            self._flush_backlogs()
+        if self._parked:
+            self._resume_parked()
         handled = self._drain()
         if handled == 0 and (timeout is None or timeout > 0):
             handled = self._wait(timeout)
@@ -318,6 +327,8 @@ class Actor:
             until = max(0.0, self._timers[0][0] - time.monotonic())
             budget = until if budget is None else min(budget, until)
         interval = self._watch.poll_interval()
+        if self._backlogged or self._parked:
+            interval = _RETRY_S if interval is None else min(interval, _RETRY_S)
         if interval is not None:
             budget = interval if budget is None else min(budget, interval)
         ms = None if budget is None else max(0, int(budget * 1000 + 0.999))
@@ -486,8 +497,20 @@ class Actor:
             self._handler_failed(req, exc)
 
     def _run_stream(self, sender: StreamSender, events: Iterator[Any]) -> None:
+        """Drain a handler's event iterator into its stream.
+
+        When the client reads slower than the iterator produces, the stream
+        is parked and resumed from :meth:`poll` once the peer's queue has
+        drained, so a slow or stuck consumer neither blocks the loop nor
+        makes the actor buffer the whole stream.
+        """
+        finished = True
         try:
             while not sender.done:
+                if len(sender.peer.backlog) >= _PARK_AT:
+                    self._parked.append((sender, events))
+                    finished = False
+                    return
                 try:
                     item = next(events)
                 except StopIteration as stop:
@@ -497,10 +520,36 @@ class Actor:
                     sender.emit(item.body, item.blobs)
                 else:
                     sender.emit(item)
+        except Exception as exc:
+            self._stream_failed(sender, exc)
         finally:
-            close = getattr(events, "close", None)
-            if close is not None:
-                close()
+            if finished:
+                close = getattr(events, "close", None)
+                if close is not None:
+                    close()
+
+    def _resume_parked(self) -> None:
+        parked, self._parked = self._parked, []
+        for sender, events in parked:
+            if sender.done or len(sender.peer.backlog) < _RESUME_AT:
+                self._run_stream(sender, events)
+            else:
+                self._parked.append((sender, events))
+
+    def _stream_failed(self, sender: StreamSender, exc: Exception) -> None:
+        if isinstance(exc, LlamadError):
+            err = exc
+        else:
+            self.stats.handler_failures += 1
+            err = _internal(exc, sender.op)
+            log.error(
+                "actor.handler_failed",
+                actor=self.name,
+                op=sender.op,
+                error=err.message,
+                exc_info=exc,
+            )
+        sender.fail(err)
 
     def _send_end(self, sender: StreamSender, result: Any) -> None:
         if isinstance(result, Message):
@@ -583,6 +632,8 @@ class Actor:
         if not peer.connected:
             return
         peer.connected = False
+        peer.backlog.clear()
+        self._backlogged.discard(peer)
         self.stats.peers_down += 1
         if self._peers.get(peer.routing_id) is peer:
             del self._peers[peer.routing_id]
@@ -646,19 +697,45 @@ class Actor:
             self.stats.events += 1
         else:
             self.stats.replies += 1
-        sent = self._send_frames(peer, header, blobs)
-        if not sent and stream is not None and not stream.done and peer.connected:
-            stream._cancel("backpressure")
-        return sent
+        return self._send_frames(peer, header, blobs)
 
     def _send_frames(self, peer: Peer, header: bytes, blobs: Sequence[Blob]) -> bool:
         if not peer.connected or self._sock is None:
             return False
-        return self._send_raw(peer.routing_id, header, blobs, peer)
+        if not peer.backlog:
+            sent = self._send_raw(peer.routing_id, header, blobs, peer)
+            if sent is not None:
+                return sent
+        # The peer's ZeroMQ queue is full (or already has a backlog ahead of
+        # this message): keep order by queueing here, up to a bound.
+        if len(peer.backlog) >= self.limits.max_backlog:
+            self.stats.send_dropped += 1
+            log.warning(
+                "actor.peer_stuck", actor=self.name, peer_pid=peer.process.pid, peer=peer.name
+            )
+            self._peer_gone(peer, "backpressure")
+            return False
+        peer.backlog.append((header, tuple(blobs)))
+        self._backlogged.add(peer)
+        return True
+
+    def _flush_backlogs(self) -> None:
+        for peer in list(self._backlogged):
+            backlog = peer.backlog
+            while backlog and peer.connected:
+                header, blobs = backlog[0]
+                sent = self._send_raw(peer.routing_id, header, blobs, peer)
+                if sent is None:
+                    break
+                backlog.popleft()
+            if not backlog or not peer.connected:
+                self._backlogged.discard(peer)
 
     def _send_raw(
         self, ident: bytes, header: bytes, blobs: Sequence[Blob], peer: Peer | None
-    ) -> bool:
+    ) -> bool | None:
+        """Send one message: ``True`` sent, ``False`` peer unreachable (it is
+        then forgotten), ``None`` its queue is full."""
         sock = self._sock
         assert sock is not None
         try:
@@ -669,9 +746,7 @@ class Actor:
                     self._peer_gone(peer, "unreachable")
                 return False
             if exc.errno == errno.EAGAIN:
-                self.stats.send_dropped += 1
-                self._log_limited("actor.send_dropped", "hwm", reason="peer queue full")
-                return False
+                return None
             raise
         # After the routing frame is accepted the rest of the message cannot
         # fail: ZeroMQ queues multipart messages atomically.
@@ -691,7 +766,9 @@ class Actor:
         if kind in (Kind.CAST, Kind.CANCEL, Kind.BYE):
             return  # the sender expects no answer to these
         self.stats.errors += 1
-        self._send_raw(ident, encode_envelope(Kind.ERROR, cid, "", error_body(error)), (), None)
+        header = encode_envelope(Kind.ERROR, cid, "", error_body(error))
+        if self._send_raw(ident, header, (), None) is None:
+            self.stats.send_dropped += 1  # an unknown peer that does not read gets nothing
 
     def _log_limited(self, event: str, key: str, **fields: Any) -> None:
         now = time.monotonic()
@@ -771,6 +848,12 @@ class Actor:
         self._peers.clear()
         self._peers_by_pid.clear()
         self._timers.clear()
+        self._backlogged.clear()
+        for _, events in self._parked:
+            close = getattr(events, "close", None)
+            if close is not None:
+                close()
+        self._parked.clear()
         self._state = "closed"
 
 

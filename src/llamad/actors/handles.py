@@ -19,6 +19,7 @@ returning ``False``.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -46,7 +47,8 @@ class Peer:
     ``process`` is the client's process as it introduced itself in the
     handshake; ``local`` says whether the actor watches that process (same
     host and pid namespace). ``open`` maps correlation ids to the peer's
-    unanswered deferred replies and streams.
+    unanswered deferred replies and streams; ``backlog`` holds messages that
+    did not fit the peer's ZeroMQ queue, sent in order as it drains.
     """
 
     routing_id: bytes
@@ -55,6 +57,7 @@ class Peer:
     local: bool
     open: dict[int, _Open] = field(default_factory=dict)
     connected: bool = True
+    backlog: deque[tuple[bytes, tuple[Blob, ...]]] = field(default_factory=deque)
 
 
 class _Open:

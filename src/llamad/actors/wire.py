@@ -141,8 +141,11 @@ class Limits:
     :class:`~llamad.errors.TooLarge` locally. ``max_header_bytes`` is the
     runtime's own cap on the msgpack header (answered with ``too_large``);
     ``0`` (default) means ``min(1 MiB, max_frame_bytes)``.
-    ``sndhwm``/``rcvhwm`` bound each peer's queue in messages; ``linger_s`` is
-    how long closing waits to flush unsent messages.
+    ``sndhwm``/``rcvhwm`` bound each peer's ZeroMQ queue in messages; beyond
+    that an actor keeps up to ``max_backlog`` more per peer in order, and a
+    peer that falls further behind is treated as stuck (its requests are
+    cancelled with reason ``backpressure``). ``linger_s`` is how long
+    closing waits to flush unsent messages.
     """
 
     max_frame_bytes: int = 64 * 1024 * 1024
@@ -150,12 +153,13 @@ class Limits:
     max_blobs: int = 16
     sndhwm: int = 10_000
     rcvhwm: int = 10_000
+    max_backlog: int = 100_000
     linger_s: float = 0.2
 
     def __post_init__(self) -> None:
         if self.max_header_bytes == 0 and isinstance(self.max_frame_bytes, int):
             object.__setattr__(self, "max_header_bytes", min(1 << 20, self.max_frame_bytes))
-        for name in ("max_frame_bytes", "max_header_bytes", "sndhwm", "rcvhwm"):
+        for name in ("max_frame_bytes", "max_header_bytes", "sndhwm", "rcvhwm", "max_backlog"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ActorConfigError(name, f"must be a positive int, got {value!r}")

@@ -327,6 +327,41 @@ def test_cancelling_a_stream_runs_on_cancel_on_the_actor(client: Client) -> None
     eventually(lambda: client.call("cancels") == ["cancelled"])
 
 
+def test_a_slow_consumer_gets_every_event_of_a_long_stream_in_order(
+    registry: Registry,
+) -> None:
+    actor = Actor("long", registry=registry, limits=Limits(sndhwm=100, rcvhwm=100))
+    build_toy(actor)
+    with running(actor), Client(name="long", registry=registry, timeout=60) as c:
+        stream = c.stream("count", {"n": 20_000})
+        first = next(stream)
+        # Let the actor outrun us: its iterator must park, not drop or block.
+        eventually(lambda: c.call("$info")["stats"]["events"] >= 1000)
+        rest = [m.body["i"] for m in stream]
+        assert [first.body["i"], *rest] == list(range(20_000))
+        assert stream.result == {"n": 20_000}
+        assert c.call("echo", "after") == "after"
+
+
+def test_a_peer_that_stops_reading_is_dropped_as_stuck(registry: Registry) -> None:
+    downs: list[str] = []
+    limits = Limits(sndhwm=10, rcvhwm=10, max_backlog=50)
+    actor = Actor("stuck", registry=registry, limits=limits)
+    state = build_toy(actor)
+    actor.on_peer_down(lambda peer, reason: downs.append(reason))
+    with running(actor, state.tick):
+        r = Raw(actor.endpoint)
+        try:
+            r.sock.setsockopt(zmq.RCVHWM, 10)
+            r.hello()
+            r.send(encode_envelope(Kind.STREAM, 2, "ticks", {"n": 1_000_000, "interval": 0}))
+            eventually(lambda: downs == ["backpressure"])
+        finally:
+            r.close()
+        with Client(name="stuck", registry=registry, timeout=20) as c:
+            assert c.call("cancels") == ["backpressure"]
+
+
 def test_calls_interleave_with_an_open_stream(client: Client) -> None:
     s = client.stream("ticks", {"n": 3, "interval": 0.01})
     first = next(s)
