@@ -29,7 +29,7 @@ import os
 import re
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -391,7 +391,7 @@ class _Segment:
     dev: int
     size: int
     meta: KvcMeta
-    view: memoryview
+    view: memoryview  # holds the mapping: unmapped when the last reference goes
 
 
 class SegmentMaps:
@@ -423,6 +423,9 @@ class SegmentMaps:
         self._maps: OrderedDict[Path, _Segment] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        self._retired: deque[_Segment] = deque()
+        self._wake = threading.Event()
+        self._retirer: threading.Thread | None = None
 
     def __len__(self) -> int:
         return len(self._maps)
@@ -448,9 +451,7 @@ class SegmentMaps:
                 return seg
         seg = self._map(path, key)
         with self._lock:
-            old = self._maps.pop(path, None)
-            if old is not None:
-                self._bytes -= old.size
+            self._remove(path)
             self._maps[path] = seg
             self._bytes += seg.size
             self._trim()
@@ -469,28 +470,50 @@ class SegmentMaps:
             )
         finally:
             os.close(fd)
-        # The memoryview keeps the mapping alive; it is unmapped when the last
-        # view of it (this one, or a slice a reader still holds) goes away.
         return _Segment(st.st_ino, st.st_dev, meta.file_size, meta, memoryview(mapped))
 
     def _trim(self) -> None:
         for path in [p for p, seg in self._maps.items() if not _same_file(p, seg)]:
-            self._bytes -= self._maps.pop(path).size
+            self._remove(path)
         while self._bytes > self.max_bytes and len(self._maps) > 1:
-            _, seg = self._maps.popitem(last=False)
-            self._bytes -= seg.size
+            self._remove(next(iter(self._maps)))
+
+    def _remove(self, path: Path) -> None:
+        seg = self._maps.pop(path, None)
+        if seg is None:
+            return
+        self._bytes -= seg.size
+        # Unmapping the last mapping of an evicted segment frees its pages,
+        # which costs about as much as the load itself: do it on the retirer
+        # thread, not on the path of the load that noticed it.
+        self._retired.append(seg)
+        if self._retirer is None:
+            self._retirer = threading.Thread(
+                target=self._retire_loop, name="kvc-unmap", daemon=True
+            )
+            self._retirer.start()
+        self._wake.set()
+
+    def _retire_loop(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            while self._retired:
+                # Dropping the last reference unmaps. No explicit close: a load
+                # that fetched this segment just before it was retired may still
+                # be copying from it, and then that load's reference is the last.
+                seg = self._retired.popleft()
+                del seg
 
     def drop(self, path: Path) -> None:
         """Forget the mapping of ``path`` (damaged, or known to be gone)."""
         with self._lock:
-            seg = self._maps.pop(path, None)
-            if seg is not None:
-                self._bytes -= seg.size
+            self._remove(path)
 
     def clear(self) -> None:
         with self._lock:
-            self._maps.clear()
-            self._bytes = 0
+            for path in list(self._maps):
+                self._remove(path)
 
 
 def _same_file(path: Path, seg: _Segment) -> bool:
