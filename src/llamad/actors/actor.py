@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, Final, cast
+from typing import Any, Final
 
 import msgspec
 import structlog
@@ -44,7 +44,14 @@ from llamad.actors.handles import Peer, PendingReply, Request, StreamSender, _in
 from llamad.actors.monitor import ProcessRef, ProcessWatch
 from llamad.actors.ops import OpKind, OpSpec
 from llamad.actors.registry import Registration, Registry, check_name
-from llamad.actors.sockets import configure, validate_endpoint
+from llamad.actors.sockets import (
+    NOBLOCK,
+    POLLIN,
+    SNDMORE,
+    SNDMORE_NOBLOCK,
+    configure,
+    validate_endpoint,
+)
 from llamad.actors.wire import (
     CLIENT_KINDS,
     Blob,
@@ -71,7 +78,6 @@ an iterator of events or the end body (streams), or ``None`` (casts)."""
 
 _HELLO: Final = msgspec.msgpack.Decoder(Hello)
 _MAX_BATCH: Final = 256  # messages per poll() before yielding to the owner's loop
-_PEER_SWEEP_S: Final = 0.05  # how often a busy actor checks for dead peers
 _LOG_EVERY_S: Final = 1.0  # rate limit of logs about malformed input, per error code
 _PARK_AT: Final = 1000  # backlog length at which an iterator stream pauses
 _RESUME_AT: Final = 100  # ... and at which it resumes
@@ -135,15 +141,15 @@ class Actor:
         self._state = "new"
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self._sock: zmq.Socket[bytes] | None = None
-        self._poller = zmq.Poller()
-        self._poller_dirty = True
+        self._items: list[tuple[Any, int]] = []
+        self._probe: list[tuple[Any, int]] = []
+        self._items_dirty = True
         self._wake_fd = -1
         self._readers: dict[int, Callable[[], None]] = {}
         self._registration: Registration | None = None
         self._peers: dict[bytes, Peer] = {}
         self._peers_by_pid: dict[int, set[bytes]] = {}
         self._watch = ProcessWatch()
-        self._last_sweep = 0.0
         self._timers: list[tuple[float, int, PendingReply]] = []
         self._backlogged: set[Peer] = set()
         self._parked: list[tuple[StreamSender, Iterator[Any]]] = []
@@ -188,11 +194,11 @@ class Actor:
     def add_reader(self, fd: int, callback: Callable[[], None]) -> None:
         """Call ``callback()`` from :meth:`poll` whenever ``fd`` is readable."""
         self._readers[fd] = callback
-        self._poller_dirty = True
+        self._items_dirty = True
 
     def remove_reader(self, fd: int) -> None:
         self._readers.pop(fd, None)
-        self._poller_dirty = True
+        self._items_dirty = True
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -310,18 +316,32 @@ class Actor:
             self._flush_backlogs()
         if self._parked:
             self._resume_parked()
-        handled = self._drain()
-        if handled == 0 and (timeout is None or timeout > 0):
-            handled = self._wait(timeout)
-        elif time.monotonic() - self._last_sweep > _PEER_SWEEP_S:
-            self._peers_exited(self._watch.exited())
+        if self._items_dirty:
+            self._rebuild_items()
+        # One zmq_poll covers the socket, the wake fd, readers and the
+        # clients' pidfds; it returns at once when anything is pending.
+        ready = zmq.zmq_poll(self._items, self._wait_ms(timeout))
+        handled = 0
+        fds: list[int] = []
+        for item, _ in ready:
+            if item is self._sock:
+                handled = self._drain()
+            elif item == self._wake_fd:
+                with contextlib.suppress(BlockingIOError):
+                    os.eventfd_read(self._wake_fd)
+            elif item in self._readers:
+                self._run_reader(item)
+            else:
+                fds.append(item)
+        if fds or self._watch.poll_interval() is not None:
+            self._peers_exited(self._watch.exited(fds))
         if self._timers:
             self._fire_timers()
         return handled
 
-    def _wait(self, timeout: float | None) -> int:
-        if self._poller_dirty:
-            self._rebuild_poller()
+    def _wait_ms(self, timeout: float | None) -> int:
+        if timeout is not None and timeout <= 0:
+            return 0
         budget = timeout
         if self._timers:
             until = max(0.0, self._timers[0][0] - time.monotonic())
@@ -331,34 +351,15 @@ class Actor:
             interval = _RETRY_S if interval is None else min(interval, _RETRY_S)
         if interval is not None:
             budget = interval if budget is None else min(budget, interval)
-        ms = None if budget is None else max(0, int(budget * 1000 + 0.999))
-        ready = self._poller.poll(ms)
-        fds: list[int] = []
-        for item, _ in ready:
-            if item is self._sock:
-                continue
-            assert isinstance(item, int)
-            if item == self._wake_fd:
-                with contextlib.suppress(BlockingIOError):
-                    os.eventfd_read(self._wake_fd)
-            elif item in self._readers:
-                self._run_reader(item)
-            else:
-                fds.append(item)
-        self._peers_exited(self._watch.exited(fds))
-        return self._drain()
+        return -1 if budget is None else max(0, int(budget * 1000 + 0.999))
 
-    def _rebuild_poller(self) -> None:
-        poller = zmq.Poller()
+    def _rebuild_items(self) -> None:
         assert self._sock is not None
-        poller.register(self._sock, zmq.POLLIN)
-        poller.register(self._wake_fd, zmq.POLLIN)
-        for fd in self._readers:
-            poller.register(fd, zmq.POLLIN)
-        for fd in self._watch.fds():
-            poller.register(fd, zmq.POLLIN)
-        self._poller = poller
-        self._poller_dirty = False
+        self._items = [(self._sock, POLLIN), (self._wake_fd, POLLIN)]
+        self._items += [(fd, POLLIN) for fd in self._readers]
+        self._items += [(fd, POLLIN) for fd in self._watch.fds()]
+        self._probe = [(self._sock, POLLIN)]
+        self._items_dirty = False
 
     def _run_reader(self, fd: int) -> None:
         try:
@@ -370,23 +371,26 @@ class Actor:
         sock = self._sock
         assert sock is not None
         max_blobs = self.limits.max_blobs
+        probe = self._probe
         handled = 0
-        # EVENTS first: cheaper than letting recv raise Again on an empty queue.
-        while handled < _MAX_BATCH and cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-            ident = sock.recv(zmq.NOBLOCK)
-            header: bytes | None = None
+        while handled < _MAX_BATCH:
+            try:
+                ident = sock.recv(NOBLOCK)
+            except zmq.Again:
+                break
+            # A ROUTER message always has a part after the routing id.
+            frame = sock.recv(NOBLOCK, copy=False)
+            header = frame.buffer
             blobs: list[memoryview] = []
             extra = 0
-            if sock.getsockopt(zmq.RCVMORE):
-                header = sock.recv(zmq.NOBLOCK)
-                # Every part of a multipart message must be read even when
-                # the message is refused, or it would poison the next one.
-                while sock.getsockopt(zmq.RCVMORE):
-                    frame = sock.recv(zmq.NOBLOCK, copy=False)
-                    if len(blobs) < max_blobs:
-                        blobs.append(frame.buffer)
-                    else:
-                        extra += 1
+            # Every part of a multipart message must be read even when the
+            # message is refused, or it would poison the next one.
+            while frame.more:
+                frame = sock.recv(NOBLOCK, copy=False)
+                if len(blobs) < max_blobs:
+                    blobs.append(frame.buffer)
+                else:
+                    extra += 1
             handled += 1
             self.stats.received += 1
             try:
@@ -396,16 +400,17 @@ class Actor:
                 # that can reach here, but no input may stop the actor.
                 log.exception("actor.inbound_failed", actor=self.name)
                 self._refuse(ident, 0, None, _internal(exc, "?"))
+            # A zero-timeout poll is far cheaper in pyzmq than the Again
+            # exception an empty recv raises.
+            if not zmq.zmq_poll(probe, 0):
+                break
         return handled
 
     # -- inbound -------------------------------------------------------------
 
     def _handle(
-        self, ident: bytes, header: bytes | None, blobs: list[memoryview], extra: int
+        self, ident: bytes, header: memoryview, blobs: list[memoryview], extra: int
     ) -> None:
-        if header is None:
-            self._refuse(ident, 0, None, BadRequest("message has no header frame"))
-            return
         try:
             env = decode_envelope(header, self.limits.max_header_bytes, CLIENT_KINDS)
         except Rejected as rej:
@@ -476,7 +481,10 @@ class Actor:
             self._refuse(ident, env.cid, kind, exc)
             return
         self._dispatch(
-            route, Request(self, peer, Kind(kind), env.cid, env.op, body=body, blobs=tuple(blobs))
+            route,
+            Request(
+                self, peer, spec.kind.wire_kind, env.cid, env.op, body=body, blobs=tuple(blobs)
+            ),
         )
 
     def _dispatch(self, route: _Route, req: Request[Any]) -> None:
@@ -600,7 +608,7 @@ class Actor:
             peer.open = old.open
         self._peers[ident] = peer
         self._peers_by_pid.setdefault(ref.pid, set()).add(ident)
-        self._poller_dirty = True
+        self._items_dirty = True
         me = ProcessRef.current()
         welcome = Welcome(
             name=self.name,
@@ -620,9 +628,8 @@ class Actor:
     # -- peers ---------------------------------------------------------------
 
     def _peers_exited(self, dead: list[ProcessRef]) -> None:
-        self._last_sweep = time.monotonic()
         for ref in dead:
-            self._poller_dirty = True
+            self._items_dirty = True
             for ident in list(self._peers_by_pid.get(ref.pid, ())):
                 peer = self._peers.get(ident)
                 if peer is not None and peer.process == ref:
@@ -643,7 +650,7 @@ class Actor:
             if not same_pid:
                 del self._peers_by_pid[peer.process.pid]
                 self._watch.unwatch(peer.process)
-                self._poller_dirty = True
+                self._items_dirty = True
         cancelled = len(peer.open)
         for handle in list(peer.open.values()):
             handle._cancel(reason)
@@ -739,7 +746,7 @@ class Actor:
         sock = self._sock
         assert sock is not None
         try:
-            sock.send(ident, zmq.SNDMORE | zmq.NOBLOCK)
+            sock.send(ident, SNDMORE_NOBLOCK)
         except zmq.ZMQError as exc:
             if exc.errno == errno.EHOSTUNREACH:
                 if peer is not None:
@@ -753,10 +760,10 @@ class Actor:
         if not blobs:
             sock.send(header)
             return True
-        sock.send(header, zmq.SNDMORE)
+        sock.send(header, SNDMORE)
         last = len(blobs) - 1
         for i, blob in enumerate(blobs):
-            sock.send(blob, 0 if i == last else zmq.SNDMORE, copy=False)
+            sock.send(blob, 0 if i == last else SNDMORE, copy=False)
         return True
 
     def _refuse(self, ident: bytes, cid: int, kind: int | None, error: LlamadError) -> None:

@@ -37,7 +37,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, Literal, cast
+from typing import Any, Final, Literal
 
 import msgspec
 import structlog
@@ -46,7 +46,15 @@ import zmq
 from llamad.actors.errors import ClientClosed, WrongProcess
 from llamad.actors.monitor import ProcessRef, ProcessWatch
 from llamad.actors.registry import Registry, check_name
-from llamad.actors.sockets import configure, ipc_listening, validate_endpoint
+from llamad.actors.sockets import (
+    NOBLOCK,
+    POLLIN,
+    SNDMORE,
+    SNDMORE_NOBLOCK,
+    configure,
+    ipc_listening,
+    validate_endpoint,
+)
 from llamad.actors.wire import (
     DECODE_ERRORS,
     MAX_CID,
@@ -87,7 +95,7 @@ _CLIENT_LIMITS: Final = Limits(linger_s=0.0)
 
 @dataclass(slots=True)
 class _Arrival:
-    kind: Kind
+    kind: int
     body: msgspec.Raw | None
     blobs: tuple[memoryview, ...]
     error: LlamadError | None = None
@@ -136,7 +144,8 @@ class Client:
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self._sock: zmq.Socket[bytes] | None = None
         self._monitor: zmq.Socket[bytes] | None = None
-        self._poller = zmq.Poller()
+        self._items: list[tuple[Any, int]] = []
+        self._probe: list[tuple[Any, int]] = []
         self._watch = ProcessWatch()
         self._server: Welcome | None = None
         self._server_ref: ProcessRef | None = None
@@ -304,14 +313,14 @@ class Client:
         assert sock is not None
         try:
             if not blobs:
-                sock.send(header, zmq.NOBLOCK)
+                sock.send(header, NOBLOCK)
                 return
-            sock.send(header, zmq.SNDMORE | zmq.NOBLOCK)
+            sock.send(header, SNDMORE_NOBLOCK)
         except zmq.Again:
             raise Unavailable(f"actor {self.target!r} is not reading (send queue full)") from None
         last = len(blobs) - 1
         for i, blob in enumerate(blobs):
-            sock.send(blob, 0 if i == last else zmq.SNDMORE, copy=False)
+            sock.send(blob, 0 if i == last else SNDMORE, copy=False)
 
     def _cancel_remote(self, cid: int) -> None:
         if self._sock is not None and self._server is not None:
@@ -339,29 +348,45 @@ class Client:
         interval = self._watch.poll_interval()
         if interval is not None:
             timeout = interval if timeout is None else min(timeout, interval)
-        ms = None if timeout is None else max(0, int(timeout * 1000 + 0.999))
-        ready = self._poller.poll(ms)
-        fds = [item for item, _ in ready if isinstance(item, int)]
-        self._drain()
-        monitor_ready = any(item is self._monitor for item, _ in ready)
+        ms = -1 if timeout is None else max(0, int(timeout * 1000 + 0.999))
+        ready = zmq.zmq_poll(self._items, ms)
+        fds: list[int] = []
+        monitor_ready = False
+        for item, _ in ready:
+            if item is self._sock:
+                self._drain()
+            elif item is self._monitor:
+                monitor_ready = True
+            else:
+                fds.append(item)
         if monitor_ready and self._disconnected():
             self._server_down("connection lost")
             return
-        if self._watch.exited(fds):
+        if (fds or interval is not None) and self._watch.exited(fds):
             self._server_down("process exited")
 
     def _drain(self) -> None:
         sock = self._sock
         if sock is None:
             return
-        while cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-            header = sock.recv(zmq.NOBLOCK)
+        probe = self._probe
+        while True:
+            try:
+                frame = sock.recv(NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            header = frame.buffer
             blobs: list[memoryview] = []
-            while sock.getsockopt(zmq.RCVMORE):
-                blobs.append(sock.recv(zmq.NOBLOCK, copy=False).buffer)
+            while frame.more:
+                frame = sock.recv(NOBLOCK, copy=False)
+                blobs.append(frame.buffer)
             self._route(header, tuple(blobs))
+            # A zero-timeout poll is far cheaper in pyzmq than the Again
+            # exception an empty recv raises.
+            if not zmq.zmq_poll(probe, 0):
+                return
 
-    def _route(self, header: bytes, blobs: tuple[memoryview, ...]) -> None:
+    def _route(self, header: memoryview, blobs: tuple[memoryview, ...]) -> None:
         try:
             env = decode_envelope(header, self.limits.max_frame_bytes, SERVER_KINDS)
         except Rejected as rej:
@@ -376,7 +401,7 @@ class Client:
         slot = self._slots.get(env.cid)
         if slot is None or slot.terminal:
             return  # a late answer to something we gave up on
-        kind = Kind(env.kind)
+        kind = env.kind
         if kind == Kind.ERROR:
             slot.terminal = True
             slot.arrivals.append(_Arrival(kind, None, (), _error(env.body)))
@@ -429,7 +454,7 @@ class Client:
         sock.connect(endpoint)
         if expected is not None and self.watch_mode != "connection":
             self._watch.watch(expected)
-        self._rebuild_poller()
+        self._rebuild_items()
         me = ProcessRef.current()
         hello = Hello(me.pid, me.start_ticks, me.boot_id, me.pidns, self.client_name)
         cid = self._cid()
@@ -466,7 +491,7 @@ class Client:
             raise Unavailable(
                 f"actor {self.target!r} is not on this host; use watch='connection' or 'auto'"
             )
-        self._rebuild_poller()
+        self._rebuild_items()
         self._server = welcome
         self._server_ref = ref
         log.debug("actor.client.connected", target=self.target, pid=welcome.pid)
@@ -524,17 +549,18 @@ class Client:
         self._watch.close()
         self._server = None
         self._server_ref = None
-        self._poller = zmq.Poller()
+        self._items = []
+        self._probe = []
 
-    def _rebuild_poller(self) -> None:
-        poller = zmq.Poller()
+    def _rebuild_items(self) -> None:
+        items: list[tuple[Any, int]] = []
         if self._sock is not None:
-            poller.register(self._sock, zmq.POLLIN)
+            items.append((self._sock, POLLIN))
         if self._monitor is not None:
-            poller.register(self._monitor, zmq.POLLIN)
-        for fd in self._watch.fds():
-            poller.register(fd, zmq.POLLIN)
-        self._poller = poller
+            items.append((self._monitor, POLLIN))
+        items += [(fd, POLLIN) for fd in self._watch.fds()]
+        self._items = items
+        self._probe = items[:1]
 
     def _check_usable(self) -> None:
         if self._closed:

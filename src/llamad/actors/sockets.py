@@ -27,7 +27,22 @@ import zmq
 from llamad.actors.errors import ActorConfigError
 from llamad.actors.wire import Limits
 
-__all__ = ["configure", "ipc_listening", "validate_endpoint"]
+__all__ = [
+    "NOBLOCK",
+    "SNDMORE",
+    "SNDMORE_NOBLOCK",
+    "configure",
+    "ipc_listening",
+    "validate_endpoint",
+]
+
+# pyzmq's flags are enum.Flag members, and combining or testing them goes
+# through the enum machinery on every message; plain ints are several times
+# cheaper on the hot path.
+NOBLOCK: Final = int(zmq.NOBLOCK)
+SNDMORE: Final = int(zmq.SNDMORE)
+SNDMORE_NOBLOCK: Final = SNDMORE | NOBLOCK
+POLLIN: Final = int(zmq.POLLIN)
 
 _HEARTBEAT_IVL_MS: Final = 1000
 _HEARTBEAT_TIMEOUT_MS: Final = 3000
