@@ -189,19 +189,22 @@ class Tier:
         except FileNotFoundError:
             return
 
-    def scan(self, counters: CounterAdd | None = None) -> Iterator[KvcMeta]:
+    def scan(
+        self, counters: CounterAdd | None = None, *, adopt_ram: bool = False
+    ) -> Iterator[KvcMeta]:
         """Startup scan: yield valid rows; delete ``*.tmp`` leftovers and corrupt files.
 
-        A ``ram`` tier yields nothing: its segments died with the previous
-        daemon by definition, so they are deleted like leftovers. Files that
-        are not named like ours are left alone. Only header and TLV are
+        A ``ram`` tier yields nothing by default: at a daemon's start its
+        segments died with the previous daemon by definition, so they are
+        deleted like leftovers. A cache-meta restarted within the same daemon
+        run passes ``adopt_ram=True`` to keep and index them like files. Files
+        that are not named like ours are left alone. Only header and TLV are
         checked here (fast); the payload checksum is checked on every load.
         """
+        purge_ram = self.kind is TierKind.RAM and not adopt_ram
         for entry in self._entries():
             name = entry.name
-            if self._tmp.fullmatch(name) or (
-                self.kind is TierKind.RAM and self._final.fullmatch(name)
-            ):
+            if self._tmp.fullmatch(name) or (purge_ram and self._final.fullmatch(name)):
                 _unlink(Path(entry.path))
                 continue
             m = self._final.fullmatch(name)

@@ -308,3 +308,17 @@ def test_warm_is_a_no_op_for_files_and_missing_rows(ram: Tier, disk: Tier) -> No
     spec = put(disk, [1], b"abc")
     assert not disk.warm(spec.key)
     assert not ram.warm(spec_for([77]).key)
+
+
+def test_a_restarted_meta_can_adopt_this_runs_ram_segments(ram: Tier, counters: Counters) -> None:
+    keep = put(ram, [1, 2], b"still ours")
+    bad = put(ram, [3], b"damaged")
+    with open(ram.path_for(bad.key), "r+b") as f:
+        f.write(b"X")
+    leftover = ram.tmp_path_for(keep.key, "w9")
+    leftover.write_bytes(b"half")
+    assert [m.key for m in ram.scan(counters, adopt_ram=True)] == [keep.key]
+    assert ram.path_for(keep.key).exists()
+    assert not ram.path_for(bad.key).exists()
+    assert not leftover.exists()
+    assert counters.get("corrupt_files") == 1
