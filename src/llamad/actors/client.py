@@ -91,6 +91,13 @@ _ANY: Final = msgspec.msgpack.Decoder()
 _DECODERS: dict[Any, msgspec.msgpack.Decoder[Any]] = {}
 _LATE_REPLY_GRACE_S: Final = 0.01
 _CLIENT_LIMITS: Final = Limits(linger_s=0.0)
+# Enum attribute access costs a microsecond on the hot path; bind plain ints.
+_CALL: Final = int(Kind.CALL)
+_CAST: Final = int(Kind.CAST)
+_STREAM: Final = int(Kind.STREAM)
+_ERROR: Final = int(Kind.ERROR)
+_EVENT: Final = int(Kind.EVENT)
+_END: Final = int(Kind.END)
 
 
 @dataclass(slots=True)
@@ -240,7 +247,7 @@ class Client:
         """Like :meth:`call` but return the whole reply, blobs included."""
         limit = self.timeout if timeout is _EMPTY else timeout
         deadline = None if limit is None else time.monotonic() + limit
-        cid = self._open(Kind.CALL, op, body, blobs, deadline)
+        cid = self._open(_CALL, op, body, blobs, deadline)
         slot = self._slots[cid]
         try:
             arrival = self._next_arrival(slot, deadline)
@@ -256,7 +263,7 @@ class Client:
 
     def cast(self, op: str, body: Any = _EMPTY, *, blobs: Sequence[Blob] = ()) -> None:
         """Send ``op`` without waiting; the actor sends nothing back."""
-        self._open(Kind.CAST, op, body, blobs, None)
+        self._open(_CAST, op, body, blobs, None)
 
     def stream(
         self,
@@ -271,13 +278,13 @@ class Client:
 
         ``timeout`` bounds the wait for each next event (``None``: no bound).
         """
-        cid = self._open(Kind.STREAM, op, body, blobs, None)
+        cid = self._open(_STREAM, op, body, blobs, None)
         return StreamCall(self, cid, op, timeout, event_type)
 
     # -- internals: sending --------------------------------------------------
 
     def _open(
-        self, kind: Kind, op: str, body: Any, blobs: Sequence[Blob], deadline: float | None
+        self, kind: int, op: str, body: Any, blobs: Sequence[Blob], deadline: float | None
     ) -> int:
         self._check_usable()
         connect_deadline = time.monotonic() + self.connect_timeout
@@ -299,7 +306,7 @@ class Client:
                 f"request header of {len(header)} bytes exceeds {server.max_header_bytes}",
                 details={"limit": server.max_header_bytes},
             )
-        if kind != Kind.CAST:
+        if kind != _CAST:
             self._slots[cid] = _Slot()
         try:
             self._send(header, blobs)
@@ -340,10 +347,10 @@ class Client:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise RequestTimeout(f"no answer from {self.target!r} in time")
-            self._pump(left)
+            self._pump(left, slot)
         return slot.arrivals.popleft()
 
-    def _pump(self, timeout: float | None) -> None:
+    def _pump(self, timeout: float | None, want: _Slot | None = None) -> None:
         """Wait up to ``timeout`` for traffic or the actor's death; route arrivals."""
         interval = self._watch.poll_interval()
         if interval is not None:
@@ -354,7 +361,7 @@ class Client:
         monitor_ready = False
         for item, _ in ready:
             if item is self._sock:
-                self._drain()
+                self._drain(want)
             elif item is self._monitor:
                 monitor_ready = True
             else:
@@ -365,7 +372,9 @@ class Client:
         if (fds or interval is not None) and self._watch.exited(fds):
             self._server_down("process exited")
 
-    def _drain(self) -> None:
+    def _drain(self, want: _Slot | None = None) -> None:
+        """Route what is queued; stop early once ``want`` has an arrival (the
+        rest is picked up by the next poll, which returns at once)."""
         sock = self._sock
         if sock is None:
             return
@@ -381,6 +390,8 @@ class Client:
                 frame = sock.recv(NOBLOCK, copy=False)
                 blobs.append(frame.buffer)
             self._route(header, tuple(blobs))
+            if want is not None and want.arrivals:
+                return
             # A zero-timeout poll is far cheaper in pyzmq than the Again
             # exception an empty recv raises.
             if not zmq.zmq_poll(probe, 0):
@@ -402,11 +413,11 @@ class Client:
         if slot is None or slot.terminal:
             return  # a late answer to something we gave up on
         kind = env.kind
-        if kind == Kind.ERROR:
+        if kind == _ERROR:
             slot.terminal = True
             slot.arrivals.append(_Arrival(kind, None, (), _error(env.body)))
             return
-        if kind != Kind.EVENT:
+        if kind != _EVENT:
             slot.terminal = True
         slot.arrivals.append(_Arrival(kind, env.body, blobs))
 
@@ -414,14 +425,12 @@ class Client:
         monitor = self._monitor
         assert monitor is not None
         lost = False
-        while True:
-            try:
-                frames = monitor.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return lost
+        while zmq.zmq_poll([(monitor, POLLIN)], 0):
+            frames = monitor.recv_multipart(NOBLOCK)
             event = int.from_bytes(frames[0][:2], "little")
             if event == zmq.EVENT_DISCONNECTED:
                 lost = True
+        return lost
 
     # -- internals: connection state -----------------------------------------
 
@@ -486,6 +495,9 @@ class Client:
             if not self._watch.watch(ref):
                 self._disconnect()
                 raise Unavailable(f"actor {self.target!r} exited during the handshake")
+            # The pidfd is authoritative; a socket monitor on top would only
+            # cost an extra poll item and a probe per request.
+            self._close_monitor()
         elif self._monitor is None:
             self._disconnect()
             raise Unavailable(
@@ -537,12 +549,7 @@ class Client:
                 slot.arrivals.append(_Arrival(Kind.ERROR, None, (), error))
 
     def _disconnect(self) -> None:
-        if self._monitor is not None:
-            if self._sock is not None:
-                with contextlib.suppress(zmq.ZMQError):
-                    self._sock.disable_monitor()
-            self._monitor.close(linger=0)
-            self._monitor = None
+        self._close_monitor()
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
@@ -551,6 +558,15 @@ class Client:
         self._server_ref = None
         self._items = []
         self._probe = []
+
+    def _close_monitor(self) -> None:
+        if self._monitor is None:
+            return
+        if self._sock is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._sock.disable_monitor()
+        self._monitor.close(linger=0)
+        self._monitor = None
 
     def _rebuild_items(self) -> None:
         items: list[tuple[Any, int]] = []
@@ -617,7 +633,7 @@ class StreamCall:
             self.error = arrival.error
             raise arrival.error
         assert arrival.body is not None
-        if arrival.kind == Kind.END:
+        if arrival.kind == _END:
             self._finish()
             self.result = _decode(arrival.body, Any)
             self.result_blobs = arrival.blobs

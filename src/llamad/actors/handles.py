@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 import structlog
 
@@ -38,6 +38,10 @@ __all__ = ["Peer", "PendingReply", "Request", "StreamSender"]
 log = structlog.get_logger("llamad.actors")
 
 B = TypeVar("B")
+
+_REPLY: Final = int(Kind.REPLY)
+_EVENT: Final = int(Kind.EVENT)
+_END: Final = int(Kind.END)
 
 
 @dataclass(eq=False, slots=True)
@@ -143,7 +147,7 @@ class PendingReply(_Open):
         if self._done:
             return False
         self._close()
-        return self._actor._send_body(self.peer, Kind.REPLY, self.cid, body, blobs, op=self.op)
+        return self._actor._send_body(self.peer, _REPLY, self.cid, body, blobs, op=self.op)
 
     def _expire(self) -> None:
         if self._done:
@@ -176,7 +180,7 @@ class StreamSender(_Open):
             return False
         self.events += 1
         return self._actor._send_body(
-            self.peer, Kind.EVENT, self.cid, body, blobs, op=self.op, stream=self
+            self.peer, _EVENT, self.cid, body, blobs, op=self.op, stream=self
         )
 
     def end(self, body: Any = None, blobs: Sequence[Blob] = ()) -> bool:
@@ -184,7 +188,7 @@ class StreamSender(_Open):
         if self._done:
             return False
         self._close()
-        return self._actor._send_body(self.peer, Kind.END, self.cid, body, blobs, op=self.op)
+        return self._actor._send_body(self.peer, _END, self.cid, body, blobs, op=self.op)
 
 
 class Request(Generic[B]):

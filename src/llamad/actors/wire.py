@@ -216,7 +216,7 @@ _ENCODER: Final = msgspec.msgpack.Encoder()
 _ENVELOPE: Final = msgspec.msgpack.Decoder(Envelope)
 
 
-def encode_envelope(kind: Kind, cid: int, op: str, body: Any) -> bytes:
+def encode_envelope(kind: int, cid: int, op: str, body: Any) -> bytes:
     """Encode one header frame; raises ``TypeError``/``msgspec.EncodeError`` if
     ``body`` is not msgpack-encodable."""
     return _ENCODER.encode((PROTOCOL_VERSION, kind, cid, op, body))
