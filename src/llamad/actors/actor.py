@@ -54,6 +54,7 @@ from llamad.actors.sockets import (
 )
 from llamad.actors.wire import (
     CLIENT_KINDS,
+    HANDSHAKE_REQUIRED,
     Blob,
     Hello,
     Kind,
@@ -497,7 +498,15 @@ class Actor:
             if peer is not None:
                 self._peer_gone(peer, "peer_closed")
         elif peer is None:
-            self._refuse(ident, cid, kind, BadRequest("no handshake: send HELLO first"))
+            self._refuse(
+                ident,
+                cid,
+                kind,
+                BadRequest(
+                    "no handshake: send HELLO first",
+                    details={"reason": HANDSHAKE_REQUIRED},
+                ),
+            )
         elif route is None:
             self._refuse(ident, cid, kind, UnknownOp(f"unknown op {op!r}", details={"op": op}))
         elif route.wire_kind != kind:

@@ -25,13 +25,16 @@ endpoints wait at most ``connect_timeout``). Once the actor is back (a
 restart under the same name, possibly on a new endpoint) calls work again
 with no action from the caller.
 
-A client is not thread-safe: use one per thread.
+A client is not thread-safe: use one per thread (the thread that creates it
+is its owner; a stream dropped unfinished is cancelled at once when that
+happens on the owner thread, else at the owner's next operation).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -57,6 +60,7 @@ from llamad.actors.sockets import (
 )
 from llamad.actors.wire import (
     DECODE_ERRORS,
+    HANDSHAKE_REQUIRED,
     MAX_CID,
     SERVER_KINDS,
     Blob,
@@ -71,6 +75,7 @@ from llamad.actors.wire import (
     oversized_blob,
 )
 from llamad.errors import (
+    Cancelled,
     LlamadError,
     RequestTimeout,
     TooLarge,
@@ -159,6 +164,9 @@ class Client:
         self._slots: dict[int, _Slot] = {}
         self._next_cid = 0
         self._closed = False
+        self._owner = threading.get_ident()
+        self._busy = 0
+        self._abandoned: list[int] = []
 
     # -- connection ----------------------------------------------------------
 
@@ -247,17 +255,32 @@ class Client:
         """Like :meth:`call` but return the whole reply, blobs included."""
         limit = self.timeout if timeout is _EMPTY else timeout
         deadline = None if limit is None else time.monotonic() + limit
-        cid = self._open(_CALL, op, body, blobs, deadline)
-        slot = self._slots[cid]
-        try:
-            arrival = self._next_arrival(slot, deadline)
-        except RequestTimeout:
-            self._cancel_remote(cid)
-            raise
-        finally:
-            self._slots.pop(cid, None)
-        if arrival.error is not None:
-            raise arrival.error
+        for attempt in (1, 2):
+            cid = self._open(_CALL, op, body, blobs, deadline)
+            slot = self._slots[cid]
+            try:
+                arrival = self._next_arrival(slot, deadline)
+            except RequestTimeout:
+                self._cancel_remote(cid)
+                raise
+            finally:
+                self._slots.pop(cid, None)
+            error = arrival.error
+            if error is None:
+                break
+            if attempt == 1 and error.details.get("reason") == HANDSHAKE_REQUIRED:
+                # The actor forgot us (it dropped us as stuck) and did not
+                # process the call: whatever else we had open there is gone;
+                # introduce ourselves again and resend.
+                self._fail_all(
+                    Cancelled(
+                        f"actor {self.target!r} dropped this client",
+                        details={"reason": "backpressure"},
+                    )
+                )
+                self._disconnect()
+                continue
+            raise error
         assert arrival.body is not None
         return Message(_decode(arrival.body, reply_type), arrival.blobs)
 
@@ -284,6 +307,17 @@ class Client:
     # -- internals: sending --------------------------------------------------
 
     def _open(
+        self, kind: int, op: str, body: Any, blobs: Sequence[Blob], deadline: float | None
+    ) -> int:
+        self._busy += 1
+        try:
+            return self._open_unguarded(kind, op, body, blobs, deadline)
+        finally:
+            self._busy -= 1
+            if self._abandoned:
+                self._flush_abandoned()
+
+    def _open_unguarded(
         self, kind: int, op: str, body: Any, blobs: Sequence[Blob], deadline: float | None
     ) -> int:
         self._check_usable()
@@ -334,6 +368,28 @@ class Client:
             with contextlib.suppress(zmq.ZMQError):
                 self._sock.send(encode_envelope(Kind.CANCEL, cid, "", None), zmq.NOBLOCK)
 
+    def _abandon(self, cid: int) -> None:
+        """A stream was dropped without being finished: cancel it on the actor.
+
+        Called from ``StreamCall.__del__``, which may run in the middle of
+        one of our own socket operations or on another thread; then the
+        cancel waits for the owner thread's next operation.
+        """
+        self._abandoned.append(cid)
+        if (
+            not self._busy
+            and threading.get_ident() == self._owner
+            and not self._closed
+            and os.getpid() == self._pid
+        ):
+            self._flush_abandoned()
+
+    def _flush_abandoned(self) -> None:
+        while self._abandoned:
+            cid = self._abandoned.pop()
+            if self._slots.pop(cid, None) is not None:
+                self._cancel_remote(cid)
+
     def _cid(self) -> int:
         self._next_cid = self._next_cid + 1 if self._next_cid < MAX_CID else 1
         return self._next_cid
@@ -352,6 +408,15 @@ class Client:
 
     def _pump(self, timeout: float | None, want: _Slot | None = None) -> None:
         """Wait up to ``timeout`` for traffic or the actor's death; route arrivals."""
+        self._busy += 1
+        try:
+            self._pump_unguarded(timeout, want)
+        finally:
+            self._busy -= 1
+            if self._abandoned:
+                self._flush_abandoned()
+
+    def _pump_unguarded(self, timeout: float | None, want: _Slot | None) -> None:
         interval = self._watch.poll_interval()
         if interval is not None:
             timeout = interval if timeout is None else min(timeout, interval)
@@ -649,6 +714,13 @@ class StreamCall:
     def _finish(self) -> None:
         self.finished = True
         self._client._slots.pop(self.cid, None)
+
+    def __del__(self) -> None:
+        # Breaking out of a for loop drops the last reference: the actor
+        # must stop producing for a consumer that left.
+        if not self.finished:
+            with contextlib.suppress(Exception):
+                self._client._abandon(self.cid)
 
     def __enter__(self) -> StreamCall:
         return self

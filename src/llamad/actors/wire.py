@@ -39,6 +39,7 @@ from llamad.errors import BadRequest, LlamadError, TooLarge, VersionMismatch
 __all__ = [
     "CLIENT_KINDS",
     "DECODE_ERRORS",
+    "HANDSHAKE_REQUIRED",
     "MAX_CID",
     "MAX_OP_LEN",
     "PROTOCOL_VERSION",
@@ -62,6 +63,10 @@ PROTOCOL_VERSION: Final = 1
 """Bumped on any incompatible change to the envelope or the handshake."""
 
 MAX_CID: Final = 2**63 - 1
+HANDSHAKE_REQUIRED: Final = "handshake_required"
+"""``details["reason"]`` of the ``bad_request`` an actor sends to a peer it does
+not know (it never said HELLO, or the actor dropped it as stuck): the request
+was not processed, and the client re-handshakes and sends it again."""
 MAX_OP_LEN: Final = 64
 OP_NAME: Final = re.compile(r"^\$?[A-Za-z][A-Za-z0-9_.:-]{0,62}$")
 """Op names: a letter then letters, digits, ``_ . : -``; a leading ``$`` marks runtime ops."""

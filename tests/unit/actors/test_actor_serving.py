@@ -22,6 +22,7 @@ from llamad.actors.testing import build_toy
 from llamad.actors.wire import PROTOCOL_VERSION, Hello, Kind, encode_envelope
 from llamad.errors import (
     BadRequest,
+    Cancelled,
     LlamadError,
     RequestTimeout,
     StickyBusy,
@@ -360,6 +361,31 @@ def test_a_peer_that_stops_reading_is_dropped_as_stuck(registry: Registry) -> No
             r.close()
         with Client(name="stuck", registry=registry, timeout=20) as c:
             assert c.call("cancels") == ["backpressure"]
+
+
+def test_breaking_out_of_a_stream_cancels_it_on_the_actor(client: Client) -> None:
+    for event in client.stream("ticks", {"n": 100_000, "interval": 0.02}):
+        assert event.body["i"] == 0
+        break
+    eventually(lambda: client.call("cancels") == ["cancelled"])
+
+
+def test_a_client_dropped_as_stuck_reintroduces_itself_on_its_next_call(
+    registry: Registry,
+) -> None:
+    actor = Actor("strict", registry=registry, limits=Limits(sndhwm=10, max_backlog=50))
+    build_toy(actor)
+    with (
+        running(actor),
+        Client(name="strict", registry=registry, timeout=20, limits=Limits(rcvhwm=10)) as c,
+    ):
+        stream = c.stream("count", {"n": 1_000_000})  # never read: the actor gives up on us
+        with Client(name="strict", registry=registry, timeout=20) as probe:
+            eventually(lambda: probe.call("$info")["stats"]["peers_down"] == 1)
+        assert c.call("echo", "again") == "again"
+        with pytest.raises(Cancelled):
+            for _ in stream:
+                pass
 
 
 def test_calls_interleave_with_an_open_stream(client: Client) -> None:
