@@ -87,8 +87,7 @@ class _Open:
     @property
     def cancelled(self) -> str | None:
         """Why the request was cancelled (``cancelled``, ``peer_died``,
-        ``peer_closed``, ``unreachable``, ``backpressure``, ``actor_stopping``),
-        or ``None``."""
+        ``peer_closed``, ``unreachable``, ``backpressure``), or ``None``."""
         return self._cancel_reason
 
     def on_cancel(self, callback: Callable[[str], None]) -> None:
