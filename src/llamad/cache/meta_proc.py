@@ -40,14 +40,13 @@ from llamad.actors.registry import Registry
 from llamad.actors.wire import Limits
 from llamad.cache import meta_wire as wire
 from llamad.cache.counters import Counters, CountersUnavailable
-from llamad.cache.errors import KvcCorrupt
-from llamad.cache.kvc import KvcMeta, SaveReason
+from llamad.cache.kvc import SaveReason
 from llamad.cache.lookup import Lookup, RowRef
 from llamad.cache.meta import WAIT, CacheMeta
 from llamad.cache.pressure import PressureScheduler, PressureSource, make_source
 from llamad.cache.reservation import Owner, SaveIntent
 from llamad.cache.sup import CacheSettings
-from llamad.cache.tiers import Tier, TierKind, TierStore, build_tiers
+from llamad.cache.tiers import Tier, TierStore, build_tiers
 from llamad.errors import BadRequest
 from llamad.supervisor.child import heartbeat, heartbeat_interval, notifies_ready, notify_ready
 
@@ -103,9 +102,11 @@ class MetaServer:
         started = time.monotonic()
         for name, tier in self.tiers.items():
             tier.prepare()
-            found = self._scan_ram(tier) if tier.kind is TierKind.RAM else tier.scan(self.counters)
+            # A restarted cache-meta of this daemon run keeps its ram segments
+            # (a new daemon purges them before cache-meta starts), so a crash
+            # loses no row of any tier.
             n = 0
-            for row in found:
+            for row in tier.scan(self.counters, adopt_ram=True):
                 n += self.meta.adopt_file(row, name, tier.location_for(row.key))
             adopted[name] = n
         evicted, _ = self.meta.finish_rebuild()
@@ -117,27 +118,6 @@ class MetaServer:
             seconds=round(time.monotonic() - started, 3),
         )
         return adopted
-
-    def _scan_ram(self, tier: Tier) -> list[KvcMeta]:
-        # Tier.scan treats ram segments as dead leftovers (true for a new
-        # daemon, which purges them anyway). A restarted cache-meta of the same
-        # daemon run re-adopts them instead, so a crash loses no row.
-        found: list[KvcMeta] = []
-        for path in sorted(tier.root.glob(f"{tier.prefix}*")):
-            if path.name.endswith(".tmp"):
-                _unlink_quietly(path)
-                continue
-            if tier.key_of(path) is None:
-                continue
-            try:
-                found.append(tier.read_meta(path))
-            except KvcCorrupt as exc:
-                log.warning("cache.corrupt_file", tier=tier.name, path=str(path), reason=exc.reason)
-                tier.delete(path)
-                self.counters.add("corrupt_files")
-            except Exception as exc:  # vanished under us, unreadable: not ours to keep
-                log.warning("cache.scan_skipped", tier=tier.name, path=str(path), error=str(exc))
-        return found
 
     def start(self) -> str:
         """Rebuild the index, then bind and register the actor; returns the endpoint."""
@@ -393,11 +373,6 @@ class MetaServer:
 
     def _op_pressure_check(self, req: Request[wire.NoArgs]) -> dict[str, Any]:
         return self.pressure.force_check().to_wire()
-
-
-def _unlink_quietly(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
 
 
 @notifies_ready

@@ -214,6 +214,11 @@ class Tier:
                 fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:
                 continue
+            except OSError as exc:
+                # Unreadable (permissions, I/O error): not ours to judge or delete,
+                # and one bad file must not stop the rebuild of all the others.
+                log.warning("cache.scan_skipped", tier=self.name, path=entry.path, error=str(exc))
+                continue
             try:
                 meta = read_meta(fd, expected_key=bytes.fromhex(m.group(1)))
             except KvcCorrupt as exc:
@@ -223,6 +228,9 @@ class Tier:
                 _unlink(Path(entry.path))
                 if counters is not None:
                     counters.add("corrupt_files")
+                continue
+            except OSError as exc:
+                log.warning("cache.scan_skipped", tier=self.name, path=entry.path, error=str(exc))
                 continue
             finally:
                 os.close(fd)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from llamad.cache import tiers as tiers_module
 from llamad.cache.counters import Counters
 from llamad.cache.errors import InvalidCacheValue, KvcCorrupt, TierFull
 from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
@@ -322,3 +323,22 @@ def test_a_restarted_meta_can_adopt_this_runs_ram_segments(ram: Tier, counters: 
     assert not ram.path_for(bad.key).exists()
     assert not leftover.exists()
     assert counters.get("corrupt_files") == 1
+
+
+def test_scan_skips_an_unreadable_file_and_leaves_it(
+    disk: Tier, counters: Counters, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    good = put(disk, [1, 2], b"fine")
+    stuck = put(disk, [3, 4], b"unreadable")
+    real_read_meta = tiers_module.read_meta
+
+    def flaky(fd: int, *, expected_key: bytes | None = None) -> object:
+        if expected_key == stuck.key:
+            raise OSError(errno.EIO, "Input/output error")
+        return real_read_meta(fd, expected_key=expected_key)
+
+    monkeypatch.setattr(tiers_module, "read_meta", flaky)
+    assert [m.key for m in disk.scan(counters)] == [good.key]
+    # Not judged corrupt: left for a later scan, not deleted or counted.
+    assert disk.path_for(stuck.key).exists()
+    assert counters.get("corrupt_files") == 0
