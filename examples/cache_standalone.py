@@ -35,8 +35,7 @@ from llamad.cache.key import (
 )
 from llamad.cache.kvc import KvcSpec, SaveReason
 from llamad.cache.sup import CacheSettings, cache_sup_spec, purge_ram
-from llamad.cache.tiers import Tier
-from llamad.cache.writer import PermitSet, WriterPool
+from llamad.cache.writer import WriterPool
 from llamad.supervisor.runtime import Supervisor
 
 MIB = 1 << 20
@@ -62,12 +61,13 @@ def main(argv: list[str] | None = None) -> int:
         disk_quota=1024 * MIB,
         ram_file_root=Path("/dev/shm") / f"llamad-demo-{instance}",
         registry_root=base / "reg",
+        save_permits=2,  # at most two saves at once, across every process of this cache
     )
     (base / "run").mkdir(parents=True)
     purge_ram(settings)  # what the daemon does at start: ram rows die with their daemon
     try:
         with Supervisor(cache_sup_spec(settings)):
-            run_demo(settings, base, args.tokens, args.bytes_per_token)
+            run_demo(settings, args.tokens, args.bytes_per_token)
     finally:
         purge_ram(settings)
         shutil.rmtree(Path("/dev/shm") / f"llamad-demo-{instance}", ignore_errors=True)
@@ -75,22 +75,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_demo(settings: CacheSettings, base: Path, n_tokens: int, bytes_per_token: int) -> None:
+def run_demo(settings: CacheSettings, n_tokens: int, bytes_per_token: int) -> None:
     # A namespace as a model worker would derive it from its GGUF and context.
     namespace = Namespace(
         fingerprint=hashlib.sha256(b"a model that does not exist").digest(),
         quant=quant_byte("q4_1"),
         ctx_hash=ctx_params_hash(n_ctx=8192, type_k="f16", type_v="f16", flash_attn="off"),
     )
-    tiers = {cfg.name: Tier(cfg) for cfg in settings.tiers}
+    # cache-meta created the counters and the writer permits when it started.
     counters = Counters.attach(settings.counters_path)
-    permits = PermitSet.create(base / "run" / "cache-permits", 2)
-    pool = WriterPool(
-        lambda: CacheClient.from_settings(settings, client_name="demo-writer"),
-        tiers,
-        permits,
-        counters=counters,
-    )
+    pool = WriterPool.from_settings(settings, client_name="demo-writer", counters=counters)
     cache = CacheClient.from_settings(settings, counters=counters, client_name="demo-worker")
     try:
         payload = os.urandom(n_tokens * bytes_per_token)  # stands in for llama_state_seq bytes

@@ -80,6 +80,9 @@ class MetaServer:
             self.counters = Counters.attach(settings.counters_path)
         except CountersUnavailable:
             self.counters = Counters.create(settings.counters_path)
+        # The writers' daemon-wide cap lives beside the counters; creating it
+        # again after a crash keeps the permits live writers hold.
+        settings.create_permits()
         self.store = TierStore(self.tiers, self.counters)
         self.meta = CacheMeta(settings.meta_config(), self.store, counters=self.counters)
         source = pressure_source if pressure_source is not None else make_source(settings.pressure)

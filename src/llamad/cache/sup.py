@@ -20,7 +20,10 @@ down):
   Slow sources sample on a thread so the loop never waits on them.
 - **Writers** run wherever the KV bytes are (the model worker) and talk to
   cache-meta through :class:`llamad.cache.client.CacheClient`; cache-meta
-  watches their pids, so a dead writer's reservation is reaped at once.
+  watches their pids, so a dead writer's reservation is reaped at once. Their
+  daemon-wide cap is the permits file (:class:`llamad.cache.writer.PermitSet`)
+  that cache-meta creates when it starts, beside the counters file; a writer
+  pool attaches to it (:meth:`llamad.cache.writer.WriterPool.from_settings`).
 
 The ``ram`` tier's segments belong to one daemon run: the daemon calls
 :func:`purge_ram` when it starts and when it stops. A cache-meta restart in
@@ -35,10 +38,10 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from llamad.cache.errors import InvalidCacheValue
 from llamad.cache.lookup import LookupPolicy
@@ -46,6 +49,7 @@ from llamad.cache.meta import MetaConfig
 from llamad.cache.meta_wire import ACTOR_NAME
 from llamad.cache.pressure import PressureConfig
 from llamad.cache.tiers import Tier, TierConfig, TierKind
+from llamad.cache.writer import MAX_PERMITS, PermitSet
 from llamad.supervisor.spec import ChildSpec, Start, Strategy, SupervisorSpec, SupFlags
 
 __all__ = ["CacheSettings", "cache_sup_spec", "discard", "meta_child_spec", "purge_ram"]
@@ -58,10 +62,12 @@ class CacheSettings:
     """Everything cache-meta needs to start; invalid values raise naming the field.
 
     ``counters_path`` is the shared counters file (on tmpfs, in the daemon's
-    runtime directory). ``registry_root`` is the actor registry directory
-    (``None``: the runtime default). ``stats_flush_s`` is how often hit counts
-    are written back into file headers. ``liveness_timeout`` enables
-    heartbeats to the supervisor.
+    runtime directory). ``permits_path`` is the writer-permits file, the
+    daemon-wide cap of ``save_permits`` concurrent saves (``None``: beside the
+    counters file, ``<counters_path>.permits``; always a path once built).
+    ``registry_root`` is the actor registry directory (``None``: the runtime
+    default). ``stats_flush_s`` is how often hit counts are written back into
+    file headers. ``liveness_timeout`` enables heartbeats to the supervisor.
     """
 
     tiers: tuple[TierConfig, ...]
@@ -74,6 +80,8 @@ class CacheSettings:
     registry_root: Path | None = None
     actor_name: str = ACTOR_NAME
     liveness_timeout: float | None = None
+    permits_path: Path | None = None
+    save_permits: int = 4
 
     def __post_init__(self) -> None:
         tiers = tuple(self.tiers)
@@ -84,6 +92,13 @@ class CacheSettings:
             raise InvalidCacheValue("tiers", f"a tier is configured twice: {names}")
         object.__setattr__(self, "tiers", tiers)
         object.__setattr__(self, "counters_path", Path(self.counters_path))
+        permits = self.permits_path
+        if permits is None:
+            permits = self.counters_path.with_name(f"{self.counters_path.name}.permits")
+        object.__setattr__(self, "permits_path", Path(permits))
+        n = self.save_permits
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_PERMITS:
+            raise InvalidCacheValue("save_permits", f"{n!r} is not in [1, {MAX_PERMITS}]")
         if self.registry_root is not None:
             object.__setattr__(self, "registry_root", Path(self.registry_root))
         for name in ("stats_flush_s",):
@@ -108,6 +123,23 @@ class CacheSettings:
     def tier(self, name: str) -> TierConfig | None:
         return next((t for t in self.tiers if t.name == name), None)
 
+    def _permits_file(self) -> Path:
+        assert self.permits_path is not None  # resolved in __post_init__
+        return self.permits_path
+
+    def create_permits(self) -> PermitSet:
+        """Create the writer-permits file; cache-meta does this whenever it starts.
+
+        Idempotent: a restarted cache-meta finds the file in place and the
+        permits live writers hold stay held (they are locks on the file, not
+        its contents).
+        """
+        return PermitSet.create(self._permits_file(), self.save_permits)
+
+    def attach_permits(self) -> PermitSet:
+        """The permits cache-meta created (what every writer pool shares)."""
+        return PermitSet.attach(self._permits_file())
+
     @classmethod
     def defaults(
         cls,
@@ -122,7 +154,7 @@ class CacheSettings:
         **overrides: Any,
     ) -> CacheSettings:
         """All three tiers: ``ram`` in /dev/shm, ``ram_file`` under /dev/shm/llamad-<uid>,
-        ``disk`` under ``state_dir/kvc``; counters in ``runtime_dir``."""
+        ``disk`` under ``state_dir/kvc``; counters and writer permits in ``runtime_dir``."""
         shm = Path("/dev/shm")
         tiers = (
             TierConfig(TierKind.RAM, shm, ram_quota, instance),
@@ -134,7 +166,12 @@ class CacheSettings:
             ),
             TierConfig(TierKind.DISK, Path(state_dir) / "kvc", disk_quota, instance),
         )
-        return cls(tiers=tiers, counters_path=Path(runtime_dir) / "cache-counters", **overrides)
+        fields: dict[str, Any] = {
+            "counters_path": Path(runtime_dir) / "cache-counters",
+            "permits_path": Path(runtime_dir) / "cache-permits",
+            **overrides,
+        }
+        return cls(tiers=tiers, **fields)
 
     @classmethod
     def scratch(
@@ -163,6 +200,7 @@ class CacheSettings:
         )
         fields: dict[str, Any] = {
             "counters_path": shm / f"{instance}.counters",
+            "permits_path": shm / f"{instance}.permits",
             "registry_root": base / "reg",
             **overrides,
         }
@@ -203,6 +241,8 @@ class CacheSettings:
             "registry_root": None if self.registry_root is None else str(self.registry_root),
             "actor_name": self.actor_name,
             "liveness_timeout": self.liveness_timeout,
+            "permits_path": str(self._permits_file()),
+            "save_permits": self.save_permits,
         }
 
     @classmethod
@@ -218,11 +258,15 @@ class CacheSettings:
             )
             pressure = data.get("pressure") or {}
             lookup = data.get("lookup") or {}
+            # Absent keys take the dataclass defaults (kept in one place).
+            optional: dict[str, Any] = {
+                name: None if data[name] is None and name in _WIRE_NULLABLE else convert(data[name])
+                for name, convert in _WIRE_OPTIONAL.items()
+                if name in data
+            }
             return cls(
                 tiers=tiers,
                 counters_path=Path(data["counters_path"]),
-                reservation_ttl_s=float(data.get("reservation_ttl_s", 60.0)),
-                max_wait_s=float(data.get("max_wait_s", 60.0)),
                 lookup=LookupPolicy(**lookup),
                 pressure=PressureConfig(
                     **{
@@ -230,15 +274,29 @@ class CacheSettings:
                         "evict_tiers": tuple(pressure.get("evict_tiers", ("ram", "ram_file"))),
                     }
                 ),
-                stats_flush_s=float(data.get("stats_flush_s", 10.0)),
-                registry_root=(
-                    None if data.get("registry_root") is None else Path(data["registry_root"])
-                ),
-                actor_name=str(data.get("actor_name", ACTOR_NAME)),
-                liveness_timeout=data.get("liveness_timeout"),
+                **optional,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidCacheValue("settings", f"malformed cache settings: {exc}") from None
+
+
+def _as_is(value: Any) -> Any:
+    # Validated by CacheSettings itself (a count must not be rounded into range).
+    return value
+
+
+# Optional settings on the wire and how each is read back.
+_WIRE_OPTIONAL: Final[Mapping[str, Callable[[Any], Any]]] = {
+    "reservation_ttl_s": float,
+    "max_wait_s": float,
+    "stats_flush_s": float,
+    "registry_root": Path,
+    "actor_name": str,
+    "liveness_timeout": _as_is,
+    "permits_path": Path,
+    "save_permits": _as_is,
+}
+_WIRE_NULLABLE: Final = frozenset({"registry_root", "liveness_timeout", "permits_path"})
 
 
 def meta_child_spec(settings: CacheSettings, *, child_id: str = "cache-meta") -> ChildSpec:
@@ -270,8 +328,8 @@ def cache_sup_spec(
 def discard(settings: CacheSettings) -> None:
     """Remove everything a :meth:`CacheSettings.scratch` cache created.
 
-    Only for scratch caches: it deletes the tiers' directories, the registry
-    and the counters file.
+    Only for scratch caches: it deletes the tiers' directories, the registry,
+    the counters file and the writer permits.
     """
     purge_ram(settings)
     dirs = [cfg.root for cfg in settings.tiers if cfg.kind is not TierKind.RAM]
@@ -280,6 +338,7 @@ def discard(settings: CacheSettings) -> None:
     for path in dirs:
         shutil.rmtree(path, ignore_errors=True)
     settings.counters_path.unlink(missing_ok=True)
+    settings._permits_file().unlink(missing_ok=True)
     for parent in {path.parent for path in dirs}:
         with contextlib.suppress(OSError):
             parent.rmdir()  # the scratch base, once empty; never a non-empty dir

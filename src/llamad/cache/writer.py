@@ -32,18 +32,21 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 
+from llamad.cache.client import CacheClient
 from llamad.cache.errors import InvalidCacheValue, SaveRefused
 from llamad.cache.kvc import KvcSpec
 from llamad.cache.oslocks import try_lock_range, unlock_range
 from llamad.cache.publish import PublishMeta, PublishOutcome, PublishResult, StageHook, publish
-from llamad.cache.tiers import CounterAdd, Tier
+from llamad.cache.tiers import CounterAdd, Tier, build_tiers
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
+
+    from llamad.cache.sup import CacheSettings
 
 log = structlog.get_logger("llamad.cache.writer")
 
@@ -90,7 +93,11 @@ class PermitSet:
 
     @classmethod
     def create(cls, path: str | os.PathLike[str], n: int) -> PermitSet:
-        """Create (or resize) the permit file; the daemon does this once at start."""
+        """Create (or resize) the permit file; cache-meta does this whenever it starts.
+
+        Idempotent: the file is never truncated to zero, and the permits live
+        writers hold are locks on it, which survive a second ``create``.
+        """
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_PERMITS:
             raise InvalidCacheValue("permits", f"{n!r} is not in [1, {MAX_PERMITS}]")
         path = Path(path)
@@ -194,6 +201,20 @@ class WriterPool:
         self._closed = False
         self._local = threading.local()
         self._metas: list[PublishMeta] = []
+
+    @classmethod
+    def from_settings(
+        cls, settings: CacheSettings, *, client_name: str = "cache-writer", **kwargs: Any
+    ) -> WriterPool:
+        """A pool for the cache ``settings`` describe: its tiers, its cache-meta, and the
+        daemon-wide permits cache-meta created at start (``kwargs`` as for the constructor).
+        """
+        return cls(
+            lambda: CacheClient.from_settings(settings, client_name=client_name),
+            build_tiers(list(settings.tiers)),
+            settings.attach_permits(),
+            **kwargs,
+        )
 
     def _meta(self) -> PublishMeta:
         # A CacheClient is one connection and not thread-safe: each writer

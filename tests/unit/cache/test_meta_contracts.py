@@ -119,6 +119,8 @@ def test_cache_settings_round_trip_through_their_wire_form(tmp_path: Path) -> No
         stats_flush_s=3.0,
         registry_root=tmp_path / "reg",
         liveness_timeout=20.0,
+        permits_path=tmp_path / "permits",
+        save_permits=7,
     )
     assert CacheSettings.from_wire(s.to_wire()) == s
     assert s.meta_config().quotas == {"ram": 2 << 30, "ram_file": 4 << 30, "disk": 64 << 30}
@@ -133,7 +135,13 @@ def test_a_tier_configured_twice_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("field", "kwargs"),
-    [("stats_flush_s", {"stats_flush_s": 0}), ("reservation_ttl_s", {"reservation_ttl_s": 0})],
+    [
+        ("stats_flush_s", {"stats_flush_s": 0}),
+        ("reservation_ttl_s", {"reservation_ttl_s": 0}),
+        ("save_permits", {"save_permits": 0}),
+        ("save_permits", {"save_permits": 2000}),
+        ("save_permits", {"save_permits": True}),
+    ],
 )
 def test_invalid_cache_settings_name_the_field(
     tmp_path: Path, field: str, kwargs: dict[str, object]
@@ -141,6 +149,26 @@ def test_invalid_cache_settings_name_the_field(
     with pytest.raises(InvalidCacheValue) as err:
         settings(tmp_path, **kwargs)
     assert err.value.field == field
+
+
+def test_permits_file_defaults_to_beside_the_counters_file(tmp_path: Path) -> None:
+    s = CacheSettings(
+        tiers=(TierConfig(TierKind.DISK, tmp_path, 10),), counters_path=tmp_path / "c"
+    )
+    assert s.permits_path == tmp_path / "c.permits"
+    assert s.save_permits == 4
+    assert settings(tmp_path).permits_path == tmp_path / "run" / "cache-permits"
+
+
+def test_settings_on_the_wire_without_optional_keys_take_the_defaults(tmp_path: Path) -> None:
+    full = settings(tmp_path)
+    wire = full.to_wire()
+    for name in ("reservation_ttl_s", "stats_flush_s", "permits_path", "save_permits"):
+        del wire[name]
+    back = CacheSettings.from_wire(wire)
+    assert back.reservation_ttl_s == 60.0 and back.stats_flush_s == 10.0
+    assert back.save_permits == 4
+    assert back.permits_path == full.counters_path.with_name("cache-counters.permits")
 
 
 def test_malformed_settings_on_the_wire_are_refused(tmp_path: Path) -> None:
@@ -214,10 +242,12 @@ def test_scratch_cache_is_private_and_discard_removes_it() -> None:
         assert a.registry_root is not None
         a.registry_root.mkdir()
         a.counters_path.write_bytes(b"x")
+        a.create_permits()
     finally:
         discard(a)
         discard(b)
     assert a.registry_root is not None
     assert not a.registry_root.parent.exists()
     assert not a.counters_path.exists()
+    assert a.permits_path is not None and not a.permits_path.exists()
     assert all(not t.root.exists() for t in a.tiers if t.kind is not TierKind.RAM)

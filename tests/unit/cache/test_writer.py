@@ -134,6 +134,21 @@ def test_permits_held_by_a_killed_process_are_returned(tmp_path: Path) -> None:
             child.join(30)
 
 
+def test_creating_the_permits_again_keeps_the_held_ones(tmp_path: Path) -> None:
+    permits = PermitSet.create(tmp_path / "permits", 2)
+    held = permits.try_acquire()
+    assert held is not None
+    # What a restarted cache-meta does while a writer holds a permit.
+    again = PermitSet.create(tmp_path / "permits", 2)
+    assert again.held() == 1
+    other = again.try_acquire()
+    assert other is not None and other.slot != held.slot
+    assert again.try_acquire() is None
+    held.release()
+    other.release()
+    assert PermitSet.attach(tmp_path / "permits").held() == 0
+
+
 def test_global_cap_holds_across_pools(rig: Rig) -> None:
     gate = threading.Event()
     entered = threading.Semaphore(0)
