@@ -153,7 +153,9 @@ class Actor:
         self._items: list[tuple[Any, int]] = []
         self._probe: list[tuple[Any, int]] = []
         self._items_dirty = True
-        self._wake_fd = -1
+        self._wake_fd = -1  # read end of the wake pipe (in the poll set)
+        self._wake_w = -1  # write end: wake(), and the C-level signal wakeup fd
+        self._stop_signals: frozenset[int] = frozenset()
         self._readers: dict[int, Callable[[], None]] = {}
         self._registration: Registration | None = None
         self._peers: dict[bytes, Peer] = {}
@@ -236,7 +238,7 @@ class Actor:
             configure(sock, self.limits, linger_s=self.limits.linger_s, tcp=_is_tcp(endpoint))
             sock.bind(endpoint)
             self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-            self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            self._wake_fd, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
             if self._registration is not None:
                 self._registration.publish(self.endpoint, self.instance)
         except BaseException:
@@ -263,25 +265,51 @@ class Actor:
 
     def wake(self) -> None:
         """Interrupt a blocking :meth:`poll` (thread- and signal-safe)."""
-        if self._wake_fd >= 0:
+        if self._wake_w >= 0:
+            # A full pipe already guarantees a wakeup.
             with contextlib.suppress(OSError):
-                os.eventfd_write(self._wake_fd, 1)
+                os.write(self._wake_w, b"\0")
 
     def serve_forever(self, *, handle_signals: bool = True) -> None:
         """Serve until :meth:`request_stop` (or SIGTERM/SIGINT), then close."""
         if self._state == "new":
             self.start()
-        previous: dict[signal.Signals, Any] = {}
-        if handle_signals and threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                previous[sig] = signal.signal(sig, self._on_signal)
+        restore = self.stop_on_signals() if handle_signals else None
         try:
             while not self._stop_requested:
                 self.poll(None)
         finally:
+            if restore is not None:
+                restore()
+            self.close()
+
+    def stop_on_signals(
+        self, signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT)
+    ) -> Callable[[], None]:
+        """Make ``signals`` request a stop; return a function that undoes it.
+
+        Call from the main thread after :meth:`start`. Besides installing
+        handlers that set the flag, the actor's wake pipe becomes Python's
+        signal wakeup fd: the C-level handler writes the signal number into
+        it, so a :meth:`poll` blocked in ``zmq_poll`` wakes even when the
+        signal lands just before the poll starts, or on another thread,
+        where a Python-level handler alone would not run until something
+        else woke the loop. (There is one wakeup fd per process; the
+        previous one is restored.)
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in signals}
+        previous_fd = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        self._stop_signals = frozenset(int(sig) for sig in signals)
+
+        def restore() -> None:
+            signal.set_wakeup_fd(previous_fd)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            self.close()
+            self._stop_signals = frozenset()
+
+        return restore
 
     def close(self) -> None:
         """Fail what is still open, close the socket, then the context. Idempotent."""
@@ -341,8 +369,7 @@ class Actor:
                 # poll(0) from a tick loop drains everything queued.
                 handled = self._drain(_MAX_BATCH if timeout == 0 else 1)
             elif item == self._wake_fd:
-                with contextlib.suppress(BlockingIOError):
-                    os.eventfd_read(self._wake_fd)
+                self._read_wake_pipe()
             elif item in self._readers:
                 self._run_reader(item)
             else:
@@ -374,6 +401,16 @@ class Actor:
         self._items += [(fd, POLLIN) for fd in self._watch.fds()]
         self._probe = [(self._sock, POLLIN)]
         self._items_dirty = False
+
+    def _read_wake_pipe(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while data := os.read(self._wake_fd, 4096):
+                # Bytes other than 0 are signal numbers written by the C-level
+                # handler (see stop_on_signals).
+                if self._stop_signals.intersection(data):
+                    self._stop_requested = True
+                if len(data) < 4096:
+                    break
 
     def _run_reader(self, fd: int) -> None:
         try:
@@ -892,7 +929,8 @@ class Actor:
             self._ctx = None
         if self._wake_fd >= 0:
             os.close(self._wake_fd)
-            self._wake_fd = -1
+            os.close(self._wake_w)
+            self._wake_fd = self._wake_w = -1
         self._watch.close()
         if self._registration is not None:
             self._registration.release()

@@ -16,6 +16,7 @@ across loop iterations (``ticks``), plus cancellation bookkeeping
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import select
 import signal
@@ -167,14 +168,14 @@ def build_toy(actor: Actor) -> _Toy:
 
 def run_toy(actor: Actor, toy: _Toy) -> None:
     """The toy's loop: serve requests and push ``ticks`` events between polls."""
-    signal.signal(signal.SIGTERM, lambda *_: actor.request_stop())
-    signal.signal(signal.SIGINT, lambda *_: actor.request_stop())
+    restore = actor.stop_on_signals()
     try:
         wait: float | None = None
         while not actor.stop_requested:
             actor.poll(wait)
             wait = toy.tick()
     finally:
+        restore()
         actor.close()
 
 
@@ -188,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # stdout carries the READY line; logs go to stderr.
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    # A toy that hangs in a test can be asked where it is.
+    faulthandler.register(signal.SIGUSR1)
     registry = Registry(args.registry) if args.registry else None
     actor = Actor(
         args.name,
@@ -237,6 +240,8 @@ class ToyProcess:
             try:
                 return self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
+                self.proc.send_signal(signal.SIGUSR1)  # stacks to stderr, for the log
+                time.sleep(0.5)
                 self.proc.kill()
         return self.proc.wait()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -514,6 +515,23 @@ def test_wake_interrupts_a_blocking_poll(registry: Registry) -> None:
         actor.poll(60)
         timer.join()
         assert time.monotonic() - started < 30
+
+
+def test_sigterm_wakes_a_blocking_poll_and_requests_stop(registry: Registry) -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    with Actor("sig", registry=registry) as actor:
+        restore = actor.stop_on_signals()
+        try:
+            timer = threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGTERM))
+            timer.start()
+            deadline = time.monotonic() + 30
+            while not actor.stop_requested and time.monotonic() < deadline:
+                actor.poll(30)
+            timer.join()
+            assert actor.stop_requested
+        finally:
+            restore()
+    assert signal.getsignal(signal.SIGTERM) == before
 
 
 def test_reader_callback_runs_from_poll(registry: Registry) -> None:
