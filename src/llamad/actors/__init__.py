@@ -8,7 +8,12 @@ Serving (:mod:`llamad.actors.actor`, :mod:`llamad.actors.handles`)::
     actor.add_op(OpSpec("lookup", OpKind.CALL, body=Lookup), handler)
     @actor.op("echo")                                # decorator form
     def echo(req: Request[dict[str, Any]]) -> Any: return req.body
-    actor.serve_forever()                            # or: actor.start(); loop: actor.poll(t)
+    actor.serve_forever()                            # SIGTERM/SIGINT stop it cleanly
+    # or, in a loop that does other work:
+    actor.start(); restore = actor.stop_on_signals()
+    while not actor.stop_requested: actor.poll(0 or timeout); ...   # tick
+    actor.wake()                                     # from other threads/signals
+    actor.add_reader(fd, callback)                   # more fds in the same poll
 
     handler(req) -> body | Message(body, blobs)      # immediate reply
     pending = req.defer(timeout=0.5, on_timeout=f)   # answer later: pending.reply()/fail()
