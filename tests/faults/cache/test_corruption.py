@@ -15,13 +15,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from meta_fixtures import cache_settings_fixture  # noqa: F401  (the cache_settings fixture)
 
+from llamad.cache.client import CacheClient
 from llamad.cache.counters import Counters
 from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import HEADER_LEN, KvcSpec, SaveReason
 from llamad.cache.meta import CacheMeta, MetaConfig
+from llamad.cache.meta_proc import MetaProcess
 from llamad.cache.publish import LocalMeta, PublishOutcome, publish
-from llamad.cache.tiers import TierConfig, TierKind, TierStore, build_tiers, load
+from llamad.cache.sup import CacheSettings
+from llamad.cache.tiers import Tier, TierConfig, TierKind, TierStore, build_tiers, load
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -130,3 +134,36 @@ def test_damaged_rows_load_as_misses_and_are_counted(cache: Cache, tier: str) ->
 
     # Undamaged neighbours are unaffected.
     assert cache.restore(probe.key) == PAYLOAD
+
+
+def test_a_damaged_row_is_a_miss_through_the_real_cache_meta(cache_settings: CacheSettings) -> None:
+    # What a model worker sees: resolve (pinned), load_into -> None, and the
+    # row is forgotten by cache-meta, so no later lookup offers it again.
+    with MetaProcess(cache_settings):
+        counters = Counters.attach(cache_settings.counters_path)
+        cache = CacheClient.from_settings(cache_settings, counters=counters)
+        try:
+            for n, name in enumerate(("ram", "ram_file", "disk"), start=1):
+                cfg = cache_settings.tier(name)
+                assert cfg is not None
+                tier = Tier(cfg)
+                tokens = [n, *range(400)]
+                spec = KvcSpec(NS, tokens_to_bytes(tokens), FingerprintMode.SAFE, SaveReason.COLD)
+                assert publish(cache, tier, spec, PAYLOAD).outcome is PublishOutcome.PUBLISHED
+                meta = tier.read_meta(spec.key)
+                with open(tier.path_for(spec.key), "r+b") as f:
+                    f.seek(meta.payload_offset + 1000)
+                    f.write(b"\xff")
+                found = cache.resolve(NS, tokens)
+                assert found.row is not None and found.row.key == spec.key
+                buf = bytearray(found.row.size)
+                with cache.pinned(found.row):
+                    assert cache.load_into(found.row, buf) is None
+                assert not any(buf), "a failed load must not hand out bytes"
+                assert cache.counters()["corrupt_files"] == n
+                assert cache.lookup_exact(spec.key, pin=False) is None
+                assert not tier.path_for(spec.key).exists()
+            assert cache.status()["pins"] == 0
+        finally:
+            cache.close()
+            counters.close()

@@ -13,7 +13,7 @@ from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcSpec, SaveReason
 from llamad.cache.meta_proc import MetaServer
 from llamad.cache.pressure import CallablePressure, PressureConfig
-from llamad.cache.publish import publish
+from llamad.cache.publish import LocalMeta, publish
 from llamad.cache.sup import CacheSettings
 from llamad.cache.tiers import Tier
 
@@ -87,3 +87,40 @@ def test_pressure_in_the_meta_loop_evicts_ram_rows_down_to_the_low_watermark(
         if server:
             server[0].actor.request_stop()
         thread.join(30)
+
+
+def test_pressure_disabled_in_the_meta_loop_never_samples_or_evicts(
+    cache_settings: CacheSettings,
+) -> None:
+    # Disabled is the default; the source reads 99% for as long as the loop runs.
+    samples: list[float] = []
+
+    def full() -> tuple[int, int]:
+        samples.append(time.monotonic())
+        return (99, 100)
+
+    settings = dataclasses.replace(
+        cache_settings,
+        pressure=PressureConfig(enabled=False, source="callable", interval_s=0.02),
+    )
+    server = MetaServer(settings, pressure_source=CallablePressure(full))
+    server.start()
+    try:
+        cfg = settings.tier("ram")
+        assert cfg is not None
+        writer = LocalMeta(server.meta)
+        for i in range(4):
+            spec = KvcSpec(NS, tokens_to_bytes([i] * 600), FingerprintMode.SAFE, SaveReason.COLD)
+            assert publish(writer, Tier(cfg), spec, b"\x01" * 100_000).stored
+        # Step the loop through a dozen of the scheduler's intervals.
+        until = time.monotonic() + 0.3
+        while time.monotonic() < until:
+            server.step(0.01)
+        assert samples == []
+        assert server.pressure.status()["checks"] == 0
+        assert len(server.meta.rows) == 4
+        # A forced check reads the source but still evicts nothing.
+        assert server.pressure.force_check().action == "disabled"
+        assert len(samples) == 1 and len(server.meta.rows) == 4
+    finally:
+        server.close()

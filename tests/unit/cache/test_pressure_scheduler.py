@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from meta_fakes import FakeClock, intent, make_meta, publish
 
+from llamad.cache.meta import CacheMeta
 from llamad.cache.pressure import (
     CallablePressure,
     NvidiaSmiPressure,
@@ -25,7 +27,7 @@ pytestmark = pytest.mark.timeout(30)
 GIB = 1 << 30
 
 
-def loaded_cache(rows: int = 40, size: int = 50 << 20) -> tuple[object, FakeClock]:
+def loaded_cache(rows: int = 40, size: int = 50 << 20) -> tuple[CacheMeta, FakeClock]:
     meta, store, clock, _ = make_meta({"ram": 100 * GIB, "ram_file": 100 * GIB, "disk": 100 * GIB})
     for i in range(rows):
         publish(meta, store, intent([i], tier="ram" if i % 2 else "ram_file", size=size))
@@ -57,9 +59,9 @@ def test_scheduler_does_nothing_when_disabled() -> None:
     before = meta.used_bytes()
     calls: list[int] = []
 
-    def evict(n: int, tiers: object) -> tuple[int, int]:
+    def evict(n: int, tiers: Sequence[str]) -> tuple[int, int]:
         calls.append(n)
-        return (0, 0)
+        return meta.evict_bytes(n, tiers)
 
     sched = PressureScheduler(
         PressureConfig(), CallablePressure(lambda: (99, 100)), evict, clock=clock
