@@ -253,8 +253,10 @@ class CacheMeta:
         self.rows: dict[bytes, Row] = {}
         self.prefix = PrefixIndex()
         self.reservations: dict[bytes, Reservation] = {}
-        # pin id → (owner, key); owner → pin ids, so a dead owner's pins go at once.
-        self._pins: dict[int, tuple[Owner, bytes]] = {}
+        # pin id → (owner, pinned row); owner → pin ids, so a dead owner's pins go
+        # at once. The row object, not its key: a row forgotten while pinned and
+        # saved again under the same key is another row, with its own pins.
+        self._pins: dict[int, tuple[Owner, Row]] = {}
         self._pins_by_owner: dict[Owner, set[int]] = {}
         self._waiters: dict[bytes, list[_Waiter]] = {}
         self._ready: list[tuple[object, object]] = []
@@ -290,7 +292,7 @@ class CacheMeta:
     def _pin(self, row: Row, owner: Owner) -> int:
         pin = self._new_id()
         row.pins += 1
-        self._pins[pin] = (owner, row.key)
+        self._pins[pin] = (owner, row)
         self._pins_by_owner.setdefault(owner, set()).add(pin)
         return pin
 
@@ -564,15 +566,13 @@ class CacheMeta:
         held = self._pins.pop(pin, None)
         if held is None:
             return False
-        owner, key = held
+        owner, row = held
         pins = self._pins_by_owner.get(owner)
         if pins is not None:
             pins.discard(pin)
             if not pins:
                 del self._pins_by_owner[owner]
-        row = self.rows.get(key)
-        if row is not None:
-            row.pins -= 1
+        row.pins -= 1
         return True
 
     def pins_of(self, owner: Owner) -> int:

@@ -75,3 +75,21 @@ def test_hit_counts_of_pinned_rows_are_persisted_only_after_checkin() -> None:
     assert meta.flush_stats() == 1
     assert store.stats[ref.location][0] == 1
     assert meta.flush_stats() == 0
+
+
+def test_a_pin_on_a_forgotten_row_never_touches_the_row_saved_again_under_its_key() -> None:
+    meta, store, _, _ = make_meta()
+    it = intent(range(10))
+    publish(meta, store, it)
+    stale = meta.checkout(it.key, owner=5)
+    assert stale is not None and stale.pin is not None
+    meta.forget(it.key)  # the loader found the file corrupt
+    publish(meta, store, it)  # ...and the prefix is saved again before it checks in
+    fresh = meta.checkout(it.key, owner=6)
+    assert fresh is not None and fresh.pin is not None
+    assert meta.checkin(stale.pin)
+    assert meta.rows[it.key].pins == 1  # still pinned by owner 6
+    assert meta.evict_bytes(10**9) == (0, 0)
+    assert meta.checkin(fresh.pin)
+    assert meta.rows[it.key].pins == 0
+    assert meta.evict_bytes(10**9) == (1, 1000)
