@@ -356,6 +356,9 @@ class CacheMeta:
         unpinned rows, and only when enough of them exist.
         """
         ledger = self._ledger(intent.tier)
+        ttl = self.config.reservation_ttl_s if ttl_s is None else ttl_s
+        if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl > 0:
+            raise InvalidCacheValue("ttl_s", f"{ttl!r} is not a positive number of seconds")
         row = self.rows.get(intent.key)
         if row is not None:
             self._touch(row)
@@ -385,9 +388,6 @@ class CacheMeta:
                     details={"tier": intent.tier, "size": intent.size, "need": need},
                 )
             self._evict(victims)
-        ttl = self.config.reservation_ttl_s if ttl_s is None else ttl_s
-        if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl > 0:
-            raise InvalidCacheValue("ttl_s", f"{ttl!r} is not a positive number of seconds")
         token = self._new_id()
         self.reservations[intent.key] = Reservation(
             token=token,

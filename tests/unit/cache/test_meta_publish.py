@@ -250,3 +250,13 @@ def test_reaper_survives_a_store_that_cannot_judge_the_file() -> None:
     meta.tick()
     assert it.key not in meta.reservations and it.key not in meta.rows
     assert meta.ledgers["disk"].reserved == 0
+
+
+def test_reserve_with_a_bad_ttl_is_refused_before_anything_is_evicted() -> None:
+    meta, store, _, _ = make_meta({"disk": 1000})
+    old = publish(meta, store, intent([1]))
+    with pytest.raises(InvalidCacheValue) as err:
+        meta.reserve_save(intent([2]), owner=1, ttl_s=0)
+    assert err.value.field == "ttl_s"
+    assert old in meta.rows and store.deleted == []
+    assert meta.reservations == {}
