@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from llamad.actors.client import Client
 from llamad.actors.registry import Registry
-from llamad.cache.key import Namespace, TokenSeq, tokens_to_bytes
+from llamad.cache.key import HEADER_LEN, Namespace, TokenSeq, tokens_to_bytes
 from llamad.cache.lookup import Lookup, RowRef
 from llamad.cache.meta_wire import ACTOR_NAME
 from llamad.cache.reservation import SaveIntent, check_bytes
@@ -54,7 +54,7 @@ __all__ = ["CacheClient"]
 def _header(namespace: Namespace | bytes) -> bytes:
     if isinstance(namespace, Namespace):
         return namespace.header()
-    return check_bytes("namespace", namespace, 65)
+    return check_bytes("namespace", namespace, HEADER_LEN)
 
 
 def _row(body: Any) -> RowRef | None:

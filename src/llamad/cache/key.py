@@ -150,6 +150,14 @@ def _check_digest(field: str, value: object, length: int) -> bytes:
     return bytes(value)
 
 
+def row_key(header: bytes, tokens: bytes | memoryview) -> bytes:
+    """The key of ``tokens`` (u32 LE bytes) under a 65-byte :meth:`Namespace.header`."""
+    # Hash in two steps: concatenating would copy a whole prompt first.
+    h = hashlib.sha256(header)
+    h.update(tokens)
+    return h.digest()
+
+
 @dataclass(frozen=True, slots=True)
 class Namespace:
     """Everything in a key except the tokens: one model, quantisation and KV layout."""
@@ -174,7 +182,7 @@ class Namespace:
 
     def key(self, tokens: TokenSeq) -> bytes:
         """The 32-byte key of exactly these tokens."""
-        return hashlib.sha256(self.header() + tokens_to_bytes(tokens)).digest()
+        return row_key(self.header(), tokens_to_bytes(tokens))
 
     def keys_at(self, tokens: TokenSeq, lengths: Iterable[int]) -> list[bytes]:
         """Keys of several prefixes of ``tokens`` in one pass over the bytes.
@@ -345,15 +353,6 @@ def effective_fingerprint(base: bytes, adapters: Iterable[tuple[bytes, float]]) 
     for digest, units in folded:
         h.update(digest + struct.pack("<q", units))
     return h.digest()
-
-
-def namespace_for(
-    fingerprint: bytes,
-    quant: str | int,
-    ctx_hash: bytes,
-) -> Namespace:
-    """A :class:`Namespace` from a quant name or ftype value (convenience)."""
-    return Namespace(fingerprint=fingerprint, quant=quant_byte(quant), ctx_hash=ctx_hash)
 
 
 def model_fingerprint(

@@ -45,7 +45,7 @@ from llamad.cache.errors import (
     SaveInFlight,
 )
 from llamad.cache.eviction import TierLedger, plan_across_tiers
-from llamad.cache.key import HEADER_LEN, KEY_LEN, TOKEN_BYTES
+from llamad.cache.key import HEADER_LEN, KEY_LEN, TOKEN_BYTES, row_key
 from llamad.cache.kvc import KvcMeta, SaveReason
 from llamad.cache.lookup import HitKind, Lookup, LookupPolicy, RowRef, choose_restore
 from llamad.cache.prefix import PrefixIndex
@@ -59,7 +59,6 @@ from llamad.cache.reservation import (
     check_bytes,
     check_tier,
     check_tokens,
-    row_key,
 )
 
 log = structlog.get_logger("llamad.cache.meta")
@@ -785,12 +784,6 @@ class CacheMeta:
         ledgers = [self.ledgers[t] for t in names if t in self.ledgers]
         victims, _ = plan_across_tiers(ledgers, n)
         return len(victims), self._evict(victims)
-
-    def evictable_bytes(self, tiers: Iterable[str] | None = None) -> int:
-        names = list(self.ledgers) if tiers is None else list(tiers)
-        return sum(
-            row.size for t in names if t in self.ledgers for row in self.ledgers[t].unpinned()
-        )
 
     def used_bytes(self, tiers: Iterable[str] | None = None) -> int:
         names = list(self.ledgers) if tiers is None else list(tiers)

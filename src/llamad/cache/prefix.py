@@ -34,15 +34,14 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass
 
+from llamad.cache.key import TOKEN_BYTES
 from llamad.errors import BadRequest
 
-TOKEN_BYTES = 4
 # The first probe compares this many bytes; each further probe doubles it, so a
 # long equal run costs O(n) bytes of memcmp and O(log n) Python calls.
 _FIRST_STRIDE = 256
 
 __all__ = [
-    "TOKEN_BYTES",
     "PrefixIndex",
     "PrefixMatch",
     "check_token_bytes",

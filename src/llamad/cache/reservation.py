@@ -9,13 +9,12 @@ themselves live in :class:`llamad.cache.meta.CacheMeta`.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, Final
 
 from llamad.cache.errors import InvalidCacheValue
-from llamad.cache.key import HEADER_LEN, KEY_LEN, TOKEN_BYTES
+from llamad.cache.key import HEADER_LEN, KEY_LEN, TOKEN_BYTES, row_key
 from llamad.cache.kvc import MAX_TOKENS, KvcMeta, SaveReason
 
 __all__ = [
@@ -28,7 +27,6 @@ __all__ = [
     "check_bytes",
     "check_tier",
     "check_tokens",
-    "row_key",
 ]
 
 TIERS: Final = ("ram", "ram_file", "disk")
@@ -67,14 +65,6 @@ def check_tier(value: object) -> str:
     if not isinstance(value, str) or value not in TIERS:
         raise InvalidCacheValue("tier", f"{value!r} is not one of {', '.join(TIERS)}")
     return value
-
-
-def row_key(namespace: bytes, tokens: bytes | memoryview) -> bytes:
-    """The key of ``tokens`` (u32 LE bytes) in a namespace header (see ``Namespace.key``)."""
-    # Hash in two steps: concatenating would copy a whole prompt first.
-    h = hashlib.sha256(namespace)
-    h.update(tokens)
-    return h.digest()
 
 
 @dataclass(frozen=True, slots=True)
