@@ -37,9 +37,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.common import median, percentile, record, table
+from llamad.cache.counters import DictCounters
 from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcSpec, SaveReason
-from llamad.cache.meta import CacheMeta, DictCounters, MetaConfig
+from llamad.cache.meta import CacheMeta, MetaConfig
 from llamad.cache.publish import LocalMeta, PublishOutcome, publish
 from llamad.cache.tiers import SEGMENTS, Tier, TierConfig, TierKind, TierStore, build_tiers
 

@@ -24,7 +24,7 @@ import struct
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 from llamad.cache.errors import CacheError, InvalidCacheValue
 from llamad.cache.oslocks import try_lock_range
@@ -66,6 +66,34 @@ _GAUGE_OF: Final = {name: i for i, name in enumerate(GAUGES)}
 _NAMES_DIGEST: Final = hashlib.sha256("\n".join(NAMES).encode()).digest()[:8]
 
 
+class CounterAdd(Protocol):
+    """What a loader or writer bumps (``load_total_ns``, ``corrupt_files``, ...)."""
+
+    def add(self, name: str, n: int = 1) -> None: ...
+
+
+class CounterSink(CounterAdd, Protocol):
+    """What cache-meta bumps and sets (it alone writes the ``bytes_*`` gauges)."""
+
+    def set(self, name: str, value: int) -> None: ...
+
+
+class DictCounters:
+    """In-process counters: cache-meta's default, and what unit tests read."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, int] = {}
+
+    def add(self, name: str, n: int = 1) -> None:
+        self.values[name] = self.values.get(name, 0) + n
+
+    def set(self, name: str, value: int) -> None:
+        self.values[name] = value
+
+    def get(self, name: str) -> int:
+        return self.values.get(name, 0)
+
+
 class CountersUnavailable(CacheError):
     """The counters file is missing, of another layout, or has no free row."""
 
@@ -81,7 +109,7 @@ def _stride() -> int:
 class Counters:
     """A process's handle on the shared counters; thread-safe.
 
-    Satisfies cache-meta's ``CounterSink`` (``add`` / ``set``). Create the
+    Satisfies :class:`CounterSink` (``add`` / ``set``). Create the
     file once per daemon with :meth:`create`, then :meth:`attach` from every
     process that bumps or reads counters.
     """

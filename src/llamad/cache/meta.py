@@ -37,6 +37,7 @@ from typing import Any, Final, Protocol
 
 import structlog
 
+from llamad.cache.counters import CounterSink, DictCounters
 from llamad.cache.errors import (
     AlreadyCached,
     CacheFull,
@@ -88,30 +89,6 @@ class _Wait:
 
 WAIT: Final = _Wait()
 """Returned by a lookup that parked a waiter; its answer comes via ``take_ready``."""
-
-
-class CounterSink(Protocol):
-    """Where cache-meta bumps the SPEC C10 counters."""
-
-    def add(self, name: str, n: int = 1) -> None: ...
-
-    def set(self, name: str, value: int) -> None: ...
-
-
-class DictCounters:
-    """In-process counters (the default, and what unit tests read)."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, int] = {}
-
-    def add(self, name: str, n: int = 1) -> None:
-        self.values[name] = self.values.get(name, 0) + n
-
-    def set(self, name: str, value: int) -> None:
-        self.values[name] = value
-
-    def get(self, name: str) -> int:
-        return self.values.get(name, 0)
 
 
 @dataclass(slots=True)

@@ -34,11 +34,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import TYPE_CHECKING, Final
 
 import crc32c
 import structlog
 
+from llamad.cache.counters import CounterAdd
 from llamad.cache.errors import CacheError, InvalidCacheValue, KvcCorrupt, TierError, TierFull
 from llamad.cache.kvc import (
     KvcMeta,
@@ -72,12 +73,6 @@ class RowMissing(CacheError):
     """The row's file is not there (evicted or deleted underneath)."""
 
     code = "row_missing"
-
-
-class CounterAdd(Protocol):
-    """The part of :class:`llamad.cache.counters.Counters` the tiers bump."""
-
-    def add(self, name: str, n: int = 1) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,11 +37,12 @@ from typing import TYPE_CHECKING, Any, Final
 import structlog
 
 from llamad.cache.client import CacheClient
+from llamad.cache.counters import CounterAdd
 from llamad.cache.errors import InvalidCacheValue, SaveRefused
 from llamad.cache.kvc import KvcSpec
 from llamad.cache.oslocks import try_lock_range, unlock_range
 from llamad.cache.publish import PublishMeta, PublishOutcome, PublishResult, StageHook, publish
-from llamad.cache.tiers import CounterAdd, Tier, build_tiers
+from llamad.cache.tiers import Tier, build_tiers
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer

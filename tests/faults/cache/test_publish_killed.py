@@ -21,9 +21,10 @@ from typing import Any
 
 import pytest
 
+from llamad.cache.counters import DictCounters
 from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcSpec, SaveReason, parse
-from llamad.cache.meta import CacheMeta, DictCounters, MetaConfig
+from llamad.cache.meta import CacheMeta, MetaConfig
 from llamad.cache.publish import LocalMeta, PublishOutcome, PublishStage, publish
 from llamad.cache.reservation import SaveIntent
 from llamad.cache.tiers import Tier, TierConfig, TierKind, TierStore, build_tiers

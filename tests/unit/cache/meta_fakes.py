@@ -6,9 +6,10 @@ import hashlib
 import struct
 from dataclasses import dataclass, field
 
+from llamad.cache.counters import DictCounters
 from llamad.cache.key import FingerprintMode, Namespace
 from llamad.cache.kvc import KvcMeta, SaveReason
-from llamad.cache.meta import CacheMeta, DictCounters, MetaConfig
+from llamad.cache.meta import CacheMeta, MetaConfig
 from llamad.cache.reservation import Adopted, SaveIntent
 
 NS = Namespace(fingerprint=b"f" * 32, quant=3, ctx_hash=b"c" * 32)

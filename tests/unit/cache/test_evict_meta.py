@@ -10,10 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from meta_fakes import NS, intent, kvc_meta, make_meta, publish
 
+from llamad.cache.counters import DictCounters
 from llamad.cache.errors import CacheFull
 from llamad.cache.key import FingerprintMode, tokens_to_bytes
 from llamad.cache.kvc import KvcSpec, SaveReason
-from llamad.cache.meta import CacheMeta, DictCounters, MetaConfig
+from llamad.cache.meta import CacheMeta, MetaConfig
 from llamad.cache.publish import LocalMeta
 from llamad.cache.publish import publish as publish_file
 from llamad.cache.tiers import TierConfig, TierKind, TierStore, build_tiers

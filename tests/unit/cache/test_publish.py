@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from llamad.cache.counters import DictCounters
 from llamad.cache.errors import TierFull
 from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcSpec, SaveReason, encode_kvc, parse
-from llamad.cache.meta import CacheMeta, DictCounters, MetaConfig
+from llamad.cache.meta import CacheMeta, MetaConfig
 from llamad.cache.publish import (
     LocalMeta,
     PublishOutcome,

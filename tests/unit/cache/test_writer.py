@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from llamad.cache.counters import DictCounters
 from llamad.cache.errors import InvalidCacheValue, SaveRefused, TierFull
 from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcSpec, SaveReason
-from llamad.cache.meta import CacheMeta, DictCounters, MetaConfig
+from llamad.cache.meta import CacheMeta, MetaConfig
 from llamad.cache.publish import LocalMeta, PublishOutcome, PublishStage
 from llamad.cache.tiers import SEGMENTS, Tier, TierConfig, TierKind, TierStore, build_tiers
 from llamad.cache.writer import PermitSet, WriterPool
