@@ -22,9 +22,11 @@ reservation (TTL elapsed, or its owner died) validates the final file and
 adopts it, or unlinks it.
 
 Waiters (``lookup_exact_or_wait`` and a ``resolve`` with a ``parent_key``)
-are deferred replies: the method returns :data:`WAIT`, and when the save
-publishes, is abandoned or the deadline passes, the answer is queued for the
-process layer to collect with :meth:`CacheMeta.take_ready`.
+are deferred replies: the method returns :data:`~llamad.cache.waiters.WAIT`,
+and when the save publishes, is abandoned or the deadline passes, the answer
+is queued for the process layer to collect with :meth:`CacheMeta.take_ready`.
+The pin and waiter tables are their own small modules (:mod:`.pins`,
+:mod:`.waiters`); the transitions that use them all live here.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from llamad.cache.eviction import TierLedger, plan_across_tiers
 from llamad.cache.key import HEADER_LEN, KEY_LEN, TOKEN_BYTES, row_key
 from llamad.cache.kvc import KvcMeta, SaveReason
 from llamad.cache.lookup import HitKind, Lookup, LookupPolicy, RowRef, choose_restore
+from llamad.cache.pins import PinTable
 from llamad.cache.prefix import PrefixIndex
 from llamad.cache.reservation import (
     TIERS,
@@ -61,6 +64,7 @@ from llamad.cache.reservation import (
     check_tier,
     check_tokens,
 )
+from llamad.cache.waiters import WAIT, Deferred, Waiter, WaiterTable
 
 log = structlog.get_logger("llamad.cache.meta")
 
@@ -71,24 +75,6 @@ _REASON_COUNTER: Final = {
     SaveReason.EVICT: "saves_evict",
     SaveReason.SHUTDOWN: "saves_shutdown",
 }
-
-
-class _Wait:
-    """The type of :data:`WAIT`."""
-
-    _instance: _Wait | None = None
-
-    def __new__(cls) -> _Wait:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __repr__(self) -> str:
-        return "WAIT"
-
-
-WAIT: Final = _Wait()
-"""Returned by a lookup that parked a waiter; its answer comes via ``take_ready``."""
 
 
 @dataclass(slots=True)
@@ -177,17 +163,6 @@ class MetaConfig:
             raise InvalidCacheValue("lookup", "expected a LookupPolicy")
 
 
-@dataclass(slots=True)
-class _Waiter:
-    handle: object
-    key: bytes
-    owner: Owner
-    deadline: float
-    # Called with True once the awaited key is published, False when it is
-    # abandoned or the deadline passes; returns the deferred answer.
-    finish: Callable[[bool], object]
-
-
 @dataclass(frozen=True, slots=True)
 class GcReport:
     """What :meth:`CacheMeta.gc` did."""
@@ -229,13 +204,8 @@ class CacheMeta:
         self.rows: dict[bytes, Row] = {}
         self.prefix = PrefixIndex()
         self.reservations: dict[bytes, Reservation] = {}
-        # pin id → (owner, pinned row); owner → pin ids, so a dead owner's pins go
-        # at once. The row object, not its key: a row forgotten while pinned and
-        # saved again under the same key is another row, with its own pins.
-        self._pins: dict[int, tuple[Owner, Row]] = {}
-        self._pins_by_owner: dict[Owner, set[int]] = {}
-        self._waiters: dict[bytes, list[_Waiter]] = {}
-        self._ready: list[tuple[object, object]] = []
+        self.pins: PinTable[Row] = PinTable()
+        self.waiters = WaiterTable()
         # Tokens and pin ids start at a random point so that a writer holding a
         # token from a previous cache-meta incarnation cannot match a new one.
         self._next_id = secrets.randbits(40) << 20
@@ -267,9 +237,7 @@ class CacheMeta:
 
     def _pin(self, row: Row, owner: Owner) -> int:
         pin = self._new_id()
-        row.pins += 1
-        self._pins[pin] = (owner, row)
-        self._pins_by_owner.setdefault(owner, set()).add(pin)
+        self.pins.add(pin, owner, row)
         return pin
 
     def _hit(self, row: Row, owner: Owner | None) -> RowRef:
@@ -314,10 +282,6 @@ class CacheMeta:
         if victims:
             self.counters.add("evictions", len(victims))
         return freed
-
-    def _release_waiters(self, key: bytes, published: bool) -> None:
-        for waiter in self._waiters.pop(key, ()):
-            self._ready.append((waiter.handle, waiter.finish(published)))
 
     # ---------------------------------------------------------- publish (C5)
 
@@ -466,7 +430,7 @@ class CacheMeta:
             hits=hits,
         )
         self._insert(row, intent.tokens)
-        self._release_waiters(intent.key, True)
+        self.waiters.release(intent.key, True)
         # A file larger than promised may push the tier over quota.
         self._enforce_quota(ledger)
         return row
@@ -482,7 +446,7 @@ class CacheMeta:
     def _drop_reservation(self, res: Reservation) -> None:
         del self.reservations[res.intent.key]
         self.ledgers[res.intent.tier].reserved -= res.intent.size
-        self._release_waiters(res.intent.key, False)
+        self.waiters.release(res.intent.key, False)
 
     def _reap(self, res: Reservation, *, why: str) -> None:
         """Clean up after a writer that expired or died (two-stage, C5)."""
@@ -539,41 +503,26 @@ class CacheMeta:
 
     def checkin(self, pin: int) -> bool:
         """Release a pin; returns whether it was held."""
-        held = self._pins.pop(pin, None)
-        if held is None:
-            return False
-        owner, row = held
-        pins = self._pins_by_owner.get(owner)
-        if pins is not None:
-            pins.discard(pin)
-            if not pins:
-                del self._pins_by_owner[owner]
-        row.pins -= 1
-        return True
+        return self.pins.release(pin)
 
     def pins_of(self, owner: Owner) -> int:
-        return len(self._pins_by_owner.get(owner, ()))
+        return len(self.pins.of_owner(owner))
 
     def owners(self) -> set[Owner]:
         """Every owner currently holding a pin, a reservation or a waiter."""
-        found = set(self._pins_by_owner)
+        found = self.pins.owners()
         found.update(res.owner for res in self.reservations.values())
-        found.update(w.owner for waiters in self._waiters.values() for w in waiters)
+        found.update(self.waiters.owners())
         return found
 
     def owner_down(self, owner: Owner) -> None:
         """``owner`` died: release its pins, reap its reservations, drop its waiters."""
-        pins = sorted(self._pins_by_owner.get(owner, ()))
+        pins = self.pins.of_owner(owner)
         for pin in pins:
-            self.checkin(pin)
+            self.pins.release(pin)
         for res in [r for r in self.reservations.values() if r.owner == owner]:
             self._reap(res, why="owner_down")
-        for key in list(self._waiters):
-            kept = [w for w in self._waiters[key] if w.owner != owner]
-            if kept:
-                self._waiters[key] = kept
-            else:
-                del self._waiters[key]
+        self.waiters.drop_owner(owner)
         if pins:
             log.info("cache.pins_released", owner=owner, pins=len(pins))
 
@@ -590,7 +539,7 @@ class CacheMeta:
 
     def lookup_exact_or_wait(
         self, key: bytes, owner: Owner, wait_s: float, handle: object
-    ) -> RowRef | _Wait | None:
+    ) -> RowRef | Deferred | None:
         """Like :meth:`lookup_exact`, but wait up to ``wait_s`` for an in-flight save.
 
         Returns :data:`WAIT` when a waiter was parked; ``handle`` comes back
@@ -624,11 +573,7 @@ class CacheMeta:
         finish: Callable[[bool], object],
     ) -> None:
         wait = min(float(wait_s), self.config.max_wait_s)
-        self._waiters.setdefault(key, []).append(
-            _Waiter(
-                handle=handle, key=key, owner=owner, deadline=self._clock() + wait, finish=finish
-            )
-        )
+        self.waiters.park(Waiter(handle, key, owner, self._clock() + wait, finish))
 
     def longest_prefix(
         self,
@@ -715,7 +660,7 @@ class CacheMeta:
         parent_key: bytes | None = None,
         wait_s: float = 0.0,
         handle: object = None,
-    ) -> Lookup | _Wait:
+    ) -> Lookup | Deferred:
         """The model worker's whole cache resolution in one round trip.
 
         With a ``parent_key`` whose save is still in flight, wait up to
@@ -796,32 +741,22 @@ class CacheMeta:
     def tick(self) -> None:
         """Run everything that is due: reservation TTLs and waiter deadlines."""
         self.reap_expired()
-        now = self._clock()
-        for key in list(self._waiters):
-            due = [w for w in self._waiters[key] if w.deadline <= now]
-            if not due:
-                continue
-            kept = [w for w in self._waiters[key] if w.deadline > now]
-            if kept:
-                self._waiters[key] = kept
-            else:
-                del self._waiters[key]
-            for waiter in due:
-                self._ready.append((waiter.handle, waiter.finish(False)))
+        self.waiters.expire(self._clock())
 
     def next_deadline(self) -> float | None:
         """The earliest clock value at which :meth:`tick` has work, if any."""
+        waiting = self.waiters.next_deadline()
         deadlines = [res.deadline for res in self.reservations.values()]
-        deadlines.extend(w.deadline for waiters in self._waiters.values() for w in waiters)
-        return min(deadlines) if deadlines else None
+        if waiting is not None:
+            deadlines.append(waiting)
+        return min(deadlines, default=None)
 
     def take_ready(self) -> list[tuple[object, object]]:
         """Deferred answers that became ready: ``(handle, answer)`` pairs."""
-        ready, self._ready = self._ready, []
-        return ready
+        return self.waiters.take_ready()
 
     def waiting(self) -> int:
-        return sum(len(w) for w in self._waiters.values())
+        return len(self.waiters)
 
     # ------------------------------------------------ startup and hit counts
 
@@ -907,7 +842,7 @@ class CacheMeta:
         return {
             "rows": len(self.rows),
             "reservations": len(self.reservations),
-            "pins": len(self._pins),
+            "pins": len(self.pins),
             "waiters": self.waiting(),
             "tiers": {
                 name: {

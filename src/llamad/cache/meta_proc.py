@@ -42,11 +42,12 @@ from llamad.cache import meta_wire as wire
 from llamad.cache.counters import Counters, CountersUnavailable
 from llamad.cache.kvc import SaveReason
 from llamad.cache.lookup import Lookup, RowRef
-from llamad.cache.meta import WAIT, CacheMeta
+from llamad.cache.meta import CacheMeta
 from llamad.cache.pressure import PressureScheduler, PressureSource, make_source
 from llamad.cache.reservation import Owner, SaveIntent
 from llamad.cache.sup import CacheSettings
 from llamad.cache.tiers import Tier, TierStore, build_tiers
+from llamad.cache.waiters import WAIT
 from llamad.errors import BadRequest
 from llamad.supervisor.child import heartbeat, heartbeat_interval, notifies_ready, notify_ready
 

@@ -6,7 +6,8 @@ import pytest
 from meta_fakes import NS, OTHER_NS, intent, le, make_meta, publish
 
 from llamad.cache.lookup import HitKind, LookupPolicy, RowRef
-from llamad.cache.meta import WAIT, CacheMeta
+from llamad.cache.meta import CacheMeta
+from llamad.cache.waiters import WAIT
 
 pytestmark = pytest.mark.timeout(30)
 
