@@ -45,9 +45,10 @@ class RowRef:
     """Where a published row lives, handed to the loader.
 
     ``pin`` is the pin id to check back in (``None`` when the row was not
-    pinned). ``location`` is tier-specific: a file path for ``ram_file`` and
-    ``disk``, a shared-memory segment name for ``ram``. ``size`` is the whole
-    ``.kvc`` size, so the loader can size its buffer before reading.
+    pinned). ``location`` is the row's absolute path in its tier (for ``ram``,
+    the segment's path under ``/dev/shm``; ``Tier.segment_name`` gives its
+    ``shm_open`` name). ``size`` is the whole ``.kvc`` size, so the loader can
+    size its buffer before reading.
     """
 
     key: bytes

@@ -175,10 +175,6 @@ class PrefixIndex:
             del self._spaces[namespace]
         return True
 
-    def contains(self, namespace: bytes, tokens: bytes) -> bool:
-        space = self._spaces.get(namespace)
-        return space is not None and tokens in space.keys
-
     def match(self, namespace: bytes, prompt: bytes) -> PrefixMatch:
         """Longest prefix row and best common-prefix row for a prompt.
 

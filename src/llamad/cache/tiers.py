@@ -193,8 +193,10 @@ class Tier:
         segments died with the previous daemon by definition, so they are
         deleted like leftovers. A cache-meta restarted within the same daemon
         run passes ``adopt_ram=True`` to keep and index them like files. Files
-        that are not named like ours are left alone. Only header and TLV are
-        checked here (fast); the payload checksum is checked on every load.
+        that are not named like ours are left alone, and so are files that
+        cannot be read (logged, neither indexed nor deleted). Only header and
+        TLV are checked here (fast); the payload checksum is checked on every
+        load.
         """
         purge_ram = self.kind is TierKind.RAM and not adopt_ram
         for entry in self._entries():
