@@ -276,6 +276,8 @@ class CacheSettings:
                 ),
                 **optional,
             )
+        except InvalidCacheValue:
+            raise  # already names its field
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidCacheValue("settings", f"malformed cache settings: {exc}") from None
 

@@ -174,8 +174,22 @@ def test_settings_on_the_wire_without_optional_keys_take_the_defaults(tmp_path: 
 def test_malformed_settings_on_the_wire_are_refused(tmp_path: Path) -> None:
     wire = settings(tmp_path).to_wire()
     del wire["tiers"][0]["quota"]
-    with pytest.raises(InvalidCacheValue):
+    with pytest.raises(InvalidCacheValue) as err:
         CacheSettings.from_wire(wire)
+    assert err.value.field == "settings"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("save_permits", 0), ("save_permits", 2.5), ("stats_flush_s", -1.0)]
+)
+def test_invalid_settings_on_the_wire_name_the_field(
+    tmp_path: Path, field: str, value: object
+) -> None:
+    wire = settings(tmp_path).to_wire()
+    wire[field] = value
+    with pytest.raises(InvalidCacheValue) as err:
+        CacheSettings.from_wire(wire)
+    assert err.value.field == field
 
 
 def test_cache_sup_starts_cache_meta_first_rest_for_one(tmp_path: Path) -> None:
