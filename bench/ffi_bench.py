@@ -54,7 +54,8 @@ def llama_bench_binary() -> Path:
     return exe
 
 
-def run_llama_bench(model: Path, threads: int, reps: int) -> dict[str, float]:
+def run_llama_bench(model: Path, threads: int, reps: int) -> dict[str, list[float]]:
+    """Per-rep tok/s samples of one llama-bench invocation (pp sizes and tg)."""
     cmd = [
         str(llama_bench_binary()),
         "-m", str(model),
@@ -68,130 +69,165 @@ def run_llama_bench(model: Path, threads: int, reps: int) -> dict[str, float]:
         "-o", "json",
     ]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    results: dict[str, float] = {}
+    results: dict[str, list[float]] = {}
     for row in json.loads(out):
+        samples = [float(x) for x in row["samples_ts"]]
         if row["n_prompt"] and not row["n_gen"]:
-            results[f"pp{row['n_prompt']}"] = float(row["avg_ts"])
+            results[f"pp{row['n_prompt']}"] = samples
         elif row["n_gen"] and not row["n_prompt"]:
-            results[f"tg{row['n_gen']}"] = float(row["avg_ts"])
+            results[f"tg{row['n_gen']}"] = samples
     return results
+
+
+def samples(fn: object, reps: int) -> list[float]:
+    """Seconds of each of ``reps`` runs, after one warm-up."""
+    assert callable(fn)
+    fn()
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
 
 
 def timed(fn: object, reps: int) -> float:
     """Median seconds of ``reps`` runs after one warm-up."""
-    assert callable(fn)
-    fn()
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return median(samples)
+    return median(samples(fn, reps))
 
 
-def run_ffi(model_path: Path, threads: int, reps: int) -> tuple[dict[str, float], dict[str, float]]:
-    rng = random.Random(0)
-    model = Model(model_path)
-    opts = ContextOptions(
-        n_ctx=4096,
-        n_batch=N_BATCH,
-        n_ubatch=N_UBATCH,
-        n_threads=threads,
-        n_threads_batch=threads,
-        flash_attn=FlashAttn.AUTO,
-    )
-    ctx = model.context(opts)
-    # Random ids below the special tokens, as llama-bench feeds random tokens.
-    vocab_hi = model.n_vocab - 1
-    speeds: dict[str, float] = {}
+class FfiRunner:
+    """One loaded model and context, measured in rounds between llama-bench runs."""
 
-    for n in PP_SIZES:
-        tokens = [rng.randrange(1, vocab_hi) for _ in range(n)]
+    def __init__(self, model_path: Path, threads: int) -> None:
+        self.rng = random.Random(0)
+        self.model = Model(model_path)
+        self.opts = ContextOptions(
+            n_ctx=4096,
+            n_batch=N_BATCH,
+            n_ubatch=N_UBATCH,
+            n_threads=threads,
+            n_threads_batch=threads,
+            flash_attn=FlashAttn.AUTO,
+        )
+        self.ctx = self.model.context(self.opts)
+        # Random ids below the special tokens, as llama-bench feeds random tokens.
+        self.vocab_hi = self.model.n_vocab - 1
+        self.prompts = {n: self._random(n) for n in PP_SIZES}
+        self.batch = Batch(1)
+        self.greedy = Sampler(self.model, SamplerParams(greedy=True))
 
-        def prefill(tokens: list[int] = tokens) -> None:
+    def _random(self, n: int) -> list[int]:
+        return [self.rng.randrange(1, self.vocab_hi) for _ in range(n)]
+
+    def speeds(self, reps: int) -> dict[str, list[float]]:
+        """tok/s samples per test."""
+        ctx, batch, first = self.ctx, self.batch, 1 + self.vocab_hi // 2
+        out: dict[str, list[float]] = {}
+        for n, tokens in self.prompts.items():
+
+            def prefill(tokens: list[int] = tokens) -> None:
+                ctx.clear()
+                ctx.prefill(tokens)
+
+            out[f"pp{n}"] = [n / t for t in samples(prefill, reps)]
+
+        def decode_only() -> None:
             ctx.clear()
-            ctx.prefill(tokens)
+            token = first
+            for pos in range(TG_TOKENS):
+                batch.clear()
+                batch.add(token, pos, 0, logits=True)
+                ctx.decode(batch)
+                token = (token * 7 + 13) % self.vocab_hi  # no sampling, like llama-bench tg
 
-        speeds[f"pp{n}"] = n / timed(prefill, reps)
+        def decode_greedy() -> None:
+            ctx.clear()
+            ctx.prefill([first])
+            ctx.generate(self.greedy, TG_TOKENS, stop_at_eog=False)
 
-    batch = Batch(1)
-    first = rng.randrange(1, vocab_hi)
+        out[f"tg{TG_TOKENS}"] = [TG_TOKENS / t for t in samples(decode_only, reps)]
+        out[f"tg{TG_TOKENS}+greedy"] = [TG_TOKENS / t for t in samples(decode_greedy, reps)]
+        return out
 
-    def decode_only() -> None:
+    def state(self, reps: int) -> dict[str, float]:
+        """Pack/unpack of a 2048-token sequence beside plain copies (ms)."""
+        ctx = self.ctx
         ctx.clear()
-        token = first
-        for pos in range(TG_TOKENS):
-            batch.clear()
-            batch.add(token, pos, 0, logits=True)
-            ctx.decode(batch)
-            token = (token * 7 + 13) % vocab_hi  # no sampling, like llama-bench tg
+        ctx.prefill(self._random(2048))
+        size = ctx.seq_state_size(0)
+        buf, dst = StateBuffer(size), StateBuffer(size)
+        nbytes = ctx.pack_seq(0, buf.memory)
+        with self.model.context(self.opts) as other:
+            pack_s = timed(lambda: ctx.pack_seq(0, buf.memory), reps)
+            unpack_s = timed(lambda: other.unpack_seq(0, buf.memory, nbytes), reps)
+        src_addr = ctypes.addressof(ctypes.c_char.from_buffer(buf.memory))
+        dst_addr = ctypes.addressof(ctypes.c_char.from_buffer(dst.memory))
+        copy_s = timed(lambda: ctypes.memmove(dst_addr, src_addr, nbytes), reps)
 
-    speeds[f"tg{TG_TOKENS}"] = TG_TOKENS / timed(decode_only, reps)
+        def fresh_copy() -> None:
+            fresh = bytearray(nbytes)  # new pages: every one faults on first write
+            ctypes.memmove(ctypes.addressof(ctypes.c_char.from_buffer(fresh)), src_addr, nbytes)
 
-    greedy = Sampler(model, SamplerParams(greedy=True))
+        fresh_s = timed(fresh_copy, reps)
+        return {
+            "bytes": float(nbytes),
+            "pack_ms": pack_s * 1e3,
+            "unpack_ms": unpack_s * 1e3,
+            "copy_ms": copy_s * 1e3,
+            "fresh_copy_ms": fresh_s * 1e3,
+        }
 
-    def decode_greedy() -> None:
-        ctx.clear()
-        ctx.prefill([first])
-        ctx.generate(greedy, TG_TOKENS, stop_at_eog=False)
-
-    speeds[f"tg{TG_TOKENS}+greedy"] = TG_TOKENS / timed(decode_greedy, reps)
-
-    # State pack/unpack of a 2048-token sequence.
-    ctx.clear()
-    ctx.prefill([rng.randrange(1, vocab_hi) for _ in range(2048)])
-    size = ctx.seq_state_size(0)
-    buf = StateBuffer(size)
-    nbytes = ctx.pack_seq(0, buf.memory)
-    other = model.context(opts)
-    pack_s = timed(lambda: ctx.pack_seq(0, buf.memory), reps * 3)
-    unpack_s = timed(lambda: other.unpack_seq(0, buf.memory, nbytes), reps * 3)
-    dst = StateBuffer(size)
-    src_addr = ctypes.addressof(ctypes.c_char.from_buffer(buf.memory))
-    dst_addr = ctypes.addressof(ctypes.c_char.from_buffer(dst.memory))
-    copy_s = timed(lambda: ctypes.memmove(dst_addr, src_addr, nbytes), reps * 3)
-
-    def fresh_copy() -> None:
-        fresh = bytearray(nbytes)  # new pages: every one faults on first write
-        ctypes.memmove(ctypes.addressof(ctypes.c_char.from_buffer(fresh)), src_addr, nbytes)
-
-    fresh_s = timed(fresh_copy, reps * 3)
-    state = {
-        "bytes": float(nbytes),
-        "pack_ms": pack_s * 1e3,
-        "unpack_ms": unpack_s * 1e3,
-        "copy_ms": copy_s * 1e3,
-        "fresh_copy_ms": fresh_s * 1e3,
-    }
-    other.close()
-    ctx.close()
-    model.close()
-    return speeds, state
+    def close(self) -> None:
+        self.ctx.close()
+        self.model.close()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of both sides")
+    ap.add_argument("--reps", type=int, default=2, help="repetitions per side per round")
     ap.add_argument("--threads", type=int, default=default_threads())
     ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args()
     model = paths.default_model_path()
 
-    ours, state = run_ffi(model, args.threads, args.reps)
-    peer = run_llama_bench(model, args.threads, args.reps)
+    # A shared VM drifts by +-15% over minutes: interleave the two sides in
+    # rounds (alternating which goes first) and compare medians of all samples.
+    runner = FfiRunner(model, args.threads)
+    ours: dict[str, list[float]] = {}
+    peer: dict[str, list[float]] = {}
+    for i in range(args.rounds):
+        order = (0, 1) if i % 2 == 0 else (1, 0)
+        for side in order:
+            got = (
+                runner.speeds(args.reps)
+                if side == 0
+                else run_llama_bench(model, args.threads, args.reps)
+            )
+            for name, values in got.items():
+                (ours if side == 0 else peer).setdefault(name, []).extend(values)
+    state = runner.state(max(9, args.reps * 3))
+    runner.close()
 
     rows = []
     for name in [f"pp{n}" for n in PP_SIZES] + [f"tg{TG_TOKENS}", f"tg{TG_TOKENS}+greedy"]:
-        ref = peer.get(name.split("+")[0])
-        ratio = ours[name] / ref if ref else float("nan")
+        mine = median(ours[name])
+        ref = median(peer[name.split("+")[0]])
+        ratio = mine / ref
         verdict = "ok" if ratio >= 0.95 else "BELOW BAR"
+        if "+" in name:
+            verdict = "info: peer does not sample"
+        spread = f"{min(ours[name]):.0f}-{max(ours[name]):.0f}"
+        ref_key = name.split("+")[0]
+        ref_spread = f"{min(peer[ref_key]):.0f}-{max(peer[ref_key]):.0f}"
         rows.append(
-            [name, f"{ours[name]:.1f}", f"{ref:.1f}" if ref else "-", f"{ratio:.3f}", verdict]
+            [name, f"{mine:.1f} ({spread})", f"{ref:.1f} ({ref_spread})", f"{ratio:.3f}", verdict]
         )
     speed_table = table(
-        ["test", "llama_ffi tok/s", "llama-bench tok/s", "ratio", "bar >= 0.95"], rows
+        ["test", "llama_ffi tok/s (range)", "llama-bench tok/s (range)", "ratio", "bar >= 0.95"],
+        rows,
     )
-
     ratio = state["unpack_ms"] / state["copy_ms"]
     state_table = table(
         ["2048-token state", "ms"],
@@ -208,8 +244,9 @@ def main() -> None:
         ],
     )
     settings = (
-        f"model `{model.name}`, threads {args.threads}, n_batch {N_BATCH}, n_ubatch {N_UBATCH}, "
-        f"flash_attn auto, {args.reps} reps (median for llama_ffi, mean for llama-bench)"
+        f"model `{model.name}`, threads {args.threads}, n_batch {N_BATCH}, "
+        f"n_ubatch {N_UBATCH}, flash_attn auto; {args.rounds} alternating rounds x "
+        f"{args.reps} reps per side; medians of all samples"
     )
     body = f"{settings}\n\n{speed_table}\n\n{state_table}\n"
     print(body)
