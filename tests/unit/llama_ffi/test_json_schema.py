@@ -22,8 +22,7 @@ from hypothesis import strategies as st
 from test_json_schema_gbnf import Grammar, parse_gbnf
 
 from llamad.errors import BadRequest, SchemaError, from_wire
-from llamad.llama_ffi import json_schema
-from llamad.llama_ffi.json_schema import GrammarOptions, json_schema_to_gbnf
+from llamad.llama_ffi.json_schema import GrammarOptions, gbnf, json_schema_to_gbnf
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -713,7 +712,7 @@ def test_whitespace_none_accepts_only_compact_json() -> None:
 @pytest.mark.parametrize("chunk", [3, 7])
 def test_chunked_repetition_keeps_exact_bounds(monkeypatch: pytest.MonkeyPatch, chunk: int) -> None:
     # A small chunk exercises the same splitting llama.cpp's limit forces above 1000.
-    monkeypatch.setattr(json_schema, "REPEAT_CHUNK", chunk)
+    monkeypatch.setattr(gbnf, "REPEAT_CHUNK", chunk)
     for lo, hi in [(0, 23), (5, 23), (17, None), (10, 10), (0, 21), (22, 40), (3, 9)]:
         schema: dict[str, Any] = {"type": "string", "minLength": lo}
         if hi is not None:
