@@ -27,6 +27,7 @@ import heapq
 import itertools
 import os
 import secrets
+import select
 import signal
 import threading
 import time
@@ -45,11 +46,13 @@ from llamad.actors.monitor import ProcessRef, ProcessWatch
 from llamad.actors.ops import OpKind, OpSpec
 from llamad.actors.registry import Registration, Registry, check_name
 from llamad.actors.sockets import (
+    FORKS,
     NOBLOCK,
     POLLIN,
     SNDMORE,
     SNDMORE_NOBLOCK,
     configure,
+    send_frame,
     validate_endpoint,
 )
 from llamad.actors.wire import (
@@ -147,12 +150,16 @@ class Actor:
         self.instance = ""
         self.endpoint = ""
         self._pid = 0
+        self._forks = FORKS[0]
         self._state = "new"
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self._sock: zmq.Socket[bytes] | None = None
         self._items: list[tuple[Any, int]] = []
         self._probe: list[tuple[Any, int]] = []
         self._items_dirty = True
+        # Every plain fd (wake pipe, readers, peers' pidfds) sits in one epoll
+        # set, so zmq_poll watches two items however many peers there are.
+        self._epoll: select.epoll | None = None
         self._wake_fd = -1  # read end of the wake pipe (in the poll set)
         self._wake_w = -1  # write end: wake(), and the C-level signal wakeup fd
         self._stop_signals: frozenset[int] = frozenset()
@@ -220,6 +227,7 @@ class Actor:
         if self._state != "new":
             raise RuntimeError(f"actor {self.name!r} is {self._state}, cannot start")
         self._pid = os.getpid()
+        self._forks = FORKS[0]
         self.instance = secrets.token_hex(8)
         registry = self._registry
         if self._register and registry is None:
@@ -347,7 +355,8 @@ class Actor:
     def poll(self, timeout: float | None = 0.0) -> int:
         """Handle what is pending, waiting up to ``timeout`` seconds (``None``:
         until something happens) if nothing is; return messages handled."""
-        self._check_process()
+        if self._forks != FORKS[0]:
+            self._check_process()
         if self._state != "running":
             raise RuntimeError(f"actor {self.name!r} is not running")
         if self._backlogged:
@@ -356,8 +365,9 @@ class Actor:
             self._resume_parked()
         if self._items_dirty:
             self._rebuild_items()
-        # One zmq_poll covers the socket, the wake fd, readers and the
-        # clients' pidfds; it returns at once when anything is pending.
+        # One zmq_poll covers the socket and the epoll set of the wake fd,
+        # readers and the clients' pidfds; it returns at once when anything
+        # is pending.
         ready = zmq.zmq_poll(self._items, self._wait_ms(timeout))
         handled = 0
         fds: list[int] = []
@@ -368,12 +378,15 @@ class Actor:
                 # zero-timeout probe per message would be pure overhead.
                 # poll(0) from a tick loop drains everything queued.
                 handled = self._drain(_MAX_BATCH if timeout == 0 else 1)
-            elif item == self._wake_fd:
-                self._read_wake_pipe()
-            elif item in self._readers:
-                self._run_reader(item)
             else:
-                fds.append(item)
+                assert self._epoll is not None
+                for fd, _ in self._epoll.poll(0):
+                    if fd == self._wake_fd:
+                        self._read_wake_pipe()
+                    elif fd in self._readers:
+                        self._run_reader(fd)
+                    else:
+                        fds.append(fd)
         if fds or self._watch.poll_interval() is not None:
             self._peers_exited(self._watch.exited(fds))
         if self._timers:
@@ -396,9 +409,15 @@ class Actor:
 
     def _rebuild_items(self) -> None:
         assert self._sock is not None
-        self._items = [(self._sock, POLLIN), (self._wake_fd, POLLIN)]
-        self._items += [(fd, POLLIN) for fd in self._readers]
-        self._items += [(fd, POLLIN) for fd in self._watch.fds()]
+        # A fresh set rather than a diff: a pidfd closed since the last
+        # rebuild has left the old set by itself, and its number may already
+        # belong to a new one.
+        if self._epoll is not None:
+            self._epoll.close()
+        self._epoll = select.epoll()
+        for fd in {self._wake_fd, *self._readers, *self._watch.fds()}:
+            self._epoll.register(fd, select.EPOLLIN)
+        self._items = [(self._sock, POLLIN), (self._epoll.fileno(), POLLIN)]
         self._probe = [(self._sock, POLLIN)]
         self._items_dirty = False
 
@@ -423,21 +442,22 @@ class Actor:
         assert sock is not None
         max_blobs = self.limits.max_blobs
         probe = self._probe
+        recv = sock.recv
         handled = 0
         while True:
             try:
-                ident = sock.recv(NOBLOCK)
+                ident = recv(NOBLOCK)
             except zmq.Again:
                 break
             # A ROUTER message always has a part after the routing id.
-            frame = sock.recv(NOBLOCK, copy=False)
+            frame = recv(NOBLOCK, copy=False)
             header = frame.buffer
             blobs: list[memoryview] = []
             extra = 0
             # Every part of a multipart message must be read even when the
             # message is refused, or it would poison the next one.
             while frame.more:
-                frame = sock.recv(NOBLOCK, copy=False)
+                frame = recv(NOBLOCK, copy=False)
                 if len(blobs) < max_blobs:
                     blobs.append(frame.buffer)
                 else:
@@ -571,8 +591,13 @@ class Actor:
         try:
             result = route.handler(req)
             if req.kind is _K_CALL:
-                if req.handle is None:
-                    self._send_result(req.peer, _REPLY, req.cid, result, req.op)
+                if req._handle is None:  # not deferred: the result is the reply
+                    if isinstance(result, Message):
+                        self._send_body(
+                            req.peer, _REPLY, req.cid, result.body, result.blobs, op=req.op
+                        )
+                    else:
+                        self._send_body(req.peer, _REPLY, req.cid, result, (), op=req.op)
             elif req.kind is _K_STREAM:
                 took_sender = req.handle is not None
                 if isinstance(result, Iterator):
@@ -750,11 +775,6 @@ class Actor:
 
     # -- outbound ------------------------------------------------------------
 
-    def _send_result(self, peer: Peer, kind: int, cid: int, result: Any, op: str) -> bool:
-        if isinstance(result, Message):
-            return self._send_body(peer, kind, cid, result.body, result.blobs, op=op)
-        return self._send_body(peer, kind, cid, result, (), op=op)
-
     def _send_error(self, peer: Peer, cid: int, error: LlamadError) -> bool:
         self.stats.errors += 1
         return self._send_frames(peer, encode_envelope(Kind.ERROR, cid, "", error_body(error)), ())
@@ -828,7 +848,7 @@ class Actor:
         sock = self._sock
         assert sock is not None
         try:
-            sock.send(ident, SNDMORE_NOBLOCK)
+            send_frame(sock, ident, SNDMORE_NOBLOCK)
         except zmq.ZMQError as exc:
             if exc.errno == errno.EHOSTUNREACH:
                 if peer is not None:
@@ -840,9 +860,9 @@ class Actor:
         # After the routing frame is accepted the rest of the message cannot
         # fail: ZeroMQ queues multipart messages atomically.
         if not blobs:
-            sock.send(header)
+            send_frame(sock, header, 0)
             return True
-        sock.send(header, SNDMORE)
+        send_frame(sock, header, SNDMORE)
         last = len(blobs) - 1
         for i, blob in enumerate(blobs):
             sock.send(blob, 0 if i == last else SNDMORE, copy=False)
@@ -927,6 +947,10 @@ class Actor:
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
+        if self._epoll is not None:
+            self._epoll.close()
+            self._epoll = None
+            self._items_dirty = True
         if self._wake_fd >= 0:
             os.close(self._wake_fd)
             os.close(self._wake_w)

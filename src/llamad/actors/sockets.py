@@ -19,20 +19,25 @@ Every option is set on purpose:
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
-from typing import Final
+from collections.abc import Callable
+from typing import Any, Final
 
 import zmq
+import zmq.backend
 
 from llamad.actors.errors import ActorConfigError
 from llamad.actors.wire import Limits
 
 __all__ = [
+    "FORKS",
     "NOBLOCK",
     "SNDMORE",
     "SNDMORE_NOBLOCK",
     "configure",
     "ipc_listening",
+    "send_frame",
     "validate_endpoint",
 ]
 
@@ -43,6 +48,23 @@ NOBLOCK: Final = int(zmq.NOBLOCK)
 SNDMORE: Final = int(zmq.SNDMORE)
 SNDMORE_NOBLOCK: Final = SNDMORE | NOBLOCK
 POLLIN: Final = int(zmq.POLLIN)
+
+send_frame: Final[Callable[..., Any]] = zmq.backend.Socket.send
+"""``send_frame(sock, data, flags)``: pyzmq's compiled ``send`` without the
+Python-level wrapper ``zmq.Socket.send`` adds for DRAFT routing ids and
+groups, which we never use (one Python frame less per message)."""
+
+FORKS: Final = [0]
+"""How many times this process image has been forked (bumped in the child).
+Sockets cannot survive a fork; owners compare this instead of calling
+``getpid()`` (a syscall) on every message."""
+
+
+def _count_fork() -> None:
+    FORKS[0] += 1
+
+
+os.register_at_fork(after_in_child=_count_fork)
 
 _HEARTBEAT_IVL_MS: Final = 1000
 _HEARTBEAT_TIMEOUT_MS: Final = 3000

@@ -94,7 +94,6 @@ CLIENT_KINDS: Final = frozenset(
     {Kind.CALL, Kind.CAST, Kind.STREAM, Kind.HELLO, Kind.CANCEL, Kind.BYE}
 )
 SERVER_KINDS: Final = frozenset({Kind.REPLY, Kind.ERROR, Kind.EVENT, Kind.END})
-_KIND_BY_VALUE: Final = {int(k): k for k in Kind}
 
 
 class Envelope(NamedTuple):
@@ -255,8 +254,8 @@ def decode_envelope(
         raise Rejected(BadRequest(f"malformed envelope: {exc}"), *_salvage(ints)) from None
     if env.version != PROTOCOL_VERSION:
         raise _version_mismatch(env.version, [env.version, env.kind, env.cid])
-    kind = _KIND_BY_VALUE.get(env.kind)
-    if kind is None or kind not in accept:
+    # Kind is an IntEnum: a plain int finds its member in ``accept``.
+    if env.kind not in accept:
         raise Rejected(BadRequest(f"unexpected message kind {env.kind}"), env.cid, env.kind)
     return env
 
