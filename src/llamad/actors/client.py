@@ -174,7 +174,8 @@ class Client:
         # While connected to a local actor watched by a pidfd: that pidfd
         # alone, for the zero-timeout check before each request.
         self._pidcheck: select.poll | None = None
-        self._rcvtimeo = _CRASH_CHECK_MS
+        self._rcvtimeo = _CRASH_CHECK_MS  # the socket's RCVTIMEO now
+        self._tick_ms = _CRASH_CHECK_MS  # the longest a recv may block
         self._watch = ProcessWatch()
         self._server: Welcome | None = None
         self._server_ref: ProcessRef | None = None
@@ -365,7 +366,7 @@ class Client:
                     f"blob {big} exceeds the actor's frame limit of {server.max_frame_bytes} bytes",
                     details={"limit": server.max_frame_bytes},
                 )
-        cid = self._cid()
+        cid = self._next_cid = self._next_cid + 1 if self._next_cid < MAX_CID else 1
         header = encode_envelope(kind, cid, op, {} if body is _EMPTY else body)
         if len(header) > server.max_header_bytes:
             raise TooLarge(
@@ -423,36 +424,40 @@ class Client:
                 self._cancel_remote(cid)
 
     def _cid(self) -> int:
-        self._next_cid = self._next_cid + 1 if self._next_cid < MAX_CID else 1
-        return self._next_cid
+        cid = self._next_cid = self._next_cid + 1 if self._next_cid < MAX_CID else 1
+        return cid
 
     # -- internals: receiving ------------------------------------------------
 
     def _next_arrival(self, slot: _Slot, deadline: float | None) -> _Arrival:
-        while not slot.arrivals:
+        arrivals = slot.arrivals
+        while not arrivals:
             if self._sock is None:
                 raise Unavailable(f"actor {self.target!r} is not connected")
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise RequestTimeout(f"no answer from {self.target!r} in time")
+            if deadline is None:
+                left = None
+            else:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RequestTimeout(f"no answer from {self.target!r} in time")
             self._pump(left, slot)
-        return slot.arrivals.popleft()
+        return arrivals.popleft()
 
     def _pump(self, timeout: float | None, want: _Slot | None = None) -> None:
         """Wait up to ``timeout`` for traffic or the actor's death; route arrivals."""
         self._busy += 1
         try:
-            self._pump_unguarded(timeout, want)
+            if self._monitor is None:
+                self._recv_one(timeout)
+            else:
+                self._poll_monitored(timeout, want)
         finally:
             self._busy -= 1
             if self._abandoned:
                 self._flush_abandoned()
 
-    def _pump_unguarded(self, timeout: float | None, want: _Slot | None) -> None:
-        if self._monitor is None:
-            self._recv_one(timeout)
-            return
-        # Connection watch: the monitor socket must be polled with ours.
+    def _poll_monitored(self, timeout: float | None, want: _Slot | None) -> None:
+        """Connection watch: the monitor socket must be polled with ours."""
         interval = self._watch.poll_interval()
         if interval is not None:
             timeout = interval if timeout is None else min(timeout, interval)
@@ -478,12 +483,9 @@ class Client:
         :data:`CRASH_CHECK_S` without one, check whether the actor still lives."""
         sock = self._sock
         assert sock is not None
-        ms = _CRASH_CHECK_MS
-        interval = self._watch.poll_interval()
-        if interval is not None:
-            ms = min(ms, max(1, round(interval * 1000)))
-        if timeout is not None:
-            ms = min(ms, max(0, int(timeout * 1000 + 0.999)))
+        ms = self._tick_ms
+        if timeout is not None and timeout * 1000 < ms:
+            ms = max(0, int(timeout * 1000 + 0.999))
         if ms != self._rcvtimeo:
             # Only a short remaining timeout changes it; the next wait resets it.
             sock.setsockopt(zmq.RCVTIMEO, ms)
@@ -494,7 +496,8 @@ class Client:
             if self._watch.exited():
                 self._server_down("process exited")
             return
-        header = frame.buffer
+        # A small header is cheaper to copy out than to view.
+        header = frame.bytes
         blobs: list[memoryview] = []
         while frame.more:
             frame = sock.recv(NOBLOCK, copy=False)
@@ -513,7 +516,7 @@ class Client:
                 frame = sock.recv(NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            header = frame.buffer
+            header = frame.bytes
             blobs: list[memoryview] = []
             while frame.more:
                 frame = sock.recv(NOBLOCK, copy=False)
@@ -526,7 +529,7 @@ class Client:
             if not zmq.zmq_poll(probe, 0):
                 return
 
-    def _route(self, header: memoryview, blobs: tuple[memoryview, ...]) -> None:
+    def _route(self, header: bytes | memoryview, blobs: tuple[memoryview, ...]) -> None:
         try:
             env = decode_envelope(header, self.limits.max_frame_bytes, SERVER_KINDS)
         except Rejected as rej:
@@ -713,6 +716,10 @@ class Client:
         items += [(fd, POLLIN) for fd in self._watch.fds()]
         self._items = items
         self._probe = items[:1]
+        interval = self._watch.poll_interval()
+        self._tick_ms = _CRASH_CHECK_MS
+        if interval is not None:
+            self._tick_ms = min(_CRASH_CHECK_MS, max(1, round(interval * 1000)))
 
     def _check_usable(self) -> None:
         if self._closed:
