@@ -27,7 +27,7 @@ A client is not thread-safe: use one per thread.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -57,8 +57,8 @@ def _header(namespace: Namespace | bytes) -> bytes:
     return check_bytes("namespace", namespace, HEADER_LEN)
 
 
-def _row(body: Any) -> RowRef | None:
-    return None if body is None else RowRef.from_wire(body)
+# Replies decode straight into these msgspec types (validated in C).
+_ROW_OR_NONE: Any = RowRef | None
 
 
 class CacheClient:
@@ -126,11 +126,9 @@ class CacheClient:
     ) -> None:
         self.close()
 
-    def _call(
-        self, op: str, body: Mapping[str, Any], tokens: bytes | None = None, **kw: Any
-    ) -> Any:
+    def _call(self, op: str, body: dict[str, Any], tokens: bytes | None = None, **kw: Any) -> Any:
         blobs = () if tokens is None else (tokens,)
-        return self._client.call(op, dict(body), blobs=blobs, **kw)
+        return self._client.call(op, body, blobs=blobs, **kw)
 
     # -- the publish protocol (writers) -----------------------------------------
 
@@ -165,7 +163,8 @@ class CacheClient:
             body["location"] = location
         if size is not None:
             body["size"] = size
-        return RowRef.from_wire(self._call("announce_saved", body))
+        ref: RowRef = self._call("announce_saved", body, reply_type=RowRef)
+        return ref
 
     def cancel_reservation(self, key: bytes, token: int) -> bool:
         """Give up a save; returns whether the reservation was still live."""
@@ -175,15 +174,20 @@ class CacheClient:
 
     def lookup_exact(self, key: bytes, *, pin: bool = True) -> RowRef | None:
         """The row of exactly ``key`` (pinned for this process unless ``pin=False``)."""
-        return _row(self._call("lookup_exact", {"key": key, "pin": pin}))
+        ref: RowRef | None = self._call(
+            "lookup_exact", {"key": key, "pin": pin}, reply_type=_ROW_OR_NONE
+        )
+        return ref
 
     def lookup_exact_or_wait(self, key: bytes, wait_s: float) -> RowRef | None:
         """Like :meth:`lookup_exact`, waiting up to ``wait_s`` for an in-flight save."""
-        return _row(
-            self._call(
-                "lookup_exact_or_wait", {"key": key, "wait_s": wait_s}, timeout=wait_s + 30.0
-            )
+        ref: RowRef | None = self._call(
+            "lookup_exact_or_wait",
+            {"key": key, "wait_s": wait_s},
+            timeout=wait_s + 30.0,
+            reply_type=_ROW_OR_NONE,
         )
+        return ref
 
     def longest_prefix(
         self,
@@ -197,7 +201,10 @@ class CacheClient:
         body: dict[str, Any] = {"namespace": _header(namespace), "pin": pin}
         if parent_key is not None:
             body["parent_key"] = parent_key
-        return Lookup.from_wire(self._call("longest_prefix", body, tokens_to_bytes(tokens)))
+        found: Lookup = self._call(
+            "longest_prefix", body, tokens_to_bytes(tokens), reply_type=Lookup
+        )
+        return found
 
     def resolve(
         self,
@@ -211,12 +218,15 @@ class CacheClient:
         body: dict[str, Any] = {"namespace": _header(namespace), "wait_s": wait_s}
         if parent_key is not None:
             body["parent_key"] = parent_key
-        reply = self._call("resolve", body, tokens_to_bytes(tokens), timeout=wait_s + 30.0)
-        return Lookup.from_wire(reply)
+        found: Lookup = self._call(
+            "resolve", body, tokens_to_bytes(tokens), timeout=wait_s + 30.0, reply_type=Lookup
+        )
+        return found
 
     def checkout(self, key: bytes) -> RowRef | None:
         """Pin a row without counting a lookup."""
-        return _row(self._call("checkout", {"key": key}))
+        ref: RowRef | None = self._call("checkout", {"key": key}, reply_type=_ROW_OR_NONE)
+        return ref
 
     def checkin(self, pin: int | None) -> bool:
         """Release a pin (``None`` is accepted and ignored, for unpinned rows)."""

@@ -75,6 +75,9 @@ class CounterAdd(Protocol):
 class CounterSink(CounterAdd, Protocol):
     """What cache-meta bumps and sets (it alone writes the ``bytes_*`` gauges)."""
 
+    def add_many(self, *counts: tuple[str, int]) -> None:
+        """Add several counters at once (one lock round trip for a lookup's three)."""
+
     def set(self, name: str, value: int) -> None: ...
 
 
@@ -86,6 +89,10 @@ class DictCounters:
 
     def add(self, name: str, n: int = 1) -> None:
         self.values[name] = self.values.get(name, 0) + n
+
+    def add_many(self, *counts: tuple[str, int]) -> None:
+        for name, n in counts:
+            self.add(name, n)
 
     def set(self, name: str, value: int) -> None:
         self.values[name] = value
@@ -196,6 +203,17 @@ class Counters:
             raise InvalidCacheValue("counter", f"{name!r} is not a counter")
         with self._lock:
             self._row[slot] += n
+
+    def add_many(self, *counts: tuple[str, int]) -> None:
+        """Add to several counters under one lock (all names are checked first)."""
+        slots = [_SLOT_OF.get(name) for name, _ in counts]
+        if None in slots:
+            bad = next(name for (name, _), slot in zip(counts, slots, strict=True) if slot is None)
+            raise InvalidCacheValue("counter", f"{bad!r} is not a counter")
+        row = self._row
+        with self._lock:
+            for slot, (_, n) in zip(slots, counts, strict=True):
+                row[slot] += n  # type: ignore[index]
 
     def set(self, name: str, value: int) -> None:
         """Set a gauge (``bytes_ram``, ``bytes_ram_file``, ``bytes_disk``)."""

@@ -14,7 +14,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
+
+import msgspec
 
 from llamad.cache.prefix import PrefixMatch
 from llamad.errors import BadRequest
@@ -40,8 +42,7 @@ class HitKind(StrEnum):
     restore it, truncate the sequence to ``use_tokens``, prefill the rest."""
 
 
-@dataclass(frozen=True, slots=True)
-class RowRef:
+class RowRef(msgspec.Struct, frozen=True, array_like=True):
     """Where a published row lives, handed to the loader.
 
     ``pin`` is the pin id to check back in (``None`` when the row was not
@@ -49,6 +50,10 @@ class RowRef:
     the segment's path under ``/dev/shm``; ``Tier.segment_name`` gives its
     ``shm_open`` name). ``size`` is the whole ``.kvc`` size, so the loader can
     size its buffer before reading.
+
+    On the wire a row is a msgpack array in field order (a lookup is on
+    the hot path, and an array decodes straight into this type, every field
+    type-checked, with no per-field Python code).
     """
 
     key: bytes
@@ -58,36 +63,15 @@ class RowRef:
     n_tokens: int
     pin: int | None = None
 
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "tier": self.tier,
-            "location": self.location,
-            "size": self.size,
-            "n_tokens": self.n_tokens,
-            "pin": self.pin,
-        }
+    def to_wire(self) -> list[Any]:
+        return [self.key, self.tier, self.location, self.size, self.n_tokens, self.pin]
 
     @classmethod
     def from_wire(cls, body: Any) -> RowRef:
-        if not isinstance(body, dict):
-            raise BadRequest("row must be a map", details={"field": "row"})
-        try:
-            key, tier, location = body["key"], body["tier"], body["location"]
-            size, n_tokens, pin = body["size"], body["n_tokens"], body.get("pin")
-        except KeyError as exc:
-            raise BadRequest(f"row is missing {exc.args[0]!r}", details={"field": "row"}) from None
-        if not isinstance(key, bytes) or not isinstance(tier, str) or not isinstance(location, str):
-            raise BadRequest("row key/tier/location have the wrong types", details={"field": "row"})
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (size, n_tokens)):
-            raise BadRequest("row size/n_tokens must be ints", details={"field": "row"})
-        if pin is not None and (not isinstance(pin, int) or isinstance(pin, bool)):
-            raise BadRequest("row pin must be an int or nil", details={"field": "row"})
-        return cls(key, tier, location, size, n_tokens, pin)
+        return _from_wire(body, cls, "row")
 
 
-@dataclass(frozen=True, slots=True)
-class Lookup:
+class Lookup(msgspec.Struct, frozen=True, array_like=True):
     """The answer to a prefix lookup (and to the worker's combined resolve).
 
     ``row`` is ``None`` on a miss. ``use_tokens`` is how many prompt tokens the
@@ -96,6 +80,9 @@ class Lookup:
     even when that row was not chosen (or on a miss), so callers can see what
     a restore-and-truncate could have saved. ``resumed`` says the answer waited
     for an in-flight save to publish. ``probes`` counts index comparisons.
+
+    On the wire: a msgpack array in field order, ``kind`` as its string
+    value and ``row`` as :class:`RowRef`'s array.
     """
 
     kind: HitKind | None
@@ -110,35 +97,32 @@ class Lookup:
     def hit(self) -> bool:
         return self.row is not None
 
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "kind": None if self.kind is None else self.kind.value,
-            "row": None if self.row is None else self.row.to_wire(),
-            "use_tokens": self.use_tokens,
-            "common_tokens": self.common_tokens,
-            "common_key": self.common_key,
-            "resumed": self.resumed,
-            "probes": self.probes,
-        }
+    def to_wire(self) -> list[Any]:
+        return [
+            None if self.kind is None else self.kind.value,
+            None if self.row is None else self.row.to_wire(),
+            self.use_tokens,
+            self.common_tokens,
+            self.common_key,
+            self.resumed,
+            self.probes,
+        ]
 
     @classmethod
     def from_wire(cls, body: Any) -> Lookup:
-        if not isinstance(body, dict):
-            raise BadRequest("lookup must be a map", details={"field": "lookup"})
-        kind = body.get("kind")
-        row = body.get("row")
-        try:
-            return cls(
-                kind=None if kind is None else HitKind(kind),
-                row=None if row is None else RowRef.from_wire(row),
-                use_tokens=int(body["use_tokens"]),
-                common_tokens=int(body["common_tokens"]),
-                common_key=body.get("common_key"),
-                resumed=bool(body.get("resumed", False)),
-                probes=int(body.get("probes", 0)),
-            )
-        except (KeyError, ValueError, TypeError) as exc:
-            raise BadRequest(f"malformed lookup: {exc}", details={"field": "lookup"}) from None
+        return _from_wire(body, cls, "lookup")
+
+
+_W = TypeVar("_W", "RowRef", "Lookup")
+
+
+def _from_wire(body: Any, typ: type[_W], field: str) -> _W:
+    # The client decodes replies straight from msgpack into these types;
+    # this is the same validation for an already decoded body.
+    try:
+        return msgspec.convert(body, typ)
+    except msgspec.ValidationError as exc:
+        raise BadRequest(f"malformed {field}: {exc}", details={"field": field}) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,8 +158,7 @@ class LookupPolicy:
             raise BadRequest("restore_cost must lie in [0, 1]", details={"field": "restore_cost"})
 
 
-@dataclass(frozen=True, slots=True)
-class RestorePlan:
+class RestorePlan(NamedTuple):
     """The row a prefix match picked: its key, kind and prompt tokens covered."""
 
     key: bytes

@@ -48,9 +48,16 @@ from llamad.cache.errors import (
     SaveInFlight,
 )
 from llamad.cache.eviction import TierLedger, plan_across_tiers
-from llamad.cache.key import HEADER_LEN, KEY_LEN, TOKEN_BYTES, row_key
+from llamad.cache.key import HEADER_LEN, KEY_LEN, TOKEN_BYTES
 from llamad.cache.kvc import KvcMeta, SaveReason
-from llamad.cache.lookup import HitKind, Lookup, LookupPolicy, RowRef, choose_restore
+from llamad.cache.lookup import (
+    HitKind,
+    Lookup,
+    LookupPolicy,
+    RestorePlan,
+    RowRef,
+    choose_restore,
+)
 from llamad.cache.pins import PinTable
 from llamad.cache.prefix import PrefixIndex
 from llamad.cache.reservation import (
@@ -587,9 +594,10 @@ class CacheMeta:
 
         One call answers everything the worker needs: the chosen row (pinned
         for ``owner``), how many prompt tokens it covers, and the longest
-        common prefix with any row of the namespace. The chosen row's key is
-        re-derived from the prompt (or its own tokens) before it is returned,
-        so an index fault can only ever produce a miss, never a wrong state.
+        common prefix with any row of the namespace. The chosen row's own
+        namespace and tokens are compared with the prompt before it is
+        returned (see :meth:`_verified`), so an index fault can only ever
+        produce a miss, never a wrong state.
         """
         namespace = check_bytes("namespace", namespace, HEADER_LEN)
         tokens = check_tokens(tokens)
@@ -608,27 +616,27 @@ class CacheMeta:
         match = self.prefix.match(namespace, tokens)
         plan = choose_restore(match, len(tokens) // TOKEN_BYTES, self.config.lookup)
         row = None if plan is None else self.rows.get(plan.key)
-        if (
-            plan is not None
-            and row is not None
-            and not self._verified(row, plan.kind, tokens, plan.use_tokens)
-        ):
-            row = None
-        self.counters.add("longest_prefix_probes", match.probes)
-        if plan is None or row is None:
-            self.counters.add("misses")
-            self.counters.add("longest_prefix_ns", time.perf_counter_ns() - started)
+        if plan is None or row is None or not self._verified(row, plan, namespace, tokens):
+            self.counters.add_many(
+                ("longest_prefix_probes", match.probes),
+                ("misses", 1),
+                ("longest_prefix_ns", time.perf_counter_ns() - started),
+            )
             return Lookup(
                 None, None, 0, match.common_tokens, match.common_key, resumed, match.probes
             )
         if resumed and row.key == parent_key:
-            self.counters.add("hits_resume")
+            hit = "hits_resume"
         elif row.key == parent_key or plan.kind is HitKind.EXACT:
-            self.counters.add("hits_exact")
+            hit = "hits_exact"
         else:
-            self.counters.add("hits_longest_prefix")
+            hit = "hits_longest_prefix"
         ref = self._hit(row, owner)
-        self.counters.add("longest_prefix_ns", time.perf_counter_ns() - started)
+        self.counters.add_many(
+            ("longest_prefix_probes", match.probes),
+            (hit, 1),
+            ("longest_prefix_ns", time.perf_counter_ns() - started),
+        )
         return Lookup(
             plan.kind,
             ref,
@@ -639,17 +647,32 @@ class CacheMeta:
             match.probes,
         )
 
-    def _verified(self, row: Row, kind: HitKind, prompt: bytes, use_tokens: int) -> bool:
-        if kind is HitKind.COMMON:
-            own = row.tokens
-            span = use_tokens * TOKEN_BYTES
-            ok = row_key(row.namespace, own) == row.key and prompt.startswith(own[:span])
+    def _verified(self, row: Row, plan: RestorePlan, namespace: bytes, prompt: bytes) -> bool:
+        """Whether ``row`` holds the prompt's first ``plan.use_tokens`` tokens.
+
+        Every row's key was derived from its namespace and tokens when it
+        entered the index (a :class:`~llamad.cache.reservation.SaveIntent`
+        and the ``.kvc`` scan both recompute ``sha256(namespace || tokens)``
+        and refuse a mismatch), and those bytes never change. Comparing the
+        row's namespace and tokens with the prompt byte for byte therefore
+        proves that the row's key is the key of the prompt's covered tokens,
+        as hashing them again would, at the cost of a ``memcmp`` instead of a
+        ``sha256`` over up to the whole row (which made a hit cost tens of
+        µs more than a miss). A token string filed under another row's key
+        fails the comparison: a miss, never a wrong state.
+        """
+        span = plan.use_tokens * TOKEN_BYTES
+        own = row.tokens
+        if plan.kind is HitKind.COMMON:
+            # The whole row is restored, then truncated to the shared span.
+            ok = len(own) >= span and own.startswith(memoryview(prompt)[:span])
         else:
-            ok = row_key(row.namespace, memoryview(prompt)[: use_tokens * TOKEN_BYTES]) == row.key
-        if not ok:  # pragma: no cover - would mean the index itself is corrupt
-            log.error("cache.index_mismatch", key=row.key.hex())
-            self._drop(row, delete=False)
-        return ok
+            ok = len(own) == span and prompt.startswith(own)
+        if ok and row.namespace == namespace:
+            return True
+        log.error("cache.index_mismatch", key=row.key.hex())
+        self._drop(row, delete=False)
+        return False
 
     def resolve(
         self,

@@ -59,6 +59,22 @@ log = structlog.get_logger("llamad.cache.meta_proc")
 # waits behind a long flush.
 _STATS_BATCH: Final = 256
 _OWNER_SWEEP_S: Final = 30.0
+# Housekeeping runs when something is due, after any op not listed here (they
+# may add a deadline or release a waiter), and at least this often.
+_MAINTAIN_EVERY_S: Final = 0.05
+_QUIET_OPS: Final = frozenset(
+    {
+        "lookup_exact",
+        "longest_prefix",
+        "checkout",
+        "checkin",
+        "forget",
+        "dump",
+        "counters",
+        "reset_counters",
+        "status",
+    }
+)
 # The tokens frame of a request can be as long as the longest prompt.
 _LIMITS: Final = Limits(max_frame_bytes=128 * 1024 * 1024)
 
@@ -95,6 +111,8 @@ class MetaServer:
         self._owner_fds: set[int] = set()
         self._next_flush = 0.0
         self._next_sweep = 0.0
+        self._due = 0.0  # when housekeeping must run next
+        self._dirty = True  # an op may have changed what is due
         for name, spec in wire.OPS.items():
             self.actor.add_op(spec, self._handler(name))
 
@@ -159,13 +177,22 @@ class MetaServer:
             self.close()
 
     def step(self, timeout: float | None = 0.0) -> None:
-        """Handle pending messages (waiting up to ``timeout``), then run what is due."""
+        """Handle pending messages (waiting up to ``timeout``), then run what is due.
+
+        Housekeeping (reaping, waiter deadlines, deferred answers, pressure,
+        hit-count flushes, owner sweeps, heartbeats) is skipped after a
+        lookup when nothing is due: it costs more than the lookup's own
+        bookkeeping, and a lookup changes no deadline.
+        """
         self.actor.poll(timeout)
-        self._maintain()
+        if self._dirty or time.monotonic() >= self._due:
+            self._maintain()
 
     def _timeout(self) -> float:
-        now = time.monotonic()
-        due = [self._next_flush, self._next_sweep]
+        return max(0.0, self._due - time.monotonic())
+
+    def _next_due(self, now: float) -> float:
+        due = [self._next_flush, self._next_sweep, now + _MAINTAIN_EVERY_S]
         for candidate in (self.meta.next_deadline(), self.pressure.next_due()):
             if candidate is not None:
                 due.append(candidate)
@@ -174,9 +201,10 @@ class MetaServer:
             due.append(now + interval)
         if (beat := heartbeat_interval()) is not None:
             due.append(now + beat)
-        return max(0.0, min(due) - now)
+        return min(due)
 
     def _maintain(self) -> None:
+        self._dirty = False
         now = time.monotonic()
         if self._owners.poll_interval() is not None:
             self._owners_exited()
@@ -192,6 +220,7 @@ class MetaServer:
             self._sweep_owners()
             self._next_sweep = now + _OWNER_SWEEP_S
         heartbeat()
+        self._due = self._next_due(now)
 
     # -- owners ---------------------------------------------------------------
 
@@ -200,11 +229,12 @@ class MetaServer:
         if not req.peer.local:
             raise BadRequest("cache-meta serves only processes on its own host and pid namespace")
         known = self._owner_refs.get(ref.pid)
-        if known != ref:
+        if known is not ref and known != ref:
             if known is not None:
                 # The pid was recycled: whatever the old process held is released.
                 del self._owner_refs[ref.pid]
                 self.meta.owner_down(ref.pid)
+                self._dirty = True
             watching = self._owners.watch(ref)
             # watch() may have closed the old incarnation's pidfd, and the new
             # one may even reuse its number: resync the poller both ways.
@@ -224,6 +254,7 @@ class MetaServer:
     def _drop_owner(self, ref: ProcessRef) -> None:
         if self._owner_refs.get(ref.pid) != ref:
             return
+        self._dirty = True
         del self._owner_refs[ref.pid]
         self._forget_fds()
         self.meta.owner_down(ref.pid)
@@ -256,10 +287,12 @@ class MetaServer:
     def _reply(self, handle: PendingReply, answer: object) -> None:
         body: Any = None
         pin = None
+        # RowRef and Lookup are msgspec structs: the actor encodes them as
+        # their wire arrays directly.
         if isinstance(answer, RowRef):
-            body, pin = answer.to_wire(), answer.pin
+            body, pin = answer, answer.pin
         elif isinstance(answer, Lookup):
-            body = answer.to_wire()
+            body = answer
             pin = None if answer.row is None else answer.row.pin
         if not handle.reply(body) and pin is not None:
             # Nobody is there to check the pin in: release it now.
@@ -269,7 +302,14 @@ class MetaServer:
 
     def _handler(self, name: str) -> Callable[[Request[Any]], Any]:
         method: Callable[[Request[Any]], Any] = getattr(self, f"_op_{name}")
-        return method
+        if name in _QUIET_OPS:
+            return method
+
+        def handler(req: Request[Any]) -> Any:
+            self._dirty = True
+            return method(req)
+
+        return handler
 
     def _op_reserve_save(self, req: Request[wire.ReserveSave]) -> dict[str, Any]:
         b = req.body
@@ -291,11 +331,11 @@ class MetaServer:
         self._check_location(b.key, b.location)
         self.meta.mark_published(b.key, b.token, b.location)
 
-    def _op_announce_saved(self, req: Request[wire.AnnounceSaved]) -> dict[str, Any]:
+    def _op_announce_saved(self, req: Request[wire.AnnounceSaved]) -> RowRef:
         b = req.body
         if b.location is not None:
             self._check_location(b.key, b.location)
-        return self.meta.announce_saved(b.key, b.token, location=b.location, size=b.size).to_wire()
+        return self.meta.announce_saved(b.key, b.token, location=b.location, size=b.size)
 
     def _check_location(self, key: bytes, location: str) -> None:
         # A location will later be read and deleted: it must be this key's
@@ -308,9 +348,8 @@ class MetaServer:
     def _op_cancel_reservation(self, req: Request[wire.TokenRef]) -> bool:
         return self.meta.cancel_reservation(req.body.key, req.body.token)
 
-    def _op_checkout(self, req: Request[wire.KeyBody]) -> dict[str, Any] | None:
-        ref = self.meta.checkout(req.body.key, self._owner(req))
-        return None if ref is None else ref.to_wire()
+    def _op_checkout(self, req: Request[wire.KeyBody]) -> RowRef | None:
+        return self.meta.checkout(req.body.key, self._owner(req))
 
     def _op_checkin(self, req: Request[wire.Checkin]) -> bool:
         return self.meta.checkin(req.body.pin)
@@ -318,10 +357,9 @@ class MetaServer:
     def _op_forget(self, req: Request[wire.KeyBody]) -> bool:
         return self.meta.forget(req.body.key)
 
-    def _op_lookup_exact(self, req: Request[wire.LookupExact]) -> dict[str, Any] | None:
+    def _op_lookup_exact(self, req: Request[wire.LookupExact]) -> RowRef | None:
         owner = self._owner(req) if req.body.pin else None
-        ref = self.meta.lookup_exact(req.body.key, owner)
-        return None if ref is None else ref.to_wire()
+        return self.meta.lookup_exact(req.body.key, owner)
 
     def _op_lookup_exact_or_wait(self, req: Request[wire.LookupWait]) -> None:
         owner = self._owner(req)
@@ -330,13 +368,12 @@ class MetaServer:
         if found is not WAIT:
             self._reply(handle, found)
 
-    def _op_longest_prefix(self, req: Request[wire.LongestPrefix]) -> dict[str, Any]:
+    def _op_longest_prefix(self, req: Request[wire.LongestPrefix]) -> Lookup:
         b = req.body
         owner = self._owner(req) if b.pin else None
-        found = self.meta.longest_prefix(
+        return self.meta.longest_prefix(
             b.namespace, bytes(req.blobs[0]), owner, parent_key=b.parent_key
         )
-        return found.to_wire()
 
     def _op_resolve(self, req: Request[wire.Resolve]) -> None:
         b = req.body

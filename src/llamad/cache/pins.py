@@ -42,7 +42,11 @@ class PinTable(Generic[R]):
         """Record a new pin (``pin`` is a fresh id) and count it on ``row``."""
         row.pins += 1
         self._pins[pin] = (owner, row)
-        self._by_owner.setdefault(owner, set()).add(pin)
+        held = self._by_owner.get(owner)
+        if held is None:
+            self._by_owner[owner] = {pin}
+        else:
+            held.add(pin)
 
     def release(self, pin: int) -> bool:
         """Release a pin; returns whether it was held."""
