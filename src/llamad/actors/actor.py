@@ -57,7 +57,10 @@ from llamad.actors.sockets import (
 )
 from llamad.actors.wire import (
     CLIENT_KINDS,
+    DECODE_ERRORS,
+    ENVELOPE_DECODER,
     HANDSHAKE_REQUIRED,
+    PROTOCOL_VERSION,
     Blob,
     Hello,
     Kind,
@@ -489,13 +492,22 @@ class Actor:
     def _handle(
         self, ident: bytes, header: bytes | memoryview, blobs: list[memoryview], extra: int
     ) -> None:
-        try:
-            _, kind, cid, op, raw = decode_envelope(
-                header, self.limits.max_header_bytes, CLIENT_KINDS
-            )
-        except Rejected as rej:
-            self._refuse(ident, rej.cid, rej.kind, rej.error)
-            return
+        # The checks of decode_envelope, inline for a well-formed header; it
+        # runs them again, in order, to refuse anything else.
+        version = -1
+        if len(header) <= self.limits.max_header_bytes:
+            try:
+                version, kind, cid, op, raw = ENVELOPE_DECODER.decode(header)
+            except DECODE_ERRORS:
+                version = -1
+        if version != PROTOCOL_VERSION or kind not in CLIENT_KINDS:
+            try:
+                _, kind, cid, op, raw = decode_envelope(
+                    header, self.limits.max_header_bytes, CLIENT_KINDS
+                )
+            except Rejected as rej:
+                self._refuse(ident, rej.cid, rej.kind, rej.error)
+                return
         peer = self._peers.get(ident)
         route = self._routes.get(op)
         # Fast path for a well-formed request from a known peer; everything

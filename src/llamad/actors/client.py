@@ -69,8 +69,10 @@ from llamad.actors.sockets import (
 )
 from llamad.actors.wire import (
     DECODE_ERRORS,
+    ENVELOPE_DECODER,
     HANDSHAKE_REQUIRED,
     MAX_CID,
+    PROTOCOL_VERSION,
     SERVER_KINDS,
     Blob,
     Hello,
@@ -110,6 +112,7 @@ _CRASH_CHECK_MS: Final = round(CRASH_CHECK_S * 1000)
 _CLIENT_LIMITS: Final = Limits(linger_s=0.0)
 # Enum attribute access costs a microsecond on the hot path; bind plain ints.
 _CALL: Final = int(Kind.CALL)
+_REPLY: Final = int(Kind.REPLY)
 _CAST: Final = int(Kind.CAST)
 _STREAM: Final = int(Kind.STREAM)
 _ERROR: Final = int(Kind.ERROR)
@@ -283,18 +286,22 @@ class Client:
         """Send a CALL and wait for its answer; raise its error, if any."""
         deadline = None if limit is None else time.monotonic() + limit
         for attempt in (1, 2):
-            cid = self._open(_CALL, op, body, blobs, deadline)
-            slot = self._slots[cid]
-            try:
-                arrival = self._next_arrival(slot, deadline)
-            except RequestTimeout:
-                self._cancel_remote(cid)
-                raise
-            finally:
-                self._slots.pop(cid, None)
+            arrival = None
+            if (
+                self._pidcheck is not None
+                and not self._slots
+                and not self._busy
+                and not self._abandoned
+                and not self._closed
+                and self._forks == FORKS[0]
+            ):
+                arrival = self._quick_call(op, body, blobs, deadline)
+            if arrival is None:
+                cid = self._open(_CALL, op, body, blobs, deadline)
+                arrival = self._await(cid, deadline)
             error = arrival.error
             if error is None:
-                break
+                return arrival
             if attempt == 1 and error.details.get("reason") == HANDSHAKE_REQUIRED:
                 # The actor forgot us (it dropped us as stuck) and did not
                 # process the call: whatever else we had open there is gone;
@@ -308,7 +315,76 @@ class Client:
                 self._disconnect()
                 continue
             raise error
-        return arrival
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    def _await(self, cid: int, deadline: float | None) -> _Arrival:
+        slot = self._slots[cid]
+        try:
+            return self._next_arrival(slot, deadline)
+        except RequestTimeout:
+            self._cancel_remote(cid)
+            raise
+        finally:
+            self._slots.pop(cid, None)
+
+    def _quick_call(
+        self, op: str, body: Any, blobs: Sequence[Blob], deadline: float | None
+    ) -> _Arrival | None:
+        """The common call, in few steps: connected to a local actor watched by
+        a pidfd, nothing else open, nothing unusual coming back.
+
+        Returns ``None`` before sending anything when the general path must
+        decide (the actor may be gone, a limit is exceeded: it reconnects or
+        raises); once sent, anything unexpected (no answer within a crash
+        check tick, another message, an error) is handed to the general
+        machinery, so every outcome is the one :meth:`_open` and
+        :meth:`_await` give. With no other slot open, no stream can be
+        abandoned mid-send, which is what ``_busy`` guards against.
+        """
+        assert self._pidcheck is not None and self._sock is not None
+        server = self._server
+        if server is None or self._pidcheck.poll(0):
+            return None
+        if blobs and (
+            len(blobs) > server.max_blobs
+            or oversized_blob(blobs, server.max_frame_bytes) is not None
+        ):
+            return None
+        cid = self._next_cid = self._next_cid + 1 if self._next_cid < MAX_CID else 1
+        header = encode_envelope(_CALL, cid, op, {} if body is _EMPTY else body)
+        if len(header) > server.max_header_bytes:
+            return None
+        self._send(header, blobs)
+        sock = self._sock
+        frame = None
+        waited = False
+        if self._rcvtimeo == self._tick_ms and (
+            deadline is None or deadline - time.monotonic() > self._tick_ms / 1000
+        ):
+            try:
+                frame = sock.recv(0, copy=False)
+            except zmq.Again:
+                waited = True
+            else:
+                if not frame.more:
+                    reply = frame.bytes
+                    try:
+                        version, kind, rcid, _, raw = ENVELOPE_DECODER.decode(reply)
+                    except DECODE_ERRORS:
+                        version = kind = rcid = 0
+                    if version == PROTOCOL_VERSION and kind == _REPLY and rcid == cid:
+                        return _Arrival(_REPLY, raw, ())
+        self._slots[cid] = _Slot()
+        if frame is not None:
+            header = frame.bytes
+            extra: list[memoryview] = []
+            while frame.more:
+                frame = sock.recv(NOBLOCK, copy=False)
+                extra.append(frame.buffer)
+            self._route(header, tuple(extra))
+        elif waited and self._watch.exited():
+            self._server_down("process exited")
+        return self._await(cid, deadline)
 
     def cast(self, op: str, body: Any = _EMPTY, *, blobs: Sequence[Blob] = ()) -> None:
         """Send ``op`` without waiting; the actor sends nothing back."""

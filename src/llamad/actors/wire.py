@@ -39,6 +39,7 @@ from llamad.errors import BadRequest, LlamadError, TooLarge, VersionMismatch
 __all__ = [
     "CLIENT_KINDS",
     "DECODE_ERRORS",
+    "ENVELOPE_DECODER",
     "HANDSHAKE_REQUIRED",
     "MAX_CID",
     "MAX_OP_LEN",
@@ -217,7 +218,11 @@ UTF-8 in a str surfaces as ``UnicodeDecodeError`` and deep nesting as
 ``RecursionError``."""
 
 _ENCODER: Final = msgspec.msgpack.Encoder()
-_ENVELOPE: Final = msgspec.msgpack.Decoder(Envelope)
+ENVELOPE_DECODER: Final = msgspec.msgpack.Decoder(Envelope)
+"""Decodes a header frame into an :class:`Envelope` and nothing more; hot
+paths use it directly and hand anything unexpected to :func:`decode_envelope`,
+which does every check and says what is wrong."""
+_ENVELOPE: Final = ENVELOPE_DECODER
 
 
 def encode_envelope(kind: int, cid: int, op: str, body: Any) -> bytes:
