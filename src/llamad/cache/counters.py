@@ -206,14 +206,14 @@ class Counters:
 
     def add_many(self, *counts: tuple[str, int]) -> None:
         """Add to several counters under one lock (all names are checked first)."""
-        slots = [_SLOT_OF.get(name) for name, _ in counts]
-        if None in slots:
-            bad = next(name for (name, _), slot in zip(counts, slots, strict=True) if slot is None)
-            raise InvalidCacheValue("counter", f"{bad!r} is not a counter")
+        try:
+            slots = [(_SLOT_OF[name], n) for name, n in counts]
+        except KeyError as exc:
+            raise InvalidCacheValue("counter", f"{exc.args[0]!r} is not a counter") from None
         row = self._row
         with self._lock:
-            for slot, (_, n) in zip(slots, counts, strict=True):
-                row[slot] += n  # type: ignore[index]
+            for slot, n in slots:
+                row[slot] += n
 
     def set(self, name: str, value: int) -> None:
         """Set a gauge (``bytes_ram``, ``bytes_ram_file``, ``bytes_disk``)."""

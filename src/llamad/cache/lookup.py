@@ -125,6 +125,12 @@ def _from_wire(body: Any, typ: type[_W], field: str) -> _W:
         raise BadRequest(f"malformed {field}: {exc}", details={"field": field}) from None
 
 
+# Enum members bound once: class attribute access to them is slow in 3.11.
+_EXACT = HitKind.EXACT
+_PREFIX = HitKind.PREFIX
+_COMMON = HitKind.COMMON
+
+
 @dataclass(frozen=True, slots=True)
 class LookupPolicy:
     """When restoring a diverging row and truncating it beats a shorter prefix row.
@@ -175,19 +181,20 @@ def choose_restore(
     the whole row: ``use - restore_cost * row_tokens``. A row that is a prefix
     of the prompt needs no truncation and wins ties.
     """
+    prefix_key, prefix_tokens, common_key, common_tokens, common_row_tokens, _ = match
     best: RestorePlan | None = None
     best_score = -math.inf
-    if match.prefix_key is not None and match.prefix_tokens > 0:
-        kind = HitKind.EXACT if match.prefix_tokens == prompt_tokens else HitKind.PREFIX
-        best = RestorePlan(match.prefix_key, kind, match.prefix_tokens)
-        best_score = match.prefix_tokens * (1.0 - policy.restore_cost)
+    if prefix_key is not None and prefix_tokens > 0:
+        kind = _EXACT if prefix_tokens == prompt_tokens else _PREFIX
+        best = RestorePlan(prefix_key, kind, prefix_tokens)
+        best_score = prefix_tokens * (1.0 - policy.restore_cost)
     if (
-        policy.allow_common
-        and match.common_key is not None
-        and match.common_key != match.prefix_key
-        and match.common_tokens >= policy.common_min_tokens
+        common_key is not None
+        and common_key != prefix_key
+        and policy.allow_common
+        and common_tokens >= policy.common_min_tokens
     ):
-        score = match.common_tokens - policy.restore_cost * match.common_row_tokens
+        score = common_tokens - policy.restore_cost * common_row_tokens
         if score > best_score and score > 0:
-            best = RestorePlan(match.common_key, HitKind.COMMON, match.common_tokens)
+            best = RestorePlan(common_key, _COMMON, common_tokens)
     return best

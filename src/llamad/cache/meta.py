@@ -49,7 +49,7 @@ from llamad.cache.errors import (
 )
 from llamad.cache.eviction import TierLedger, plan_across_tiers
 from llamad.cache.key import HEADER_LEN, KEY_LEN, TOKEN_BYTES
-from llamad.cache.kvc import KvcMeta, SaveReason
+from llamad.cache.kvc import MAX_TOKENS, KvcMeta, SaveReason
 from llamad.cache.lookup import (
     HitKind,
     Lookup,
@@ -74,6 +74,8 @@ from llamad.cache.reservation import (
 from llamad.cache.waiters import WAIT, Deferred, Waiter, WaiterTable
 
 log = structlog.get_logger("llamad.cache.meta")
+
+_MAX_TOKEN_BYTES: Final = MAX_TOKENS * TOKEN_BYTES
 
 _REASON_COUNTER: Final = {
     SaveReason.COLD: "saves_cold",
@@ -599,8 +601,16 @@ class CacheMeta:
         returned (see :meth:`_verified`), so an index fault can only ever
         produce a miss, never a wrong state.
         """
-        namespace = check_bytes("namespace", namespace, HEADER_LEN)
-        tokens = check_tokens(tokens)
+        # The common case (bytes of the right shapes) is checked inline; the
+        # helpers raise (or convert a bytearray) otherwise.
+        if type(namespace) is not bytes or len(namespace) != HEADER_LEN:
+            namespace = check_bytes("namespace", namespace, HEADER_LEN)
+        if (
+            type(tokens) is not bytes
+            or not 0 < len(tokens) <= _MAX_TOKEN_BYTES
+            or len(tokens) % TOKEN_BYTES
+        ):
+            tokens = check_tokens(tokens)
         return self._longest_prefix(namespace, tokens, owner, parent_key=parent_key, resumed=False)
 
     def _longest_prefix(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import struct
 
 import pytest
@@ -68,6 +69,30 @@ def test_prefix_match_agrees_with_brute_force(rows: list[list[int]], prompt: lis
         assert match.common_row_tokens == len(row)
     else:
         assert match.common_key is None
+
+
+@given(seed=st.integers(0, 2**32 - 1))
+@settings(max_examples=60, deadline=None)
+def test_prefix_match_agrees_with_brute_force_on_long_shared_runs(seed: int) -> None:
+    # Rows and prompt are prefixes of one stream that diverge at random
+    # points, so shared runs span hundreds of tokens and the search has to
+    # gallop, halve and pinpoint the first differing token.
+    rng = random.Random(seed)
+    stream = [rng.choice([1, 2, 256, 0xFFFFFFFF]) for _ in range(1500)]
+
+    def branch() -> list[int]:
+        cut = rng.randrange(1, len(stream))
+        tail = [rng.randrange(2**32) for _ in range(rng.randrange(0, 40))]
+        return stream[:cut] + tail
+
+    rows = {tuple(branch()) for _ in range(rng.randrange(1, 25))}
+    prompt = branch()
+    index = PrefixIndex()
+    for row in rows:
+        index.add(NS, le(list(row)), key_of(list(row)))
+    match = index.match(NS, le(prompt))
+    want_prefix, want_common = brute([list(r) for r in rows], prompt)
+    assert (match.prefix_tokens, match.common_tokens) == (want_prefix, want_common)
 
 
 def test_prefix_match_never_crosses_namespaces() -> None:
