@@ -895,7 +895,7 @@ class Actor:
         send_frame(sock, header, SNDMORE)
         last = len(blobs) - 1
         for i, blob in enumerate(blobs):
-            sock.send(blob, 0 if i == last else SNDMORE, copy=False)
+            send_frame(sock, blob, 0 if i == last else SNDMORE, False)
         return True
 
     def _refuse(self, ident: bytes, cid: int, kind: int | None, error: LlamadError) -> None:

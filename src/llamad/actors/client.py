@@ -470,7 +470,7 @@ class Client:
             raise Unavailable(f"actor {self.target!r} is not reading (send queue full)") from None
         last = len(blobs) - 1
         for i, blob in enumerate(blobs):
-            sock.send(blob, 0 if i == last else SNDMORE, copy=False)
+            send_frame(sock, blob, 0 if i == last else SNDMORE, False)
 
     def _cancel_remote(self, cid: int) -> None:
         if self._sock is not None and self._server is not None:

@@ -288,7 +288,10 @@ def error_body(error: LlamadError) -> dict[str, Any]:
 def oversized_blob(blobs: Sequence[Blob], max_frame_bytes: int) -> int | None:
     """Index of the first blob larger than ``max_frame_bytes``, or ``None``."""
     for i, blob in enumerate(blobs):
-        size = len(blob) if isinstance(blob, zmq.Frame) else memoryview(blob).nbytes
+        if type(blob) is bytes or isinstance(blob, zmq.Frame):
+            size = len(blob)
+        else:
+            size = memoryview(blob).nbytes
         if size > max_frame_bytes:
             return i
     return None

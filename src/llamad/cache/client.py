@@ -201,8 +201,8 @@ class CacheClient:
         body: dict[str, Any] = {"namespace": _header(namespace), "pin": pin}
         if parent_key is not None:
             body["parent_key"] = parent_key
-        found: Lookup = self._call(
-            "longest_prefix", body, tokens_to_bytes(tokens), reply_type=Lookup
+        found: Lookup = self._client.call(
+            "longest_prefix", body, blobs=(tokens_to_bytes(tokens),), reply_type=Lookup
         )
         return found
 

@@ -206,14 +206,13 @@ class Counters:
 
     def add_many(self, *counts: tuple[str, int]) -> None:
         """Add to several counters under one lock (all names are checked first)."""
-        try:
-            slots = [(_SLOT_OF[name], n) for name, n in counts]
-        except KeyError as exc:
-            raise InvalidCacheValue("counter", f"{exc.args[0]!r} is not a counter") from None
+        for name, _ in counts:
+            if name not in _SLOT_OF:
+                raise InvalidCacheValue("counter", f"{name!r} is not a counter")
         row = self._row
         with self._lock:
-            for slot, n in slots:
-                row[slot] += n
+            for name, n in counts:
+                row[_SLOT_OF[name]] += n
 
     def set(self, name: str, value: int) -> None:
         """Set a gauge (``bytes_ram``, ``bytes_ram_file``, ``bytes_disk``)."""

@@ -254,7 +254,11 @@ class CacheMeta:
         self._touch(row)
         row.hits += 1
         row.stats_dirty = True
-        return row.ref(None if owner is None else self._pin(row, owner))
+        pin = None
+        if owner is not None:
+            pin = self._next_id = self._next_id + 1
+            self.pins.add(pin, owner, row)
+        return RowRef(row.key, row.tier, row.location, row.size, row.n_tokens, pin)
 
     def _insert(self, row: Row, tokens: bytes) -> None:
         ledger = self.ledgers[row.tier]

@@ -147,3 +147,20 @@ def test_all_rows_held_is_a_clear_error(tmp_path: Path) -> None:
     c = Counters.attach(path)  # b's row is free again
     c.close()
     a.close()
+
+
+def test_add_many_adds_each_counter_and_refuses_unknown_names_before_adding(
+    tmp_path: Path,
+) -> None:
+    c = Counters.create(tmp_path / "counters")
+    c.add_many(("misses", 1), ("longest_prefix_probes", 17), ("longest_prefix_ns", 900))
+    c.add_many(("misses", 2))
+    with pytest.raises(InvalidCacheValue):
+        c.add_many(("misses", 5), ("bytes_ram", 1))  # a gauge is not a counter
+    snap = c.snapshot()
+    assert (snap["misses"], snap["longest_prefix_probes"], snap["longest_prefix_ns"]) == (
+        3,
+        17,
+        900,
+    )
+    c.close()

@@ -238,3 +238,19 @@ def test_exact_lookup_miss_is_counted() -> None:
     meta, _, _, counters = make_meta()
     assert meta.lookup_exact(intent(BASE[:5]).key) is None
     assert counters.get("misses") == 1
+
+
+@pytest.mark.parametrize("policy", [LookupPolicy(allow_common=False), LookupPolicy()])
+def test_an_index_entry_pointing_at_another_row_is_a_miss_not_that_row(
+    policy: LookupPolicy,
+) -> None:
+    # Simulate an index fault: the 1000-token string is filed under the
+    # 2500-token row's key. The chosen row's own tokens do not match the
+    # prompt's covered span, so the lookup must not hand that row out.
+    meta, keys = three_rows(policy)
+    header = NS.header()
+    meta.prefix._spaces[header].keys[le(BASE[:1000])] = keys[2500]
+    found = meta.longest_prefix(header, le([*BASE[:1000], 1, 2, 3]), owner=5)
+    assert found.row is None or found.row.key != keys[2500]
+    assert found.row is None or found.use_tokens <= 300
+    assert meta.pins_of(5) == (0 if found.row is None else 1)
