@@ -95,6 +95,39 @@ def test_prefix_match_agrees_with_brute_force_on_long_shared_runs(seed: int) -> 
     assert (match.prefix_tokens, match.common_tokens) == (want_prefix, want_common)
 
 
+@given(seed=st.integers(0, 2**32 - 1))
+@settings(max_examples=300, deadline=None)
+def test_prefix_match_agrees_with_brute_force_after_adds_and_removes(seed: int) -> None:
+    # Rows are prefixes of a few streams, so chains of rows that are prefixes
+    # of one another are the rule: removing a row must hand its
+    # prefix-children to its own parent, and adding one must adopt the rows
+    # it is now the longest prefix of.
+    rng = random.Random(seed)
+    streams = [[rng.choice([1, 2, 256]) for _ in range(12)] for _ in range(3)]
+
+    def cut() -> list[int]:
+        stream = rng.choice(streams)
+        return stream[: rng.randrange(1, len(stream) + 1)]
+
+    index = PrefixIndex()
+    present: set[tuple[int, ...]] = set()
+    for _ in range(rng.randrange(1, 40)):
+        row = cut()
+        if rng.random() < 0.6:
+            index.add(NS, le(row), key_of(row))
+            present.add(tuple(row))
+        else:
+            assert index.remove(NS, le(row)) == (tuple(row) in present)
+            present.discard(tuple(row))
+    rows = [list(r) for r in present]
+    for _ in range(5):
+        prompt = cut() + [rng.choice([1, 2, 256, 7]) for _ in range(rng.randrange(0, 3))]
+        match = index.match(NS, le(prompt))
+        want_prefix, want_common = brute(rows, prompt)
+        assert (match.prefix_tokens, match.common_tokens) == (want_prefix, want_common)
+        assert match.prefix_key == (key_of(prompt[:want_prefix]) if want_prefix else None)
+
+
 def test_prefix_match_never_crosses_namespaces() -> None:
     index = PrefixIndex()
     index.add(OTHER_NS, le([1, 2, 3]), key_of([1, 2, 3]))
