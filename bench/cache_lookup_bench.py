@@ -15,6 +15,11 @@ process then calls cache-meta exactly as a model worker does, through
 - the transport's own round trip (``$ping``) beside them, and cache-meta's
   server-side ``longest_prefix_ns`` per lookup from its counters.
 
+Every kind of call is measured in alternating rounds (a block of each per
+round), beside a bare ZeroMQ echo between two processes: on a shared VM the
+machine's speed drifts within a run, and rounds give every row the same
+conditions.
+
 Bars (issue 4): longest-prefix p50 ≤ 200 µs at 2,000 tokens and ≤ 1 ms at
 30,000 tokens.
 
@@ -98,31 +103,33 @@ sock.close(linger=0); ctx.term()
 """
 
 
-def raw_zmq_round_trips(n: int, where: Path) -> list[float]:
+class RawEcho:
     """A bare DEALER/ROUTER echo over ipc between two processes: the floor under any call."""
-    endpoint = f"ipc://{where / 'echo.sock'}"
-    echo = subprocess.Popen([sys.executable, "-c", _ECHO, endpoint], stdout=subprocess.PIPE)
-    assert echo.stdout is not None
-    echo.stdout.readline()
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.connect(endpoint)
-    try:
+
+    def __init__(self, where: Path) -> None:
+        endpoint = f"ipc://{where / 'echo.sock'}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _ECHO, endpoint], stdout=subprocess.PIPE
+        )
+        assert self.proc.stdout is not None
+        self.proc.stdout.readline()
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.connect(endpoint)
         for _ in range(200):
-            sock.send(b"x")
-            sock.recv()
+            self.once()
 
-        def once() -> None:
-            sock.send(b"x")
-            sock.recv()
+    def once(self) -> None:
+        self.sock.send(b"x")
+        self.sock.recv()
 
-        return sample(once, n)
-    finally:
-        sock.send(b"stop")
-        echo.wait(10)
-        echo.stdout.close()
-        sock.close(linger=0)
-        ctx.term()
+    def close(self) -> None:
+        self.sock.send(b"stop")
+        self.proc.wait(10)
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+        self.sock.close(linger=0)
+        self.ctx.term()
 
 
 def row(name: str, us: list[float], note: str = "") -> list[object]:
@@ -141,6 +148,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=10_000)
     parser.add_argument("--per-conversation", type=int, default=20)
     parser.add_argument("--samples", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=10, help="alternating rounds")
     parser.add_argument("--record", action="store_true", help="write bench/results/")
     args = parser.parse_args()
     rng = random.Random(20261125)
@@ -174,55 +182,78 @@ def main() -> None:
                         out.append(os.urandom(4 * length))
                 return out
 
-            results = []
             n = args.samples
             for _ in range(200):  # warm up connections, caches and the allocator
                 cache.lookup_exact(rng.choice(keys), pin=False)
 
-            raw = raw_zmq_round_trips(n, base)
-            results.append(row("raw ZeroMQ ipc echo (no runtime)", raw, "peer: the floor"))
-            ping = sample(lambda: cache._client.call("$ping", {}), n)
-            results.append(row("actor round trip ($ping)", ping, "peer: the transport"))
-
-            # Time only the lookup: the checkin is a second call a worker makes later.
-            exact_us: list[float] = []
-            for _ in range(n):
+            def exact_once() -> None:
+                # Time only the lookup: the checkin is a second call a worker makes later.
                 key = rng.choice(keys)
                 t_start = time.perf_counter_ns()
                 ref = cache.lookup_exact(key)
-                exact_us.append((time.perf_counter_ns() - t_start) / 1000)
+                samples["exact"].append((time.perf_counter_ns() - t_start) / 1000)
                 assert ref is not None
                 cache.checkin(ref.pin)
-            results.append(row("lookup_exact (hit, pinned)", exact_us))
 
-            for length, count in ((2000, n), (30_000, max(200, n // 4))):
-                for hit in (True, False):
-                    batch = prompts(length, hit, count)
-                    before = cache.counters()
-                    hits = 0
-                    us: list[float] = []
-                    for prompt in batch:
-                        t_start = time.perf_counter_ns()
-                        found = cache.longest_prefix(NS, prompt)
-                        us.append((time.perf_counter_ns() - t_start) / 1000)
-                        if found.row is not None:
-                            hits += 1
-                            assert found.kind in (HitKind.PREFIX, HitKind.COMMON)
-                            cache.checkin(found.row.pin)
-                    after = cache.counters()
-                    server = (
-                        (after["longest_prefix_ns"] - before["longest_prefix_ns"]) / count / 1000
+            kinds = [(length, hit) for length in (2000, 30_000) for hit in (True, False)]
+            batches = {
+                (length, hit): prompts(length, hit, n if length == 2000 else max(200, n // 4))
+                for length, hit in kinds
+            }
+            samples: dict[object, list[float]] = {
+                "raw": [],
+                "ping": [],
+                "exact": [],
+                **{kind: [] for kind in kinds},
+            }
+            server_ns = dict.fromkeys(kinds, 0)
+            probes = dict.fromkeys(kinds, 0)
+            hits = dict.fromkeys(kinds, 0)
+            raw = RawEcho(base)
+            try:
+                for r in range(args.rounds):
+                    per = n // args.rounds
+                    samples["raw"] += sample(raw.once, per)
+                    samples["ping"] += sample(lambda: cache._client.call("$ping", {}), per)
+                    for _ in range(per):
+                        exact_once()
+                    for kind in kinds:
+                        batch = batches[kind]
+                        step = len(batch) // args.rounds
+                        before = cache.counters()
+                        for prompt in batch[r * step : (r + 1) * step]:
+                            t_start = time.perf_counter_ns()
+                            found = cache.longest_prefix(NS, prompt)
+                            samples[kind].append((time.perf_counter_ns() - t_start) / 1000)
+                            if found.row is not None:
+                                hits[kind] += 1
+                                assert found.kind in (HitKind.PREFIX, HitKind.COMMON)
+                                cache.checkin(found.row.pin)
+                        after = cache.counters()
+                        d_ns = after["longest_prefix_ns"] - before["longest_prefix_ns"]
+                        d_probes = after["longest_prefix_probes"] - before["longest_prefix_probes"]
+                        server_ns[kind] += d_ns
+                        probes[kind] += d_probes
+            finally:
+                raw.close()
+
+            results = [
+                row("raw ZeroMQ ipc echo (no runtime)", samples["raw"], "peer: the floor"),
+                row("actor round trip ($ping)", samples["ping"], "peer: the transport"),
+                row("lookup_exact (hit, pinned)", samples["exact"]),
+            ]
+            for length, hit in kinds:
+                us = samples[(length, hit)]
+                count = len(us)
+                server = server_ns[(length, hit)] / count / 1000
+                results.append(
+                    row(
+                        f"longest_prefix {length:,} tok ({'hit' if hit else 'miss'})",
+                        us,
+                        f"hits {hits[(length, hit)]}/{count}; server {server:.0f} µs; "
+                        f"{probes[(length, hit)] / count:.0f} probes",
                     )
-                    probes = (
-                        after["longest_prefix_probes"] - before["longest_prefix_probes"]
-                    ) / count
-                    results.append(
-                        row(
-                            f"longest_prefix {length:,} tok ({'hit' if hit else 'miss'})",
-                            us,
-                            f"hits {hits}/{count}; server {server:.0f} µs; {probes:.0f} probes",
-                        )
-                    )
+                )
             final = cache.status()
     finally:
         discard(settings)
@@ -246,7 +277,8 @@ def main() -> None:
         f"{args.rows:,} rows ({len(convs)} conversations, lengths log-uniform "
         f"{MIN_LEN}..{MAX_LEN} tokens) in a ram_file tier; files written in {write_s:.1f} s; "
         f"cache-meta start with index rebuild {start_s:.1f} s; pins after the run: "
-        f"{final['pins']}. Client and cache-meta are separate processes on ipc://. "
+        f"{final['pins']}. Client and cache-meta are separate processes on ipc://; every row "
+        f"measured in {args.rounds} alternating rounds. "
         f"Load average before/after: {load_before} / {os.getloadavg()[0]:.2f}."
     )
     text = f"{setup}\n\n{body}\n\n{bars}\n"
