@@ -155,6 +155,18 @@ def test_prefix_walk_descends_past_diverging_rows() -> None:
     assert match.common_key == key_of([1, 2, 3, 4, 0])
 
 
+def test_prefix_walk_finds_a_prefix_row_far_below_the_neighbour() -> None:
+    # Fifty rows diverging after [5, 7] sit between the only prefix row and
+    # the prompt: more than the walk's first, nearby search covers.
+    index = PrefixIndex()
+    rows = [[5]] + [[5, 7, i] for i in range(50)]
+    for row in rows:
+        index.add(NS, le(row), key_of(row))
+    match = index.match(NS, le([5, 7, 1000]))
+    assert match.prefix_key == key_of([5])
+    assert match.common_tokens == 2
+
+
 def test_remove_forgets_a_row() -> None:
     index = PrefixIndex()
     index.add(NS, le([1, 2]), key_of([1, 2]))
