@@ -32,7 +32,8 @@ Calling (:mod:`llamad.actors.client`)::
 
 Errors travel as ``LlamadError.to_wire()`` and are raised on the client as the
 same class (:func:`llamad.errors.from_wire`). A caller whose actor dies gets
-:class:`~llamad.errors.WorkerCrashed` at once; see ``docs/internals/actors.md``.
+:class:`~llamad.errors.WorkerCrashed` within about 0.1 s (the client checks the
+actor's pidfd that often while it waits); see ``docs/internals/actors.md``.
 
 Monitors and names: :class:`ProcessRef`/:class:`ProcessWatch` (pidfd-based
 "tell me when this process dies"), :class:`Registry` (names → endpoints,

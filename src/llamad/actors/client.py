@@ -259,7 +259,8 @@ class Client:
 
         ``timeout`` (default: the client's) raises
         :class:`~llamad.errors.RequestTimeout` and tells the actor to give up;
-        the actor dying raises :class:`~llamad.errors.WorkerCrashed` at once.
+        the actor dying raises :class:`~llamad.errors.WorkerCrashed` within
+        about :data:`CRASH_CHECK_S`.
         ``reply_type`` decodes (and validates) the body into a msgspec type.
         """
         arrival = self._round_trip(op, body, blobs, self.timeout if timeout is _EMPTY else timeout)

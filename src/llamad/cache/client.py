@@ -4,7 +4,7 @@ Every method is one round trip to the cache-meta actor (found by name in the
 actor registry, followed across restarts). Errors arrive as the typed
 exceptions cache-meta raised (:class:`~llamad.cache.errors.AlreadyCached`,
 :class:`~llamad.cache.errors.PublishAbandoned`, ...); a cache-meta crash
-during a call raises :class:`~llamad.errors.WorkerCrashed` at once, and the
+during a call raises :class:`~llamad.errors.WorkerCrashed` within ~0.1 s, and the
 next call reconnects to the restarted process.
 
 A model worker resolves a prompt like this::

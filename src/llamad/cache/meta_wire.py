@@ -7,9 +7,10 @@ with ``bad_request``). Token ids never ride inside msgpack: ops that carry a
 prompt or a row's tokens take them as one binary frame of u32 little-endian
 ids (:data:`TOKENS_BLOB`), which also lifts the msgpack header's size cap.
 
-Replies are plain msgpack maps built by :meth:`RowRef.to_wire`,
-:meth:`Lookup.to_wire` and friends; :class:`llamad.cache.client.CacheClient`
-turns them back into those types.
+Rows and lookups are answered as :class:`~llamad.cache.lookup.RowRef` and
+:class:`~llamad.cache.lookup.Lookup` msgspec structs, which travel as msgpack
+arrays in field order; :class:`llamad.cache.client.CacheClient` decodes them
+straight back into those types. Other replies are plain maps and lists.
 """
 
 from __future__ import annotations
