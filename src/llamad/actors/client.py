@@ -359,9 +359,11 @@ class Client:
         sock = self._sock
         frame = None
         waited = False
-        if self._rcvtimeo == self._tick_ms and (
-            deadline is None or deadline - time.monotonic() > self._tick_ms / 1000
-        ):
+        if deadline is None or deadline - time.monotonic() > self._tick_ms / 1000:
+            if self._rcvtimeo != self._tick_ms:
+                # A short timeout before this call left it lower.
+                sock.setsockopt(zmq.RCVTIMEO, self._tick_ms)
+                self._rcvtimeo = self._tick_ms
             try:
                 frame = sock.recv(0, copy=False)
             except zmq.Again:

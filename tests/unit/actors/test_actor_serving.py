@@ -612,3 +612,25 @@ def test_peer_object_describes_the_client(client: Client, toy: Actor) -> None:
     [peer] = toy.peers
     assert isinstance(peer, Peer)
     assert peer.local and peer.process == ProcessRef.current()
+
+
+def test_a_late_answer_to_a_timed_out_call_is_dropped_and_the_next_call_gets_its_own(
+    client: Client,
+) -> None:
+    # The actor answers the sleep after the caller gave up on it: that answer
+    # reaches the next call's wait first (well within one crash-check
+    # interval) and must be dropped, not returned.
+    with pytest.raises(RequestTimeout):
+        client.call("sleep", {"s": 0.12}, timeout=0.05)
+    assert client.call("echo", {"after": 1}) == {"after": 1}
+    assert client.call("echo", {"after": 2}) == {"after": 2}
+
+
+def test_a_call_while_a_stream_is_open_gets_its_own_answer(client: Client) -> None:
+    # Events of the open stream arrive while the call waits: they are kept
+    # for the stream, and the call returns its own reply.
+    stream = client.stream("ticks", {"n": 5, "interval": 0.01})
+    assert next(stream).body["i"] == 0
+    assert client.call("echo", {"during": True}) == {"during": True}
+    assert [m.body["i"] for m in stream] == [1, 2, 3, 4]
+    assert stream.result == {"n": 5}
