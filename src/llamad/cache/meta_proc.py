@@ -21,7 +21,6 @@ import contextlib
 import json
 import os
 import select
-import signal
 import subprocess
 import sys
 import tempfile
@@ -164,16 +163,14 @@ class MetaServer:
 
     def serve(self) -> None:
         """Serve until SIGTERM/SIGINT (or :meth:`Actor.request_stop`), then close."""
-        previous = {
-            sig: signal.signal(sig, lambda *_: self.actor.request_stop())
-            for sig in (signal.SIGTERM, signal.SIGINT)
-        }
+        # The actor's own signal wiring: its wake pipe doubles as the signal
+        # wakeup fd, so a SIGTERM landing just before a blocking poll is not lost.
+        restore = self.actor.stop_on_signals()
         try:
             while not self.actor.stop_requested:
                 self.step(self._timeout())
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            restore()
             self.close()
 
     def step(self, timeout: float | None = 0.0) -> None:
