@@ -161,12 +161,19 @@ class MetaServer:
                 source_close()
             self.counters.close()
 
-    def serve(self) -> None:
-        """Serve until SIGTERM/SIGINT (or :meth:`Actor.request_stop`), then close."""
+    def serve(self, ready: Callable[[], None] | None = None) -> None:
+        """Serve until SIGTERM/SIGINT (or :meth:`Actor.request_stop`), then close.
+
+        ``ready`` runs once the stop signals are wired, before the first poll:
+        announce readiness there, so a SIGTERM sent right after the
+        announcement stops the server cleanly instead of killing it.
+        """
         # The actor's own signal wiring: its wake pipe doubles as the signal
         # wakeup fd, so a SIGTERM landing just before a blocking poll is not lost.
         restore = self.actor.stop_on_signals()
         try:
+            if ready is not None:
+                ready()
             while not self.actor.stop_requested:
                 self.step(self._timeout())
         finally:
@@ -419,8 +426,7 @@ def run_meta(settings: dict[str, Any]) -> None:
     logs.configure()
     server = MetaServer(CacheSettings.from_wire(settings))
     server.start()
-    notify_ready()
-    server.serve()
+    server.serve(notify_ready)
 
 
 class MetaProcess:
@@ -508,8 +514,7 @@ def main(argv: list[str] | None = None) -> None:
     settings = CacheSettings.from_wire(json.loads(Path(args[0]).read_text()))
     server = MetaServer(settings)
     endpoint = server.start()
-    print(f"READY {endpoint} {os.getpid()}", flush=True)
-    server.serve()
+    server.serve(lambda: print(f"READY {endpoint} {os.getpid()}", flush=True))
 
 
 if __name__ == "__main__":
