@@ -24,12 +24,13 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import msgspec
-import structlog
 
+from llamad import logs
 from llamad.actors.actor import Actor
 from llamad.actors.client import Client
 from llamad.actors.handles import PendingReply, Request, StreamSender
@@ -166,10 +167,16 @@ def build_toy(actor: Actor) -> _Toy:
     return toy
 
 
-def run_toy(actor: Actor, toy: _Toy) -> None:
-    """The toy's loop: serve requests and push ``ticks`` events between polls."""
+def run_toy(actor: Actor, toy: _Toy, ready: Callable[[], None] | None = None) -> None:
+    """The toy's loop: serve requests and push ``ticks`` events between polls.
+
+    ``ready`` runs once SIGTERM/SIGINT are wired to a clean stop, before the
+    first poll (so a stop sent right after the announcement is not lost).
+    """
     restore = actor.stop_on_signals()
     try:
+        if ready is not None:
+            ready()
         wait: float | None = None
         while not actor.stop_requested:
             actor.poll(wait)
@@ -188,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-frame-bytes", type=int, default=Limits().max_frame_bytes)
     args = parser.parse_args(argv)
     # stdout carries the READY line; logs go to stderr.
-    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    logs.configure()
     # A toy that hangs in a test can be asked where it is.
     faulthandler.register(signal.SIGUSR1)
     registry = Registry(args.registry) if args.registry else None
@@ -201,8 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     toy = build_toy(actor)
     endpoint = actor.start()
-    print(f"READY {endpoint} {os.getpid()}", flush=True)
-    run_toy(actor, toy)
+    run_toy(actor, toy, lambda: print(f"READY {endpoint} {os.getpid()}", flush=True))
     return 0
 
 

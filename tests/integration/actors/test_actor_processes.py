@@ -115,3 +115,11 @@ def test_sigterm_stops_cleanly_and_fails_open_calls_with_unavailable(tmp_path: P
             caller.join(30)
         assert [type(e) for e in errors] == [Unavailable]
         assert registry.read("toy") is None
+
+
+def test_sigterm_right_after_ready_stops_the_toy_cleanly(tmp_path: Path) -> None:
+    # READY is printed only once SIGTERM is wired to a clean stop.
+    registry = Registry(tmp_path / "reg")
+    for _ in range(3):
+        with spawn_toy("--name", "toy", "--registry", str(registry.root)) as toy:
+            assert toy.stop() == 0
