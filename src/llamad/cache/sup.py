@@ -48,7 +48,7 @@ from llamad.cache.lookup import LookupPolicy
 from llamad.cache.meta import MetaConfig
 from llamad.cache.meta_wire import ACTOR_NAME
 from llamad.cache.pressure import PressureConfig
-from llamad.cache.tiers import Tier, TierConfig, TierKind
+from llamad.cache.tiers import SHM_ROOT, Tier, TierConfig, TierKind
 from llamad.cache.writer import MAX_PERMITS, PermitSet
 from llamad.supervisor.spec import ChildSpec, Start, Strategy, SupervisorSpec, SupFlags
 
@@ -101,10 +101,11 @@ class CacheSettings:
             raise InvalidCacheValue("save_permits", f"{n!r} is not in [1, {MAX_PERMITS}]")
         if self.registry_root is not None:
             object.__setattr__(self, "registry_root", Path(self.registry_root))
-        for name in ("stats_flush_s",):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-                raise InvalidCacheValue(name, f"{value!r} is not a positive number of seconds")
+        flush = self.stats_flush_s
+        if isinstance(flush, bool) or not isinstance(flush, int | float) or flush <= 0:
+            raise InvalidCacheValue(
+                "stats_flush_s", f"{flush!r} is not a positive number of seconds"
+            )
         if self.liveness_timeout is not None and not self.liveness_timeout > 0:
             raise InvalidCacheValue("liveness_timeout", "must be > 0 seconds when set")
         if not isinstance(self.pressure, PressureConfig):
@@ -155,7 +156,7 @@ class CacheSettings:
     ) -> CacheSettings:
         """All three tiers: ``ram`` in /dev/shm, ``ram_file`` under /dev/shm/llamad-<uid>,
         ``disk`` under ``state_dir/kvc``; counters and writer permits in ``runtime_dir``."""
-        shm = Path("/dev/shm")
+        shm = SHM_ROOT
         tiers = (
             TierConfig(TierKind.RAM, shm, ram_quota, instance),
             TierConfig(
@@ -192,7 +193,7 @@ class CacheSettings:
         """
         instance = f"{prefix}-{uuid.uuid4().hex[:12]}"
         base = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir="/tmp"))
-        shm = Path("/dev/shm")
+        shm = SHM_ROOT
         tiers = (
             TierConfig(TierKind.RAM, shm, ram_quota, instance),
             TierConfig(TierKind.RAM_FILE, shm / instance, ram_file_quota, instance),
