@@ -182,9 +182,11 @@ def test_global_cap_holds_across_pools(rig: Rig) -> None:
 
 def test_sync_save_waits_for_a_permit_then_publishes(rig: Rig) -> None:
     held = [rig.permits.try_acquire(), rig.permits.try_acquire()]
+    releasing = threading.Event()
 
     def release_later() -> None:
         time.sleep(0.2)
+        releasing.set()
         for p in held:
             assert p is not None
             p.release()
@@ -192,6 +194,8 @@ def test_sync_save_waits_for_a_permit_then_publishes(rig: Rig) -> None:
     t = threading.Thread(target=release_later)
     t.start()
     result = rig.pool.save_sync(spec_for([7]), "disk", PAYLOAD, timeout_s=20)
+    # It can only have published once a permit was given back.
+    assert releasing.is_set()
     t.join(20)
     assert result.outcome is PublishOutcome.PUBLISHED
 
