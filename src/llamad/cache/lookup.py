@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, NamedTuple, TypeVar
+from typing import NamedTuple
 
 import msgspec
 
@@ -63,13 +63,6 @@ class RowRef(msgspec.Struct, frozen=True, array_like=True):
     n_tokens: int
     pin: int | None = None
 
-    def to_wire(self) -> list[Any]:
-        return [self.key, self.tier, self.location, self.size, self.n_tokens, self.pin]
-
-    @classmethod
-    def from_wire(cls, body: Any) -> RowRef:
-        return _from_wire(body, cls, "row")
-
 
 class Lookup(msgspec.Struct, frozen=True, array_like=True):
     """The answer to a prefix lookup (and to the worker's combined resolve).
@@ -96,33 +89,6 @@ class Lookup(msgspec.Struct, frozen=True, array_like=True):
     @property
     def hit(self) -> bool:
         return self.row is not None
-
-    def to_wire(self) -> list[Any]:
-        return [
-            None if self.kind is None else self.kind.value,
-            None if self.row is None else self.row.to_wire(),
-            self.use_tokens,
-            self.common_tokens,
-            self.common_key,
-            self.resumed,
-            self.probes,
-        ]
-
-    @classmethod
-    def from_wire(cls, body: Any) -> Lookup:
-        return _from_wire(body, cls, "lookup")
-
-
-_W = TypeVar("_W", "RowRef", "Lookup")
-
-
-def _from_wire(body: Any, typ: type[_W], field: str) -> _W:
-    # The client decodes replies straight from msgpack into these types;
-    # this is the same validation for an already decoded body.
-    try:
-        return msgspec.convert(body, typ)
-    except msgspec.ValidationError as exc:
-        raise BadRequest(f"malformed {field}: {exc}", details={"field": field}) from None
 
 
 # Enum members bound once: class attribute access to them is slow in 3.11.
