@@ -222,7 +222,6 @@ ENVELOPE_DECODER: Final = msgspec.msgpack.Decoder(Envelope)
 """Decodes a header frame into an :class:`Envelope` and nothing more; hot
 paths use it directly and hand anything unexpected to :func:`decode_envelope`,
 which does every check and says what is wrong."""
-_ENVELOPE: Final = ENVELOPE_DECODER
 
 
 def encode_envelope(kind: int, cid: int, op: str, body: Any) -> bytes:
@@ -251,7 +250,7 @@ def decode_envelope(
             *_salvage(ints),
         )
     try:
-        env = _ENVELOPE.decode(header)
+        env = ENVELOPE_DECODER.decode(header)
     except DECODE_ERRORS as exc:
         ints = _peek_ints(header)
         if ints and ints[0] != PROTOCOL_VERSION:
