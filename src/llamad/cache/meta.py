@@ -277,12 +277,15 @@ class CacheMeta:
         self.prefix.remove(row.namespace, row.tokens)
         self._sync_bytes(row.tier)
         if delete:
-            try:
-                self.store.delete(row.tier, row.key, row.location)
-            except Exception as exc:
-                # The row is out of the index either way; a file that could not
-                # be removed is found again (and judged) by the next startup scan.
-                log.warning("cache.delete_failed", key=row.key.hex(), tier=row.tier, error=str(exc))
+            self._delete_file(row.tier, row.key, row.location)
+
+    def _delete_file(self, tier: str, key: bytes, location: str) -> None:
+        try:
+            self.store.delete(tier, key, location)
+        except Exception as exc:
+            # The row is out of the index either way; a file that could not
+            # be removed is found again (and judged) by the next startup scan.
+            log.warning("cache.delete_failed", key=key.hex(), tier=tier, error=str(exc))
 
     def _evict(self, victims: Sequence[Row]) -> int:
         freed = 0
@@ -809,7 +812,7 @@ class CacheMeta:
         if existing is not None:
             self.counters.add("duplicate_dropped")
             if TIERS.index(tier) >= TIERS.index(existing.tier):
-                self.store.delete(tier, meta.key, location)
+                self._delete_file(tier, meta.key, location)
                 return False
             self._drop(existing, delete=True)
         row = Row(

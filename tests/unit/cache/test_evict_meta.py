@@ -145,6 +145,25 @@ def test_eviction_drops_the_row_even_when_its_file_cannot_be_deleted() -> None:
     assert counters.get("evictions") == 1
 
 
+def test_rebuild_survives_a_duplicate_file_that_cannot_be_deleted() -> None:
+    meta, store, _, counters = make_meta()
+    it = intent([1])
+    assert meta.adopt_file(kvc_meta(it), "ram_file", "/shm/a")
+
+    def broken(tier: str, key: bytes, location: str) -> None:
+        raise PermissionError("EACCES")
+
+    store.delete = broken  # type: ignore[method-assign]
+    # The slower copy is not indexed; the file is left to the next scan.
+    assert not meta.adopt_file(kvc_meta(it), "disk", "/disk/a")
+    assert meta.rows[it.key].tier == "ram_file"
+    # A faster copy still replaces the indexed one.
+    assert meta.adopt_file(kvc_meta(it), "ram", "/ram/a")
+    assert meta.rows[it.key].tier == "ram"
+    assert meta.ledgers["ram_file"].used == 0
+    assert counters.get("duplicate_dropped") == 2
+
+
 def test_tier_files_stay_within_quota_under_a_stream_of_saves(tmp_path: Path) -> None:
     # The same invariant on real files: evicted rows' bytes really leave the tier.
     quota = 300_000
