@@ -107,6 +107,12 @@ class CountersUnavailable(CacheError):
     code = "counters_unavailable"
 
 
+class CountersFull(CountersUnavailable):
+    """Every row of a valid counters file is held by a live process."""
+
+    code = "counters_full"
+
+
 def _stride() -> int:
     # Each row on its own cache lines so processes bumping their rows don't
     # bounce a shared line between cores.
@@ -185,14 +191,34 @@ class Counters:
         except BaseException:
             os.close(fd)
             raise
-        return cls(path, fd, mm, rows)
+        try:
+            return cls(path, fd, mm, rows)
+        except BaseException:
+            # The mapping goes with the failed instance's views; it holds no
+            # row lock (claiming one is what failed), so only the fd is ours.
+            os.close(fd)
+            raise
+
+    @classmethod
+    def open_or_create(cls, path: str | os.PathLike[str]) -> Counters:
+        """Attach, creating the file only when it is missing or of another layout.
+
+        A valid file whose rows are all held raises :class:`CountersFull`:
+        replacing it would silently divert the live holders' counts.
+        """
+        try:
+            return cls.attach(path)
+        except CountersFull:
+            raise
+        except CountersUnavailable:
+            return cls.create(path)
 
     def _claim_row(self, table: memoryview) -> memoryview:
         for i in range(self._n_rows):
             at = self._rows_at + i * self._stride
             if try_lock_range(self._fd, at, self._stride):
                 return table[at : at + len(COUNTERS) * 8].cast("Q")
-        raise CountersUnavailable(f"all {self._n_rows} counter rows are held by live processes")
+        raise CountersFull(f"all {self._n_rows} counter rows are held by live processes")
 
     # -- bumping ------------------------------------------------------------
 

@@ -38,7 +38,7 @@ from llamad.actors.monitor import ProcessRef, ProcessWatch
 from llamad.actors.registry import Registry
 from llamad.actors.wire import Limits
 from llamad.cache import meta_wire as wire
-from llamad.cache.counters import Counters, CountersUnavailable
+from llamad.cache.counters import Counters
 from llamad.cache.kvc import SaveReason
 from llamad.cache.lookup import Lookup, RowRef
 from llamad.cache.meta import CacheMeta
@@ -92,10 +92,7 @@ class MetaServer:
         :class:`~llamad.cache.pressure.CallablePressure` when embedding)."""
         self.settings = settings
         self.tiers: dict[str, Tier] = build_tiers(list(settings.tiers))
-        try:
-            self.counters = Counters.attach(settings.counters_path)
-        except CountersUnavailable:
-            self.counters = Counters.create(settings.counters_path)
+        self.counters = Counters.open_or_create(settings.counters_path)
         # The writers' daemon-wide cap lives beside the counters; creating it
         # again after a crash keeps the permits live writers hold.
         settings.create_permits()

@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from llamad.cache.counters import COUNTERS, GAUGES, Counters, CountersUnavailable, snapshot_of
+from llamad.cache.counters import (
+    COUNTERS,
+    GAUGES,
+    Counters,
+    CountersFull,
+    CountersUnavailable,
+    snapshot_of,
+)
 from llamad.cache.errors import InvalidCacheValue
 
 pytestmark = pytest.mark.timeout(60)
@@ -141,12 +148,37 @@ def test_all_rows_held_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "counters"
     a = Counters.create(path, rows=2)
     b = Counters.attach(path)
-    with pytest.raises(CountersUnavailable):
+    with pytest.raises(CountersFull):
         Counters.attach(path)
     b.close()
     c = Counters.attach(path)  # b's row is free again
     c.close()
     a.close()
+
+
+def test_open_or_create_never_replaces_a_file_whose_rows_are_all_held(tmp_path: Path) -> None:
+    path = tmp_path / "counters"
+    holder = Counters.create(path, rows=1)
+    holder.add("misses", 3)
+    inode = path.stat().st_ino
+    with pytest.raises(CountersFull):
+        Counters.open_or_create(path)
+    assert path.stat().st_ino == inode
+    assert holder.snapshot()["misses"] == 3  # the holder still counts into the same file
+    holder.close()
+
+
+def test_open_or_create_creates_a_missing_or_foreign_file(tmp_path: Path) -> None:
+    missing = tmp_path / "absent"
+    c = Counters.open_or_create(missing)
+    c.add("misses")
+    assert c.snapshot()["misses"] == 1
+    c.close()
+    foreign = tmp_path / "junk"
+    foreign.write_bytes(b"\x00" * 4096)
+    d = Counters.open_or_create(foreign)
+    assert d.snapshot()["misses"] == 0
+    d.close()
 
 
 def test_add_many_adds_each_counter_and_refuses_unknown_names_before_adding(
