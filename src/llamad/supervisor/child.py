@@ -181,6 +181,16 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def prepare_status_fd(fd: int) -> None:
+    """Make the status pipe private to this process and non-blocking.
+
+    Non-blocking is what lets :func:`heartbeat` drop a beat instead of hanging
+    when a stuck supervisor leaves the pipe full.
+    """
+    os.set_inheritable(fd, False)
+    os.set_blocking(fd, False)
+
+
 def main(argv: list[str] | None = None) -> NoReturn:
     """Entry of every supervised child process (see the module docstring)."""
     global _context
@@ -190,8 +200,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         os._exit(EXIT_ORPHANED)
     try:
         boot = _read_boot(args.boot_fd)
-        os.set_inheritable(args.status_fd, False)
-        os.set_blocking(args.status_fd, False)
+        prepare_status_fd(args.status_fd)
         liveness = boot.get("liveness_timeout")
         _context = ChildContext(
             supervisor=args.sup,
