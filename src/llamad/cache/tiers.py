@@ -42,8 +42,10 @@ import structlog
 from llamad.cache.counters import CounterAdd
 from llamad.cache.errors import CacheError, InvalidCacheValue, KvcCorrupt, TierError, TierFull
 from llamad.cache.kvc import (
+    SUFFIX,
     KvcMeta,
     copy_payload_into,
+    file_name,
     read_meta,
     read_payload_into,
     update_stats,
@@ -122,8 +124,11 @@ class Tier:
         # ram segments share /dev/shm with everything else on the host, so
         # their names carry a prefix that scopes them to this daemon instance.
         self.prefix = f"llamad-ram.{config.instance}." if config.kind is TierKind.RAM else ""
-        self._final = re.compile(re.escape(self.prefix) + r"([0-9a-f]{64})\.kvc")
-        self._tmp = re.compile(re.escape(self.prefix) + r"[0-9a-f]{64}\.kvc\.[A-Za-z0-9_-]+\.tmp")
+        suffix = re.escape(SUFFIX)
+        self._final = re.compile(re.escape(self.prefix) + r"([0-9a-f]{64})" + suffix)
+        self._tmp = re.compile(
+            re.escape(self.prefix) + r"[0-9a-f]{64}" + suffix + r"\.[A-Za-z0-9_-]+\.tmp"
+        )
 
     def __repr__(self) -> str:
         return f"Tier({self.name}, root={str(self.root)!r}, quota={self.quota})"
@@ -132,9 +137,9 @@ class Tier:
 
     def path_for(self, key: bytes) -> Path:
         """The published path of ``key`` in this tier."""
-        if not isinstance(key, bytes) or len(key) != 32:
+        if not isinstance(key, bytes):
             raise InvalidCacheValue("key", "expected 32 bytes")
-        return self.root / f"{self.prefix}{key.hex()}.kvc"
+        return self.root / (self.prefix + file_name(key))
 
     def location_for(self, key: bytes) -> str:
         """The location string cache-meta records for ``key`` (its absolute path)."""
