@@ -4,26 +4,61 @@ Every exception llamad raises derives from :class:`LlamadError`. Errors that
 cross a process boundary travel as ``{"code", "message", "details"}`` and are
 rebuilt on the other side by :func:`from_wire`, so a client catches the same
 class the worker raised. Codes are part of the public contract: never rename
-one, only add.
+one, only add. Every class has a code of its own (a subclass that shared its
+parent's code would come back as the parent).
+
+Classes may have constructors of their own (``ActorConfigError(field,
+problem)``); the wire never calls them. :func:`from_wire` rebuilds the instance
+from message and details alone, and a class restores the attributes it keeps
+beside ``details`` by naming them in ``detail_attrs``.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 _BY_CODE: dict[str, type[LlamadError]] = {}
+
+# Modules that define error classes outside this one. A process that receives
+# an error may not have imported the module that raised it (a client never
+# imports the cache), so :func:`error_class` imports these on the first code it
+# does not know. They are plain-Python modules: none loads libllama.
+# tests/unit/test_errors.py fails when a class lives in a module not listed.
+ERROR_MODULES: tuple[str, ...] = (
+    "llamad.actors.errors",
+    "llamad.supervisor.errors",
+    "llamad.cache.errors",
+    "llamad.cache.counters",
+    "llamad.cache.tiers",
+    "llamad.llama_ffi.errors",
+    "llamad.paths",
+)
+_modules_loaded = False
 
 
 class LlamadError(Exception):
     """Base of every llamad error; ``code`` is stable across releases."""
 
     code: ClassVar[str] = "internal"
+    # Instance attributes mirrored from ``details`` of the same name, restored
+    # when the error is rebuilt from the wire.
+    detail_attrs: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, message: str = "", *, details: Mapping[str, Any] | None = None) -> None:
         super().__init__(message or self.code)
         self.message = message or self.code
         self.details: dict[str, Any] = dict(details or {})
+
+    @classmethod
+    def rebuild(cls, message: str, details: Mapping[str, Any] | None) -> LlamadError:
+        """The instance a peer sent, without calling a subclass's constructor."""
+        err = cls.__new__(cls)
+        LlamadError.__init__(err, message, details=details)
+        for name in cls.detail_attrs:
+            setattr(err, name, err.details.get(name, ""))
+        return err
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -92,7 +127,20 @@ class NoSession(LlamadError):
     code = "no_session"
 
 
-class ContextOverflow(LlamadError):
+class LlamaError(LlamadError):
+    """Base of every failure of llama.cpp or the binding over it.
+
+    Defined here rather than in :mod:`llamad.llama_ffi.errors` (which re-exports
+    it) so that :class:`ContextOverflow`, raised by the binding and by the model
+    worker alike, is caught by ``except LlamaError``.
+    """
+
+    code = "llama_error"
+
+
+class ContextOverflow(LlamaError):
+    """The tokens do not fit in the context (prompt too long, or decoding past ``n_ctx``)."""
+
     code = "context_overflow"
 
 
@@ -122,7 +170,14 @@ class TemplateSecurityError(TemplateError):
 
 def error_class(code: str) -> type[LlamadError]:
     """The class that represents ``code`` on the wire (base class if unknown)."""
-    return _BY_CODE.get(code, LlamadError)
+    global _modules_loaded
+    cls = _BY_CODE.get(code)
+    if cls is None and not _modules_loaded:
+        _modules_loaded = True
+        for name in ERROR_MODULES:
+            importlib.import_module(name)
+        cls = _BY_CODE.get(code)
+    return cls or LlamadError
 
 
 def from_wire(payload: Mapping[str, Any]) -> LlamadError:
@@ -131,9 +186,9 @@ def from_wire(payload: Mapping[str, Any]) -> LlamadError:
     message = payload.get("message")
     details = payload.get("details")
     cls = error_class(code) if isinstance(code, str) else LlamadError
-    err = cls(
+    err = cls.rebuild(
         message if isinstance(message, str) else "",
-        details=details if isinstance(details, Mapping) else None,
+        details if isinstance(details, Mapping) else None,
     )
     if cls is LlamadError and isinstance(code, str) and code != LlamadError.code:
         # Keep an unknown peer code visible rather than flattening it.

@@ -21,6 +21,7 @@ class ActorConfigError(ConfigError, ValueError):
     """
 
     code = "actor_config_error"
+    detail_attrs = ("field",)
 
     def __init__(self, field: str, problem: str, **details: Any) -> None:
         super().__init__(f"{field}: {problem}", details={"field": field, **details})

@@ -20,9 +20,13 @@ class CacheError(LlamadError):
 class InvalidCacheValue(BadRequest, ValueError):
     """A key component, token id or cache argument is malformed.
 
-    Inherits ``bad_request`` as its wire code and is also a ``ValueError`` so
-    plain Python callers can catch it idiomatically.
+    A ``bad_request`` (a subclass, with a code of its own so it survives the
+    wire as itself) and also a ``ValueError`` so plain Python callers can catch
+    it idiomatically.
     """
+
+    code = "invalid_cache_value"
+    detail_attrs = ("field",)
 
     def __init__(self, field: str, problem: str, **details: Any) -> None:
         super().__init__(f"{field}: {problem}", details={"field": field, **details})
@@ -38,6 +42,7 @@ class KvcCorrupt(CacheError):
     """
 
     code = "kvc_corrupt"
+    detail_attrs = ("reason",)
 
     def __init__(self, reason: str, message: str = "", **details: Any) -> None:
         super().__init__(message or reason, details={"reason": reason, **details})

@@ -3,13 +3,15 @@
 Every misuse that llama.cpp would answer with an abort (``GGML_ASSERT``) or
 undefined behaviour is checked before the call and raised as one of these.
 Codes are stable and travel across process boundaries (see
-:mod:`llamad.errors`); running past the end of the context reuses
-:class:`llamad.errors.ContextOverflow`.
+:mod:`llamad.errors`). The base :class:`LlamaError` and
+:class:`ContextOverflow` (running past the end of the context) live in
+:mod:`llamad.errors`, because the model worker raises ``context_overflow`` too,
+and are re-exported here.
 """
 
 from __future__ import annotations
 
-from llamad.errors import BadRequest, ContextOverflow, LlamadError
+from llamad.errors import BadRequest, ContextOverflow, LlamaError
 
 __all__ = [
     "AdapterError",
@@ -34,12 +36,6 @@ __all__ = [
     "TruncatedGGUF",
     "Unsupported",
 ]
-
-
-class LlamaError(LlamadError):
-    """Base of every error raised by :mod:`llamad.llama_ffi`."""
-
-    code = "llama_error"
 
 
 class Closed(LlamaError):

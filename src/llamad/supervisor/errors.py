@@ -25,22 +25,15 @@ class InvalidSpec(ConfigError, ValueError):
     """
 
     code = "invalid_spec"
+    detail_attrs = ("field", "problem")
 
     def __init__(
         self,
         field: str,
-        problem: str | None = None,
+        problem: str,
         *,
         details: Mapping[str, Any] | None = None,
     ) -> None:
-        if problem is None:
-            # Rebuilt from the wire by llamad.errors.from_wire(message, details=...):
-            # the first argument is the whole message, the parts ride in details.
-            extra = dict(details or {})
-            super().__init__(field, details=extra)
-            self.field = str(extra.get("field", ""))
-            self.problem = str(extra.get("problem", field))
-            return
         super().__init__(
             f"{field}: {problem}", details={**(details or {}), "field": field, "problem": problem}
         )

@@ -23,6 +23,7 @@ from llamad.cache.key import (
     quant_name,
     tokens_to_bytes,
 )
+from llamad.errors import BadRequest
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -100,7 +101,8 @@ def test_namespace_rejects_bad_fields_naming_them(kwargs: dict[str, object], fie
     with pytest.raises(InvalidCacheValue) as err:
         Namespace(**kwargs)  # type: ignore[arg-type]
     assert err.value.field == field
-    assert err.value.code == "bad_request"
+    assert isinstance(err.value, BadRequest)
+    assert err.value.code == "invalid_cache_value"
 
 
 @pytest.mark.parametrize("bad", [[-1], [2**32], [1.5], b"\x00\x01\x02"])
