@@ -53,7 +53,12 @@ class Interrupt:
 
 
 class ChildProcess:
-    """One running child process and the two fds we watch it through."""
+    """One running child process and the two fds we watch it through.
+
+    The object owns its pidfd and the read end of its status pipe from
+    construction until :meth:`close`; whoever drops a ``ChildProcess`` (the
+    supervisor, after the exit is reaped, on every path) must close it.
+    """
 
     def __init__(self, spec: ChildSpec, popen: subprocess.Popen[bytes], status_fd: int) -> None:
         self.spec = spec
@@ -110,7 +115,16 @@ class ChildProcess:
         finally:
             os.close(boot_r)
             os.close(status_w)
-        proc = cls(spec, popen, status_r)
+        try:
+            proc = cls(spec, popen, status_r)
+        except BaseException:
+            # No pidfd (EMFILE, most likely): a child we cannot watch must not
+            # run on unsupervised, and its pipes must not outlive it.
+            popen.kill()
+            popen.wait()
+            for fd in (boot_w, status_r):
+                os.close(fd)
+            raise
         os.set_blocking(status_r, False)
         try:
             view = memoryview(boot)

@@ -19,6 +19,13 @@ Every public method is thread-safe: calls from other threads are marshalled to
 the loop thread, which alone spawns children. That matters beyond tidiness:
 ``PR_SET_PDEATHSIG`` fires when the *thread* that forked a child exits, so
 children must be created by the thread that lives as long as the supervisor.
+
+File descriptors: the supervisor owns its wake-up pipe and ``epoll`` set, and
+per child a pidfd and the status pipe's read end (:class:`ChildProcess`).
+Every path that drops a child — its own exit, a stop, a failed start, the
+supervisor's end — closes that child's fds, so a supervisor that restarts a
+crashing child forever holds the same fds throughout, and one that has
+stopped holds none.
 """
 
 from __future__ import annotations
@@ -287,6 +294,9 @@ class Supervisor:
         rc = proc.reap()
         assert rc is not None, "pidfd readable means the child has exited"
         self._forget(proc)
+        # The child is gone and reaped: its pidfd and status pipe are ours to
+        # close, or every unplanned exit would leak them until EMFILE.
+        proc.close()
         now = time.monotonic()
         reason = classify_exit(rc)
         decision = self._core.exited(proc.pid, reason, now)
@@ -400,12 +410,20 @@ class Supervisor:
                 f"cannot spawn {spec.id!r}: {exc}",
                 details={"child": spec.id, "reason": "spawn", "error": str(exc)},
             )
-        outcome = proc.wait_ready(
-            spec.start_timeout,
-            child_side.heartbeat,
-            child_side.heartbeat_interval(),
-            Interrupt(self._wake_r, self._stop_wanted),
-        )
+        try:
+            outcome = proc.wait_ready(
+                spec.start_timeout,
+                child_side.heartbeat,
+                child_side.heartbeat_interval(),
+                Interrupt(self._wake_r, self._stop_wanted),
+            )
+        except BaseException:
+            # Not ours to keep if the wait itself failed: neither the process
+            # nor its fds may outlive this call.
+            proc.kill("supervisor_failed")
+            proc.wait(None)
+            proc.close()
+            raise
         if outcome is ReadyOutcome.READY:
             self._procs[proc.pid] = proc
             self._selector.register(proc.pidfd, selectors.EVENT_READ, ("exit", proc))
