@@ -53,10 +53,16 @@ def run_supervisor_process(spec: Mapping[str, Any], service: str | None = None) 
     sys.exit(code)
 
 
-def run_root(spec: SupervisorSpec) -> NoReturn:
+def run_root(
+    spec: SupervisorSpec, *, log_level: str = "info", log_format: str = "console"
+) -> NoReturn:
     """Run ``spec`` as this process's root supervisor (main thread) and exit with its code.
 
-    The code is non-zero after an escalation or a failed start, so a service
-    manager (systemd ``Restart=on-failure``) can act on it.
+    Configures logging first (``LLAMAD_LOG_LEVEL`` / ``LLAMAD_LOG_FORMAT``
+    override the arguments, as in every llamad process), so the root's own
+    events follow the log format its children use. The code is non-zero after
+    an escalation or a failed start, so a service manager (systemd
+    ``Restart=on-failure``) can act on it.
     """
+    configure_logs(log_level, log_format)
     sys.exit(Supervisor(spec).run(install_signal_handlers=True))
