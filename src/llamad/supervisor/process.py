@@ -107,6 +107,10 @@ class ChildProcess:
                 pass_fds=(boot_r, status_w),
                 close_fds=True,
                 process_group=0,
+                # Read at spawn, not at spec time: the child sees the
+                # supervisor's environment as it is now, plus its own.
+                env={**os.environ, **spec.env} if spec.env else None,
+                cwd=spec.cwd,
             )
         except BaseException:
             for fd in (boot_w, status_r):

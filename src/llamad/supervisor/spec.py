@@ -8,13 +8,15 @@ The names and defaults are OTP's (``supervisor:child_spec()`` and
 ``supervisor:sup_flags()``); the differences are that a child is an OS process
 started from an importable ``"package.module:function"`` with msgpack-able
 arguments (:class:`Start`), that durations are float seconds rather than
-milliseconds, and two fields OTP lacks: ``liveness_timeout`` (heartbeats) and
-``start_timeout`` (how long a start may take before it counts as failed).
+milliseconds, and fields OTP lacks: ``liveness_timeout`` (heartbeats),
+``start_timeout`` (how long a start may take before it counts as failed), and
+the child process's ``env`` and ``cwd``.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -89,6 +91,11 @@ _ID_RE = re.compile(r"[^\s\x00-\x1f\x7f]{1,200}")
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _TARGET_RE = re.compile(rf"{_IDENT}(?:\.{_IDENT})*:{_IDENT}(?:\.{_IDENT})*")
 
+# POSIX's portable variable names; ``=`` or NUL in a name would corrupt the
+# environment block the child receives.
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
+_ENV_VALUE_MAX = 32 * 1024
+
 _E = TypeVar("_E", bound=StrEnum)
 
 
@@ -122,6 +129,35 @@ def _seconds(value: object, name: str, *, allow_zero: bool) -> float:
 
 def _optional_seconds(value: object, name: str) -> float | None:
     return None if value is None else _seconds(value, name, allow_zero=False)
+
+
+def _check_env(value: object, name: str) -> Mapping[str, str]:
+    if not isinstance(value, Mapping):
+        raise InvalidSpec(name, f"must be a mapping of names to strings, got {value!r}")
+    env: dict[str, str] = {}
+    for key, val in value.items():
+        if not isinstance(key, str) or not _ENV_NAME_RE.fullmatch(key):
+            raise InvalidSpec(name, f"{key!r} is not a variable name ([A-Za-z_][A-Za-z0-9_]*)")
+        if not isinstance(val, str) or "\0" in val or len(val) > _ENV_VALUE_MAX:
+            raise InvalidSpec(
+                f"{name}.{key}",
+                f"must be a string without NUL of at most {_ENV_VALUE_MAX} characters",
+            )
+        env[key] = val
+    return MappingProxyType(env)
+
+
+def _check_cwd(value: object, name: str) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    # Relative paths would depend on wherever the supervisor happens to run;
+    # whether the directory exists is checked when the child starts (a missing
+    # one is a failed start), since it may be created after the spec is built.
+    if not isinstance(value, str) or not value.startswith("/") or "\0" in value:
+        raise InvalidSpec(name, f"must be an absolute path without NUL, got {value!r}")
+    return value
 
 
 def _check_wire_keys(data: object, allowed: set[str], required: set[str], name: str) -> None:
@@ -211,6 +247,12 @@ class ChildSpec:
       a child silent for longer is SIGKILLed and handled as an abnormal exit.
     - ``start_timeout`` (beyond OTP): how long the child may take to report
       ready; longer counts as a failed start. ``None`` waits forever.
+    - ``env`` (beyond OTP): variables added to (or replacing in) the
+      supervisor's environment for this child; names are
+      ``[A-Za-z_][A-Za-z0-9_]*``, values strings without NUL.
+    - ``cwd`` (beyond OTP): the child's working directory, an absolute path;
+      ``None`` keeps the supervisor's. A directory that does not exist when
+      the child starts makes the start fail (reason ``spawn``).
     """
 
     id: str
@@ -221,6 +263,8 @@ class ChildSpec:
     significant: bool = False
     liveness_timeout: float | None = None
     start_timeout: float | None = DEFAULT_START_TIMEOUT
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
 
     def __post_init__(self) -> None:
         _check_id(self.id, "id")
@@ -238,6 +282,8 @@ class ChildSpec:
             )
         set_(self, "liveness_timeout", _optional_seconds(self.liveness_timeout, "liveness_timeout"))
         set_(self, "start_timeout", _optional_seconds(self.start_timeout, "start_timeout"))
+        set_(self, "env", _check_env(self.env, "env"))
+        set_(self, "cwd", _check_cwd(self.cwd, "cwd"))
 
     def _resolve_shutdown(self) -> Shutdown:
         value = self.shutdown
@@ -268,6 +314,8 @@ class ChildSpec:
             significant=self.significant,
             liveness_timeout=self.liveness_timeout,
             start_timeout=self.start_timeout,
+            env=self.env,
+            cwd=self.cwd,
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -280,6 +328,8 @@ class ChildSpec:
             "significant": self.significant,
             "liveness_timeout": self.liveness_timeout,
             "start_timeout": self.start_timeout,
+            "env": dict(self.env),
+            "cwd": self.cwd,
         }
 
     @classmethod

@@ -107,6 +107,14 @@ def slow_ready(log_path: str, name: str, delay: float) -> None:
         signal.pause()
 
 
+def reporter(log_path: str, name: str, variables: list[str]) -> None:
+    """Record the working directory and the named environment variables, then idle."""
+    seen = {v: os.environ.get(v) for v in variables}
+    record(log_path, "start", name, cwd=os.getcwd(), env=seen)
+    while True:
+        signal.pause()
+
+
 if __name__ == "__main__":
     # ``python -m sup_toys '<spec as JSON>'``: a root supervisor process.
     from llamad.supervisor import SupervisorSpec, run_root

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -143,6 +144,58 @@ def test_invalid_spec_is_a_config_error_with_a_stable_code() -> None:
     assert error_class("invalid_spec") is InvalidSpec
 
 
+@pytest.mark.parametrize(
+    ("env", "field"),
+    [
+        ("A=1", "env"),
+        ({"": "x"}, "env"),
+        ({"1ABC": "x"}, "env"),
+        ({"A=B": "x"}, "env"),
+        ({"A B": "x"}, "env"),
+        ({"A\0": "x"}, "env"),
+        ({7: "x"}, "env"),
+        ({"LLAMAD_X": 1}, "env.LLAMAD_X"),
+        ({"LLAMAD_X": b"bytes"}, "env.LLAMAD_X"),
+        ({"LLAMAD_X": "nul\0inside"}, "env.LLAMAD_X"),
+        ({"LLAMAD_X": "x" * 40_000}, "env.LLAMAD_X"),
+    ],
+)
+def test_invalid_env_is_refused_naming_the_field(env: Any, field: str) -> None:
+    with pytest.raises(InvalidSpec) as e:
+        spec(env=env)
+    assert field_of(e) == field
+
+
+@pytest.mark.parametrize("cwd", ["relative/dir", "", "/tmp/nul\0", b"/tmp", 3])
+def test_cwd_must_be_an_absolute_path(cwd: Any) -> None:
+    with pytest.raises(InvalidSpec) as e:
+        spec(cwd=cwd)
+    assert field_of(e) == "cwd"
+
+
+def test_env_and_cwd_are_kept_frozen() -> None:
+    source = {"LLAMAD_MODEL": "smollm2", "_x1": ""}
+    s = spec(env=source, cwd=Path("/srv/models"))
+    source["LLAMAD_MODEL"] = "changed"
+    assert dict(s.env) == {"LLAMAD_MODEL": "smollm2", "_x1": ""}
+    assert s.cwd == "/srv/models"
+    with pytest.raises(TypeError):
+        s.env["NEW"] = "x"  # type: ignore[index]
+
+
+def test_env_and_cwd_survive_with_start() -> None:
+    s = spec(env={"A": "1"}, cwd="/srv").with_start(START.with_extra_args(["x"]), "w2")
+    assert (dict(s.env), s.cwd) == ({"A": "1"}, "/srv")
+
+
+def test_env_error_from_the_wire_names_its_place() -> None:
+    wire = SupervisorSpec("s", SupFlags(), (spec(),)).to_wire()
+    wire["children"][0]["env"] = {"OK": 5}
+    with pytest.raises(InvalidSpec) as e:
+        SupervisorSpec.from_wire(wire)
+    assert field_of(e) == "children[0].env.OK"
+
+
 # ------------------------------------------------------------------ SupFlags
 
 
@@ -237,6 +290,14 @@ def child_specs(draw: st.DrawFn) -> ChildSpec:
         significant=restart is not Restart.PERMANENT and draw(st.booleans()),
         liveness_timeout=draw(st.none() | st.floats(0.01, 100)),
         start_timeout=draw(st.none() | st.floats(0.01, 100)),
+        env=draw(
+            st.dictionaries(
+                st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,10}", fullmatch=True),
+                st.text(st.characters(exclude_characters="\0"), max_size=8),
+                max_size=3,
+            )
+        ),
+        cwd=draw(st.none() | st.sampled_from(["/", "/srv/llamad", "/tmp/x y"])),
     )
 
 
