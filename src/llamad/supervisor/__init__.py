@@ -13,7 +13,8 @@ Build a tree from frozen, validated contracts and run it::
 
 The restart rules live in :class:`SupervisorCore` (a plain object you can step
 in a test), the processes in :class:`Supervisor`, the child side (heartbeats,
-readiness) in :mod:`llamad.supervisor.child`. See
+readiness) in :mod:`llamad.supervisor.child`, the decisions it publishes in
+:mod:`llamad.supervisor.events`. See
 ``docs/internals/supervision.md`` for the semantics and where they differ from
 OTP.
 """
@@ -24,7 +25,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from llamad.supervisor.core import ChildCounts, ChildInfo, ChildState, SupervisorCore
+    from llamad.supervisor.core import (
+        ChildCounts,
+        ChildInfo,
+        ChildState,
+        LastExit,
+        StartedChild,
+        SupervisorCore,
+    )
     from llamad.supervisor.errors import (
         ChildAlreadyPresent,
         ChildAlreadyStarted,
@@ -37,6 +45,7 @@ if TYPE_CHECKING:
         SupervisorError,
         SupervisorStopped,
     )
+    from llamad.supervisor.events import EventFeed, SupervisorEvent
     from llamad.supervisor.exits import ExitReason, classify_exit
     from llamad.supervisor.intensity import RestartIntensity
     from llamad.supervisor.proc import run_root, run_supervisor_process
@@ -59,7 +68,11 @@ if TYPE_CHECKING:
 # ``llamad.supervisor.child``, and should not pay for structlog and the
 # supervisor loop it never runs (a fraction of a second per start otherwise).
 _HOME = {
-    **dict.fromkeys(["ChildCounts", "ChildInfo", "ChildState", "SupervisorCore"], "core"),
+    **dict.fromkeys(
+        ["ChildCounts", "ChildInfo", "ChildState", "LastExit", "StartedChild", "SupervisorCore"],
+        "core",
+    ),
+    **dict.fromkeys(["EventFeed", "SupervisorEvent"], "events"),
     **dict.fromkeys(
         [
             "ChildAlreadyPresent",
@@ -121,18 +134,22 @@ __all__ = [
     "ChildSpec",
     "ChildState",
     "ChildType",
+    "EventFeed",
     "ExitReason",
     "InvalidSpec",
+    "LastExit",
     "Restart",
     "RestartIntensity",
     "SimpleOneForOne",
     "Start",
     "StartFailed",
+    "StartedChild",
     "Strategy",
     "SupFlags",
     "Supervisor",
     "SupervisorCore",
     "SupervisorError",
+    "SupervisorEvent",
     "SupervisorSpec",
     "SupervisorStopped",
     "classify_exit",

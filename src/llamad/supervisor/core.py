@@ -16,6 +16,10 @@ kept with no pid; a restart that fails to start a child leaves it
 the affected siblings in reverse start order, drops the temporary ones for
 good and starts the rest in start order, including siblings that had been
 stopped with ``terminate_child`` (as OTP does).
+
+Beyond OTP, the core keeps what an operator asks about a child: how many
+times the supervisor restarted it and how and when its process last ended
+(:class:`LastExit`), reported by :meth:`SupervisorCore.which_children`.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, NamedTuple
+
+import msgspec
 
 from llamad.supervisor.errors import (
     ChildAlreadyPresent,
@@ -53,9 +59,11 @@ __all__ = [
     "ChildState",
     "Decision",
     "Escalation",
+    "LastExit",
     "NotRestarted",
     "RestartPlan",
     "Stale",
+    "StartedChild",
     "Stop",
     "SupervisorCore",
 ]
@@ -76,42 +84,53 @@ class Stop(NamedTuple):
     pid: int
 
 
-@dataclass(frozen=True)
-class ChildInfo:
-    """One row of ``which_children``."""
+class StartedChild(NamedTuple):
+    """What ``start_child`` returns, in process and over the actor runtime alike."""
+
+    id: str
+    pid: int
+
+
+class LastExit(msgspec.Struct, frozen=True, kw_only=True):
+    """How and when a child's process last ended.
+
+    ``reason`` is ``shutdown`` when the supervisor stopped it (whatever its
+    wait status). ``at`` is wall-clock seconds (``time.time()``): it is for
+    people and logs; the restart rules run on the monotonic clock.
+    """
+
+    reason: ExitReason
+    at: float
+    #: The wait status in words (``"exit 3"``, ``"signal SIGKILL"``), if known.
+    exit: str | None = None
+    #: Why the supervisor killed it, if it did (``hung``, ``shutdown_timeout``).
+    cause: str | None = None
+
+
+class ChildInfo(msgspec.Struct, frozen=True):
+    """One row of ``which_children``: OTP's fields, then what an operator asks.
+
+    ``restarts`` counts the times the supervisor restarted this child (after
+    its own exit or a sibling's, per the strategy), not ``restart_child``
+    calls; ``last_exit`` is ``None`` until its process has ended once.
+    """
 
     id: str
     pid: int | None
     state: ChildState
     type: ChildType
     restart: Restart
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "pid": self.pid,
-            "state": self.state.value,
-            "type": self.type.value,
-            "restart": self.restart.value,
-        }
+    restarts: int = 0
+    last_exit: LastExit | None = None
 
 
-@dataclass(frozen=True)
-class ChildCounts:
+class ChildCounts(msgspec.Struct, frozen=True):
     """``count_children``: specs, live processes, and specs by type (as OTP)."""
 
     specs: int
     active: int
     supervisors: int
     workers: int
-
-    def to_wire(self) -> dict[str, int]:
-        return {
-            "specs": self.specs,
-            "active": self.active,
-            "supervisors": self.supervisors,
-            "workers": self.workers,
-        }
 
 
 @dataclass(frozen=True)
@@ -165,6 +184,8 @@ class _Child:
     spec: ChildSpec
     pid: int | None = None
     restarting: bool = False
+    restarts: int = 0
+    last_exit: LastExit | None = None
 
     @property
     def id(self) -> str:
@@ -220,7 +241,8 @@ class SupervisorCore:
     def which_children(self) -> list[ChildInfo]:
         """Every child in start order, with its pid or state."""
         return [
-            ChildInfo(c.id, c.pid, c.state, c.spec.type, c.spec.restart) for c in self._children
+            ChildInfo(c.id, c.pid, c.state, c.spec.type, c.spec.restart, c.restarts, c.last_exit)
+            for c in self._children
         ]
 
     def count_children(self) -> ChildCounts:
@@ -237,6 +259,20 @@ class SupervisorCore:
         child.pid = pid
         child.restarting = False
 
+    def restarted(self, child_id: str, pid: int) -> int:
+        """A restart plan started ``child_id`` again; its restart count now."""
+        self.started(child_id, pid)
+        child = self._get(child_id)
+        child.restarts += 1
+        return child.restarts
+
+    def stopped(self, child_id: str, last_exit: LastExit) -> None:
+        """The supervisor stopped ``child_id``'s process (a restart plan,
+        ``terminate_child`` or shutdown): remember how, if the child is kept."""
+        child = self._find(child_id)
+        if child is not None:
+            child.last_exit = last_exit
+
     def start_failed(self, child_id: str) -> None:
         """Restarting ``child_id`` failed; it waits for :meth:`try_again`.
 
@@ -247,11 +283,28 @@ class SupervisorCore:
         child.pid = None
         child.restarting = True
 
-    def exited(self, pid: int, reason: ExitReason, now: float) -> Decision:
-        """A child process exited on its own (not stopped by us) with ``reason``."""
+    def exited(
+        self,
+        pid: int,
+        reason: ExitReason,
+        now: float,
+        *,
+        at: float | None = None,
+        exit: str | None = None,
+        cause: str | None = None,
+    ) -> Decision:
+        """A child process exited on its own (not stopped by us) with ``reason``.
+
+        ``now`` (monotonic) drives the restart window. ``at`` (wall clock,
+        default ``now``), ``exit`` and ``cause`` only describe the exit for
+        ``which_children`` (:class:`LastExit`).
+        """
         child = self._by_pid(pid)
         if child is None:
             return Stale(pid)
+        child.last_exit = LastExit(
+            reason=reason, at=now if at is None else at, exit=exit, cause=cause
+        )
         restart = child.spec.restart
         if restart is Restart.PERMANENT or (
             restart is Restart.TRANSIENT and reason is ExitReason.ABNORMAL

@@ -20,6 +20,9 @@ the loop thread, which alone spawns children. That matters beyond tidiness:
 ``PR_SET_PDEATHSIG`` fires when the *thread* that forked a child exits, so
 children must be created by the thread that lives as long as the supervisor.
 
+Every decision carried out is logged and published as one event
+(:mod:`llamad.supervisor.events`) on :attr:`Supervisor.events`.
+
 File descriptors: the supervisor owns its wake-up pipe and ``epoll`` set, and
 per child a pidfd and the status pipe's read end (:class:`ChildProcess`).
 Every path that drops a child — its own exit, a stop, a failed start, the
@@ -51,13 +54,37 @@ from llamad.supervisor.core import (
     ChildInfo,
     Decision,
     Escalation,
+    LastExit,
     NotRestarted,
     RestartPlan,
     Stale,
+    StartedChild,
     Stop,
     SupervisorCore,
 )
 from llamad.supervisor.errors import StartFailed, SupervisorStopped
+from llamad.supervisor.events import (
+    ChildExited,
+    ChildHung,
+    ChildNotRestarted,
+    ChildRestarted,
+    ChildRestartFailed,
+    ChildShutdownTimeout,
+    ChildStarted,
+    ChildStartFailed,
+    ChildStopped,
+    EventFeed,
+    SupAutoShutdown,
+    SupCrashed,
+    SupervisorEvent,
+    SupEscalated,
+    SupRestarting,
+    SupShuttingDown,
+    SupStarted,
+    SupStopped,
+    event_kind,
+    log_fields,
+)
 from llamad.supervisor.exits import (
     EXIT_CRASHED,
     EXIT_ESCALATED,
@@ -87,6 +114,7 @@ class Supervisor:
         self.name = spec.name
         self._core = SupervisorCore(spec)
         self._log = log.bind(sup=spec.name)
+        self._events = EventFeed(spec.name)
         self._procs: dict[int, ChildProcess] = {}
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe()
@@ -135,9 +163,10 @@ class Supervisor:
                 if on_ready is not None:
                     on_ready()
                 code = self._loop()
-        except BaseException:
+        except BaseException as exc:
             code = EXIT_CRASHED
             self._log.exception("sup.crashed")
+            self._events.publish(SupCrashed(error=f"{type(exc).__name__}: {exc}"))
             raise
         finally:
             # Signals must stop writing to the wake-up pipe before it is closed.
@@ -203,6 +232,11 @@ class Supervisor:
     def running(self) -> bool:
         return self._started.is_set() and not self._done.is_set()
 
+    @property
+    def events(self) -> EventFeed:
+        """The decisions this supervisor carried out, as events (thread-safe to read)."""
+        return self._events
+
     def __enter__(self) -> Supervisor:
         self.start()
         return self
@@ -212,8 +246,10 @@ class Supervisor:
 
     # ============================================================ public API
 
-    def start_child(self, child: ChildSpec | Sequence[Any], *, child_id: str | None = None) -> int:
-        """Start a new child and return its pid (OTP ``start_child``).
+    def start_child(
+        self, child: ChildSpec | Sequence[Any], *, child_id: str | None = None
+    ) -> StartedChild:
+        """Start a new child; its id and pid once it is ready (OTP ``start_child``).
 
         A static supervisor takes a :class:`ChildSpec` (appended to the start
         order); ``simple_one_for_one`` takes extra args for its template and an
@@ -297,35 +333,45 @@ class Supervisor:
         # The child is gone and reaped: its pidfd and status pipe are ours to
         # close, or every unplanned exit would leak them until EMFILE.
         proc.close()
-        now = time.monotonic()
+        now, at = time.monotonic(), time.time()
         reason = classify_exit(rc)
-        decision = self._core.exited(proc.pid, reason, now)
-        emit = self._log.warning if reason is ExitReason.ABNORMAL else self._log.info
-        emit(
-            "child.exited",
-            child=proc.spec.id,
-            pid=proc.pid,
-            reason=reason.value,
-            exit=describe_exit(rc),
-            cause=proc.killed_for,
-            restarts_in_window=self._core.restarts_in_window(now),
+        exit_text = describe_exit(rc)
+        decision = self._core.exited(
+            proc.pid, reason, now, at=at, exit=exit_text, cause=proc.killed_for
+        )
+        self._publish(
+            ChildExited(
+                child=proc.spec.id,
+                pid=proc.pid,
+                reason=reason,
+                exit=exit_text,
+                cause=proc.killed_for,
+                restarts_in_window=self._core.restarts_in_window(now),
+            ),
+            at=at,
         )
         return self._execute(decision)
+
+    def _publish(self, event: SupervisorEvent, *, at: float | None = None) -> None:
+        """Log ``event`` and publish it to subscribers: one vocabulary for both."""
+        stamped = self._events.publish(event, at=at)
+        getattr(self._log, stamped.log_level())(event_kind(stamped), **log_fields(stamped))
 
     def _execute(self, decision: Decision) -> int | None:
         if isinstance(decision, Stale):
             return None
         if isinstance(decision, NotRestarted):
-            self._log.info("child.not_restarted", child=decision.child_id, removed=decision.removed)
+            self._publish(ChildNotRestarted(child=decision.child_id, removed=decision.removed))
             return None
         if isinstance(decision, RestartPlan):
-            self._log.info(
-                "sup.restarting",
-                trigger=decision.trigger,
-                strategy=self.spec.flags.strategy.value,
-                stop=[s.child_id for s in decision.stop],
-                start=list(decision.start),
-                restarts_in_window=decision.restarts_in_window,
+            self._publish(
+                SupRestarting(
+                    trigger=decision.trigger,
+                    strategy=self.spec.flags.strategy.value,
+                    stop=tuple(s.child_id for s in decision.stop),
+                    start=decision.start,
+                    restarts_in_window=decision.restarts_in_window,
+                )
             )
             self._stop_children(decision.stop)
             for child_id in decision.start:
@@ -333,29 +379,30 @@ class Supervisor:
                 if isinstance(result, StartFailed):
                     self._core.start_failed(child_id)
                     self._retries.append(child_id)
-                    self._log.error(
-                        "child.restart_failed", child=child_id, **_failure_fields(result)
-                    )
+                    self._publish(ChildRestartFailed(child=child_id, **_failure_fields(result)))
                     break
-                self._core.started(child_id, result.pid)
-                self._log.info(
-                    "child.restarted",
-                    child=child_id,
-                    pid=result.pid,
-                    restarts_in_window=decision.restarts_in_window,
+                restarts = self._core.restarted(child_id, result.pid)
+                self._publish(
+                    ChildRestarted(
+                        child=child_id,
+                        pid=result.pid,
+                        restarts=restarts,
+                        restarts_in_window=decision.restarts_in_window,
+                    )
                 )
             return None
         if isinstance(decision, Escalation):
-            self._log.error(
-                "sup.escalated",
-                trigger=decision.trigger,
-                restarts_in_window=decision.restarts_in_window,
-                intensity=self.spec.flags.intensity,
-                period=self.spec.flags.period,
+            self._publish(
+                SupEscalated(
+                    trigger=decision.trigger,
+                    restarts_in_window=decision.restarts_in_window,
+                    intensity=self.spec.flags.intensity,
+                    period=self.spec.flags.period,
+                )
             )
             return self._shut_down("escalated", decision.stop, EXIT_ESCALATED)
         assert isinstance(decision, AutoShutdownPlan)
-        self._log.info("sup.auto_shutdown", trigger=decision.trigger)
+        self._publish(SupAutoShutdown(trigger=decision.trigger))
         return self._shut_down("auto_shutdown", decision.stop, EXIT_NORMAL)
 
     def _retry(self, child_id: str) -> int | None:
@@ -370,12 +417,13 @@ class Supervisor:
                 continue
             silent = now - proc.last_beat
             if silent > limit:
-                self._log.warning(
-                    "child.hung",
-                    child=proc.spec.id,
-                    pid=proc.pid,
-                    silent_for=round(silent, 3),
-                    liveness_timeout=limit,
+                self._publish(
+                    ChildHung(
+                        child=proc.spec.id,
+                        pid=proc.pid,
+                        silent_for=round(silent, 3),
+                        liveness_timeout=limit,
+                    )
                 )
                 proc.kill("hung")
 
@@ -388,17 +436,18 @@ class Supervisor:
             if isinstance(result, StartFailed):
                 if result.details.get("reason") == "interrupted":
                     return self._shut_down("requested", self._core.shutdown_order(), EXIT_NORMAL)
-                self._log.error("child.start_failed", child=child_id, **_failure_fields(result))
+                self._publish(ChildStartFailed(child=child_id, **_failure_fields(result)))
                 self._start_error = result
                 self._shut_down("start_failed", self._core.shutdown_order(), EXIT_START_FAILED)
                 return EXIT_START_FAILED
             self._core.started(child_id, result.pid)
-            self._log.info("child.started", child=child_id, pid=result.pid)
-        self._log.info(
-            "sup.started",
-            strategy=self.spec.flags.strategy.value,
-            children=len(self._core.initial_starts()),
-            pid=os.getpid(),
+            self._publish(ChildStarted(child=child_id, pid=result.pid))
+        self._publish(
+            SupStarted(
+                strategy=self.spec.flags.strategy.value,
+                children=len(self._core.initial_starts()),
+                pid=os.getpid(),
+            )
         )
         return None
 
@@ -470,24 +519,24 @@ class Supervisor:
             self._forget(proc)
         shutdown_processes(procs, policy, child_side.heartbeat, child_side.heartbeat_interval())
         for proc in procs:
-            rc = proc.returncode
-            if proc.killed_for == "shutdown_timeout":
-                self._log.warning(
-                    "child.shutdown_timeout", child=proc.spec.id, pid=proc.pid, shutdown=policy
-                )
-            self._log.info(
-                "child.stopped",
-                child=proc.spec.id,
-                pid=proc.pid,
-                reason=ExitReason.SHUTDOWN.value,
-                exit=describe_exit(rc) if rc is not None else "unknown",
-            )
             proc.close()
+            rc = proc.returncode
+            exit_text = describe_exit(rc) if rc is not None else "unknown"
+            if proc.killed_for == "shutdown_timeout":
+                self._publish(
+                    ChildShutdownTimeout(child=proc.spec.id, pid=proc.pid, shutdown=policy)
+                )
+            at = time.time()
+            self._core.stopped(
+                proc.spec.id,
+                LastExit(reason=ExitReason.SHUTDOWN, at=at, exit=exit_text, cause=proc.killed_for),
+            )
+            self._publish(ChildStopped(child=proc.spec.id, pid=proc.pid, exit=exit_text), at=at)
 
     def _shut_down(self, why: str, stops: Sequence[Stop], code: int) -> int:
-        self._log.info("sup.shutting_down", reason=why, children=len(stops))
+        self._publish(SupShuttingDown(reason=why, children=len(stops)))
         self._stop_children(stops)
-        self._log.info("sup.stopped", reason=why, exit_code=code)
+        self._publish(SupStopped(reason=why, exit_code=code))
         return code
 
     def _forget(self, proc: ChildProcess) -> None:
@@ -499,15 +548,17 @@ class Supervisor:
 
     # ====================================================== dynamic children
 
-    def _do_start_child(self, child: ChildSpec | Sequence[Any], child_id: str | None) -> int:
+    def _do_start_child(
+        self, child: ChildSpec | Sequence[Any], child_id: str | None
+    ) -> StartedChild:
         spec = self._core.prepare_start(child, child_id)
         result = self._spawn_and_wait(spec)
         if isinstance(result, StartFailed):
-            self._log.error("child.start_failed", child=spec.id, **_failure_fields(result))
+            self._publish(ChildStartFailed(child=spec.id, **_failure_fields(result)))
             raise result
         self._core.add_started(spec, result.pid)
-        self._log.info("child.started", child=spec.id, pid=result.pid, dynamic=True)
-        return result.pid
+        self._publish(ChildStarted(child=spec.id, pid=result.pid, dynamic=True))
+        return StartedChild(spec.id, result.pid)
 
     def _do_terminate_child(self, child: str | int) -> None:
         child_id = self._core.resolve(child)
@@ -520,10 +571,10 @@ class Supervisor:
         spec = self._core.prepare_restart(child_id)
         result = self._spawn_and_wait(spec)
         if isinstance(result, StartFailed):
-            self._log.error("child.start_failed", child=child_id, **_failure_fields(result))
+            self._publish(ChildStartFailed(child=child_id, **_failure_fields(result)))
             raise result
         self._core.started(child_id, result.pid)
-        self._log.info("child.started", child=child_id, pid=result.pid)
+        self._publish(ChildStarted(child=child_id, pid=result.pid))
         return result.pid
 
     # ======================================================= plumbing
@@ -626,4 +677,5 @@ class Supervisor:
 
 
 def _failure_fields(err: StartFailed) -> dict[str, Any]:
-    return {k: v for k, v in err.details.items() if k != "child"}
+    """The parts of a start failure that its event carries (see ``StartFailed``)."""
+    return {k: err.details[k] for k in ("reason", "exit", "pid", "error") if k in err.details}

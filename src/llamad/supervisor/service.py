@@ -15,25 +15,44 @@ model to load delays a ``which_children`` behind it.
 For a nested supervisor, pass ``service="model_sup"`` to
 :func:`~llamad.supervisor.spec.supervisor_child`; the service comes up after
 the supervisor's initial children started and before it reports ready.
+
+The ``events`` stream op is the subscription to the supervisor's decisions
+(:mod:`llamad.supervisor.events`): each event of the stream is one
+:data:`~llamad.supervisor.events.SupervisorEvent`, starting after the ``seq``
+the subscriber names (``since=0``: every event still kept, so a test or a
+reconnecting ``status`` misses nothing; no ``since``: only new ones). The
+stream ends (``END``, body ``{"last_seq": n}``) when the service stops, after
+the supervisor's final events.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Annotated, Any
 
 import msgspec
 import structlog
 
-from llamad.actors import Actor, Client, Handler, OpKind, OpSpec, Registry, Request
+from llamad.actors import (
+    Actor,
+    Client,
+    Handler,
+    OpKind,
+    OpSpec,
+    Registry,
+    Request,
+    StreamCall,
+    StreamSender,
+)
 from llamad.supervisor import errors as _errors  # registers the error codes for clients
-from llamad.supervisor.core import ChildCounts, ChildInfo, ChildState
+from llamad.supervisor.core import ChildCounts, ChildInfo, StartedChild
 from llamad.supervisor.errors import ChildNotFound
+from llamad.supervisor.events import SupervisorEvent
 from llamad.supervisor.runtime import Supervisor
-from llamad.supervisor.spec import ChildSpec, ChildType, Restart
+from llamad.supervisor.spec import ChildSpec
 
-__all__ = ["SupervisorClient", "SupervisorService"]
+__all__ = ["EventSubscription", "SupervisorClient", "SupervisorService"]
 
 log = structlog.get_logger("llamad.supervisor")
 
@@ -60,6 +79,12 @@ class ChildIdBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     child_id: str
 
 
+class EventsBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``events``: stream events with a ``seq`` above ``since`` (``None``: new ones only)."""
+
+    since: Annotated[int, msgspec.Meta(ge=0)] | None = None
+
+
 OPS = (
     OpSpec("start_child", OpKind.CALL, body=StartChildBody, doc="start a child; its id and pid"),
     OpSpec("terminate_child", OpKind.CALL, body=ChildRefBody, doc="stop a child"),
@@ -67,6 +92,7 @@ OPS = (
     OpSpec("delete_child", OpKind.CALL, body=ChildIdBody, doc="forget a kept spec"),
     OpSpec("which_children", OpKind.CALL, body=None, doc="children in start order"),
     OpSpec("count_children", OpKind.CALL, body=None, doc="specs, active, types"),
+    OpSpec("events", OpKind.STREAM, body=EventsBody, doc="the supervisor's decisions"),
 )
 
 
@@ -90,6 +116,9 @@ class SupervisorService:
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self.endpoint = ""
+        #: Open ``events`` streams and the last ``seq`` each has been sent.
+        #: Touched only on the actor's thread.
+        self._subscribers: dict[StreamSender, int] = {}
 
     def start(self) -> str:
         """Bind and register the actor (on its thread); return its endpoint."""
@@ -119,6 +148,7 @@ class SupervisorService:
             "delete_child": self._delete_child,
             "which_children": self._which_children,
             "count_children": self._count_children,
+            "events": self._events,
         }
         for spec in OPS:
             actor.add_op(spec, handlers[spec.name])
@@ -129,23 +159,51 @@ class SupervisorService:
             self._ready.set()
             return
         self._actor = actor
+        # The feed calls this on the supervisor's loop thread; waking the
+        # actor is thread-safe, and the loop below then forwards new events.
+        unsubscribe: Callable[[], None] = self.supervisor.events.subscribe(actor.wake)
         self._ready.set()
         log.info("sup.service_started", sup=self.supervisor.name, actor=self.name)
         try:
-            actor.serve_forever(handle_signals=False)
+            while not actor.stop_requested:
+                actor.poll(None)
+                self._forward_events()
         finally:
+            # Unsubscribed before the actor closes its wake pipe, so the
+            # supervisor never writes to a closed (maybe reused) fd.
+            unsubscribe()
+            # The supervisor's final events (sup.stopped) are published before
+            # the service is stopped: subscribers get them, then a clean end.
+            if actor.running:
+                self._forward_events()
+                last = self.supervisor.events.last_seq
+                for sender in list(self._subscribers):
+                    sender.end({"last_seq": last})
+            self._subscribers.clear()
+            actor.close()
             log.info("sup.service_stopped", sup=self.supervisor.name, actor=self.name)
+
+    def _forward_events(self) -> None:
+        feed = self.supervisor.events
+        for sender, sent in list(self._subscribers.items()):
+            if sender.done:
+                del self._subscribers[sender]
+                continue
+            last = sent
+            for event in feed.since(sent):
+                if not sender.emit(event):
+                    break
+                last = event.seq
+            self._subscribers[sender] = last
 
     # -- handlers (run on the service thread) --------------------------------
 
-    def _start_child(self, req: Request[StartChildBody]) -> dict[str, Any]:
+    def _start_child(self, req: Request[StartChildBody]) -> StartedChild:
         body = req.body
         child: ChildSpec | Sequence[Any] = (
             ChildSpec.from_wire(body.spec, "spec") if body.spec is not None else body.args or []
         )
-        pid = self.supervisor.start_child(child, child_id=body.child_id)
-        info = next((c for c in self.supervisor.which_children() if c.pid == pid), None)
-        return {"id": info.id if info else body.child_id, "pid": pid}
+        return self.supervisor.start_child(child, child_id=body.child_id)
 
     def _terminate_child(self, req: Request[ChildRefBody]) -> None:
         self.supervisor.terminate_child(req.body.child)
@@ -156,11 +214,23 @@ class SupervisorService:
     def _delete_child(self, req: Request[ChildIdBody]) -> None:
         self.supervisor.delete_child(req.body.child_id)
 
-    def _which_children(self, req: Request[None]) -> list[dict[str, Any]]:
-        return [c.to_wire() for c in self.supervisor.which_children()]
+    def _which_children(self, req: Request[None]) -> list[ChildInfo]:
+        return self.supervisor.which_children()
 
-    def _count_children(self, req: Request[None]) -> dict[str, int]:
-        return self.supervisor.count_children().to_wire()
+    def _count_children(self, req: Request[None]) -> ChildCounts:
+        return self.supervisor.count_children()
+
+    def _events(self, req: Request[EventsBody]) -> None:
+        since = req.body.since
+        sender = req.stream()
+        self._subscribers[sender] = self.supervisor.events.last_seq if since is None else since
+
+        def forget(reason: str) -> None:
+            self._subscribers.pop(sender, None)
+
+        sender.on_cancel(forget)
+        # Kept events go out now, not at the next publication.
+        self._forward_events()
 
 
 class SupervisorClient:
@@ -185,14 +255,14 @@ class SupervisorClient:
 
     def start_child(
         self, child: ChildSpec | Sequence[Any], *, child_id: str | None = None
-    ) -> tuple[str, int]:
-        """Start a child; its ``(id, pid)`` once it is ready."""
+    ) -> StartedChild:
+        """Start a child; its id and pid once it is ready (as ``Supervisor.start_child``)."""
         if isinstance(child, ChildSpec):
             body: dict[str, Any] = {"spec": child.to_wire(), "child_id": child_id}
         else:
             body = {"args": list(child), "child_id": child_id}
-        reply = self._client.call("start_child", body)
-        return str(reply["id"]), int(reply["pid"])
+        reply: StartedChild = self._client.call("start_child", body, reply_type=StartedChild)
+        return reply
 
     def terminate_child(self, child: str | int) -> None:
         self._client.call("terminate_child", {"child": child})
@@ -205,12 +275,28 @@ class SupervisorClient:
         self._client.call("delete_child", {"child_id": child_id})
 
     def which_children(self) -> list[ChildInfo]:
-        rows = self._client.call("which_children", None)
-        return [_child_info(row) for row in rows]
+        rows: list[ChildInfo] = self._client.call(
+            "which_children", None, reply_type=list[ChildInfo]
+        )
+        return rows
 
     def count_children(self) -> ChildCounts:
-        reply = self._client.call("count_children", None)
-        return ChildCounts(**{k: int(reply[k]) for k in ChildCounts.__dataclass_fields__})
+        counts: ChildCounts = self._client.call("count_children", None, reply_type=ChildCounts)
+        return counts
+
+    def subscribe(
+        self, since: int | None = None, *, timeout: float | None = None
+    ) -> EventSubscription:
+        """Stream the supervisor's events with a ``seq`` above ``since``.
+
+        ``since=0`` replays every event the supervisor still keeps (then the
+        new ones); ``None`` streams new events only. ``timeout`` bounds each
+        wait for the next event (:class:`~llamad.errors.RequestTimeout`).
+        """
+        stream = self._client.stream(
+            "events", {"since": since}, timeout=timeout, event_type=SupervisorEvent
+        )
+        return EventSubscription(stream)
 
     def pid_of(self, child_id: str) -> int:
         """The pid ``child_id`` runs as now (it changes when the child restarts)."""
@@ -229,11 +315,28 @@ class SupervisorClient:
         self.close()
 
 
-def _child_info(row: Any) -> ChildInfo:
-    return ChildInfo(
-        id=str(row["id"]),
-        pid=row["pid"],
-        state=ChildState(row["state"]),
-        type=ChildType(row["type"]),
-        restart=Restart(row["restart"]),
-    )
+class EventSubscription:
+    """An open ``events`` stream: iterate for :data:`SupervisorEvent` values.
+
+    Iteration stops when the service ends the stream (the supervisor
+    stopped); leaving a ``with`` block or :meth:`cancel` unsubscribes.
+    """
+
+    def __init__(self, stream: StreamCall) -> None:
+        self._stream = stream
+
+    def __iter__(self) -> Iterator[SupervisorEvent]:
+        return self
+
+    def __next__(self) -> SupervisorEvent:
+        event: SupervisorEvent = next(self._stream).body
+        return event
+
+    def cancel(self) -> None:
+        self._stream.cancel()
+
+    def __enter__(self) -> EventSubscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cancel()

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.timeout(90)
 
 def test_static_supervisor_child_lifecycle(events: EventLog) -> None:
     with Supervisor(SupervisorSpec("dyn", SupFlags(), (toy(events, "sleeper", "a"),))) as sup:
-        pid = sup.start_child(toy(events, "sleeper", "b"))
+        _, pid = sup.start_child(toy(events, "sleeper", "b"))
         assert [(c.id, c.pid) for c in sup.which_children()][1] == ("b", pid)
         with pytest.raises(ChildAlreadyStarted):
             sup.start_child(toy(events, "sleeper", "b"))
@@ -58,8 +58,9 @@ def test_simple_one_for_one_starts_children_with_per_child_args(events: EventLog
     template = ChildSpec("model", Start("sup_toys:sleeper", (events.path,)), restart="transient")
     spec = SupervisorSpec("model_sup", SupFlags(strategy="simple_one_for_one"), (template,))
     with Supervisor(spec) as sup:
-        p1 = sup.start_child(["smollm2"], child_id="smollm2")
-        p2 = sup.start_child(["llama-8b"])
+        id1, p1 = sup.start_child(["smollm2"], child_id="smollm2")
+        id2, p2 = sup.start_child(["llama-8b"])
+        assert (id1, id2) == ("smollm2", "model-1")
         assert {e["name"]: e["pid"] for e in events.of("start")} == {
             "smollm2": p1,
             "llama-8b": p2,
