@@ -208,46 +208,20 @@ class Namespace:
         return [by_length[n] for n in wanted]
 
 
-# ggml types a KV cache can use; ints outside the table are accepted as raw
-# ggml_type values so a newer type does not need a code change here.
-KV_TYPES: Final[Mapping[str, int]] = {
-    "f32": 0,
-    "f16": 1,
-    "q4_0": 2,
-    "q4_1": 3,
-    "q5_0": 6,
-    "q5_1": 7,
-    "q8_0": 8,
-    "iq4_nl": 20,
-    "bf16": 30,
-}
-_FLASH_ATTN: Final[Mapping[str | bool, int]] = {
-    "auto": -1,
-    "off": 0,
-    "disabled": 0,
-    False: 0,
-    "on": 1,
-    "enabled": 1,
-    True: 1,
-}
 _CTX_HASH_DOMAIN: Final = b"llamad.ctx_params.v1\x00"
 
 
-def _kv_type(field: str, value: str | int) -> int:
-    if isinstance(value, str):
-        try:
-            return KV_TYPES[value.strip().lower()]
-        except KeyError:
-            raise InvalidCacheValue(field, f"unknown KV cache type {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 256:
-        raise InvalidCacheValue(field, f"{value!r} is not a ggml type")
-    return value
-
-
-def _u32(field: str, value: int, *, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value < 2**32:
-        raise InvalidCacheValue(field, f"{value!r} is not an integer in [{minimum}, 2**32)")
-    return value
+# The cache knows no names for KV types, flash-attention modes or RoPE
+# scaling types: it hashes the numbers llama.cpp itself uses (``ggml_type``,
+# ``llama_flash_attn_type``, ``llama_rope_scaling_type``). The one vocabulary
+# that names them is the binding's (``llamad.llama_ffi.KVType``, ``FlashAttn``,
+# ``RopeScaling``, IntEnums whose values are those numbers), and the model
+# layer (``llamad.model.identity``) is the one caller that maps a live context
+# onto these arguments. The cache never imports the binding (SPEC C11).
+def _int_in(field: str, value: int, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value < hi:
+        raise InvalidCacheValue(field, f"{value!r} is not an integer in [{lo}, {hi})")
+    return int(value)
 
 
 def _f32_bits(field: str, value: float) -> bytes:
@@ -255,16 +229,19 @@ def _f32_bits(field: str, value: float) -> bytes:
         raise InvalidCacheValue(field, f"{value!r} is not a finite number")
     # llama.cpp stores these as float32: two Python floats that round to the
     # same float32 configure the same context, so they must hash the same.
-    bits = struct.pack("<f", float(value))
+    try:
+        bits = struct.pack("<f", float(value))
+    except OverflowError:
+        raise InvalidCacheValue(field, f"{value!r} does not fit a float32") from None
     return b"\x00\x00\x00\x00" if bits == b"\x00\x00\x00\x80" else bits
 
 
 def ctx_params_hash(
     *,
     n_ctx: int,
-    type_k: str | int = "f16",
-    type_v: str | int = "f16",
-    flash_attn: str | bool = "off",
+    type_k: int = 1,
+    type_v: int = 1,
+    flash_attn: int = -1,
     n_seq_max: int = 1,
     kv_unified: bool = False,
     swa_full: bool = True,
@@ -279,39 +256,39 @@ def ctx_params_hash(
 ) -> bytes:
     """A 32-byte digest of every context parameter that changes the saved KV bytes.
 
-    Pass the values the context actually runs with (for ``flash_attn``, the
-    resolved on/off, not ``auto``, when known): the KV element types and the V
-    layout (flash attention), the cell count and how sequences share it
-    (``n_ctx``, ``n_seq_max``, ``kv_unified``, ``swa_full``), and the RoPE/YaRN
-    settings, because K is stored already rotated. Thread counts, batch sizes
-    and sampling do not change the bytes and are deliberately left out.
+    The KV element types (``type_k``/``type_v``: ``ggml_type`` numbers), the V
+    layout (``flash_attn``: ``llama_flash_attn_type``, -1 auto, 0 off, 1 on),
+    the cell count and how sequences share it (``n_ctx``, ``n_seq_max``,
+    ``kv_unified``, ``swa_full``), and the RoPE/YaRN settings (K is stored
+    already rotated). Thread counts, batch sizes and sampling do not change the
+    bytes and are deliberately not parameters.
+
+    The defaults are llama.cpp's own, for tools and tests; the model worker
+    passes every argument from the live context through
+    :func:`llamad.model.identity.namespace` (a test holds it to that).
     """
-    if not isinstance(flash_attn, str | bool):
-        raise InvalidCacheValue("flash_attn", f"{flash_attn!r} is not on/off/auto")
-    fa_key: str | bool = flash_attn.strip().lower() if isinstance(flash_attn, str) else flash_attn
-    if fa_key not in _FLASH_ATTN:
-        raise InvalidCacheValue("flash_attn", f"{flash_attn!r} is not on/off/auto")
-    if isinstance(rope_scaling_type, bool) or not isinstance(rope_scaling_type, int):
-        raise InvalidCacheValue("rope_scaling_type", "expected an int")
     for name, flag in (("kv_unified", kv_unified), ("swa_full", swa_full)):
         if not isinstance(flag, bool):
             raise InvalidCacheValue(name, "expected a bool")
     fields: list[tuple[str, bytes]] = [
-        ("flash_attn", struct.pack("<b", _FLASH_ATTN[fa_key])),
+        ("flash_attn", struct.pack("<b", _int_in("flash_attn", flash_attn, -128, 128))),
         ("kv_unified", struct.pack("<B", kv_unified)),
-        ("n_ctx", struct.pack("<I", _u32("n_ctx", n_ctx, minimum=1))),
-        ("n_seq_max", struct.pack("<I", _u32("n_seq_max", n_seq_max, minimum=1))),
+        ("n_ctx", struct.pack("<I", _int_in("n_ctx", n_ctx, 1, 2**32))),
+        ("n_seq_max", struct.pack("<I", _int_in("n_seq_max", n_seq_max, 1, 2**32))),
         ("rope_freq_base", _f32_bits("rope_freq_base", rope_freq_base)),
         ("rope_freq_scale", _f32_bits("rope_freq_scale", rope_freq_scale)),
-        ("rope_scaling_type", struct.pack("<i", rope_scaling_type)),
+        (
+            "rope_scaling_type",
+            struct.pack("<i", _int_in("rope_scaling_type", rope_scaling_type, -(2**31), 2**31)),
+        ),
         ("swa_full", struct.pack("<B", swa_full)),
-        ("type_k", struct.pack("<B", _kv_type("type_k", type_k))),
-        ("type_v", struct.pack("<B", _kv_type("type_v", type_v))),
+        ("type_k", struct.pack("<B", _int_in("type_k", type_k, 0, 256))),
+        ("type_v", struct.pack("<B", _int_in("type_v", type_v, 0, 256))),
         ("yarn_attn_factor", _f32_bits("yarn_attn_factor", yarn_attn_factor)),
         ("yarn_beta_fast", _f32_bits("yarn_beta_fast", yarn_beta_fast)),
         ("yarn_beta_slow", _f32_bits("yarn_beta_slow", yarn_beta_slow)),
         ("yarn_ext_factor", _f32_bits("yarn_ext_factor", yarn_ext_factor)),
-        ("yarn_orig_ctx", struct.pack("<I", _u32("yarn_orig_ctx", yarn_orig_ctx))),
+        ("yarn_orig_ctx", struct.pack("<I", _int_in("yarn_orig_ctx", yarn_orig_ctx, 0, 2**32))),
     ]
     h = hashlib.sha256(_CTX_HASH_DOMAIN)
     for name, value in fields:

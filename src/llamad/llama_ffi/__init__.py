@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     )
     from llamad.llama_ffi.gguf_check import GGUFInfo, check_gguf
     from llamad.llama_ffi.json_schema import GrammarOptions, json_schema_to_gbnf
-    from llamad.llama_ffi.lora import LoraAdapter, effective_fingerprint
+    from llamad.llama_ffi.lora import LoraAdapter
     from llamad.llama_ffi.model import Model, ProgressCallback
     from llamad.llama_ffi.native import ensure_backend, set_log_level, system_info
     from llamad.llama_ffi.options import (
@@ -60,6 +60,7 @@ if TYPE_CHECKING:
         LoadMode,
         ModelOptions,
         PoolingType,
+        RopeScaling,
         SplitMode,
         default_threads,
     )
@@ -80,7 +81,6 @@ _EXPORTS: dict[str, str] = {
     "GrammarOptions": "llamad.llama_ffi.json_schema",
     "json_schema_to_gbnf": "llamad.llama_ffi.json_schema",
     "LoraAdapter": "llamad.llama_ffi.lora",
-    "effective_fingerprint": "llamad.llama_ffi.lora",
     "Model": "llamad.llama_ffi.model",
     "ProgressCallback": "llamad.llama_ffi.model",
     "ensure_backend": "llamad.llama_ffi.native",
@@ -92,6 +92,7 @@ _EXPORTS: dict[str, str] = {
     "LoadMode": "llamad.llama_ffi.options",
     "ModelOptions": "llamad.llama_ffi.options",
     "PoolingType": "llamad.llama_ffi.options",
+    "RopeScaling": "llamad.llama_ffi.options",
     "SplitMode": "llamad.llama_ffi.options",
     "default_threads": "llamad.llama_ffi.options",
     "Sampler": "llamad.llama_ffi.sampling",
@@ -161,6 +162,7 @@ __all__ = [
     "NotGGUF",
     "PoolingType",
     "ProgressCallback",
+    "RopeScaling",
     "Sampler",
     "SamplerParams",
     "SplitMode",
@@ -173,7 +175,6 @@ __all__ = [
     "builtin_template_names",
     "check_gguf",
     "default_threads",
-    "effective_fingerprint",
     "ensure_backend",
     "json_schema_to_gbnf",
     "prefault",

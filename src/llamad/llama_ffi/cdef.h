@@ -74,6 +74,15 @@ enum llama_pooling_type {
     ...
 };
 
+enum llama_rope_scaling_type {
+    LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED,
+    LLAMA_ROPE_SCALING_TYPE_NONE,
+    LLAMA_ROPE_SCALING_TYPE_LINEAR,
+    LLAMA_ROPE_SCALING_TYPE_YARN,
+    LLAMA_ROPE_SCALING_TYPE_LONGROPE,
+    ...
+};
+
 enum llama_flash_attn_type {
     LLAMA_FLASH_ATTN_TYPE_AUTO,
     LLAMA_FLASH_ATTN_TYPE_DISABLED,
@@ -115,8 +124,16 @@ struct llama_context_params {
     uint32_t n_seq_max;
     int32_t  n_threads;
     int32_t  n_threads_batch;
+    enum llama_rope_scaling_type rope_scaling_type;
     enum llama_pooling_type    pooling_type;
     enum llama_flash_attn_type flash_attn_type;
+    float    rope_freq_base;
+    float    rope_freq_scale;
+    float    yarn_ext_factor;
+    float    yarn_attn_factor;
+    float    yarn_beta_fast;
+    float    yarn_beta_slow;
+    uint32_t yarn_orig_ctx;
     enum ggml_type type_k;
     enum ggml_type type_v;
     bool embeddings;

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from llamad.cache.key import effective_fingerprint
 from llamad.errors import BadRequest, ContextOverflow
 from llamad.llama_ffi.batch import Batch
 from llamad.llama_ffi.embeddings import (
@@ -108,6 +107,15 @@ class Context:
             params.pooling_type = int(opts.pooling)
             params.kv_unified = opts.kv_unified
             params.offload_kqv = opts.offload_kqv
+            params.swa_full = opts.swa_full
+            params.rope_scaling_type = int(opts.rope_scaling_type)
+            params.rope_freq_base = opts.rope_freq_base
+            params.rope_freq_scale = opts.rope_freq_scale
+            params.yarn_ext_factor = opts.yarn_ext_factor
+            params.yarn_attn_factor = opts.yarn_attn_factor
+            params.yarn_beta_fast = opts.yarn_beta_fast
+            params.yarn_beta_slow = opts.yarn_beta_slow
+            params.yarn_orig_ctx = opts.yarn_orig_ctx
             params.no_perf = True
             ptr = lib.llama_init_from_model(model_ptr, params)
             if ptr == ffi.NULL:
@@ -616,9 +624,3 @@ class Context:
         if rc != 0:
             raise AdapterError(f"llama.cpp refused the adapter set (rc={rc})")
         self._forget_outputs(-1)
-
-    def effective_fingerprint(self, base: bytes) -> bytes:
-        """The model fingerprint folded with the active adapters (SPEC L10)."""
-        with self._lock:
-            active = [(a.sha256, s) for a, s in self._adapters.items() if s != 0.0]
-        return effective_fingerprint(base, active)

@@ -32,6 +32,8 @@ class GGUFInfo:
     version: int
     n_tensors: int
     data_end: int
+    file_identity: tuple[int, int, int, int]
+    """``(st_dev, st_ino, st_size, st_mtime_ns)`` of the file that was checked."""
     key_types: Mapping[str, int] = field(default_factory=dict)
     """``gguf_type`` of each key asked for (-1 when absent)."""
 
@@ -100,5 +102,6 @@ def check_gguf(path: str | os.PathLike[str], *, keys: Iterable[str] = ()) -> GGU
         version=version,
         n_tensors=n_tensors,
         data_end=data_end,
+        file_identity=(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns),
         key_types=key_types,
     )

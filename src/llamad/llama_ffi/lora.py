@@ -6,13 +6,14 @@ contexts at a scale (:meth:`Context.set_adapter`) and unloaded with
 Adapters lease the model, and attached contexts lease the adapter, so the
 native free order is always context → adapter → model.
 
-The cache identity of a context with adapters is
-:func:`effective_fingerprint` (owned by :mod:`llamad.cache.key`) over the
-``(sha256 of the adapter file, scale)`` of every adapter with a non-zero scale.
+Each adapter records the sha256 of its file as it was loaded; the model layer
+(:mod:`llamad.model.identity`) folds the digests and scales of a context's
+active adapters into its cache namespace.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import weakref
 from collections.abc import Callable
@@ -21,9 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from llamad.cache.fingerprint import file_sha256
-from llamad.cache.key import effective_fingerprint
-from llamad.llama_ffi.errors import AdapterError
+from llamad.llama_ffi.errors import AdapterError, ModelFileError
 from llamad.llama_ffi.gguf_check import check_gguf
 from llamad.llama_ffi.lifetime import NativeHandle
 from llamad.llama_ffi.native import ffi, lib, read_metadata
@@ -31,7 +30,7 @@ from llamad.llama_ffi.native import ffi, lib, read_metadata
 if TYPE_CHECKING:
     from llamad.llama_ffi.model import Model
 
-__all__ = ["LoraAdapter", "effective_fingerprint"]
+__all__ = ["LoraAdapter"]
 
 log = structlog.get_logger("llamad.llama_ffi")
 
@@ -55,6 +54,16 @@ _ADAPTER_KEYS = {
 }
 
 
+def _file_sha256(path: Path) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return hashlib.file_digest(fh, "sha256").digest()
+    except OSError as exc:
+        raise ModelFileError(
+            f"cannot read {path}: {exc.strerror}", details={"path": str(path)}
+        ) from None
+
+
 def _check_adapter_header(path: Path) -> None:
     info = check_gguf(path, keys=_ADAPTER_KEYS)
     for key, want in _ADAPTER_KEYS.items():
@@ -69,15 +78,15 @@ def _check_adapter_header(path: Path) -> None:
 class LoraAdapter:
     """One LoRA adapter GGUF loaded for ``model``.
 
-    ``sha256`` is the digest of the adapter file, folded into the cache key by
-    :meth:`Context.effective_fingerprint`.
+    ``sha256`` is the digest of the adapter file as it was loaded; the cache
+    namespace of a context it is attached to folds it in (with its scale).
     """
 
     def __init__(self, model: Model, path: str | os.PathLike[str]) -> None:
         self.model = model
         self.path = Path(path)
         _check_adapter_header(self.path)
-        self.sha256 = file_sha256(self.path)
+        self.sha256 = _file_sha256(self.path)
         model_handle = model.native_handle
         model_ptr = model_handle.acquire()
         try:

@@ -16,7 +16,6 @@ from typing import Any
 
 import structlog
 
-from llamad.cache.key import model_fingerprint
 from llamad.errors import BadRequest
 from llamad.llama_ffi import vocab as _vocab
 from llamad.llama_ffi.context import Context
@@ -76,7 +75,10 @@ class Model:
     ) -> None:
         self.path = Path(path)
         self.options = options or ModelOptions()
-        check_gguf(self.path)
+        info = check_gguf(self.path)
+        self.file_identity: tuple[int, int, int, int] = info.file_identity
+        """``(st_dev, st_ino, st_size, st_mtime_ns)`` of the file as it was loaded:
+        whoever hashes the file later can check it is still the one in memory."""
         ensure_backend()
 
         params = lib.llama_model_default_params()
@@ -123,7 +125,6 @@ class Model:
         self._finalizer = weakref.finalize(self, self._handle.close)
         self._metadata: dict[str, str] | None = None
         self._eog: frozenset[int] | None = None
-        self._fingerprints: dict[tuple[str, bytes | None], bytes] = {}
 
         self.n_vocab = int(lib.llama_vocab_n_tokens(self._vocab))
         self.n_ctx_train = int(lib.llama_model_n_ctx_train(ptr))
@@ -235,16 +236,6 @@ class Model:
                 )
         self._check_open()
         return self._eog
-
-    def fingerprint(self, mode: str = "gguf_chunked", *, supplied: bytes | None = None) -> bytes:
-        """The 32-byte cache fingerprint of the model file under ``mode``
-        (``safe``, ``gguf_chunked`` or ``fast_unsafe``), computed once per mode
-        by :func:`llamad.cache.key.model_fingerprint`."""
-        self._check_open()
-        key = (mode, supplied)
-        if key not in self._fingerprints:
-            self._fingerprints[key] = model_fingerprint(self.path, mode, supplied=supplied)
-        return self._fingerprints[key]
 
     # -- tokens (SPEC L4) ------------------------------------------------------
 

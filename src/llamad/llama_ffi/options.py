@@ -23,6 +23,7 @@ __all__ = [
     "LoadMode",
     "ModelOptions",
     "PoolingType",
+    "RopeScaling",
     "SplitMode",
     "default_threads",
 ]
@@ -67,8 +68,24 @@ class PoolingType(enum.IntEnum):
     RANK = int(lib.LLAMA_POOLING_TYPE_RANK)
 
 
+class RopeScaling(enum.IntEnum):
+    """How RoPE positions are scaled (``llama_rope_scaling_type``);
+    ``UNSPECIFIED`` takes the model's own choice."""
+
+    UNSPECIFIED = int(lib.LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED)
+    NONE = int(lib.LLAMA_ROPE_SCALING_TYPE_NONE)
+    LINEAR = int(lib.LLAMA_ROPE_SCALING_TYPE_LINEAR)
+    YARN = int(lib.LLAMA_ROPE_SCALING_TYPE_YARN)
+    LONGROPE = int(lib.LLAMA_ROPE_SCALING_TYPE_LONGROPE)
+
+
 class KVType(enum.IntEnum):
-    """Element type of the K and V caches (a subset of ``ggml_type``)."""
+    """Element type of the K and V caches (a subset of ``ggml_type``).
+
+    The one vocabulary of KV types: the value is the ``ggml_type`` number, which
+    is also what the cache key hashes (:func:`llamad.cache.key.ctx_params_hash`
+    takes the number and knows no names).
+    """
 
     F32 = int(lib.GGML_TYPE_F32)
     F16 = int(lib.GGML_TYPE_F16)
@@ -112,6 +129,20 @@ def _require(cond: bool, name: str, message: str) -> None:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+_F32_MAX = 3.4028234663852886e38
+
+
+def _is_f32(value: Any) -> bool:
+    # llama.cpp keeps these as float: a value float32 cannot hold would become
+    # inf (or raise) on the way in.
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and abs(value) <= _F32_MAX
+    )
 
 
 @dataclass(frozen=True)
@@ -163,6 +194,14 @@ class ContextOptions:
     of the ``n_seq_max`` sequences gets ``n_ctx / n_seq_max`` positions.
     ``pooling`` only matters with ``embeddings`` (or :meth:`Context.embed`);
     ``UNSPECIFIED`` takes the model's own choice.
+
+    ``swa_full`` keeps a full-size cache for sliding-window layers.
+    The RoPE/YaRN settings follow llama.cpp: ``rope_scaling_type``
+    ``UNSPECIFIED``, a frequency base or scale of 0, and a negative YaRN factor
+    or beta all mean "the model's own value"; ``yarn_orig_ctx`` 0 likewise.
+    Every field either changes the KV state a context produces (and is part of
+    its cache namespace) or is listed as excluded, with the reason, in
+    :mod:`llamad.model.identity`.
     """
 
     n_ctx: int = 4096
@@ -178,9 +217,19 @@ class ContextOptions:
     pooling: PoolingType = PoolingType.UNSPECIFIED
     kv_unified: bool = False
     offload_kqv: bool = True
+    swa_full: bool = True
+    rope_scaling_type: RopeScaling = RopeScaling.UNSPECIFIED
+    rope_freq_base: float = 0.0
+    rope_freq_scale: float = 0.0
+    yarn_ext_factor: float = -1.0
+    yarn_attn_factor: float = -1.0
+    yarn_beta_fast: float = -1.0
+    yarn_beta_slow: float = -1.0
+    yarn_orig_ctx: int = 0
 
     def __post_init__(self) -> None:
         _coerce_enum(self, "flash_attn", FlashAttn)
+        _coerce_enum(self, "rope_scaling_type", RopeScaling)
         _coerce_enum(self, "type_k", KVType)
         _coerce_enum(self, "type_v", KVType)
         _coerce_enum(self, "pooling", PoolingType)
@@ -204,5 +253,22 @@ class ContextOptions:
             "type_v",
             f"{self.type_v.name} needs flash_attn on or auto",
         )
-        for name in ("embeddings", "kv_unified", "offload_kqv"):
+        for name in ("embeddings", "kv_unified", "offload_kqv", "swa_full"):
             _require(isinstance(getattr(self, name), bool), name, "must be a bool")
+        for name in (
+            "rope_freq_base",
+            "rope_freq_scale",
+            "yarn_ext_factor",
+            "yarn_attn_factor",
+            "yarn_beta_fast",
+            "yarn_beta_slow",
+        ):
+            _require(_is_f32(getattr(self, name)), name, "must be a finite float32 number")
+            object.__setattr__(self, name, float(getattr(self, name)))
+        for name in ("rope_freq_base", "rope_freq_scale"):
+            _require(getattr(self, name) >= 0, name, "must be >= 0 (0 = the model's value)")
+        _require(
+            _is_int(self.yarn_orig_ctx) and 0 <= self.yarn_orig_ctx < 2**32,
+            "yarn_orig_ctx",
+            "must be an integer in [0, 2**32) (0 = the model's value)",
+        )

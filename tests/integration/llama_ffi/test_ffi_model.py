@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from llamad.cache.key import model_fingerprint
 from llamad.llama_ffi import (
     Closed,
     ContextOptions,
@@ -111,12 +110,3 @@ def test_model_calls_after_close_raise_closed(model_path: Path) -> None:
         _ = m.metadata
     with pytest.raises(Closed):
         m.context()
-
-
-def test_fingerprint_is_the_cache_key_fingerprint_of_the_file(
-    model: Model, model_path: Path
-) -> None:
-    fp = model.fingerprint("gguf_chunked")
-    assert len(fp) == 32
-    assert fp == model_fingerprint(model_path, "gguf_chunked")
-    assert model.fingerprint("gguf_chunked") is fp

@@ -127,12 +127,14 @@ def test_quant_byte_table_is_llama_ftype_and_fits_a_byte() -> None:
 
 
 def test_ctx_params_hash_changes_with_every_layout_parameter() -> None:
-    base = {"n_ctx": 4096, "type_k": "f16", "type_v": "f16", "flash_attn": "off", "n_seq_max": 1}
+    # KV types and flash-attention modes are llama.cpp's numbers (ggml_type
+    # f16=1, q8_0=8; llama_flash_attn_type off=0, on=1): the cache has no names.
+    base = {"n_ctx": 4096, "type_k": 1, "type_v": 1, "flash_attn": 0, "n_seq_max": 1}
     changes = {
         "n_ctx": 2048,
-        "type_k": "q8_0",
-        "type_v": "q8_0",
-        "flash_attn": "on",
+        "type_k": 8,
+        "type_v": 8,
+        "flash_attn": 1,
         "n_seq_max": 4,
         "kv_unified": True,
         "swa_full": False,
@@ -155,10 +157,20 @@ def test_ctx_params_hash_changes_with_every_layout_parameter() -> None:
     assert len(reference) == 32
 
 
-def test_ctx_params_hash_is_stable_across_equivalent_spellings() -> None:
-    a = ctx_params_hash(n_ctx=4096, type_k="f16", flash_attn=False, rope_freq_base=0.0)
-    b = ctx_params_hash(n_ctx=4096, type_k=1, flash_attn="OFF", rope_freq_base=-0.0)
+def test_ctx_params_hash_is_stable_across_equal_float32_values() -> None:
+    a = ctx_params_hash(n_ctx=4096, type_k=1, flash_attn=0, rope_freq_base=0.0)
+    b = ctx_params_hash(n_ctx=4096, type_k=1, flash_attn=0, rope_freq_base=-0.0)
     assert a == b
+    assert ctx_params_hash(n_ctx=16, yarn_beta_fast=32.0) == ctx_params_hash(
+        n_ctx=16, yarn_beta_fast=32.000000001
+    )
+
+
+def test_ctx_params_hash_takes_numbers_not_names() -> None:
+    # One vocabulary: the names live in the binding's enums (llama_ffi.KVType).
+    for kwargs in ({"type_k": "f16"}, {"flash_attn": "on"}, {"flash_attn": True}):
+        with pytest.raises(InvalidCacheValue):
+            ctx_params_hash(n_ctx=16, **kwargs)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,223 @@
+"""The model layer's cache identity: which fields make a namespace, read live (SPEC C1).
+
+These run without a model: the context, model and adapters are stand-ins that
+carry a real :class:`ContextOptions` and the attributes :func:`namespace`
+reads. The real model is exercised in ``tests/integration/model``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import inspect
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llamad.cache.errors import FingerprintMismatch
+from llamad.cache.key import (
+    FingerprintMode,
+    ctx_params_hash,
+    effective_fingerprint,
+    model_fingerprint,
+    quant_byte,
+)
+from llamad.llama_ffi import Closed, ContextOptions, KVType, ModelOptions
+from llamad.model.identity import (
+    EXCLUDED_CONTEXT_FIELDS,
+    EXCLUDED_MODEL_FIELDS,
+    HASHED_CONTEXT_FIELDS,
+    base_fingerprint,
+)
+from llamad.model.identity import namespace as _namespace
+
+pytestmark = pytest.mark.timeout(60)
+
+CONTEXT_FIELDS = [f.name for f in dataclasses.fields(ContextOptions)]
+
+
+def namespace(ctx: Any, mode: str = "safe") -> Any:
+    # The stand-in model file is not a GGUF, so hash it whole.
+    return _namespace(ctx, mode)
+
+
+class FakeModel:
+    def __init__(self, path: Path, ftype: int = 3) -> None:
+        self.path = path
+        self.ftype = ftype
+        st = os.stat(path)
+        self.file_identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class FakeAdapter:
+    def __init__(self, name: str) -> None:
+        self.sha256 = hashlib.sha256(name.encode()).digest()
+
+
+class FakeContext:
+    """Reports the sizes llama.cpp would run with, which may differ from the options."""
+
+    def __init__(
+        self,
+        model: FakeModel,
+        options: ContextOptions,
+        *,
+        n_ctx: int | None = None,
+        adapters: Sequence[tuple[FakeAdapter, float]] = (),
+    ) -> None:
+        self.model = model
+        self.options = options
+        self.n_ctx = options.n_ctx if n_ctx is None else n_ctx
+        self.n_seq_max = options.n_seq_max
+        self.adapters = tuple(adapters)
+        self.closed = False
+
+
+@pytest.fixture
+def fake_model(tmp_path: Path) -> FakeModel:
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"GGUF" + bytes(range(256)) * 64)
+    return FakeModel(path)
+
+
+def _opts(**kwargs: Any) -> ContextOptions:
+    return ContextOptions(n_threads=1, n_threads_batch=1, **kwargs)
+
+
+def _other_value(name: str, value: Any) -> Any:
+    """A different valid value for any ContextOptions field, derived from its type."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, enum.Enum):
+        return next(m for m in type(value) if m != value and not getattr(m, "quantized", False))
+    if isinstance(value, int):
+        return value * 2 if value > 0 else value + 1
+    if isinstance(value, float):
+        return value + 0.5
+    raise AssertionError(f"no rule to vary {name}={value!r}")
+
+
+def test_every_context_option_is_hashed_or_excluded_with_a_reason() -> None:
+    hashed, excluded = set(HASHED_CONTEXT_FIELDS), set(EXCLUDED_CONTEXT_FIELDS)
+    assert not hashed & excluded
+    undecided = set(CONTEXT_FIELDS) - hashed - excluded
+    assert not undecided, f"decide whether these change the KV bytes: {sorted(undecided)}"
+    stale = (hashed | excluded) - set(CONTEXT_FIELDS)
+    assert not stale, f"no longer ContextOptions fields: {sorted(stale)}"
+    assert all(
+        r.strip() for r in [*HASHED_CONTEXT_FIELDS.values(), *EXCLUDED_CONTEXT_FIELDS.values()]
+    )
+
+
+def test_hashed_fields_are_exactly_the_parameters_of_ctx_params_hash() -> None:
+    # Each parameter is passed from the context, so none of its defaults is ever used.
+    assert set(inspect.signature(ctx_params_hash).parameters) == set(HASHED_CONTEXT_FIELDS)
+
+
+def test_every_model_option_is_excluded_with_a_reason() -> None:
+    assert {f.name for f in dataclasses.fields(ModelOptions)} == set(EXCLUDED_MODEL_FIELDS)
+    assert all(reason.strip() for reason in EXCLUDED_MODEL_FIELDS.values())
+
+
+@pytest.mark.parametrize("name", sorted(HASHED_CONTEXT_FIELDS))
+def test_changing_a_hashed_field_changes_the_namespace(fake_model: FakeModel, name: str) -> None:
+    base = _opts()
+    changed = dataclasses.replace(base, **{name: _other_value(name, getattr(base, name))})
+    assert getattr(changed, name) != getattr(base, name)
+    assert namespace(FakeContext(fake_model, changed)) != namespace(FakeContext(fake_model, base))
+
+
+@pytest.mark.parametrize("name", sorted(EXCLUDED_CONTEXT_FIELDS))
+def test_changing_an_excluded_field_keeps_the_namespace(fake_model: FakeModel, name: str) -> None:
+    base = _opts()
+    changed = dataclasses.replace(base, **{name: _other_value(name, getattr(base, name))})
+    assert namespace(FakeContext(fake_model, changed)) == namespace(FakeContext(fake_model, base))
+
+
+def test_namespace_hashes_the_sizes_the_context_runs_with_not_the_request(
+    fake_model: FakeModel,
+) -> None:
+    asked_300 = FakeContext(fake_model, _opts(n_ctx=300), n_ctx=512)
+    asked_512 = FakeContext(fake_model, _opts(n_ctx=512), n_ctx=512)
+    assert namespace(asked_300) == namespace(asked_512)
+    assert namespace(asked_300) != namespace(FakeContext(fake_model, _opts(n_ctx=300)))
+
+
+def test_namespace_components_come_from_the_model_and_every_option(
+    fake_model: FakeModel,
+) -> None:
+    opts = _opts(type_k=KVType.F32, n_seq_max=2, kv_unified=True, rope_freq_base=5e5)
+    ns = namespace(FakeContext(fake_model, opts))
+    assert ns.fingerprint == model_fingerprint(fake_model.path, "safe")
+    assert ns.quant == quant_byte(fake_model.ftype)
+    expected = ctx_params_hash(
+        **{name: getattr(opts, name) for name in HASHED_CONTEXT_FIELDS}  # type: ignore[arg-type]
+    )
+    assert ns.ctx_hash == expected
+
+
+def test_active_adapters_fold_into_the_fingerprint_and_zero_scales_do_not(
+    fake_model: FakeModel,
+) -> None:
+    a, b = FakeAdapter("a"), FakeAdapter("b")
+    opts = _opts()
+    plain = namespace(FakeContext(fake_model, opts))
+    with_a = namespace(FakeContext(fake_model, opts, adapters=[(a, 1.0), (b, 0.0)]))
+    assert with_a.fingerprint == effective_fingerprint(plain.fingerprint, [(a.sha256, 1.0)])
+    assert with_a.fingerprint != plain.fingerprint
+    assert (with_a.quant, with_a.ctx_hash) == (plain.quant, plain.ctx_hash)
+    assert namespace(FakeContext(fake_model, opts, adapters=[(b, 0.0)])) == plain
+    ab = namespace(FakeContext(fake_model, opts, adapters=[(a, 1.0), (b, 0.5)]))
+    ba = namespace(FakeContext(fake_model, opts, adapters=[(b, 0.5), (a, 1.0)]))
+    assert ab == ba != with_a
+
+
+def test_base_fingerprint_is_computed_once_per_model_and_mode(fake_model: FakeModel) -> None:
+    first = base_fingerprint(fake_model, "safe")
+    assert first == hashlib.sha256(fake_model.path.read_bytes()).digest()
+    # The file is not looked at again (a missing file would be refused): the
+    # digest belongs to the model object.
+    fake_model.path.unlink()
+    assert base_fingerprint(fake_model, FingerprintMode.SAFE) is first
+    with pytest.raises(FingerprintMismatch):
+        base_fingerprint(fake_model, "gguf_chunked")
+
+
+def test_a_model_file_changed_since_load_is_refused(fake_model: FakeModel) -> None:
+    data = fake_model.path.read_bytes()
+    fake_model.path.write_bytes(data[:-1] + b"\xff")
+    os.utime(fake_model.path, ns=(0, fake_model.file_identity[3] + 1_000_000))
+    with pytest.raises(FingerprintMismatch) as err:
+        base_fingerprint(fake_model, "safe")
+    assert err.value.details["reason"] == "file_changed"
+    with pytest.raises(FingerprintMismatch):
+        namespace(FakeContext(fake_model, _opts()))
+
+
+def test_a_model_file_replaced_by_another_inode_is_refused(fake_model: FakeModel) -> None:
+    copy = fake_model.path.with_suffix(".new")
+    copy.write_bytes(fake_model.path.read_bytes())
+    os.utime(copy, ns=(0, fake_model.file_identity[3]))
+    os.replace(copy, fake_model.path)
+    with pytest.raises(FingerprintMismatch):
+        base_fingerprint(fake_model, "safe")
+
+
+def test_fast_unsafe_trusts_the_supplied_digest_without_reading(tmp_path: Path) -> None:
+    path = tmp_path / "m.gguf"
+    path.write_bytes(b"GGUF")
+    model = FakeModel(path)
+    path.unlink()
+    digest = b"\x42" * 32
+    assert base_fingerprint(model, "fast_unsafe", supplied=digest) == digest
+
+
+def test_a_closed_context_has_no_namespace(fake_model: FakeModel) -> None:
+    ctx = FakeContext(fake_model, _opts())
+    ctx.closed = True
+    with pytest.raises(Closed):
+        namespace(ctx)
