@@ -111,7 +111,10 @@ def _run_four_sequences(ctx: Context, model: Model, prompts: list[list[int]]) ->
     return out
 
 
-def test_batched_sequences_are_isolated(model: Model, make_ctx: MakeCtx) -> None:
+@pytest.mark.parametrize("kv_unified", [False, True], ids=["stream-per-sequence", "unified"])
+def test_batched_sequences_are_isolated(model: Model, make_ctx: MakeCtx, kv_unified: bool) -> None:
+    """Also with ``kv_unified`` (the model worker's mode), where the four
+    sequences' cells are interleaved in one shared KV stream."""
     base = model.tokenize("The history of the printing press begins")
     others_a = [
         model.tokenize(t)
@@ -123,10 +126,45 @@ def test_batched_sequences_are_isolated(model: Model, make_ctx: MakeCtx) -> None
     ]
     # Same token counts, different tokens: only sequence 0's prompt is shared.
     others_b = [[(t * 7 + 11) % 20000 + 1000 for t in toks] for toks in others_a]
-    run_a = _run_four_sequences(make_ctx(n_seq_max=4, n_ctx=2048), model, [base, *others_a])
-    run_b = _run_four_sequences(make_ctx(n_seq_max=4, n_ctx=2048), model, [base, *others_b])
+    layout = {"n_seq_max": 4, "n_ctx": 2048, "kv_unified": kv_unified}
+    run_a = _run_four_sequences(make_ctx(**layout), model, [base, *others_a])
+    run_b = _run_four_sequences(make_ctx(**layout), model, [base, *others_b])
     assert run_a[0] == run_b[0]
     assert run_a[1:] != run_b[1:]
+
+
+def test_unified_cells_freed_and_refilled_by_other_sequences_do_not_leak(
+    model: Model, make_ctx: MakeCtx
+) -> None:
+    """In one shared KV stream, the cells other sequences free (interleaved with
+    sequence 0's) are reused for new text; sequence 0 continues the same."""
+    base = model.tokenize("The history of the printing press begins")
+    others = [
+        model.tokenize(t)
+        for t in ("My favourite fruit is the ripe", "In 1969 the first people walked on")
+    ]
+    others.append(model.tokenize("A good recipe for bread needs flour"))
+
+    def continue_base_after_refill(salt: int) -> list[int]:
+        ctx = make_ctx(n_seq_max=4, n_ctx=256, kv_unified=True)
+        assert ctx.n_ctx == 256
+        first = _run_four_sequences(ctx, model, [base, *others])
+        last_pos = ctx.seq_pos_max(0)
+        for seq in (1, 2, 3):
+            assert ctx.seq_remove(seq)
+        # 3 x 60 tokens cannot fit in the cells past the ~100 used ones: the
+        # refill has to take the freed cells lying between sequence 0's.
+        batch = Batch(ctx.n_batch)
+        for seq in (1, 2, 3):
+            batch.add_tokens([(t * 7 + seq * 131 + salt) % 20000 + 1000 for t in range(60)], seq, 0)
+        ctx.decode(batch)
+        # Re-decode sequence 0's last token for fresh logits, then continue it.
+        ctx.seq_remove(0, last_pos)
+        ctx.prefill([first[0][-1]], seq_id=0, start_pos=last_pos)
+        with Sampler(model, SamplerParams(greedy=True)) as sampler:
+            return ctx.generate(sampler, 16, seq_id=0, stop_at_eog=False)
+
+    assert continue_base_after_refill(salt=0) == continue_base_after_refill(salt=5003)
 
 
 def test_only_rows_that_asked_for_logits_can_be_sampled(model: Model, make_ctx: MakeCtx) -> None:
