@@ -6,16 +6,26 @@ pinned header, so struct layouts and signatures are never guessed. The library
 directory of the pinned build is baked in as an rpath: the extension finds
 ``libllama`` at run time without ``LD_LIBRARY_PATH``.
 
-Skips the build when the extension is newer than its inputs.
+The build folder is the one ``scripts/native.py llama`` built and checked for
+this environment's configuration (``LLAMA_BACKEND``, ``CMAKE_ARGS``, compilers);
+an unchecked folder is refused. Beside the extension, ``<extension>.build.json``
+records what it was built from: the backend, the library folder it links
+against and the sha256 of every input. The build is skipped only when that
+record matches exactly, so switching backend or configuration relinks.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import json
 import os
 import shutil
 import sys
 import sysconfig
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import cffi
 
@@ -27,25 +37,66 @@ from llamad import paths  # noqa: E402
 
 CDEF = PKG / "cdef.h"
 SHIM = PKG / "shim.c"
+STAMP_SUFFIX = ".build.json"
 
 
-def lib_dir(prefix: Path) -> Path:
-    build = prefix / "build"
-    for candidate in (build / "bin", build / "lib", build / "src"):
-        if any(candidate.glob("libllama.*")):
-            return candidate
-    raise SystemExit(f"libllama not found under {build}; run `scripts/native.py llama`")
+def _native() -> ModuleType:
+    """scripts/native.py, which owns the build folder's key and check."""
+    path = ROOT / "scripts" / "native.py"
+    spec = importlib.util.spec_from_file_location("llamad_native_build", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
-def main() -> None:
-    prefix = paths.llama_prefix()
+native = _native()
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def build_record(backend: str, src: Path, libs: Path) -> dict[str, Any]:
+    """What an extension built now would be built from."""
+    inputs = {
+        "cdef.h": CDEF,
+        "shim.c": SHIM,
+        "build_ffi.py": Path(__file__),
+        "llama.h": src / "include" / "llama.h",
+        "libllama": (libs / "libllama.so").resolve(),
+    }
+    return {
+        "backend": backend,
+        "lib_dir": str(libs),
+        "sha256": {name: _sha256(p) for name, p in inputs.items() if p.is_file()},
+    }
+
+
+def stamp_path(target: Path) -> Path:
+    return target.with_name(target.name + STAMP_SUFFIX)
+
+
+def up_to_date(target: Path, record: dict[str, Any]) -> bool:
+    """The extension exists and was built from exactly ``record``."""
+    try:
+        return target.is_file() and json.loads(stamp_path(target).read_text()) == record
+    except (OSError, ValueError):
+        return False
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    backend = paths.backend()
+    prefix = native.build_prefix(native.build_config(backend, os.environ))
+    native.require_checked(prefix)
     src = prefix / "src"
-    libs = lib_dir(prefix)
+    libs = native.lib_dir(prefix)
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
     target = PKG / f"_llama{suffix}"
-    inputs = [CDEF, SHIM, Path(__file__), src / "include" / "llama.h", libs / "libllama.so"]
-    newest = max(p.stat().st_mtime for p in inputs if p.exists())
-    if target.exists() and target.stat().st_mtime >= newest and "--force" not in sys.argv:
+    record = build_record(backend, src, libs)
+    if "--force" not in argv and up_to_date(target, record):
         print(f"[ffi] up to date: {target.relative_to(ROOT)}")
         return
 
@@ -63,11 +114,15 @@ def main() -> None:
     tmp = ROOT / "build" / "ffi"
     built = Path(ffi.compile(tmpdir=str(tmp), verbose=False))
     # Never rewrite a loaded library in place (a running process has it
-    # mapped and would crash): copy beside it, then rename over it.
+    # mapped and would crash): copy beside it, then rename over it. The
+    # record goes last, so a build cut short is never taken as up to date.
     staged = target.with_name(target.name + ".tmp")
     shutil.copy2(built, staged)
     os.replace(staged, target)
-    print(f"[ffi] built {target.relative_to(ROOT)} (rpath {libs})")
+    staged_stamp = stamp_path(target).with_name(stamp_path(target).name + ".tmp")
+    staged_stamp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    os.replace(staged_stamp, stamp_path(target))
+    print(f"[ffi] built {target.relative_to(ROOT)} ({backend}, rpath {libs})")
 
 
 if __name__ == "__main__":
