@@ -1,0 +1,39 @@
+"""What llamad guarantees about numerics on each backend: the tests' one place for it.
+
+On the CPU a token's computation does not depend on what else shares its batch
+or KV cache: a restored sequence continues with bit-identical logits wherever
+it is restored, and batched embeddings match one-at-a-time ones to 1e-4
+(measured: 2e-8). On a GPU the kernels are picked by batch shape and KV layout
+(different matmul and flash-attention kernels, f16 accumulation), so only the
+same computation path is bit-identical (the same batch shapes over the same
+layout: the model worker's cold path decodes the last prompt token alone, as
+a restore is primed, so that an exact hit reproduces the cold reply); across
+shapes results agree within the tolerances below. Issue 7 measured 8e-3
+between batched and one-at-a-time embeddings on an H200.
+
+The GPU tolerances still fail the defects they guard against (numbers from
+the default model on the CPU): pooling only part of an input moves its
+embedding by 2.7e-2, and continuing a sequence restored from a state one
+token short moves the logits by 4.4 or more.
+"""
+
+from __future__ import annotations
+
+from llamad.llama_ffi.build_info import compute_backend
+
+# Largest element-wise difference between an input's batched and alone embedding.
+EMBEDDING_CPU = 1e-4
+EMBEDDING_GPU = 1.5e-2
+
+# Largest logit difference between a sequence restored into another KV layout
+# and its reference, fed the same tokens.
+LOGITS_GPU = 0.5
+
+
+def exact() -> bool:
+    """Whether this process computes on the CPU, where the exact guarantees hold."""
+    return compute_backend() == "cpu"
+
+
+def embedding_tolerance() -> float:
+    return EMBEDDING_CPU if exact() else EMBEDDING_GPU
