@@ -42,7 +42,8 @@ from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcSpec, SaveReason
 from llamad.cache.meta import CacheMeta, MetaConfig
 from llamad.cache.publish import LocalMeta, PublishOutcome, publish
-from llamad.cache.tiers import SEGMENTS, Tier, TierConfig, TierKind, TierStore, build_tiers
+from llamad.cache.tier_kind import TierKind
+from llamad.cache.tiers import SEGMENTS, Tier, TierConfig, TierStore, build_tiers
 
 N_TOKENS = 2048
 BYTES_PER_TOKEN = 23_040

@@ -47,6 +47,7 @@ from llamad.cache.kvc import KvcSpec, SaveReason, write_kvc
 from llamad.cache.lookup import HitKind
 from llamad.cache.meta_proc import MetaProcess
 from llamad.cache.sup import CacheSettings, discard
+from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
 
 NS = Namespace(fingerprint=b"\xb1" * 32, quant=3, ctx_hash=b"\xb2" * 32)
@@ -155,7 +156,7 @@ def main() -> None:
     load_before = f"{os.getloadavg()[0]:.2f}"
 
     settings = CacheSettings.scratch(prefix="lcb", ram_file_quota=64 << 30)
-    ram_file = settings.tier("ram_file")
+    ram_file = settings.tier(TierKind.RAM_FILE)
     assert ram_file is not None and settings.registry_root is not None
     base = settings.registry_root.parent
     tier = Tier(ram_file)

@@ -35,6 +35,7 @@ from llamad.cache.key import (
 )
 from llamad.cache.kvc import KvcSpec, SaveReason
 from llamad.cache.sup import CacheSettings, cache_sup_spec, purge_ram
+from llamad.cache.tier_kind import TierKind
 from llamad.cache.writer import WriterPool
 from llamad.supervisor.runtime import Supervisor
 
@@ -80,7 +81,8 @@ def run_demo(settings: CacheSettings, n_tokens: int, bytes_per_token: int) -> No
     namespace = Namespace(
         fingerprint=hashlib.sha256(b"a model that does not exist").digest(),
         quant=quant_byte("q4_1"),
-        ctx_hash=ctx_params_hash(n_ctx=8192, type_k="f16", type_v="f16", flash_attn="off"),
+        # KV types as ggml_type numbers (1: f16), flash attention off (0).
+        ctx_hash=ctx_params_hash(n_ctx=8192, type_k=1, type_v=1, flash_attn=0),
     )
     # cache-meta created the counters and the writer permits when it started.
     counters = Counters.attach(settings.counters_path)
@@ -89,7 +91,11 @@ def run_demo(settings: CacheSettings, n_tokens: int, bytes_per_token: int) -> No
     try:
         payload = os.urandom(n_tokens * bytes_per_token)  # stands in for llama_state_seq bytes
         prompt = [(i * 7919) % 49_152 for i in range(n_tokens + 500)]
-        saved_len = {"ram": n_tokens // 4, "ram_file": n_tokens // 2, "disk": n_tokens}
+        saved_len = {
+            TierKind.RAM: n_tokens // 4,
+            TierKind.RAM_FILE: n_tokens // 2,
+            TierKind.DISK: n_tokens,
+        }
 
         print(f"saving {len(payload) / 1e6:.1f} MB into each tier ...")
         for tier, length in saved_len.items():
@@ -106,7 +112,8 @@ def run_demo(settings: CacheSettings, n_tokens: int, bytes_per_token: int) -> No
                 raise SystemExit("save dropped: no writer permit")
             result = future.result(60)
             took = (time.perf_counter() - started) * 1e3
-            print(f"  {tier:8s} {length:5d} tokens -> {result.outcome.value} in {took:.1f} ms")
+            outcome = result.outcome.value
+            print(f"  {tier.value:8s} {length:5d} tokens -> {outcome} in {took:.1f} ms")
 
         buffer = bytearray(len(payload) + (1 << 16))
         buffer[::4096] = b"\x01" * len(range(0, len(buffer), 4096))  # pre-fault it once
@@ -121,7 +128,7 @@ def run_demo(settings: CacheSettings, n_tokens: int, bytes_per_token: int) -> No
             raise SystemExit("the restored bytes differ from the saved ones")
         print(
             f"resolved a {len(prompt)}-token prompt: {found.kind} hit on "
-            f"{found.use_tokens} tokens from {found.row.tier}; "
+            f"{found.use_tokens} tokens from {found.row.tier.value}; "
             f"lookup + load {n / 1e6:.1f} MB in {took:.1f} ms"
         )
 

@@ -40,7 +40,9 @@ from llamad.cache.pressure import PressureConfig, PressureScheduler
 from llamad.cache.publish import PublishMeta, PublishOutcome, PublishResult, publish
 from llamad.cache.reservation import SaveIntent, Stage
 from llamad.cache.sup import CacheSettings, cache_sup_spec, purge_ram
-from llamad.cache.tiers import Tier, TierConfig, TierKind, TierStore, load
+from llamad.cache.tier_kind import TierKind
+from llamad.cache.tier_lock import TierLocks
+from llamad.cache.tiers import Tier, TierConfig, TierStore, load, load_mapped
 from llamad.cache.writer import PermitSet, WriterPool
 
 __all__ = [
@@ -75,6 +77,7 @@ __all__ = [
     "Tier",
     "TierConfig",
     "TierKind",
+    "TierLocks",
     "TierStore",
     "WriterPool",
     "cache_sup_spec",
@@ -82,6 +85,7 @@ __all__ = [
     "ctx_params_hash",
     "effective_fingerprint",
     "load",
+    "load_mapped",
     "model_fingerprint",
     "parse",
     "parse_meta",

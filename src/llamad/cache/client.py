@@ -31,15 +31,19 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
+
+import msgspec
 
 from llamad.actors.client import Client
 from llamad.actors.registry import Registry
+from llamad.cache import meta_wire as wire
 from llamad.cache.key import HEADER_LEN, Namespace, TokenSeq, tokens_to_bytes
 from llamad.cache.lookup import Lookup, RowRef
-from llamad.cache.meta_wire import ACTOR_NAME
+from llamad.cache.meta import GcReport
 from llamad.cache.reservation import SaveIntent, check_bytes
-from llamad.cache.tiers import Tier, TierConfig, load
+from llamad.cache.tier_kind import TierKind, check_tier
+from llamad.cache.tiers import Tier, TierConfig, load, load_mapped
 from llamad.errors import BadRequest
 
 if TYPE_CHECKING:
@@ -59,6 +63,7 @@ def _header(namespace: Namespace | bytes) -> bytes:
 
 # Replies decode straight into these msgspec types (validated in C).
 _ROW_OR_NONE: Any = RowRef | None
+_NO_ARGS: Final = wire.NoArgs()
 
 
 class CacheClient:
@@ -73,7 +78,7 @@ class CacheClient:
     def __init__(
         self,
         *,
-        name: str = ACTOR_NAME,
+        name: str = wire.ACTOR_NAME,
         registry: Registry | None = None,
         registry_root: Path | str | None = None,
         endpoint: str | None = None,
@@ -99,7 +104,7 @@ class CacheClient:
                 connect_timeout=connect_timeout,
                 client_name=client_name,
             )
-        self.tiers: dict[str, Tier] = {cfg.name: Tier(cfg) for cfg in tiers}
+        self.tiers: dict[TierKind, Tier] = {cfg.kind: Tier(cfg) for cfg in tiers}
         self.load_counters = counters
 
     @classmethod
@@ -126,7 +131,9 @@ class CacheClient:
     ) -> None:
         self.close()
 
-    def _call(self, op: str, body: dict[str, Any], tokens: bytes | None = None, **kw: Any) -> Any:
+    def _call(self, op: str, body: msgspec.Struct, tokens: bytes | None = None, **kw: Any) -> Any:
+        # Bodies are the request structs cache-meta validates against
+        # (meta_wire), so both ends share one declaration of every field.
         blobs = () if tokens is None else (tokens,)
         return self._client.call(op, body, blobs=blobs, **kw)
 
@@ -134,48 +141,45 @@ class CacheClient:
 
     def reserve_save(self, intent: SaveIntent, *, ttl_s: float | None = None) -> int:
         """Stage 1: claim ``intent.key``; returns the reservation token."""
-        body: dict[str, Any] = {
-            "key": intent.key,
-            "namespace": intent.namespace,
-            "tier": intent.tier,
-            "size": intent.size,
-            "reason": int(intent.reason),
-        }
-        if ttl_s is not None:
-            body["ttl_s"] = ttl_s
-        reply = self._call("reserve_save", body, intent.tokens)
-        return int(reply["token"])
+        body = wire.ReserveSave(
+            key=intent.key,
+            namespace=intent.namespace,
+            tier=intent.tier,
+            size=intent.size,
+            reason=int(intent.reason),
+            ttl_s=ttl_s,
+        )
+        reply: wire.Reserved = self._call(
+            "reserve_save", body, intent.tokens, reply_type=wire.Reserved
+        )
+        return reply.token
 
     def check_reservation(self, key: bytes, token: int) -> None:
         """Stage 3: raises :class:`~llamad.cache.errors.PublishAbandoned` if stale."""
-        self._call("check_reservation", {"key": key, "token": token})
+        self._call("check_reservation", wire.TokenRef(key, token))
 
     def mark_published(self, key: bytes, token: int, location: str) -> None:
         """Stage 4 done: the final file is linked at ``location``."""
-        self._call("mark_published", {"key": key, "token": token, "location": location})
+        self._call("mark_published", wire.MarkPublished(key, token, location))
 
     def announce_saved(
         self, key: bytes, token: int, *, location: str | None = None, size: int | None = None
     ) -> RowRef:
         """Stage 5: make the row visible (and wake whoever waits for it)."""
-        body: dict[str, Any] = {"key": key, "token": token}
-        if location is not None:
-            body["location"] = location
-        if size is not None:
-            body["size"] = size
+        body = wire.AnnounceSaved(key, token, location=location, size=size)
         ref: RowRef = self._call("announce_saved", body, reply_type=RowRef)
         return ref
 
     def cancel_reservation(self, key: bytes, token: int) -> bool:
         """Give up a save; returns whether the reservation was still live."""
-        return bool(self._call("cancel_reservation", {"key": key, "token": token}))
+        return bool(self._call("cancel_reservation", wire.TokenRef(key, token), reply_type=bool))
 
     # -- lookups (model workers) ----------------------------------------------
 
     def lookup_exact(self, key: bytes, *, pin: bool = True) -> RowRef | None:
         """The row of exactly ``key`` (pinned for this process unless ``pin=False``)."""
         ref: RowRef | None = self._call(
-            "lookup_exact", {"key": key, "pin": pin}, reply_type=_ROW_OR_NONE
+            "lookup_exact", wire.LookupExact(key, pin=pin), reply_type=_ROW_OR_NONE
         )
         return ref
 
@@ -183,7 +187,7 @@ class CacheClient:
         """Like :meth:`lookup_exact`, waiting up to ``wait_s`` for an in-flight save."""
         ref: RowRef | None = self._call(
             "lookup_exact_or_wait",
-            {"key": key, "wait_s": wait_s},
+            wire.LookupWait(key, wait_s),
             timeout=wait_s + 30.0,
             reply_type=_ROW_OR_NONE,
         )
@@ -198,9 +202,7 @@ class CacheClient:
         pin: bool = True,
     ) -> Lookup:
         """Longest saved prefix of ``tokens`` (or a row to restore and truncate)."""
-        body: dict[str, Any] = {"namespace": _header(namespace), "pin": pin}
-        if parent_key is not None:
-            body["parent_key"] = parent_key
+        body = wire.LongestPrefix(_header(namespace), parent_key=parent_key, pin=pin)
         found: Lookup = self._client.call(
             "longest_prefix", body, blobs=(tokens_to_bytes(tokens),), reply_type=Lookup
         )
@@ -215,9 +217,7 @@ class CacheClient:
         wait_s: float = 0.0,
     ) -> Lookup:
         """A model worker's whole cache resolution in one round trip (pinned)."""
-        body: dict[str, Any] = {"namespace": _header(namespace), "wait_s": wait_s}
-        if parent_key is not None:
-            body["parent_key"] = parent_key
+        body = wire.Resolve(_header(namespace), parent_key=parent_key, wait_s=wait_s)
         found: Lookup = self._call(
             "resolve", body, tokens_to_bytes(tokens), timeout=wait_s + 30.0, reply_type=Lookup
         )
@@ -225,18 +225,18 @@ class CacheClient:
 
     def checkout(self, key: bytes) -> RowRef | None:
         """Pin a row without counting a lookup."""
-        ref: RowRef | None = self._call("checkout", {"key": key}, reply_type=_ROW_OR_NONE)
+        ref: RowRef | None = self._call("checkout", wire.KeyBody(key), reply_type=_ROW_OR_NONE)
         return ref
 
     def checkin(self, pin: int | None) -> bool:
         """Release a pin (``None`` is accepted and ignored, for unpinned rows)."""
         if pin is None:
             return False
-        return bool(self._call("checkin", {"pin": pin}))
+        return bool(self._call("checkin", wire.Checkin(pin), reply_type=bool))
 
     def forget(self, key: bytes) -> bool:
         """Tell cache-meta a row is gone or corrupt so it stops serving it."""
-        return bool(self._call("forget", {"key": key}))
+        return bool(self._call("forget", wire.KeyBody(key), reply_type=bool))
 
     @contextmanager
     def pinned(self, ref: RowRef | None) -> Iterator[RowRef | None]:
@@ -253,43 +253,61 @@ class CacheClient:
         Returns the payload length, or ``None`` on a miss (missing or corrupt:
         the row is then forgotten by cache-meta and never restored).
         """
-        tier = self.tiers.get(ref.tier)
-        if tier is None:
-            raise BadRequest(f"this client has no {ref.tier!r} tier configured")
-        n = load(tier, ref.location, buffer, self.load_counters)
+        n = load(self._tier(ref), ref.location, buffer, self.load_counters)
         if n is None:
             self.forget(ref.key)
         return n
 
+    @contextmanager
+    def load_mapped(self, ref: RowRef) -> Iterator[memoryview | None]:
+        """A ``ram`` row's validated payload in place, for a restore with no copy.
+
+        Yields the view (valid only inside the block; hand it straight to
+        ``llama_state_seq_set_data``) or ``None`` on a miss, which, like
+        :meth:`load_into`, deleted and counted a damaged row and made
+        cache-meta forget it. The row must be pinned for the whole block.
+        """
+        with load_mapped(self._tier(ref), ref.location, self.load_counters) as view:
+            if view is None:
+                self.forget(ref.key)
+            yield view
+
+    def _tier(self, ref: RowRef) -> Tier:
+        tier = self.tiers.get(ref.tier)
+        if tier is None:
+            raise BadRequest(f"this client has no {ref.tier!r} tier configured")
+        return tier
+
     # -- administration -------------------------------------------------------
 
-    def evict_bytes(self, n: int, tiers: Iterable[str] | None = None) -> tuple[int, int]:
+    def evict_bytes(self, n: int, tiers: Iterable[TierKind] | None = None) -> tuple[int, int]:
         """Free at least ``n`` bytes (LRU, unpinned only); returns (rows, bytes)."""
-        body: dict[str, Any] = {"n": n}
-        if tiers is not None:
-            body["tiers"] = list(tiers)
-        reply = self._call("evict_bytes", body)
-        return int(reply["rows"]), int(reply["bytes"])
+        names = None if tiers is None else [check_tier(t, "tiers") for t in tiers]
+        reply: wire.Evicted = self._call(
+            "evict_bytes", wire.EvictBytes(n, names), reply_type=wire.Evicted
+        )
+        return reply.rows, reply.bytes
 
-    def gc(self) -> dict[str, int]:
+    def gc(self) -> GcReport:
         """Reap, drop vanished rows, enforce quotas, persist hit counts."""
-        return dict(self._call("gc", {}))
+        report: GcReport = self._call("gc", _NO_ARGS, reply_type=GcReport)
+        return report
 
     def dump(self) -> list[dict[str, Any]]:
         """Every row and in-flight reservation."""
-        return list(self._call("dump", {}))
+        return list(self._call("dump", _NO_ARGS, reply_type=list[dict[str, Any]]))
 
     def counters(self) -> dict[str, int]:
         """All SPEC C10 counters and gauges, summed over processes."""
-        return dict(self._call("counters", {}))
+        return dict(self._call("counters", _NO_ARGS, reply_type=dict[str, int]))
 
     def reset_counters(self) -> None:
-        self._call("reset_counters", {})
+        self._call("reset_counters", _NO_ARGS)
 
     def status(self) -> dict[str, Any]:
         """Rows, reservations, pins, waiters, per-tier bytes and the pressure scheduler."""
-        return dict(self._call("status", {}))
+        return dict(self._call("status", _NO_ARGS, reply_type=dict[str, Any]))
 
     def pressure_check(self) -> dict[str, Any]:
         """Run the pressure scheduler's check now (evicts only when enabled)."""
-        return dict(self._call("pressure_check", {}))
+        return dict(self._call("pressure_check", _NO_ARGS, reply_type=dict[str, Any]))

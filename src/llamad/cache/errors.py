@@ -73,6 +73,16 @@ class TierFull(TierError):
     code = "tier_full"
 
 
+class TierLocked(TierError):
+    """Another live cache-meta owns this tier: this one refuses to start, having touched nothing.
+
+    ``details``: ``tier``, ``lock`` (the lock file's path) and ``holder_pid``
+    (the owner's pid as it wrote it, for the message; the lock decides).
+    """
+
+    code = "tier_locked"
+
+
 class SaveRefused(CacheError):
     """A save was refused before any byte was written (back-pressure or policy)."""
 

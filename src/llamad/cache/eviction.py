@@ -17,6 +17,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Generic, Protocol, TypeVar
 
+from llamad.cache.tier_kind import TierKind
 from llamad.errors import BadRequest
 
 __all__ = ["Evictable", "TierLedger", "plan_across_tiers"]
@@ -48,7 +49,7 @@ class TierLedger(Generic[R]):
 
     __slots__ = ("_lru", "name", "quota", "reserved", "used")
 
-    def __init__(self, name: str, quota: int) -> None:
+    def __init__(self, name: TierKind, quota: int) -> None:
         if isinstance(quota, bool) or not isinstance(quota, int) or quota < 0:
             raise BadRequest(
                 f"quota of tier {name!r} must be a byte count >= 0", details={"field": "quota"}

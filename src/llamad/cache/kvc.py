@@ -62,6 +62,10 @@ FORMAT_VERSION: Final = 1
 HEADER: Final = struct.Struct("<8sHBBIIIQQQQIIII")
 HEADER_LEN: Final = HEADER.size
 _HEADER_CRC_SPAN: Final = HEADER_LEN - 4
+# Header bytes update_stats rewrites in a published file: the hit count, the
+# last-used time and the header CRC over them. Everything else in the prefix
+# never changes once a row is published.
+_STATS_SPANS: Final = ((16, 20), (32, 40), (_HEADER_CRC_SPAN, HEADER_LEN))
 PAYLOAD_ALIGN: Final = 4096
 SUFFIX: Final = ".kvc"
 
@@ -232,6 +236,10 @@ class KvcMeta:
     file_size: int
     hostname: str
     llamad_version: str
+    # The bytes [0, payload_offset) these fields were decoded from: a file
+    # kept mapped is re-checked against them on every load
+    # (:func:`check_prefix_unchanged`).
+    prefix: bytes = field(repr=False)
 
 
 def encode_prefix(spec: KvcSpec, payload_len: int, payload_crc: int) -> bytes:
@@ -336,7 +344,7 @@ class _Header:
         return self.payload_offset + self.payload_len
 
 
-def _decode_header(head: bytes | memoryview) -> _Header:
+def _decode_header(head: bytes | bytearray | memoryview) -> _Header:
     if len(head) < HEADER_LEN:
         raise KvcCorrupt("truncated", f"{len(head)} bytes, shorter than the header")
     fields = HEADER.unpack_from(head)
@@ -371,7 +379,11 @@ def _utf8(tag: _Tag, value: bytes, limit: int) -> str:
 
 
 def _decode_meta(
-    hdr: _Header, region: bytes | memoryview, file_size: int, expected_key: bytes | None
+    hdr: _Header,
+    head: bytes | memoryview,
+    region: bytes | memoryview,
+    file_size: int,
+    expected_key: bytes | None,
 ) -> KvcMeta:
     """Validate the TLV region (``[72, payload_offset)``) and build the meta."""
     if file_size != hdr.file_size:
@@ -382,7 +394,10 @@ def _decode_meta(
     if crc32c.crc32c(region) != hdr.tlv_crc:
         raise KvcCorrupt("tlv_crc", "TLV checksum mismatch")
     view = memoryview(region)
-    if any(view[hdr.tlv_len :]):
+    # Counted in C: any() over a memoryview walks the padding (up to 4 KiB)
+    # one Python int at a time, ~30 us of every fresh read.
+    padding = bytes(view[hdr.tlv_len :])
+    if padding.count(0) != len(padding):
         raise KvcCorrupt("tlv", "non-zero padding before the payload")
     values: dict[_Tag, bytes] = {}
     pos = 0
@@ -432,6 +447,7 @@ def _decode_meta(
         file_size=file_size,
         hostname=_utf8(_Tag.HOSTNAME, values[_Tag.HOSTNAME], MAX_HOSTNAME),
         llamad_version=_utf8(_Tag.VERSION, values[_Tag.VERSION], MAX_VERSION),
+        prefix=bytes(head) + bytes(region),
     )
 
 
@@ -440,7 +456,9 @@ def _meta_from_buffer(data: Buffer, expected_key: bytes | None) -> tuple[KvcMeta
     hdr = _decode_header(view[:HEADER_LEN])
     if len(view) < hdr.payload_offset:
         raise KvcCorrupt("truncated", f"{len(view)} bytes, shorter than header and TLV")
-    meta = _decode_meta(hdr, view[HEADER_LEN : hdr.payload_offset], len(view), expected_key)
+    meta = _decode_meta(
+        hdr, view[:HEADER_LEN], view[HEADER_LEN : hdr.payload_offset], len(view), expected_key
+    )
     return meta, view[hdr.payload_offset :]
 
 
@@ -457,11 +475,12 @@ def _pread_exact(fd: int, n: int, offset: int) -> bytes:
 def read_meta(fd: int, *, expected_key: bytes | None = None) -> KvcMeta:
     """Validate header and TLV of an open file (no payload checksum)."""
     size = os.fstat(fd).st_size
-    hdr = _decode_header(_pread_exact(fd, HEADER_LEN, 0))
+    head = _pread_exact(fd, HEADER_LEN, 0)
+    hdr = _decode_header(head)
     if size < hdr.payload_offset:
         raise KvcCorrupt("truncated", f"file is {size} bytes, shorter than header and TLV")
     region = _pread_exact(fd, hdr.payload_offset - HEADER_LEN, HEADER_LEN)
-    return _decode_meta(hdr, region, size, expected_key)
+    return _decode_meta(hdr, head, region, size, expected_key)
 
 
 def parse_meta(
@@ -523,20 +542,51 @@ def _scrub(view: memoryview, n: int) -> None:
     view[:n] = bytes(n)
 
 
-def copy_payload_into(file_bytes: Buffer, meta: KvcMeta, buffer: Buffer) -> int:
-    """Copy the payload out of a whole file held in memory, checking its CRC on the way.
+def check_prefix_unchanged(file_bytes: Buffer, meta: KvcMeta) -> None:
+    """Re-check a whole file held in memory against ``meta``, which it was validated as.
 
-    For a ``ram`` row mapped from shared memory: each chunk is checksummed and
-    then copied while it is still in cache. Returns the payload length; raises
-    :class:`KvcCorrupt` on a size or checksum mismatch (after zeroing the copy).
+    Everything a fresh :func:`parse_meta` checks, without parsing again: the
+    size, the header on its own terms (magic, version, header CRC, ranges),
+    and every byte of ``[0, payload_offset)`` equal to the validated
+    :attr:`KvcMeta.prefix` except the hit count and last-used time (and the
+    header CRC over them), which cache-meta rewrites in place. Equal bytes
+    pass every TLV, padding and key check the validated ones passed, so this
+    costs one header decode and one ``memcmp``. For a ``ram`` segment kept
+    mapped between loads: damage to it shows through the mapping. The payload
+    checksum is the caller's (it is computed while copying).
+    """
+    with _payload_view(file_bytes) as view:
+        size = len(view)
+        # A copy (a C memcpy) compares at memcmp speed; comparing the view
+        # itself would go through the generic buffer comparison, ~30x slower.
+        now = bytearray(view[: min(size, meta.payload_offset)])
+    if size != meta.file_size:
+        kind = "truncated" if size < meta.file_size else "length"
+        raise KvcCorrupt(kind, f"{size} bytes, the validated file is {meta.file_size}")
+    _decode_header(now)
+    for start, stop in _STATS_SPANS:
+        now[start:stop] = meta.prefix[start:stop]
+    if now != meta.prefix:
+        reason = "field" if now[:HEADER_LEN] != meta.prefix[:HEADER_LEN] else "tlv"
+        raise KvcCorrupt(reason, "header, TLV or padding differ from the validated file")
+
+
+def copy_payload_into(file_bytes: Buffer, meta: KvcMeta, buffer: Buffer) -> int:
+    """Copy the payload out of a whole file held in memory, validating all of it.
+
+    For a ``ram`` row mapped from shared memory, validated as ``meta`` when it
+    was mapped: the prefix is re-checked first (:func:`check_prefix_unchanged`,
+    so damage there is refused before a byte reaches ``buffer``), then each
+    payload chunk is checksummed and copied while it is still in cache.
+    Returns the payload length; raises :class:`KvcCorrupt` on any mismatch
+    (after zeroing what it had copied, when the payload checksum is what failed).
     """
     src = _payload_view(file_bytes)
     dst = _payload_view(buffer)
     try:
         if len(dst) < meta.payload_len:
             raise InvalidCacheValue("buffer", f"{len(dst)} bytes, payload needs {meta.payload_len}")
-        if len(src) != meta.file_size:
-            raise KvcCorrupt("truncated", f"{len(src)} bytes mapped, file is {meta.file_size}")
+        check_prefix_unchanged(src, meta)
         crc = 0
         base = meta.payload_offset
         for start in range(0, meta.payload_len, IO_CHUNK):

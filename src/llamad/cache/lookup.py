@@ -19,6 +19,7 @@ from typing import NamedTuple
 import msgspec
 
 from llamad.cache.prefix import PrefixMatch
+from llamad.cache.tier_kind import TierKind
 from llamad.errors import BadRequest
 
 __all__ = [
@@ -48,8 +49,9 @@ class RowRef(msgspec.Struct, frozen=True, array_like=True):
     ``pin`` is the pin id to check back in (``None`` when the row was not
     pinned). ``location`` is the row's absolute path in its tier (for ``ram``,
     the segment's path under ``/dev/shm``; ``Tier.segment_name`` gives its
-    ``shm_open`` name). ``size`` is the whole ``.kvc`` size, so the loader can
-    size its buffer before reading.
+    ``shm_open`` name). ``file_size`` is the size of the whole ``.kvc`` file,
+    not of the payload: the payload is that minus the header and TLV, which
+    only the file says, so a buffer of ``file_size`` bytes always holds it.
 
     On the wire a row is a msgpack array in field order (a lookup is on
     the hot path, and an array decodes straight into this type, every field
@@ -57,9 +59,9 @@ class RowRef(msgspec.Struct, frozen=True, array_like=True):
     """
 
     key: bytes
-    tier: str
+    tier: TierKind
     location: str
-    size: int
+    file_size: int
     n_tokens: int
     pin: int | None = None
 

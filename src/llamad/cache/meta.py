@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
+import msgspec
 import structlog
 
 from llamad.cache.counters import CounterSink, DictCounters
@@ -61,16 +62,15 @@ from llamad.cache.lookup import (
 from llamad.cache.pins import PinTable
 from llamad.cache.prefix import PrefixIndex
 from llamad.cache.reservation import (
-    TIERS,
     Adopted,
     Owner,
     Reservation,
     SaveIntent,
     Stage,
     check_bytes,
-    check_tier,
     check_tokens,
 )
+from llamad.cache.tier_kind import TierKind, check_tier
 from llamad.cache.waiters import WAIT, Deferred, Waiter, WaiterTable
 
 log = structlog.get_logger("llamad.cache.meta")
@@ -92,7 +92,7 @@ class Row:
 
     key: bytes
     namespace: bytes
-    tier: str
+    tier: TierKind
     size: int
     n_tokens: int
     location: str
@@ -128,16 +128,16 @@ class Row:
 class RowStore(Protocol):
     """File effects cache-meta needs from the tiers."""
 
-    def delete(self, tier: str, key: bytes, location: str) -> None:
+    def delete(self, tier: TierKind, key: bytes, location: str) -> None:
         """Remove a row's bytes (missing is fine)."""
 
-    def adopt(self, tier: str, key: bytes, location: str | None) -> Adopted | None:
+    def adopt(self, tier: TierKind, key: bytes, location: str | None) -> Adopted | None:
         """Validate the published file of ``key``; unlink it and return None if invalid."""
 
-    def persist_stats(self, tier: str, location: str, hits: int, last_used_ns: int) -> None:
+    def persist_stats(self, tier: TierKind, location: str, hits: int, last_used_ns: int) -> None:
         """Write a row's hit count and last-used time back into its file header."""
 
-    def exists(self, tier: str, location: str) -> bool:
+    def exists(self, tier: TierKind, location: str) -> bool:
         """Whether a row's bytes are still there."""
 
 
@@ -145,13 +145,13 @@ class RowStore(Protocol):
 class MetaConfig:
     """Quotas and timings of cache-meta; invalid values raise naming the field.
 
-    ``quotas`` maps tier name → byte quota; a tier left out is not served.
+    ``quotas`` maps tier → byte quota; a tier left out is not served.
     ``reservation_ttl_s`` bounds how long a silent writer keeps a key
     reserved (each protocol step renews it). ``max_wait_s`` caps the wait a
     lookup may ask for.
     """
 
-    quotas: Mapping[str, int]
+    quotas: Mapping[TierKind, int]
     reservation_ttl_s: float = 60.0
     max_wait_s: float = 60.0
     lookup: LookupPolicy = field(default_factory=LookupPolicy)
@@ -159,11 +159,12 @@ class MetaConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.quotas, Mapping) or not self.quotas:
             raise InvalidCacheValue("quotas", "at least one tier needs a quota")
+        quotas: dict[TierKind, int] = {}
         for tier, quota in self.quotas.items():
-            check_tier(tier)
             if isinstance(quota, bool) or not isinstance(quota, int) or quota < 0:
                 raise InvalidCacheValue("quotas", f"{tier}: {quota!r} is not a byte count >= 0")
-        object.__setattr__(self, "quotas", dict(self.quotas))
+            quotas[check_tier(tier)] = quota
+        object.__setattr__(self, "quotas", quotas)
         for name in ("reservation_ttl_s", "max_wait_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
@@ -172,22 +173,13 @@ class MetaConfig:
             raise InvalidCacheValue("lookup", "expected a LookupPolicy")
 
 
-@dataclass(frozen=True, slots=True)
-class GcReport:
-    """What :meth:`CacheMeta.gc` did."""
+class GcReport(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What :meth:`CacheMeta.gc` did; also the ``gc`` op's reply, as is."""
 
     evicted: int
     bytes_freed: int
     missing: int
     reaped: int
-
-    def to_wire(self) -> dict[str, int]:
-        return {
-            "evicted": self.evicted,
-            "bytes_freed": self.bytes_freed,
-            "missing": self.missing,
-            "reaped": self.reaped,
-        }
 
 
 class CacheMeta:
@@ -207,7 +199,7 @@ class CacheMeta:
         self.counters: CounterSink = counters if counters is not None else DictCounters()
         self._clock = clock
         self._wall_ns = wall_ns
-        self.ledgers: dict[str, TierLedger[Row]] = {
+        self.ledgers: dict[TierKind, TierLedger[Row]] = {
             tier: TierLedger(tier, quota) for tier, quota in config.quotas.items()
         }
         self.rows: dict[bytes, Row] = {}
@@ -226,7 +218,7 @@ class CacheMeta:
         self._next_id += 1
         return self._next_id
 
-    def _ledger(self, tier: str) -> TierLedger[Row]:
+    def _ledger(self, tier: TierKind) -> TierLedger[Row]:
         ledger = self.ledgers.get(tier)
         if ledger is None:
             raise InvalidCacheValue("tier", f"tier {tier!r} is not configured")
@@ -236,7 +228,7 @@ class CacheMeta:
         self._lru_clock += 1
         row.lru_seq = self._lru_clock
 
-    def _sync_bytes(self, tier: str) -> None:
+    def _sync_bytes(self, tier: TierKind) -> None:
         self.counters.set(f"bytes_{tier}", self.ledgers[tier].used)
 
     def _touch(self, row: Row) -> None:
@@ -279,7 +271,7 @@ class CacheMeta:
         if delete:
             self._delete_file(row.tier, row.key, row.location)
 
-    def _delete_file(self, tier: str, key: bytes, location: str) -> None:
+    def _delete_file(self, tier: TierKind, key: bytes, location: str) -> None:
         try:
             self.store.delete(tier, key, location)
         except Exception as exc:
@@ -733,7 +725,7 @@ class CacheMeta:
         victims, _ = ledger.plan(need)
         return len(victims), self._evict(victims)
 
-    def evict_bytes(self, n: int, tiers: Iterable[str] | None = None) -> tuple[int, int]:
+    def evict_bytes(self, n: int, tiers: Iterable[TierKind] | None = None) -> tuple[int, int]:
         """Free at least ``n`` bytes, globally least recently used first.
 
         Only unpinned rows of ``tiers`` (default: all) are candidates; returns
@@ -747,7 +739,7 @@ class CacheMeta:
         victims, _ = plan_across_tiers(ledgers, n)
         return len(victims), self._evict(victims)
 
-    def used_bytes(self, tiers: Iterable[str] | None = None) -> int:
+    def used_bytes(self, tiers: Iterable[TierKind] | None = None) -> int:
         names = list(self.ledgers) if tiers is None else list(tiers)
         return sum(self.ledgers[t].used for t in names if t in self.ledgers)
 
@@ -800,18 +792,19 @@ class CacheMeta:
 
     # ------------------------------------------------ startup and hit counts
 
-    def adopt_file(self, meta: KvcMeta, tier: str, location: str) -> bool:
+    def adopt_file(self, meta: KvcMeta, tier: TierKind, location: str) -> bool:
         """Index a valid file found by a startup scan; returns whether it was kept.
 
         A key already indexed in a faster tier wins; the slower copy is
         deleted and counted as ``duplicate_dropped``. Call
         :meth:`finish_rebuild` after the last file.
         """
+        tier = check_tier(tier)
         self._ledger(tier)
         existing = self.rows.get(meta.key)
         if existing is not None:
             self.counters.add("duplicate_dropped")
-            if TIERS.index(tier) >= TIERS.index(existing.tier):
+            if not tier.faster_than(existing.tier):
                 self._delete_file(tier, meta.key, location)
                 return False
             self._drop(existing, delete=True)

@@ -41,10 +41,12 @@ from llamad.cache import meta_wire as wire
 from llamad.cache.counters import Counters
 from llamad.cache.kvc import SaveReason
 from llamad.cache.lookup import Lookup, RowRef
-from llamad.cache.meta import CacheMeta
+from llamad.cache.meta import CacheMeta, GcReport
 from llamad.cache.pressure import PressureScheduler, PressureSource, make_source
 from llamad.cache.reservation import Owner, SaveIntent
 from llamad.cache.sup import CacheSettings
+from llamad.cache.tier_kind import TierKind
+from llamad.cache.tier_lock import TierLocks
 from llamad.cache.tiers import Tier, TierStore, build_tiers
 from llamad.cache.waiters import WAIT
 from llamad.errors import BadRequest
@@ -91,17 +93,28 @@ class MetaServer:
         """``pressure_source`` overrides the configured one (e.g. a
         :class:`~llamad.cache.pressure.CallablePressure` when embedding)."""
         self.settings = settings
-        self.tiers: dict[str, Tier] = build_tiers(list(settings.tiers))
-        self.counters = Counters.open_or_create(settings.counters_path)
-        # The writers' daemon-wide cap lives beside the counters; creating it
-        # again after a crash keeps the permits live writers hold.
-        settings.create_permits()
-        self.store = TierStore(self.tiers, self.counters)
-        self.meta = CacheMeta(settings.meta_config(), self.store, counters=self.counters)
-        source = pressure_source if pressure_source is not None else make_source(settings.pressure)
-        self.pressure = PressureScheduler(settings.pressure, source, self.meta.evict_bytes)
-        registry = Registry(settings.registry_root)
-        self.actor = Actor(settings.actor_name, registry=registry, limits=_LIMITS)
+        self.tiers: dict[TierKind, Tier] = build_tiers(list(settings.tiers))
+        with contextlib.ExitStack() as undo:
+            # First of all, before this instance reads or deletes a tier file
+            # or touches its counters, permits or registry: a second
+            # cache-meta over the same tiers refuses here (TierLocked),
+            # having changed nothing.
+            self.tier_locks = TierLocks.take(self.tiers.values())
+            undo.callback(self.tier_locks.release)
+            self.counters = Counters.open_or_create(settings.counters_path)
+            undo.callback(self.counters.close)
+            # The writers' daemon-wide cap lives beside the counters; creating
+            # it again after a crash keeps the permits live writers hold.
+            settings.create_permits()
+            self.store = TierStore(self.tiers, self.counters)
+            self.meta = CacheMeta(settings.meta_config(), self.store, counters=self.counters)
+            source = (
+                pressure_source if pressure_source is not None else make_source(settings.pressure)
+            )
+            self.pressure = PressureScheduler(settings.pressure, source, self.meta.evict_bytes)
+            registry = Registry(settings.registry_root)
+            self.actor = Actor(settings.actor_name, registry=registry, limits=_LIMITS)
+            undo.pop_all()  # from here on close() releases them
         self._owners = ProcessWatch()
         self._owner_refs: dict[Owner, ProcessRef] = {}
         self._owner_fds: set[int] = set()
@@ -114,9 +127,9 @@ class MetaServer:
 
     # -- lifecycle ------------------------------------------------------------
 
-    def rebuild(self) -> dict[str, int]:
+    def rebuild(self) -> dict[TierKind, int]:
         """Index every valid row the tiers hold; returns rows adopted per tier."""
-        adopted: dict[str, int] = {}
+        adopted: dict[TierKind, int] = {}
         started = time.monotonic()
         for name, tier in self.tiers.items():
             tier.prepare()
@@ -131,7 +144,7 @@ class MetaServer:
         log.info(
             "cache.index_rebuilt",
             rows=len(self.meta.rows),
-            per_tier=adopted,
+            per_tier={tier.value: n for tier, n in adopted.items()},
             evicted_over_quota=evicted,
             seconds=round(time.monotonic() - started, 3),
         )
@@ -147,16 +160,20 @@ class MetaServer:
         return endpoint
 
     def close(self) -> None:
-        """Persist hit counts, close the actor, release watches and counters."""
+        """Persist hit counts, close the actor, release watches, counters and the tiers."""
         try:
             self.meta.flush_stats()
         finally:
-            self.actor.close()
-            self._owners.close()
-            source_close = getattr(self.pressure.source, "close", None)
-            if callable(source_close):
-                source_close()
-            self.counters.close()
+            try:
+                self.actor.close()
+                self._owners.close()
+                source_close = getattr(self.pressure.source, "close", None)
+                if callable(source_close):
+                    source_close()
+                self.counters.close()
+            finally:
+                # Last: the flush above still wrote into tier files.
+                self.tier_locks.release()
 
     def serve(self, ready: Callable[[], None] | None = None) -> None:
         """Serve until SIGTERM/SIGINT (or :meth:`Actor.request_stop`), then close.
@@ -312,7 +329,7 @@ class MetaServer:
 
         return handler
 
-    def _op_reserve_save(self, req: Request[wire.ReserveSave]) -> dict[str, Any]:
+    def _op_reserve_save(self, req: Request[wire.ReserveSave]) -> wire.Reserved:
         b = req.body
         intent = SaveIntent(
             key=b.key,
@@ -322,7 +339,7 @@ class MetaServer:
             size=b.size,
             reason=SaveReason(b.reason),
         )
-        return {"token": self.meta.reserve_save(intent, self._owner(req), ttl_s=b.ttl_s)}
+        return wire.Reserved(self.meta.reserve_save(intent, self._owner(req), ttl_s=b.ttl_s))
 
     def _op_check_reservation(self, req: Request[wire.TokenRef]) -> None:
         self.meta.check_reservation(req.body.key, req.body.token)
@@ -391,12 +408,12 @@ class MetaServer:
         if found is not WAIT:
             self._reply(handle, found)
 
-    def _op_evict_bytes(self, req: Request[wire.EvictBytes]) -> dict[str, int]:
+    def _op_evict_bytes(self, req: Request[wire.EvictBytes]) -> wire.Evicted:
         rows, freed = self.meta.evict_bytes(req.body.n, req.body.tiers)
-        return {"rows": rows, "bytes": freed}
+        return wire.Evicted(rows, freed)
 
-    def _op_gc(self, req: Request[wire.NoArgs]) -> dict[str, int]:
-        return self.meta.gc().to_wire()
+    def _op_gc(self, req: Request[wire.NoArgs]) -> GcReport:
+        return self.meta.gc()
 
     def _op_dump(self, req: Request[wire.NoArgs]) -> list[dict[str, Any]]:
         return self.meta.dump()

@@ -9,19 +9,24 @@ ids (:data:`TOKENS_BLOB`), which also lifts the msgpack header's size cap.
 
 Rows and lookups are answered as :class:`~llamad.cache.lookup.RowRef` and
 :class:`~llamad.cache.lookup.Lookup` msgspec structs, which travel as msgpack
-arrays in field order; :class:`llamad.cache.client.CacheClient` decodes them
-straight back into those types. Other replies are plain maps and lists.
+arrays in field order; ``reserve_save``, ``evict_bytes`` and ``gc`` answer
+:class:`Reserved`, :class:`Evicted` and :class:`~llamad.cache.meta.GcReport`.
+:class:`llamad.cache.client.CacheClient` builds its requests from the body
+structs below and decodes replies straight back into these types. The
+inspection ops (``dump``, ``counters``, ``status``, ``pressure_check``)
+answer plain maps and lists.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final
 
 import msgspec
 
 from llamad.actors.ops import OpKind, OpSpec
+from llamad.cache.tier_kind import TierKind
 
-__all__ = ["ACTOR_NAME", "OPS", "TOKENS_BLOB"]
+__all__ = ["ACTOR_NAME", "OPS", "TOKENS_BLOB", "Evicted", "Reserved"]
 
 ACTOR_NAME: Final = "cache-meta"
 """The registry name cache-meta serves under."""
@@ -31,7 +36,6 @@ TOKENS_BLOB: Final = 1
 
 Key = Annotated[bytes, msgspec.Meta(min_length=32, max_length=32)]
 Header = Annotated[bytes, msgspec.Meta(min_length=65, max_length=65)]
-TierName = Literal["ram", "ram_file", "disk"]
 Location = Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
 Token = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 Bytes = Annotated[int, msgspec.Meta(ge=0, le=2**62)]
@@ -45,7 +49,7 @@ class _Body(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class ReserveSave(_Body, frozen=True, forbid_unknown_fields=True):
     key: Key
     namespace: Header
-    tier: TierName
+    tier: TierKind
     size: Annotated[int, msgspec.Meta(gt=0, le=2**62)]
     reason: Annotated[int, msgspec.Meta(ge=1, le=5)]
     ttl_s: Annotated[float, msgspec.Meta(gt=0, le=86_400)] | None = None
@@ -101,11 +105,27 @@ class Checkin(_Body, frozen=True, forbid_unknown_fields=True):
 
 class EvictBytes(_Body, frozen=True, forbid_unknown_fields=True):
     n: Bytes
-    tiers: list[TierName] | None = None
+    tiers: list[TierKind] | None = None
 
 
 class NoArgs(_Body, frozen=True, forbid_unknown_fields=True):
     pass
+
+
+# -- replies -------------------------------------------------------------------
+
+
+class Reserved(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``reserve_save``'s answer: the reservation token for the later stages."""
+
+    token: Token
+
+
+class Evicted(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``evict_bytes``'s answer: rows evicted and bytes they freed."""
+
+    rows: Annotated[int, msgspec.Meta(ge=0)]
+    bytes: Bytes
 
 
 def _call(name: str, body: Any, doc: str, *, tokens: bool = False) -> OpSpec:

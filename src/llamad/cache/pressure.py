@@ -33,7 +33,8 @@ from typing import Any, Final, Protocol
 import psutil
 import structlog
 
-from llamad.cache.reservation import TIERS
+from llamad.cache.errors import InvalidCacheValue
+from llamad.cache.tier_kind import TIER_ORDER, TierKind, check_tier
 from llamad.errors import ConfigError
 
 log = structlog.get_logger("llamad.cache.pressure")
@@ -221,7 +222,7 @@ class PressureConfig:
     high_watermark: float = 0.85
     low_watermark: float = 0.75
     min_evict_bytes: int = 1 << 20
-    evict_tiers: tuple[str, ...] = ("ram", "ram_file")
+    evict_tiers: tuple[TierKind, ...] = (TierKind.RAM, TierKind.RAM_FILE)
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
@@ -255,10 +256,13 @@ class PressureConfig:
             )
         if self.min_evict_bytes < 0:
             raise ConfigError("min_evict_bytes must be >= 0", details={"field": "min_evict_bytes"})
-        tiers = tuple(self.evict_tiers)
-        if not tiers or any(t not in TIERS for t in tiers):
+        try:
+            tiers = tuple(check_tier(t, "evict_tiers") for t in self.evict_tiers)
+        except (InvalidCacheValue, TypeError):
+            tiers = ()
+        if not tiers:
             raise ConfigError(
-                f"evict_tiers must be a non-empty subset of {', '.join(TIERS)}",
+                f"evict_tiers must be a non-empty subset of {', '.join(TIER_ORDER)}",
                 details={"field": "evict_tiers"},
             )
         object.__setattr__(self, "evict_tiers", tiers)
@@ -288,7 +292,7 @@ class PressureReport:
         }
 
 
-EvictFn = Callable[[int, Sequence[str]], tuple[int, int]]
+EvictFn = Callable[[int, Sequence[TierKind]], tuple[int, int]]
 """``evict(n_bytes, tiers) -> (rows, bytes freed)``: cache-meta's ``evict_bytes``."""
 
 

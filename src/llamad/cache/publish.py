@@ -40,6 +40,7 @@ import structlog
 from llamad.cache.errors import AlreadyCached, CacheFull, PublishAbandoned, SaveInFlight
 from llamad.cache.kvc import KvcSpec, write_kvc
 from llamad.cache.reservation import Owner, SaveIntent
+from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import RowMissing, Tier
 
 if TYPE_CHECKING:
@@ -138,7 +139,7 @@ class PublishOutcome(StrEnum):
 class PublishResult:
     outcome: PublishOutcome
     key: bytes
-    tier: str
+    tier: TierKind
     size: int
     location: str | None = None
 

@@ -11,26 +11,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, Final
+from typing import Any
 
 from llamad.cache.errors import InvalidCacheValue
 from llamad.cache.key import HEADER_LEN, KEY_LEN, TOKEN_BYTES, row_key
 from llamad.cache.kvc import MAX_TOKENS, KvcMeta, SaveReason
+from llamad.cache.tier_kind import TierKind, check_tier
 
 __all__ = [
-    "TIERS",
     "Adopted",
     "Owner",
     "Reservation",
     "SaveIntent",
     "Stage",
     "check_bytes",
-    "check_tier",
     "check_tokens",
 ]
-
-TIERS: Final = ("ram", "ram_file", "disk")
-"""Tier names, fastest first (also the preference order for duplicate rows)."""
 
 Owner = int
 """Who holds a pin, a reservation or a waiter: the OS pid of that process."""
@@ -61,12 +57,6 @@ def check_tokens(value: object) -> bytes:
     return data
 
 
-def check_tier(value: object) -> str:
-    if not isinstance(value, str) or value not in TIERS:
-        raise InvalidCacheValue("tier", f"{value!r} is not one of {', '.join(TIERS)}")
-    return value
-
-
 @dataclass(frozen=True, slots=True)
 class SaveIntent:
     """What a writer is about to publish; validated at construction.
@@ -80,7 +70,7 @@ class SaveIntent:
     key: bytes
     namespace: bytes
     tokens: bytes
-    tier: str
+    tier: TierKind
     size: int
     reason: SaveReason
 
@@ -88,7 +78,7 @@ class SaveIntent:
         object.__setattr__(self, "key", check_bytes("key", self.key, KEY_LEN))
         object.__setattr__(self, "namespace", check_bytes("namespace", self.namespace, HEADER_LEN))
         object.__setattr__(self, "tokens", check_tokens(self.tokens))
-        check_tier(self.tier)
+        object.__setattr__(self, "tier", check_tier(self.tier))
         if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size <= 0:
             raise InvalidCacheValue("size", f"{self.size!r} is not a positive byte count")
         try:

@@ -48,13 +48,16 @@ from llamad.cache.lookup import LookupPolicy
 from llamad.cache.meta import MetaConfig
 from llamad.cache.meta_wire import ACTOR_NAME
 from llamad.cache.pressure import PressureConfig
-from llamad.cache.tiers import SHM_ROOT, Tier, TierConfig, TierKind
+from llamad.cache.tier_kind import TierKind
+from llamad.cache.tier_lock import TierLocks
+from llamad.cache.tiers import SHM_ROOT, Tier, TierConfig
 from llamad.cache.writer import MAX_PERMITS, PermitSet
 from llamad.supervisor.spec import ChildSpec, Start, Strategy, SupervisorSpec, SupFlags
 
 __all__ = ["CacheSettings", "cache_sup_spec", "discard", "meta_child_spec", "purge_ram"]
 
 GIB = 1 << 30
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,9 +90,15 @@ class CacheSettings:
         tiers = tuple(self.tiers)
         if not tiers or not all(isinstance(t, TierConfig) for t in tiers):
             raise InvalidCacheValue("tiers", "expected at least one TierConfig")
-        names = [t.name for t in tiers]
+        names = [t.kind for t in tiers]
         if len(set(names)) != len(names):
             raise InvalidCacheValue("tiers", f"a tier is configured twice: {names}")
+        # Tiers tell their files apart by directory alone (a ram tier by its
+        # instance prefix in /dev/shm): two tiers in one directory would each
+        # index, evict and delete the other's rows, and share one lock file.
+        roots = [t.root for t in tiers if t.kind is not TierKind.RAM]
+        if len(set(roots)) != len(roots):
+            raise InvalidCacheValue("tiers", f"two tiers share a directory: {roots}")
         object.__setattr__(self, "tiers", tiers)
         object.__setattr__(self, "counters_path", Path(self.counters_path))
         permits = self.permits_path
@@ -115,14 +124,15 @@ class CacheSettings:
 
     def meta_config(self) -> MetaConfig:
         return MetaConfig(
-            quotas={t.name: t.quota for t in self.tiers},
+            quotas={t.kind: t.quota for t in self.tiers},
             reservation_ttl_s=self.reservation_ttl_s,
             max_wait_s=self.max_wait_s,
             lookup=self.lookup,
         )
 
-    def tier(self, name: str) -> TierConfig | None:
-        return next((t for t in self.tiers if t.name == name), None)
+    def tier(self, kind: TierKind) -> TierConfig | None:
+        """The config of tier ``kind`` (a member or its value), if configured."""
+        return next((t for t in self.tiers if t.kind == kind), None)
 
     def _permits_file(self) -> Path:
         assert self.permits_path is not None  # resolved in __post_init__
@@ -257,7 +267,9 @@ class CacheSettings:
                 )
                 for t in data["tiers"]
             )
-            pressure = data.get("pressure") or {}
+            pressure = dict(data.get("pressure") or {})
+            if "evict_tiers" in pressure:
+                pressure["evict_tiers"] = tuple(pressure["evict_tiers"])
             lookup = data.get("lookup") or {}
             # Absent keys take the dataclass defaults (kept in one place).
             optional: dict[str, Any] = {
@@ -269,12 +281,7 @@ class CacheSettings:
                 tiers=tiers,
                 counters_path=Path(data["counters_path"]),
                 lookup=LookupPolicy(**lookup),
-                pressure=PressureConfig(
-                    **{
-                        **pressure,
-                        "evict_tiers": tuple(pressure.get("evict_tiers", ("ram", "ram_file"))),
-                    }
-                ),
+                pressure=PressureConfig(**pressure),
                 **optional,
             )
         except InvalidCacheValue:
@@ -348,6 +355,15 @@ def discard(settings: CacheSettings) -> None:
 
 
 def purge_ram(settings: CacheSettings) -> int:
-    """Delete this daemon instance's ``ram`` segments (at daemon start and stop)."""
-    cfg = settings.tier(TierKind.RAM.value)
-    return 0 if cfg is None else Tier(cfg).purge()
+    """Delete this daemon instance's ``ram`` segments (at daemon start and stop).
+
+    Only while no cache-meta owns them: with one running (this instance
+    started twice), raises :class:`~llamad.cache.errors.TierLocked` and
+    deletes nothing.
+    """
+    cfg = settings.tier(TierKind.RAM)
+    if cfg is None:
+        return 0
+    tier = Tier(cfg)
+    with TierLocks.take([tier]):
+        return tier.purge()

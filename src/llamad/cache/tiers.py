@@ -32,7 +32,6 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -44,6 +43,7 @@ from llamad.cache.errors import CacheError, InvalidCacheValue, KvcCorrupt, TierE
 from llamad.cache.kvc import (
     SUFFIX,
     KvcMeta,
+    check_prefix_unchanged,
     copy_payload_into,
     file_name,
     read_meta,
@@ -51,6 +51,7 @@ from llamad.cache.kvc import (
     update_stats,
 )
 from llamad.cache.reservation import Adopted
+from llamad.cache.tier_kind import TierKind, check_tier
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -63,12 +64,10 @@ _INSTANCE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _WRITER: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
-class TierKind(StrEnum):
-    """The three tiers, fastest first."""
-
-    RAM = "ram"
-    RAM_FILE = "ram_file"
-    DISK = "disk"
+# The lock file cache-meta holds in each tier root it owns (see
+# llamad.cache.tier_lock); a ram tier's carries the instance prefix, since
+# /dev/shm is shared by every instance on the host. Never a row's name.
+_LOCK_NAME: Final = "cache-meta.lock"
 
 
 class RowMissing(CacheError):
@@ -92,10 +91,7 @@ class TierConfig:
     instance: str = "default"
 
     def __post_init__(self) -> None:
-        try:
-            object.__setattr__(self, "kind", TierKind(self.kind))
-        except ValueError:
-            raise InvalidCacheValue("kind", f"unknown tier {self.kind!r}") from None
+        object.__setattr__(self, "kind", check_tier(self.kind, "kind"))
         if not isinstance(self.root, str | os.PathLike):
             raise InvalidCacheValue("root", "expected a path")
         root = Path(self.root)
@@ -108,8 +104,9 @@ class TierConfig:
             raise InvalidCacheValue("instance", f"{self.instance!r} is not [A-Za-z0-9_-]{{1,64}}")
 
     @property
-    def name(self) -> str:
-        return self.kind.value
+    def name(self) -> TierKind:
+        """The tier's kind (its value is the name the tier goes by)."""
+        return self.kind
 
 
 class Tier:
@@ -117,8 +114,8 @@ class Tier:
 
     def __init__(self, config: TierConfig) -> None:
         self.config = config
-        self.name = config.name
-        self.kind = config.kind
+        self.name: TierKind = config.kind
+        self.kind: TierKind = config.kind
         self.root = config.root
         self.quota = config.quota
         # ram segments share /dev/shm with everything else on the host, so
@@ -150,6 +147,11 @@ class Tier:
         if self.kind is not TierKind.RAM:
             raise InvalidCacheValue("tier", f"{self.name} rows are files, not segments")
         return "/" + self.path_for(key).name
+
+    @property
+    def lock_path(self) -> Path:
+        """The file whose lock says which cache-meta owns this tier (:mod:`.tier_lock`)."""
+        return self.root / (self.prefix + _LOCK_NAME)
 
     def tmp_path_for(self, key: bytes, writer: str) -> Path:
         """``<key>.kvc.<writer>.tmp`` beside the final path (``link(2)`` stays in one dir)."""
@@ -227,8 +229,9 @@ class Tier:
                 log.warning(
                     "cache.corrupt_file", tier=self.name, path=entry.path, reason=exc.reason
                 )
-                _unlink(Path(entry.path))
-                if counters is not None:
+                if _unlink(Path(entry.path)) and counters is not None:
+                    # Only the one who removed a damaged file counts it: a
+                    # loader may have found and removed it first.
                     counters.add("corrupt_files")
                 continue
             except OSError as exc:
@@ -279,7 +282,15 @@ class Tier:
         """Validate a row completely and read its payload into ``buffer``; returns its length.
 
         Raises :class:`RowMissing` when the file is gone and :class:`KvcCorrupt`
-        when any check fails (nothing of the row is left in the buffer then).
+        when any check fails. Damage found before the payload is read leaves
+        ``buffer`` untouched; a payload checksum mismatch is found only once
+        the payload is in ``buffer`` (one pass over the bytes), and the bytes
+        copied are zeroed. Either way nothing of the row is left in it.
+
+        A ``ram`` row mapped by an earlier load is checked as fully as a
+        fresh read: header, TLV and padding against the bytes validated when
+        it was mapped (:func:`~llamad.cache.kvc.check_prefix_unchanged`),
+        then the payload checksum.
         """
         key, path = self._resolve(key_or_location)
         if self.kind is TierKind.RAM:
@@ -320,15 +331,21 @@ class Tier:
         ``llama_state_seq_set_data``, which copies it into the KV cache; that
         saves the copy into an intermediate buffer that :meth:`read_into`
         makes. Do not keep the view (or anything made from it) past the
-        block. Raises like :meth:`read_into`.
+        block. Raises like :meth:`read_into`, after the same checks.
         """
         if self.kind is not TierKind.RAM:
             raise InvalidCacheValue("tier", f"{self.name} rows are read with read_into, not mapped")
         key, path = self._resolve(key_or_location)
         segment = SEGMENTS.get(path, key)
-        payload = segment.view[segment.meta.payload_offset : segment.meta.file_size]
+        meta = segment.meta
         try:
-            if crc32c.crc32c(payload) != segment.meta.payload_crc32c:
+            check_prefix_unchanged(segment.view, meta)
+        except KvcCorrupt:
+            SEGMENTS.drop(path)
+            raise
+        payload = segment.view[meta.payload_offset : meta.file_size]
+        try:
+            if crc32c.crc32c(payload) != meta.payload_crc32c:
                 SEGMENTS.drop(path)
                 raise KvcCorrupt("payload_crc", "payload checksum mismatch")
             yield payload
@@ -422,9 +439,13 @@ class SegmentMaps:
     mapping, cannot come from llamad: a published segment is never truncated
     or rewritten in place except its 72-byte header, only unlinked, and an
     unlinked segment stays valid while mapped. Every use re-checks the path
-    (same inode and size, else the mapping is dropped and the row re-read),
-    and the payload checksum is verified on every load. Files on disk and
-    ``ram_file`` rows, which other tools may touch, are never mapped.
+    (same inode and size, else the mapping is dropped and the row re-read).
+    Damage done to the segment after it was mapped shows through the mapping,
+    so every load checks what a fresh read checks: the header on its own
+    terms, header, TLV and padding byte for byte against what was validated
+    at mapping time (only the hit count and last-used time may change), and
+    the payload checksum. Files on disk and ``ram_file`` rows, which other
+    tools may touch, are never mapped.
 
     Memory. A mapping of a segment cache-meta has since evicted keeps its
     pages alive, so the map is bounded (``max_bytes``, least recently used
@@ -447,7 +468,12 @@ class SegmentMaps:
         return path in self._maps
 
     def get(self, path: Path, key: bytes) -> _Segment:
-        """The validated mapping of ``path`` (header, TLV and key; not the payload CRC)."""
+        """The mapping of ``path``, validated (header, TLV, key) when it was mapped.
+
+        A mapping found here may be older than damage done to the file since:
+        loads re-check it (:func:`~llamad.cache.kvc.check_prefix_unchanged`
+        and the payload CRC) before using a byte of it.
+        """
         try:
             st = os.stat(path)
         except FileNotFoundError:
@@ -455,13 +481,13 @@ class SegmentMaps:
             raise RowMissing(f"{path} is gone") from None
         with self._lock:
             seg = self._maps.get(path)
-            if seg is not None and (seg.ino, seg.dev, seg.size) == (
-                st.st_ino,
-                st.st_dev,
-                st.st_size,
-            ):
-                self._maps.move_to_end(path)
-                return seg
+            if seg is not None:
+                if (seg.ino, seg.dev, seg.size) == (st.st_ino, st.st_dev, st.st_size):
+                    self._maps.move_to_end(path)
+                    return seg
+                # The path names another file now, or this one changed size:
+                # never read the old mapping again (a shrunk file faults).
+                self._remove(path)
         seg = self._map(path, key)
         with self._lock:
             self._remove(path)
@@ -549,35 +575,35 @@ def _unlink(path: Path) -> int:
     return 1
 
 
-def build_tiers(configs: Mapping[str, TierConfig] | list[TierConfig]) -> dict[str, Tier]:
-    """Tiers by name; each name at most once."""
+def build_tiers(configs: Mapping[TierKind, TierConfig] | list[TierConfig]) -> dict[TierKind, Tier]:
+    """Tiers by kind; each kind at most once."""
     items = list(configs.values()) if isinstance(configs, Mapping) else list(configs)
-    tiers: dict[str, Tier] = {}
+    tiers: dict[TierKind, Tier] = {}
     for cfg in items:
-        if cfg.name in tiers:
-            raise InvalidCacheValue("tiers", f"tier {cfg.name!r} configured twice")
-        tiers[cfg.name] = Tier(cfg)
+        if cfg.kind in tiers:
+            raise InvalidCacheValue("tiers", f"tier {cfg.kind.value!r} configured twice")
+        tiers[cfg.kind] = Tier(cfg)
     return tiers
 
 
 class TierStore:
     """The tiers as cache-meta's ``RowStore``: the file effects the sole writer asks for."""
 
-    def __init__(self, tiers: Mapping[str, Tier], counters: CounterAdd | None = None) -> None:
+    def __init__(self, tiers: Mapping[TierKind, Tier], counters: CounterAdd | None = None) -> None:
         self.tiers = dict(tiers)
         self.counters = counters
 
-    def tier(self, name: str) -> Tier:
+    def tier(self, kind: TierKind) -> Tier:
         try:
-            return self.tiers[name]
+            return self.tiers[kind]
         except KeyError:
-            raise InvalidCacheValue("tier", f"tier {name!r} is not configured") from None
+            raise InvalidCacheValue("tier", f"tier {kind!r} is not configured") from None
 
-    def delete(self, tier: str, key: bytes, location: str) -> None:
+    def delete(self, tier: TierKind, key: bytes, location: str) -> None:
         """Remove a row's file (missing is fine)."""
         self.tier(tier).delete(location)
 
-    def adopt(self, tier: str, key: bytes, location: str | None) -> Adopted | None:
+    def adopt(self, tier: TierKind, key: bytes, location: str | None) -> Adopted | None:
         """Validate the final file of an abandoned reservation; unlink it if it is junk."""
         t = self.tier(tier)
         where = location if location is not None else t.location_for(key)
@@ -589,18 +615,33 @@ class TierStore:
             return None
         except KvcCorrupt as exc:
             log.warning("cache.orphan_corrupt", tier=tier, path=where, reason=exc.reason)
-            t.delete(where)
-            if self.counters is not None:
-                self.counters.add("corrupt_files")
+            discard_damaged(t, where, self.counters)
             return None
         return Adopted(meta=meta, location=where)
 
-    def persist_stats(self, tier: str, location: str, hits: int, last_used_ns: int) -> None:
+    def persist_stats(self, tier: TierKind, location: str, hits: int, last_used_ns: int) -> None:
         """Write a row's hit count and last use back into its header."""
         self.tier(tier).persist_stats(location, hits, last_used_ns)
 
-    def exists(self, tier: str, location: str) -> bool:
+    def exists(self, tier: TierKind, location: str) -> bool:
         return self.tier(tier).exists(location)
+
+
+def discard_damaged(
+    tier: Tier,
+    key_or_location: bytes | str | os.PathLike[str],
+    counters: CounterAdd | None = None,
+) -> bool:
+    """Unlink a row found damaged; count it (``corrupt_files``) if this call removed it.
+
+    Counting only the removal counts a damaged row once however many readers
+    find it: two processes loading it at once, or a loader and a later scan,
+    all try to remove it and only one succeeds.
+    """
+    removed = tier.delete(key_or_location)
+    if removed and counters is not None:
+        counters.add("corrupt_files")
+    return removed
 
 
 def load(
@@ -611,8 +652,8 @@ def load(
 ) -> int | None:
     """A loader's read: the payload length in ``buffer``, or None for a miss.
 
-    A corrupt row is deleted and counted (``corrupt_files``) and reads as a
-    miss, so its bytes can never reach ``llama_state_seq_set_data``; the
+    A corrupt row is deleted and counted once (``corrupt_files``) and reads as
+    a miss, so its bytes can never reach ``llama_state_seq_set_data``; the
     caller should also tell cache-meta to forget the row. ``load_total_ns``
     accumulates the time of successful loads.
     """
@@ -625,10 +666,39 @@ def load(
         log.warning(
             "cache.corrupt_row", tier=tier.name, row=str(key_or_location), reason=exc.reason
         )
-        tier.delete(key_or_location)
-        if counters is not None:
-            counters.add("corrupt_files")
+        discard_damaged(tier, key_or_location, counters)
         return None
     if counters is not None:
         counters.add("load_total_ns", time.perf_counter_ns() - started)
     return n
+
+
+@contextlib.contextmanager
+def load_mapped(
+    tier: Tier,
+    key_or_location: bytes | str | os.PathLike[str],
+    counters: CounterAdd | None = None,
+) -> Iterator[memoryview | None]:
+    """:func:`load` without the copy, for a ``ram`` row: its validated payload in place.
+
+    Yields the payload view (see :meth:`Tier.mapped_payload` for how long it
+    may be used), or None for a miss; a damaged row is deleted and counted
+    once, as by :func:`load`.
+    """
+    started = time.perf_counter_ns()
+    with contextlib.ExitStack() as stack:
+        view: memoryview | None
+        try:
+            view = stack.enter_context(tier.mapped_payload(key_or_location))
+        except RowMissing:
+            view = None
+        except KvcCorrupt as exc:
+            log.warning(
+                "cache.corrupt_row", tier=tier.name, row=str(key_or_location), reason=exc.reason
+            )
+            discard_damaged(tier, key_or_location, counters)
+            view = None
+        else:
+            if counters is not None:
+                counters.add("load_total_ns", time.perf_counter_ns() - started)
+        yield view

@@ -42,6 +42,7 @@ from llamad.cache.errors import InvalidCacheValue, SaveRefused
 from llamad.cache.kvc import KvcSpec
 from llamad.cache.oslocks import try_lock_range, unlock_range
 from llamad.cache.publish import PublishMeta, PublishOutcome, PublishResult, StageHook, publish
+from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier, build_tiers
 
 if TYPE_CHECKING:
@@ -180,7 +181,7 @@ class WriterPool:
     def __init__(
         self,
         connect: Callable[[], PublishMeta],
-        tiers: Mapping[str, Tier],
+        tiers: Mapping[TierKind, Tier],
         permits: PermitSet,
         *,
         counters: CounterAdd | None = None,
@@ -228,13 +229,13 @@ class WriterPool:
                 self._metas.append(meta)
         return meta
 
-    def _tier(self, name: str) -> Tier:
+    def _tier(self, kind: TierKind) -> Tier:
         try:
-            return self.tiers[name]
+            return self.tiers[kind]
         except KeyError:
-            raise InvalidCacheValue("tier", f"tier {name!r} is not configured") from None
+            raise InvalidCacheValue("tier", f"tier {kind!r} is not configured") from None
 
-    def _dropped(self, spec: KvcSpec, tier: str, why: str) -> None:
+    def _dropped(self, spec: KvcSpec, tier: TierKind, why: str) -> None:
         if self.counters is not None:
             self.counters.add("saves_dropped")
         log.info("cache.save_dropped", key=spec.key.hex(), tier=tier, why=why)
@@ -247,7 +248,7 @@ class WriterPool:
     def save_async(
         self,
         spec: KvcSpec,
-        tier: str,
+        tier: TierKind,
         payload: Buffer,
         *,
         on_done: DoneCallback | None = None,
@@ -286,7 +287,7 @@ class WriterPool:
                 self._in_flight -= 1
 
     def save_sync(
-        self, spec: KvcSpec, tier: str, payload: Buffer, *, timeout_s: float
+        self, spec: KvcSpec, tier: TierKind, payload: Buffer, *, timeout_s: float
     ) -> PublishResult:
         """Save in the calling thread (evict, shutdown), waiting up to ``timeout_s`` for a permit.
 

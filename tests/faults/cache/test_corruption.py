@@ -2,8 +2,14 @@
 
 Rows go through the real publish protocol into each tier; then bytes are
 flipped or cut off underneath cache-meta. A load must report a miss, count
-``corrupt_files``, leave the caller's buffer unused, and the row must be gone
+``corrupt_files``, hand out none of the row's bytes, and the row must be gone
 for the next lookup.
+
+The caller's buffer starts out holding a sentinel pattern (never zeros, so
+"untouched" and "zeroed" differ). Damage found before the payload leaves it
+exactly as it was; a payload checksum mismatch is only known once the
+payload has been copied (one pass over the bytes), and then exactly the
+copied span is zeroed and the rest is still the sentinel.
 """
 
 from __future__ import annotations
@@ -25,12 +31,25 @@ from llamad.cache.meta import CacheMeta, MetaConfig
 from llamad.cache.meta_proc import MetaProcess
 from llamad.cache.publish import LocalMeta, PublishOutcome, publish
 from llamad.cache.sup import CacheSettings
-from llamad.cache.tiers import Tier, TierConfig, TierKind, TierStore, build_tiers, load
+from llamad.cache.tier_kind import TierKind
+from llamad.cache.tiers import Tier, TierConfig, TierStore, build_tiers, load
 
 pytestmark = pytest.mark.timeout(120)
 
 NS = Namespace(fingerprint=b"\xa1" * 32, quant=3, ctx_hash=b"\xb1" * 32)
 PAYLOAD = random.Random(7).randbytes(64 * 1024)
+
+
+def sentinel(n: int) -> bytearray:
+    """``n`` bytes of a position-dependent pattern with no zero byte."""
+    return bytearray((i * 7 + 0xA5) % 255 + 1 for i in range(n))
+
+
+def after_rejection(before: bytes, payload_damaged: bool, payload_len: int) -> bytes:
+    """What a rejected load must leave in a buffer that held ``before``."""
+    if not payload_damaged:
+        return before
+    return bytes(payload_len) + before[payload_len:]
 
 
 class Cache:
@@ -53,7 +72,7 @@ class Cache:
         self.writer = LocalMeta(self.meta, owner=11)
         self._n = 0
 
-    def save(self, tier: str) -> KvcSpec:
+    def save(self, tier: TierKind) -> KvcSpec:
         self._n += 1
         spec = KvcSpec(
             NS, tokens_to_bytes([self._n, *range(300)]), FingerprintMode.SAFE, SaveReason.COLD
@@ -62,18 +81,20 @@ class Cache:
         assert result.outcome is PublishOutcome.PUBLISHED
         return spec
 
-    def restore(self, key: bytes) -> bytes | None:
+    def restore(self, key: bytes, *, payload_damaged: bool = False) -> bytes | None:
         """What a model worker does: pinned lookup, load, forget on a miss, checkin."""
         ref = self.meta.lookup_exact(key, owner=22)
         if ref is None:
             return None
         assert ref.pin is not None
-        buf = bytearray(ref.size)
+        buf = sentinel(ref.file_size)
+        before = bytes(buf)
         try:
             n = load(self.tiers[ref.tier], ref.location, buf, self.counters)
             if n is None:
                 self.meta.forget(key)
-                assert not any(buf), "a failed load must not hand out bytes"
+                expected = after_rejection(before, payload_damaged, len(PAYLOAD))
+                assert buf == expected, "a rejected load left row bytes or wrote outside its span"
                 return None
             return bytes(buf[:n])
         finally:
@@ -109,8 +130,14 @@ def damage_points(file_size: int, payload_offset: int) -> list[tuple[str, int]]:
     return [("flip", i) for i in flips] + [("cut", n) for n in cuts]
 
 
-@pytest.mark.parametrize("tier", ["ram", "ram_file", "disk"])
-def test_damaged_rows_load_as_misses_and_are_counted(cache: Cache, tier: str) -> None:
+@pytest.mark.parametrize("loaded_before", [False, True], ids=["fresh", "loaded_before"])
+@pytest.mark.parametrize("tier", list(TierKind))
+def test_damaged_rows_load_as_misses_and_are_counted(
+    cache: Cache, tier: TierKind, loaded_before: bool
+) -> None:
+    # loaded_before: the row was restored once before the damage, so this
+    # process keeps a ram row mapped and its next load goes through that
+    # mapping (it once served damage there as a hit).
     probe = cache.save(tier)
     meta = cache.tiers[tier].read_meta(probe.key)
     assert cache.restore(probe.key) == PAYLOAD
@@ -119,6 +146,8 @@ def test_damaged_rows_load_as_misses_and_are_counted(cache: Cache, tier: str) ->
     for n, (how, where) in enumerate(points, start=1):
         spec = cache.save(tier)
         path = cache.tiers[tier].path_for(spec.key)
+        if loaded_before:
+            assert cache.restore(spec.key) == PAYLOAD
         if how == "flip":
             with open(path, "r+b") as f:
                 f.seek(where)
@@ -127,7 +156,9 @@ def test_damaged_rows_load_as_misses_and_are_counted(cache: Cache, tier: str) ->
                 f.write(bytes([byte ^ (1 << (where % 8))]))
         else:
             os.truncate(path, where)
-        assert cache.restore(spec.key) is None, f"{how} at {where} was restored"
+        payload_damaged = how == "flip" and where >= meta.payload_offset
+        restored = cache.restore(spec.key, payload_damaged=payload_damaged)
+        assert restored is None, f"{how} at {where} was restored"
         assert cache.counters.get("corrupt_files") == n
         assert not path.exists()
         assert cache.meta.lookup_exact(spec.key) is None
@@ -143,7 +174,7 @@ def test_a_damaged_row_is_a_miss_through_the_real_cache_meta(cache_settings: Cac
         counters = Counters.attach(cache_settings.counters_path)
         cache = CacheClient.from_settings(cache_settings, counters=counters)
         try:
-            for n, name in enumerate(("ram", "ram_file", "disk"), start=1):
+            for n, name in enumerate(TierKind, start=1):
                 cfg = cache_settings.tier(name)
                 assert cfg is not None
                 tier = Tier(cfg)
@@ -156,10 +187,12 @@ def test_a_damaged_row_is_a_miss_through_the_real_cache_meta(cache_settings: Cac
                     f.write(b"\xff")
                 found = cache.resolve(NS, tokens)
                 assert found.row is not None and found.row.key == spec.key
-                buf = bytearray(found.row.size)
+                buf = sentinel(found.row.file_size)
+                before = bytes(buf)
                 with cache.pinned(found.row):
                     assert cache.load_into(found.row, buf) is None
-                assert not any(buf), "a failed load must not hand out bytes"
+                # Damage in the payload: exactly the copied span is zeroed.
+                assert buf == after_rejection(before, True, len(PAYLOAD))
                 assert cache.counters()["corrupt_files"] == n
                 assert cache.lookup_exact(spec.key, pin=False) is None
                 assert not tier.path_for(spec.key).exists()

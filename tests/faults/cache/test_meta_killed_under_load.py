@@ -5,7 +5,9 @@ to all three tiers through real clients while the test SIGKILLs cache-meta
 twice. Every save whose announce succeeded must be in the rebuilt index
 (from the ``ram_file`` and ``disk`` scans, and the ``ram`` segments of this
 daemon run) and load back byte-exact; writers caught mid-save see a typed
-error or an abandoned publish, never a wrong answer.
+error or an abandoned publish, never a wrong answer. Anything else a writer
+thread raises is recorded and fails the test, and every writer thread must
+have finished: a thread stuck in a call would otherwise go unnoticed.
 """
 
 from __future__ import annotations
@@ -27,13 +29,14 @@ from llamad.actors.registry import Registry
 from llamad.cache.client import CacheClient
 from llamad.cache.publish import PublishOutcome, publish
 from llamad.cache.sup import CacheSettings
+from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
 from llamad.errors import LlamadError
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
 CHILD = Path(__file__).with_name("meta_fault_child.py")
-TIERS = ("ram", "ram_file", "disk")
+TIERS = tuple(TierKind)
 
 
 def meta_pid(registry: Registry, not_pid: int | None, timeout: float = 60.0) -> int:
@@ -54,11 +57,20 @@ class Load:
         self.settings = settings
         self.published: dict[bytes, int] = {}
         self.failures: list[str] = []
+        self.crashes: list[str] = []  # anything but a typed error: a bug
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self.run, args=(i,)) for i in range(threads)]
 
     def run(self, index: int) -> None:
+        try:
+            self._publish_until_stopped(index)
+        except BaseException as exc:  # a thread's exception is otherwise lost
+            with self.lock:
+                self.crashes.append(f"writer {index}: {exc!r}")
+            self.stop.set()
+
+    def _publish_until_stopped(self, index: int) -> None:
         tiers = {}
         for name in TIERS:
             cfg = self.settings.tier(name)
@@ -87,6 +99,7 @@ class Load:
     def wait_for(self, n: int, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while self.count() < n:
+            assert not self.crashes, self.crashes
             assert time.monotonic() < deadline, f"only {self.count()} rows published"
             time.sleep(0.02)
 
@@ -113,6 +126,8 @@ def test_meta_killed_under_load_is_restarted_and_loses_no_published_row(
         load.stop.set()
         for t in load.threads:
             t.join(60)
+    assert not [t.name for t in load.threads if t.is_alive()], "a writer thread never finished"
+    assert not load.crashes, load.crashes
     try:
         with CacheClient.from_settings(cache_settings) as cache:
             indexed = {bytes.fromhex(r["key"]) for r in cache.dump() if r["status"] == "available"}

@@ -19,6 +19,7 @@ from llamad.cache.kvc import KvcSpec, SaveReason
 from llamad.cache.meta_proc import MetaProcess
 from llamad.cache.publish import PublishOutcome, publish
 from llamad.cache.sup import CacheSettings
+from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -32,7 +33,7 @@ def test_pin_of_a_killed_process_is_released_and_the_row_evictable(
 ) -> None:
     settings_file = tmp_path / "settings.json"
     settings_file.write_text(json.dumps(cache_settings.to_wire()))
-    disk = cache_settings.tier("disk")
+    disk = cache_settings.tier(TierKind.DISK)
     assert disk is not None
     with MetaProcess(cache_settings), CacheClient.from_settings(cache_settings) as cache:
         spec = KvcSpec(NS, tokens_to_bytes(range(700)), FingerprintMode.SAFE, SaveReason.COLD)

@@ -27,7 +27,8 @@ from llamad.cache.kvc import KvcSpec, SaveReason, parse
 from llamad.cache.meta import CacheMeta, MetaConfig
 from llamad.cache.publish import LocalMeta, PublishOutcome, PublishStage, publish
 from llamad.cache.reservation import SaveIntent
-from llamad.cache.tiers import Tier, TierConfig, TierKind, TierStore, build_tiers
+from llamad.cache.tier_kind import TierKind
+from llamad.cache.tiers import Tier, TierConfig, TierStore, build_tiers
 from llamad.cache.writer import PermitSet, WriterPool
 from llamad.errors import LlamadError, from_wire
 
@@ -83,8 +84,8 @@ def writer_main(root: str, permits: str, kill_after: int, conn: Connection) -> N
             os.kill(os.getpid(), signal.SIGKILL)
 
     meta = PipeMeta(conn)
-    pool = WriterPool(lambda: meta, {"disk": tier}, PermitSet.attach(permits), on_stage=die)
-    pool.save_sync(make_spec(), "disk", PAYLOAD, timeout_s=30)
+    pool = WriterPool(lambda: meta, {TierKind.DISK: tier}, PermitSet.attach(permits), on_stage=die)
+    pool.save_sync(make_spec(), TierKind.DISK, PAYLOAD, timeout_s=30)
     os._exit(3)  # never reached when the stage kills us
 
 
@@ -120,7 +121,7 @@ def test_writer_killed_after_each_stage_leaves_a_consistent_cache(
     tier = Tier(TierConfig(TierKind.DISK, tmp_path / "disk", 1 << 30))
     tier.prepare()
     meta = CacheMeta(
-        MetaConfig(quotas={"disk": 1 << 30}),
+        MetaConfig(quotas={TierKind.DISK: 1 << 30}),
         TierStore(build_tiers([tier.config])),
         counters=DictCounters(),
     )

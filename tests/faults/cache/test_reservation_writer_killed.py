@@ -24,6 +24,7 @@ from llamad.cache.kvc import parse
 from llamad.cache.meta_proc import MetaProcess
 from llamad.cache.publish import PublishOutcome, PublishStage, publish
 from llamad.cache.sup import CacheSettings
+from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
@@ -59,7 +60,7 @@ def wait_no_reservations(cache: CacheClient) -> None:
         time.sleep(0.01)
 
 
-@pytest.mark.parametrize("tier", ["ram", "ram_file", "disk"])
+@pytest.mark.parametrize("tier", list(TierKind))
 def test_writer_killed_at_each_stage_leaks_nothing_and_orphans_are_adopted(
     cache_settings: CacheSettings, tmp_path: Path, tier: str
 ) -> None:

@@ -17,6 +17,7 @@ from llamad.cache.meta_proc import MetaProcess
 from llamad.cache.publish import PublishOutcome, publish
 from llamad.cache.reservation import SaveIntent
 from llamad.cache.sup import CacheSettings
+from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
 from llamad.errors import BadRequest
 
@@ -53,14 +54,16 @@ def test_cache_proc_publishes_and_serves_rows_from_every_tier(
 
         found = cache.resolve(NS, BASE[:3000])
         assert found.kind is HitKind.PREFIX and found.use_tokens == 2500
-        assert found.row is not None and found.row.tier == "disk" and found.row.pin is not None
-        buf = bytearray(found.row.size)
+        assert (
+            found.row is not None and found.row.tier is TierKind.DISK and found.row.pin is not None
+        )
+        buf = bytearray(found.row.file_size)
         with cache.pinned(found.row):
             n = cache.load_into(found.row, buf)
         assert n == len(rows[2500][1]) and bytes(buf[:n]) == rows[2500][1]
 
         exact = cache.lookup_exact(rows[300][0])
-        assert exact is not None and exact.tier == "ram"
+        assert exact is not None and exact.tier is TierKind.RAM
         with cache.pinned(exact):
             n = cache.load_into(exact, buf)
         assert n is not None and bytes(buf[:n]) == rows[300][1]
@@ -83,9 +86,9 @@ def test_waiter_over_the_wire_is_released_when_the_save_publishes(
     with MetaProcess(cache_settings), CacheClient.from_settings(cache_settings) as writer:
         s = spec(BASE[:700], SaveReason.FINISH)
         data = payload(10_000)
-        disk = tier(cache_settings, "disk")
+        disk = tier(cache_settings, TierKind.DISK)
         size = s.file_size(len(data))
-        intent = SaveIntent(s.key, NS.header(), s.tokens, "disk", size, SaveReason.FINISH)
+        intent = SaveIntent(s.key, NS.header(), s.tokens, TierKind.DISK, size, SaveReason.FINISH)
         token = writer.reserve_save(intent)
         answers: list[object] = []
 
@@ -126,7 +129,7 @@ def test_waiter_over_the_wire_is_released_when_the_save_publishes(
 def test_waiter_over_the_wire_times_out_with_a_miss(cache_settings: CacheSettings) -> None:
     with MetaProcess(cache_settings), CacheClient.from_settings(cache_settings) as cache:
         s = spec(BASE[:700])
-        intent = SaveIntent(s.key, NS.header(), s.tokens, "disk", 5000, SaveReason.COLD)
+        intent = SaveIntent(s.key, NS.header(), s.tokens, TierKind.DISK, 5000, SaveReason.COLD)
         cache.reserve_save(intent)
         started = time.monotonic()
         assert cache.lookup_exact_or_wait(s.key, wait_s=0.3) is None
@@ -137,7 +140,7 @@ def test_waiter_over_the_wire_times_out_with_a_miss(cache_settings: CacheSetting
 def test_stale_token_over_the_wire_raises_publish_abandoned(cache_settings: CacheSettings) -> None:
     with MetaProcess(cache_settings), CacheClient.from_settings(cache_settings) as cache:
         s = spec(BASE[:10])
-        intent = SaveIntent(s.key, NS.header(), s.tokens, "disk", 5000, SaveReason.COLD)
+        intent = SaveIntent(s.key, NS.header(), s.tokens, TierKind.DISK, 5000, SaveReason.COLD)
         token = cache.reserve_save(intent)
         with pytest.raises(PublishAbandoned):
             cache.check_reservation(s.key, token + 1)
@@ -146,7 +149,7 @@ def test_stale_token_over_the_wire_raises_publish_abandoned(cache_settings: Cach
 def test_a_location_outside_the_tiers_is_refused(cache_settings: CacheSettings) -> None:
     with MetaProcess(cache_settings), CacheClient.from_settings(cache_settings) as cache:
         s = spec(BASE[:10])
-        intent = SaveIntent(s.key, NS.header(), s.tokens, "disk", 5000, SaveReason.COLD)
+        intent = SaveIntent(s.key, NS.header(), s.tokens, TierKind.DISK, 5000, SaveReason.COLD)
         token = cache.reserve_save(intent)
         cache.check_reservation(s.key, token)
         with pytest.raises(BadRequest):

@@ -13,10 +13,12 @@ from llamad.actors.registry import Registry
 from llamad.cache.client import CacheClient
 from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcSpec, SaveReason
+from llamad.cache.meta import GcReport
 from llamad.cache.meta_proc import MetaProcess
 from llamad.cache.pressure import PressureConfig
 from llamad.cache.publish import PublishOutcome, publish
 from llamad.cache.sup import CacheSettings
+from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
 from llamad.errors import BadRequest, LlamadError
 
@@ -25,7 +27,9 @@ pytestmark = [pytest.mark.timeout(120)]
 NS = Namespace(fingerprint=b"\x77" * 32, quant=3, ctx_hash=b"\x88" * 32)
 
 
-def put(cache: CacheClient, settings: CacheSettings, seed: int, tier: str = "disk") -> bytes:
+def put(
+    cache: CacheClient, settings: CacheSettings, seed: int, tier: TierKind = TierKind.DISK
+) -> bytes:
     cfg = settings.tier(tier)
     assert cfg is not None
     spec = KvcSpec(NS, tokens_to_bytes([seed] * 600), FingerprintMode.SAFE, SaveReason.COLD)
@@ -103,9 +107,9 @@ def test_meta_hit_counts_persist_across_a_restart_and_keep_popular_rows(
         assert hits[popular] == 5
         # The popular row is the least recently used, yet it survives an
         # eviction walk that takes three rows.
-        rows, _ = cache.evict_bytes(1, ["disk"])
-        rows2, _ = cache.evict_bytes(1, ["disk"])
-        rows3, _ = cache.evict_bytes(1, ["disk"])
+        rows, _ = cache.evict_bytes(1, [TierKind.DISK])
+        rows2, _ = cache.evict_bytes(1, [TierKind.DISK])
+        rows3, _ = cache.evict_bytes(1, [TierKind.DISK])
         assert rows == rows2 == rows3 == 1
         left = {bytes.fromhex(r["key"]) for r in cache.dump()}
         assert left == {popular}
@@ -114,13 +118,13 @@ def test_meta_hit_counts_persist_across_a_restart_and_keep_popular_rows(
 
 def test_gc_drops_rows_whose_files_were_deleted_underneath(cache_settings: CacheSettings) -> None:
     with MetaProcess(cache_settings), CacheClient.from_settings(cache_settings) as cache:
-        gone = put(cache, cache_settings, 9, tier="ram_file")
-        kept = put(cache, cache_settings, 10, tier="ram_file")
-        cfg = cache_settings.tier("ram_file")
+        gone = put(cache, cache_settings, 9, tier=TierKind.RAM_FILE)
+        kept = put(cache, cache_settings, 10, tier=TierKind.RAM_FILE)
+        cfg = cache_settings.tier(TierKind.RAM_FILE)
         assert cfg is not None
         os.unlink(Tier(cfg).path_for(gone))
         report = cache.gc()
-        assert report["missing"] == 1
+        assert report == GcReport(evicted=0, bytes_freed=0, missing=1, reaped=0)
         assert {bytes.fromhex(r["key"]) for r in cache.dump()} == {kept}
 
 
@@ -140,8 +144,8 @@ def test_pressure_check_over_the_wire_reports_and_respects_disabled(
 
 def test_rebuild_adopts_files_and_deletes_tmp_leftovers(cache_settings: CacheSettings) -> None:
     with MetaProcess(cache_settings), CacheClient.from_settings(cache_settings) as cache:
-        key = put(cache, cache_settings, 11, tier="ram_file")
-    cfg = cache_settings.tier("ram_file")
+        key = put(cache, cache_settings, 11, tier=TierKind.RAM_FILE)
+    cfg = cache_settings.tier(TierKind.RAM_FILE)
     assert cfg is not None
     tier = Tier(cfg)
     leftover = Path(tier.tmp_path_for(key, "deadwriter"))

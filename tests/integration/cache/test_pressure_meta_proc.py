@@ -15,6 +15,7 @@ from llamad.cache.meta_proc import MetaServer
 from llamad.cache.pressure import CallablePressure, PressureConfig
 from llamad.cache.publish import LocalMeta, publish
 from llamad.cache.sup import CacheSettings
+from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -37,7 +38,7 @@ def test_pressure_in_the_meta_loop_evicts_ram_rows_down_to_the_low_watermark(
     server: list[MetaServer] = []
 
     def used_memory() -> tuple[int, int]:
-        cache_bytes = server[0].meta.used_bytes(["ram", "ram_file"])
+        cache_bytes = server[0].meta.used_bytes([TierKind.RAM, TierKind.RAM_FILE])
         return (host["other"] + cache_bytes, host["total"])
 
     server.append(MetaServer(settings, pressure_source=CallablePressure(used_memory)))
@@ -56,8 +57,8 @@ def test_pressure_in_the_meta_loop_evicts_ram_rows_down_to_the_low_watermark(
     try:
         assert ready.wait(30)
         with CacheClient.from_settings(settings) as cache:
-            cfg = settings.tier("ram")
-            disk_cfg = settings.tier("disk")
+            cfg = settings.tier(TierKind.RAM)
+            disk_cfg = settings.tier(TierKind.DISK)
             assert cfg is not None and disk_cfg is not None
             for i in range(12):
                 tier = Tier(cfg if i % 3 else disk_cfg)
@@ -106,7 +107,7 @@ def test_pressure_disabled_in_the_meta_loop_never_samples_or_evicts(
     server = MetaServer(settings, pressure_source=CallablePressure(full))
     server.start()
     try:
-        cfg = settings.tier("ram")
+        cfg = settings.tier(TierKind.RAM)
         assert cfg is not None
         writer = LocalMeta(server.meta)
         for i in range(4):

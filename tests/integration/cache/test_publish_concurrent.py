@@ -16,6 +16,7 @@ from llamad.cache.kvc import KvcSpec, SaveReason, parse
 from llamad.cache.meta_proc import MetaProcess
 from llamad.cache.publish import PublishOutcome, publish
 from llamad.cache.sup import CacheSettings
+from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
@@ -55,7 +56,7 @@ def collect(results: Any, procs: list[Any], timeout: float = 120.0) -> list[tupl
     return got
 
 
-@pytest.mark.parametrize("tier", ["ram", "disk"])
+@pytest.mark.parametrize("tier", [TierKind.RAM, TierKind.DISK])
 def test_concurrent_writer_processes_exactly_one_publishes(
     cache_settings: CacheSettings, tier: str
 ) -> None:

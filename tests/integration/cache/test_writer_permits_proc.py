@@ -11,6 +11,7 @@ from llamad.cache.kvc import KvcSpec, SaveReason
 from llamad.cache.meta_proc import MetaProcess
 from llamad.cache.publish import PublishOutcome
 from llamad.cache.sup import CacheSettings
+from llamad.cache.tier_kind import TierKind
 from llamad.cache.writer import WriterPool
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -32,12 +33,12 @@ def test_cache_meta_creates_the_permits_and_a_pool_from_settings_saves_under_the
             # Every permit taken elsewhere: the pool's save is dropped, not queued.
             held = [permits.try_acquire() for _ in range(permits.n)]
             spec = KvcSpec(NS, tokens_to_bytes(range(600)), FingerprintMode.SAFE, SaveReason.COLD)
-            assert pool.save_async(spec, "disk", b"\x05" * 50_000) is None
+            assert pool.save_async(spec, TierKind.DISK, b"\x05" * 50_000) is None
             assert cache.counters()["saves_dropped"] == 1
             for p in held:
                 assert p is not None
                 p.release()
-            future = pool.save_async(spec, "disk", b"\x05" * 50_000)
+            future = pool.save_async(spec, TierKind.DISK, b"\x05" * 50_000)
             assert future is not None
             assert future.result(60).outcome is PublishOutcome.PUBLISHED
             assert cache.lookup_exact(spec.key, pin=False) is not None

@@ -11,6 +11,7 @@ from llamad.cache.key import FingerprintMode, Namespace
 from llamad.cache.kvc import KvcMeta, SaveReason
 from llamad.cache.meta import CacheMeta, MetaConfig
 from llamad.cache.reservation import Adopted, SaveIntent
+from llamad.cache.tier_kind import TierKind
 
 NS = Namespace(fingerprint=b"f" * 32, quant=3, ctx_hash=b"c" * 32)
 OTHER_NS = Namespace(fingerprint=b"g" * 32, quant=3, ctx_hash=b"c" * 32)
@@ -65,7 +66,7 @@ def le(tokens: list[int] | range) -> bytes:
 def intent(
     tokens: list[int] | range,
     *,
-    tier: str = "disk",
+    tier: TierKind = TierKind.DISK,
     size: int = 1000,
     ns: Namespace = NS,
     reason: SaveReason = SaveReason.COLD,
@@ -98,6 +99,7 @@ def kvc_meta(it: SaveIntent, *, hits: int = 0, last_used_ns: int = 0) -> KvcMeta
         file_size=it.size,
         hostname="h",
         llamad_version="0",
+        prefix=b"",  # a fake row is never loaded, so never re-checked against it
     )
 
 
@@ -108,7 +110,7 @@ def make_meta(
     clock = FakeClock()
     counters = DictCounters()
     config = MetaConfig(
-        quotas=quotas or {"ram": 10**9, "ram_file": 10**9, "disk": 10**9},
+        quotas=quotas or {TierKind.RAM: 10**9, TierKind.RAM_FILE: 10**9, TierKind.DISK: 10**9},
         reservation_ttl_s=ttl,
         **kwargs,  # type: ignore[arg-type]
     )

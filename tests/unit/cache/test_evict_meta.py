@@ -17,7 +17,8 @@ from llamad.cache.kvc import KvcSpec, SaveReason
 from llamad.cache.meta import CacheMeta, MetaConfig
 from llamad.cache.publish import LocalMeta
 from llamad.cache.publish import publish as publish_file
-from llamad.cache.tiers import TierConfig, TierKind, TierStore, build_tiers
+from llamad.cache.tier_kind import TierKind
+from llamad.cache.tiers import TierConfig, TierStore, build_tiers
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.timeout(60)
 @settings(max_examples=150, deadline=None)
 def test_quotas_hold_under_a_stream_of_saves(sizes: list[int], pin_every: int) -> None:
     quota = 10_000
-    meta, store, _, _ = make_meta({"disk": quota, "ram": quota // 2})
+    meta, store, _, _ = make_meta({TierKind.DISK: quota, TierKind.RAM: quota // 2})
     pinned: set[bytes] = set()
     for i, size in enumerate(sizes):
         tier = "ram" if i % 3 == 0 else "disk"
@@ -49,7 +50,7 @@ def test_quotas_hold_under_a_stream_of_saves(sizes: list[int], pin_every: int) -
 
 
 def test_quota_eviction_takes_the_least_recently_used_row() -> None:
-    meta, store, _, counters = make_meta({"disk": 3000})
+    meta, store, _, counters = make_meta({TierKind.DISK: 3000})
     a = publish(meta, store, intent([1]))
     b = publish(meta, store, intent([2]))
     c = publish(meta, store, intent([3]))
@@ -65,7 +66,7 @@ def test_evict_bytes_is_globally_lru_across_the_requested_tiers() -> None:
     keys = []
     for i, tier in enumerate(["disk", "ram", "ram_file", "ram", "disk"]):
         keys.append(publish(meta, store, intent([i], tier=tier)))
-    assert meta.evict_bytes(1500, ["ram", "ram_file"]) == (2, 2000)
+    assert meta.evict_bytes(1500, [TierKind.RAM, TierKind.RAM_FILE]) == (2, 2000)
     assert store.deleted == [keys[1], keys[2]]
     assert meta.evict_bytes(1) == (1, 1000)
     assert store.deleted[-1] == keys[0]
@@ -87,39 +88,41 @@ def test_gc_drops_rows_whose_files_vanished_and_reaps_expired_reservations() -> 
     report = meta.gc()
     assert (report.missing, report.reaped) == (1, 1)
     assert set(meta.rows) == {kept}
-    assert meta.ledgers["disk"].used == 1000 and meta.ledgers["disk"].reserved == 0
+    assert meta.ledgers[TierKind.DISK].used == 1000 and meta.ledgers[TierKind.DISK].reserved == 0
 
 
 def test_rebuild_keeps_popular_rows_through_the_first_eviction_walk() -> None:
-    meta, _store, _, _ = make_meta({"disk": 3000})
+    meta, _store, _, _ = make_meta({TierKind.DISK: 3000})
     popular = intent([1])
     stale = intent([2])
     fresh = intent([3])
     for it, hits, used in ((popular, 40, 100), (stale, 0, 200), (fresh, 0, 300)):
-        meta.adopt_file(kvc_meta(it, hits=hits, last_used_ns=used), "disk", f"/disk/{it.key.hex()}")
+        meta.adopt_file(
+            kvc_meta(it, hits=hits, last_used_ns=used), TierKind.DISK, f"/disk/{it.key.hex()}"
+        )
     meta.finish_rebuild()
     assert meta.evict_bytes(2000) == (2, 2000)
     assert set(meta.rows) == {popular.key}
 
 
 def test_rebuild_over_quota_evicts_down_to_it() -> None:
-    meta, _, _, counters = make_meta({"disk": 2500})
+    meta, _, _, counters = make_meta({TierKind.DISK: 2500})
     for i in range(5):
         it = intent([i])
-        meta.adopt_file(kvc_meta(it, last_used_ns=i), "disk", f"/disk/{i}")
+        meta.adopt_file(kvc_meta(it, last_used_ns=i), TierKind.DISK, f"/disk/{i}")
     evicted, freed = meta.finish_rebuild()
     assert (evicted, freed) == (3, 3000)
-    assert meta.ledgers["disk"].used == 2000
+    assert meta.ledgers[TierKind.DISK].used == 2000
     assert counters.get("bytes_disk") == 2000
 
 
 def test_duplicate_key_in_a_slower_tier_is_dropped_at_rebuild() -> None:
     meta, store, _, counters = make_meta()
     it = intent([1])
-    assert meta.adopt_file(kvc_meta(it), "disk", "/disk/a")
-    assert meta.adopt_file(kvc_meta(it), "ram_file", "/shm/a")
-    assert not meta.adopt_file(kvc_meta(it), "disk", "/disk/b")
-    assert meta.rows[it.key].tier == "ram_file"
+    assert meta.adopt_file(kvc_meta(it), TierKind.DISK, "/disk/a")
+    assert meta.adopt_file(kvc_meta(it), TierKind.RAM_FILE, "/shm/a")
+    assert not meta.adopt_file(kvc_meta(it), TierKind.DISK, "/disk/b")
+    assert meta.rows[it.key].tier is TierKind.RAM_FILE
     assert counters.get("duplicate_dropped") == 2
     assert store.deleted == [it.key, it.key]
 
@@ -141,26 +144,26 @@ def test_eviction_drops_the_row_even_when_its_file_cannot_be_deleted() -> None:
 
     store.delete = broken  # type: ignore[method-assign]
     assert meta.evict_bytes(1) == (1, 1000)
-    assert key not in meta.rows and meta.ledgers["disk"].used == 0
+    assert key not in meta.rows and meta.ledgers[TierKind.DISK].used == 0
     assert counters.get("evictions") == 1
 
 
 def test_rebuild_survives_a_duplicate_file_that_cannot_be_deleted() -> None:
     meta, store, _, counters = make_meta()
     it = intent([1])
-    assert meta.adopt_file(kvc_meta(it), "ram_file", "/shm/a")
+    assert meta.adopt_file(kvc_meta(it), TierKind.RAM_FILE, "/shm/a")
 
     def broken(tier: str, key: bytes, location: str) -> None:
         raise PermissionError("EACCES")
 
     store.delete = broken  # type: ignore[method-assign]
     # The slower copy is not indexed; the file is left to the next scan.
-    assert not meta.adopt_file(kvc_meta(it), "disk", "/disk/a")
-    assert meta.rows[it.key].tier == "ram_file"
+    assert not meta.adopt_file(kvc_meta(it), TierKind.DISK, "/disk/a")
+    assert meta.rows[it.key].tier is TierKind.RAM_FILE
     # A faster copy still replaces the indexed one.
-    assert meta.adopt_file(kvc_meta(it), "ram", "/ram/a")
-    assert meta.rows[it.key].tier == "ram"
-    assert meta.ledgers["ram_file"].used == 0
+    assert meta.adopt_file(kvc_meta(it), TierKind.RAM, "/ram/a")
+    assert meta.rows[it.key].tier is TierKind.RAM
+    assert meta.ledgers[TierKind.RAM_FILE].used == 0
     assert counters.get("duplicate_dropped") == 2
 
 

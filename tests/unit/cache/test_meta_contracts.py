@@ -16,7 +16,8 @@ from llamad.cache.meta_wire import OPS
 from llamad.cache.prefix import PrefixMatch
 from llamad.cache.pressure import PressureConfig
 from llamad.cache.sup import CacheSettings, cache_sup_spec, discard
-from llamad.cache.tiers import Tier, TierConfig, TierKind
+from llamad.cache.tier_kind import TierKind
+from llamad.cache.tiers import Tier, TierConfig
 from llamad.errors import BadRequest
 from llamad.supervisor.spec import Strategy, SupervisorSpec
 
@@ -26,9 +27,9 @@ keys = st.binary(min_size=32, max_size=32)
 row_refs = st.builds(
     RowRef,
     key=keys,
-    tier=st.sampled_from(["ram", "ram_file", "disk"]),
+    tier=st.sampled_from(list(TierKind)),
     location=st.text(min_size=1, max_size=50),
-    size=st.integers(1, 2**40),
+    file_size=st.integers(1, 2**40),
     n_tokens=st.integers(1, 2**24),
     pin=st.none() | st.integers(0, 2**62),
 )
@@ -42,7 +43,7 @@ LOOKUP_DECODER = msgspec.msgpack.Decoder(Lookup)
 
 
 def row_array(ref: RowRef) -> list[object]:
-    return [ref.key, ref.tier, ref.location, ref.size, ref.n_tokens, ref.pin]
+    return [ref.key, ref.tier, ref.location, ref.file_size, ref.n_tokens, ref.pin]
 
 
 @given(row_refs)
@@ -86,6 +87,7 @@ def test_lookup_travels_as_its_fields_in_order_and_round_trips(found: Lookup) ->
         {"key": b"k"},
         [1, "disk", "x", 1, 1, None],
         [b"k" * 32, "disk", "x", "1", 1, None],
+        [b"k" * 32, "tape", "x", 1, 1, None],
     ],
 )
 def test_malformed_row_ref_is_refused_by_its_decoder(body: object) -> None:
@@ -121,9 +123,9 @@ def test_invalid_lookup_policy_names_the_field(field: str, kwargs: dict[str, obj
     [
         ("quotas", {"quotas": {}}),
         ("tier", {"quotas": {"tape": 1}}),
-        ("quotas", {"quotas": {"disk": -1}}),
-        ("reservation_ttl_s", {"quotas": {"disk": 1}, "reservation_ttl_s": 0}),
-        ("max_wait_s", {"quotas": {"disk": 1}, "max_wait_s": -1}),
+        ("quotas", {"quotas": {TierKind.DISK: -1}}),
+        ("reservation_ttl_s", {"quotas": {TierKind.DISK: 1}, "reservation_ttl_s": 0}),
+        ("max_wait_s", {"quotas": {TierKind.DISK: 1}, "max_wait_s": -1}),
     ],
 )
 def test_invalid_meta_config_names_the_field(field: str, kwargs: dict[str, object]) -> None:
@@ -141,7 +143,7 @@ def test_cache_settings_round_trip_through_their_wire_form(tmp_path: Path) -> No
         tmp_path,
         reservation_ttl_s=12.5,
         lookup=LookupPolicy(common_min_tokens=64, restore_cost=0.1, allow_common=False),
-        pressure=PressureConfig(enabled=True, source="noop", evict_tiers=("ram",)),
+        pressure=PressureConfig(enabled=True, source="noop", evict_tiers=(TierKind.RAM,)),
         stats_flush_s=3.0,
         registry_root=tmp_path / "reg",
         liveness_timeout=20.0,
@@ -149,7 +151,11 @@ def test_cache_settings_round_trip_through_their_wire_form(tmp_path: Path) -> No
         save_permits=7,
     )
     assert CacheSettings.from_wire(s.to_wire()) == s
-    assert s.meta_config().quotas == {"ram": 2 << 30, "ram_file": 4 << 30, "disk": 64 << 30}
+    assert s.meta_config().quotas == {
+        TierKind.RAM: 2 << 30,
+        TierKind.RAM_FILE: 4 << 30,
+        TierKind.DISK: 64 << 30,
+    }
 
 
 def test_a_tier_configured_twice_is_refused(tmp_path: Path) -> None:

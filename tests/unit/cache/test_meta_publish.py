@@ -14,6 +14,7 @@ from llamad.cache.errors import (
 )
 from llamad.cache.kvc import SaveReason
 from llamad.cache.reservation import SaveIntent, Stage
+from llamad.cache.tier_kind import TierKind
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -24,11 +25,11 @@ def test_announced_row_is_found_by_exact_lookup() -> None:
     publish(meta, store, it)
     ref = meta.lookup_exact(it.key)
     assert ref is not None
-    assert (ref.key, ref.tier, ref.size, ref.n_tokens) == (it.key, "disk", 1000, 600)
+    assert (ref.key, ref.tier, ref.file_size, ref.n_tokens) == (it.key, "disk", 1000, 600)
     assert counters.get("saves_finish") == 1
     assert counters.get("hits_exact") == 1
     assert counters.get("bytes_disk") == 1000
-    assert meta.ledgers["disk"].reserved == 0
+    assert meta.ledgers[TierKind.DISK].reserved == 0
 
 
 def test_reserve_of_published_key_is_refused_as_already_cached() -> None:
@@ -84,7 +85,7 @@ def test_link_before_check_is_rejected() -> None:
 
 def test_announce_without_link_needs_a_location() -> None:
     meta, _, _, _ = make_meta()
-    it = intent(range(10), tier="ram")
+    it = intent(range(10), tier=TierKind.RAM)
     token = meta.reserve_save(it, owner=1)
     meta.check_reservation(it.key, token)
     with pytest.raises(InvalidCacheValue):
@@ -97,10 +98,10 @@ def test_cancel_returns_reserved_bytes() -> None:
     meta, _, _, _ = make_meta()
     it = intent(range(10), size=500)
     token = meta.reserve_save(it, owner=1)
-    assert meta.ledgers["disk"].reserved == 500
+    assert meta.ledgers[TierKind.DISK].reserved == 500
     assert meta.cancel_reservation(it.key, token)
     assert not meta.cancel_reservation(it.key, token)
-    assert meta.ledgers["disk"].reserved == 0
+    assert meta.ledgers[TierKind.DISK].reserved == 0
     assert it.key not in meta.reservations
 
 
@@ -111,7 +112,7 @@ def test_intent_with_a_key_that_is_not_its_tokens_is_rejected() -> None:
             key=NS.key(le(range(11))),
             namespace=NS.header(),
             tokens=data,
-            tier="disk",
+            tier=TierKind.DISK,
             size=10,
             reason=SaveReason.COLD,
         )
@@ -145,13 +146,13 @@ def test_malformed_intent_names_the_field(field: str, value: object) -> None:
 
 
 def test_reserve_into_an_unconfigured_tier_is_rejected() -> None:
-    meta, _, _, _ = make_meta({"disk": 10_000})
+    meta, _, _, _ = make_meta({TierKind.DISK: 10_000})
     with pytest.raises(InvalidCacheValue):
-        meta.reserve_save(intent(range(3), tier="ram"), owner=1)
+        meta.reserve_save(intent(range(3), tier=TierKind.RAM), owner=1)
 
 
 def test_row_larger_than_the_quota_is_refused_as_cache_full() -> None:
-    meta, _, _, counters = make_meta({"disk": 999})
+    meta, _, _, counters = make_meta({TierKind.DISK: 999})
     with pytest.raises(CacheFull):
         meta.reserve_save(intent(range(3), size=1000), owner=1)
     assert counters.get("saves_dropped") == 1
@@ -164,7 +165,7 @@ def test_reaper_drops_expired_pre_link_reservation() -> None:
     clock.advance(5)
     assert meta.reap_expired() == 1
     assert it.key not in meta.reservations
-    assert meta.ledgers["disk"].reserved == 0
+    assert meta.ledgers[TierKind.DISK].reserved == 0
     # A pre-link reservation never had a final file: nothing is probed.
     assert store.unlinked_orphans == []
 
@@ -231,8 +232,8 @@ def test_announce_with_the_real_size_corrects_the_accounting() -> None:
     token = meta.reserve_save(it, owner=1)
     meta.check_reservation(it.key, token)
     meta.announce_saved(it.key, token, location="/disk/a.kvc", size=1200)
-    assert meta.ledgers["disk"].used == 1200
-    assert meta.ledgers["disk"].reserved == 0
+    assert meta.ledgers[TierKind.DISK].used == 1200
+    assert meta.ledgers[TierKind.DISK].reserved == 0
     assert counters.get("bytes_disk") == 1200
 
 
@@ -249,11 +250,11 @@ def test_reaper_survives_a_store_that_cannot_judge_the_file() -> None:
     clock.advance(60)
     meta.tick()
     assert it.key not in meta.reservations and it.key not in meta.rows
-    assert meta.ledgers["disk"].reserved == 0
+    assert meta.ledgers[TierKind.DISK].reserved == 0
 
 
 def test_reserve_with_a_bad_ttl_is_refused_before_anything_is_evicted() -> None:
-    meta, store, _, _ = make_meta({"disk": 1000})
+    meta, store, _, _ = make_meta({TierKind.DISK: 1000})
     old = publish(meta, store, intent([1]))
     with pytest.raises(InvalidCacheValue) as err:
         meta.reserve_save(intent([2]), owner=1, ttl_s=0)

@@ -6,6 +6,7 @@ import pytest
 from meta_fakes import intent, make_meta, publish
 
 from llamad.cache.errors import CacheFull
+from llamad.cache.tier_kind import TierKind
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -23,7 +24,7 @@ def test_pinned_row_is_never_evicted_by_evict_bytes() -> None:
 
 
 def test_pinned_rows_are_never_evicted_to_make_room_for_a_save() -> None:
-    meta, store, _, counters = make_meta({"disk": 2000})
+    meta, store, _, counters = make_meta({TierKind.DISK: 2000})
     a = publish(meta, store, intent(range(10)))
     b = publish(meta, store, intent(range(11)))
     meta.checkout(a, owner=5)

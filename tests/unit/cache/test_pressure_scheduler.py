@@ -20,6 +20,7 @@ from llamad.cache.pressure import (
     make_source,
     parse_nvidia_smi,
 )
+from llamad.cache.tier_kind import TierKind
 from llamad.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(30)
@@ -28,9 +29,11 @@ GIB = 1 << 30
 
 
 def loaded_cache(rows: int = 40, size: int = 50 << 20) -> tuple[CacheMeta, FakeClock]:
-    meta, store, clock, _ = make_meta({"ram": 100 * GIB, "ram_file": 100 * GIB, "disk": 100 * GIB})
+    meta, store, clock, _ = make_meta(
+        {TierKind.RAM: 100 * GIB, TierKind.RAM_FILE: 100 * GIB, TierKind.DISK: 100 * GIB}
+    )
     for i in range(rows):
-        publish(meta, store, intent([i], tier="ram" if i % 2 else "ram_file", size=size))
+        publish(meta, store, intent([i], tier=TierKind.RAM if i % 2 else "ram_file", size=size))
     return meta, clock
 
 
@@ -39,7 +42,9 @@ def test_scheduler_evicts_down_to_the_low_watermark() -> None:
     base = int(6.7 * GIB)
     total = 10 * GIB
     # In use: everything else (6.7 GiB) + the cache's RAM tiers (~1.95 GiB) of 10 GiB = 0.865.
-    source = CallablePressure(lambda: (base + meta.used_bytes(["ram", "ram_file"]), total))
+    source = CallablePressure(
+        lambda: (base + meta.used_bytes([TierKind.RAM, TierKind.RAM_FILE]), total)
+    )
     sched = PressureScheduler(
         PressureConfig(enabled=True, interval_s=5), source, meta.evict_bytes, clock=clock
     )
@@ -88,7 +93,7 @@ def test_scheduler_below_the_high_watermark_evicts_nothing() -> None:
 def test_scheduler_asks_for_at_least_min_evict_bytes_from_the_configured_tiers() -> None:
     asked: list[tuple[int, tuple[str, ...]]] = []
     sched = PressureScheduler(
-        PressureConfig(enabled=True, min_evict_bytes=10 << 20, evict_tiers=("ram",)),
+        PressureConfig(enabled=True, min_evict_bytes=10 << 20, evict_tiers=(TierKind.RAM,)),
         CallablePressure(lambda: (860, 1000)),
         lambda n, t: asked.append((n, tuple(t))) or (0, 0),
     )

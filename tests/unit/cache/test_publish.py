@@ -22,7 +22,8 @@ from llamad.cache.publish import (
     new_writer_id,
     publish,
 )
-from llamad.cache.tiers import Tier, TierConfig, TierKind, TierStore, build_tiers
+from llamad.cache.tier_kind import TierKind
+from llamad.cache.tiers import Tier, TierConfig, TierStore, build_tiers
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -53,7 +54,7 @@ class World:
         self.counters = DictCounters()
         self.clock = Clock()
         self.meta = CacheMeta(
-            MetaConfig(quotas={"disk": quota}, reservation_ttl_s=30.0),
+            MetaConfig(quotas={TierKind.DISK: quota}, reservation_ttl_s=30.0),
             TierStore(build_tiers([self.tier.config])),
             counters=self.counters,
             clock=self.clock,
@@ -69,7 +70,7 @@ class World:
         assert ref.location == self.tier.location_for(spec.key)
         meta, body = parse(Path(ref.location).read_bytes(), expected_key=spec.key)
         assert bytes(body) == payload
-        assert ref.size == meta.file_size
+        assert ref.file_size == meta.file_size
 
 
 @pytest.fixture

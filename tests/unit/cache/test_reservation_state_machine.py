@@ -19,6 +19,7 @@ from meta_fakes import intent, kvc_meta, make_meta
 
 from llamad.cache.errors import AlreadyCached, InvalidCacheValue, PublishAbandoned, SaveInFlight
 from llamad.cache.reservation import Stage
+from llamad.cache.tier_kind import TierKind
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -168,7 +169,7 @@ class ReservationMachine(RuleBasedStateMachine):
         assert {KEYS[k].key for k in self.model} == set(self.meta.reservations)
         assert {KEYS[k].key for k in self.published} == set(self.meta.rows)
         assert not set(self.meta.rows) & set(self.meta.reservations)
-        ledger = self.meta.ledgers["disk"]
+        ledger = self.meta.ledgers[TierKind.DISK]
         assert ledger.reserved == sum(r.intent.size for r in self.meta.reservations.values())
         assert ledger.used == sum(r.size for r in self.meta.rows.values())
         for k, m in self.model.items():
@@ -180,7 +181,7 @@ class ReservationMachine(RuleBasedStateMachine):
         self.clock.advance(2 * TTL)
         self.meta.tick()
         assert self.meta.reservations == {}
-        assert self.meta.ledgers["disk"].reserved == 0
+        assert self.meta.ledgers[TierKind.DISK].reserved == 0
 
 
 ReservationMachine.TestCase.settings = settings(

@@ -15,17 +15,19 @@ from llamad.cache import tiers as tiers_module
 from llamad.cache.counters import Counters
 from llamad.cache.errors import InvalidCacheValue, KvcCorrupt, TierFull
 from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
-from llamad.cache.kvc import KvcSpec, SaveReason, encode_kvc, file_name
+from llamad.cache.kvc import HEADER_LEN, KvcSpec, SaveReason, encode_kvc, file_name
+from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import (
     SEGMENTS,
     RowMissing,
     SegmentMaps,
     Tier,
     TierConfig,
-    TierKind,
     TierStore,
     build_tiers,
+    discard_damaged,
     load,
+    load_mapped,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -196,22 +198,22 @@ def test_create_tmp_on_a_full_filesystem_is_tier_full_and_leaves_nothing(
 def test_tier_store_adopts_valid_orphans_and_unlinks_junk(disk: Tier, counters: Counters) -> None:
     store = TierStore(build_tiers([disk.config]), counters)
     good = put(disk, [1, 2], b"orphan")
-    adopted = store.adopt("disk", good.key, None)
+    adopted = store.adopt(TierKind.DISK, good.key, None)
     assert adopted is not None
     assert adopted.meta.key == good.key
     assert adopted.location == disk.location_for(good.key)
     junk_key = spec_for([3]).key
     disk.path_for(junk_key).write_bytes(b"\x00" * 100)
-    assert store.adopt("disk", junk_key, disk.location_for(junk_key)) is None
+    assert store.adopt(TierKind.DISK, junk_key, disk.location_for(junk_key)) is None
     assert not disk.path_for(junk_key).exists()
     assert counters.get("corrupt_files") == 1
-    assert store.adopt("disk", spec_for([4]).key, None) is None
+    assert store.adopt(TierKind.DISK, spec_for([4]).key, None) is None
 
 
 def test_persist_stats_survives_a_rescan(disk: Tier) -> None:
     store = TierStore(build_tiers([disk.config]))
     spec = put(disk, [1, 2], b"popular")
-    store.persist_stats("disk", disk.location_for(spec.key), 17, 12345)
+    store.persist_stats(TierKind.DISK, disk.location_for(spec.key), 17, 12345)
     (meta,) = disk.scan()
     assert (meta.hit_count, meta.last_used_ns) == (17, 12345)
     assert disk.read_into(spec.key, bytearray(7)) == 7
@@ -342,3 +344,97 @@ def test_scan_skips_an_unreadable_file_and_leaves_it(
     # Not judged corrupt: left for a later scan, not deleted or counted.
     assert disk.path_for(stuck.key).exists()
     assert counters.get("corrupt_files") == 0
+
+
+def _flip(path: Path, offset: int) -> None:
+    """Damage one byte in place (visible through a process's existing mapping)."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.pwrite(fd, bytes([os.pread(fd, 1, offset)[0] ^ 0x20]), offset)
+    finally:
+        os.close(fd)
+
+
+# Where damage to a mapped row used to go unnoticed in the process that kept
+# it mapped: everything before the payload.
+_PREFIX_DAMAGE = {
+    "magic": 0,
+    "token_count": 12,
+    "context_size": 20,
+    "created": 24,
+    "payload_len": 48,
+    "tlv_crc": 60,
+    "payload_crc": 64,
+    "header_crc": 70,
+    "hit_count": 16,
+    "first_tlv_record": HEADER_LEN,
+    "token_ids": HEADER_LEN + 150,
+}
+
+
+@pytest.mark.parametrize("where", [*_PREFIX_DAMAGE, "padding"])
+def test_a_mapped_ram_row_damaged_before_its_payload_is_a_miss_counted_once(
+    ram: Tier, counters: Counters, where: str
+) -> None:
+    payload = os.urandom(100_000)
+    spec = put(ram, [7, *range(40)], payload)
+    path = ram.path_for(spec.key)
+    buf = bytearray(len(payload))
+    assert load(ram, spec.key, buf, counters) == len(payload)  # now mapped in this process
+    assert path in SEGMENTS
+    meta = ram.read_meta(spec.key)
+    _flip(path, meta.payload_offset - 1 if where == "padding" else _PREFIX_DAMAGE[where])
+
+    sentinel = bytes(range(1, 251)) * (len(buf) // 250 + 1)
+    buf[:] = sentinel[: len(buf)]
+    assert load(ram, spec.key, buf, counters) is None
+    assert buf == sentinel[: len(buf)], "damage before the payload reached the buffer"
+    assert not path.exists()
+    assert path not in SEGMENTS
+    assert counters.get("corrupt_files") == 1
+    # Found again (another loader, a later scan): still counted once.
+    assert load(ram, spec.key, buf, counters) is None
+    assert list(ram.scan(counters, adopt_ram=True)) == []
+    assert counters.get("corrupt_files") == 1
+
+
+def test_a_mapped_ram_row_damaged_before_its_payload_is_refused_in_place(
+    ram: Tier, counters: Counters
+) -> None:
+    payload = os.urandom(50_000)
+    spec = put(ram, [8, *range(40)], payload)
+    with load_mapped(ram, spec.key, counters) as view:
+        assert view is not None and view == payload
+    _flip(ram.path_for(spec.key), HEADER_LEN + 150)
+    with load_mapped(ram, spec.key, counters) as view:
+        assert view is None
+    assert counters.get("corrupt_files") == 1
+    assert not ram.path_for(spec.key).exists()
+
+
+def test_a_mapped_ram_row_stays_a_hit_after_cache_meta_persists_its_hit_count(
+    ram: Tier, counters: Counters
+) -> None:
+    # cache-meta rewrites hit count and last use in the header of unpinned
+    # rows; a mapping that checks its prefix must not take that for damage.
+    payload = os.urandom(60_000)
+    spec = put(ram, [9, 9], payload)
+    buf = bytearray(len(payload))
+    assert load(ram, spec.key, buf, counters) == len(payload)
+    ram.persist_stats(spec.key, hits=41, last_used_ns=1_800_000_000_000_000_000)
+    buf[:] = bytes(len(buf))
+    assert load(ram, spec.key, buf, counters) == len(payload) and buf == payload
+    with load_mapped(ram, spec.key, counters) as view:
+        assert view is not None and view == payload
+    assert ram.read_meta(spec.key).hit_count == 41
+    assert counters.get("corrupt_files") == 0
+
+
+def test_a_damaged_row_found_by_two_loaders_is_counted_once(disk: Tier, counters: Counters) -> None:
+    # Two loaders (or a loader and a scan) that both found the damage each
+    # try to remove the file; only the removal counts.
+    spec = put(disk, [4, 4], os.urandom(10_000))
+    _flip(disk.path_for(spec.key), HEADER_LEN + 5)
+    assert discard_damaged(disk, spec.key, counters) is True
+    assert discard_damaged(disk, spec.key, counters) is False
+    assert counters.get("corrupt_files") == 1

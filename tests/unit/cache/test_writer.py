@@ -20,7 +20,8 @@ from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcSpec, SaveReason
 from llamad.cache.meta import CacheMeta, MetaConfig
 from llamad.cache.publish import LocalMeta, PublishOutcome, PublishStage
-from llamad.cache.tiers import SEGMENTS, Tier, TierConfig, TierKind, TierStore, build_tiers
+from llamad.cache.tier_kind import TierKind
+from llamad.cache.tiers import SEGMENTS, Tier, TierConfig, TierStore, build_tiers
 from llamad.cache.writer import PermitSet, WriterPool
 
 pytestmark = pytest.mark.timeout(60)
@@ -54,7 +55,7 @@ class Rig:
         self.tier.prepare()
         self.counters = DictCounters()
         self.meta = CacheMeta(
-            MetaConfig(quotas={"disk": 1 << 30}),
+            MetaConfig(quotas={TierKind.DISK: 1 << 30}),
             TierStore(build_tiers([self.tier.config])),
             counters=self.counters,
         )
@@ -62,7 +63,7 @@ class Rig:
         writer = LocalMeta(self.meta)
         self.pool = WriterPool(
             lambda: writer,
-            {"disk": self.tier},
+            {TierKind.DISK: self.tier},
             self.permits,
             counters=self.counters,
             **pool_kwargs,  # type: ignore[arg-type]
@@ -85,7 +86,7 @@ def test_async_save_returns_before_the_write_and_publishes(tmp_path: Path) -> No
 
     rig = Rig(tmp_path, on_stage=hold_after_write)
     spec = spec_for([1, 2, 3])
-    future = rig.pool.save_async(spec, "disk", PAYLOAD)
+    future = rig.pool.save_async(spec, TierKind.DISK, PAYLOAD)
     assert future is not None
     assert not future.done()  # the caller's loop is free while the writer works
     assert rig.pool.in_flight() == 1
@@ -101,14 +102,14 @@ def test_save_without_a_free_permit_is_dropped_and_counted(rig: Rig) -> None:
     held = [rig.permits.try_acquire(), rig.permits.try_acquire()]
     assert rig.permits.try_acquire() is None
     spec = spec_for([1])
-    assert rig.pool.save_async(spec, "disk", PAYLOAD) is None
+    assert rig.pool.save_async(spec, TierKind.DISK, PAYLOAD) is None
     assert rig.counters.get("saves_dropped") == 1
     assert rig.meta.reservations == {}
     assert list(rig.tier.root.iterdir()) == []
     for p in held:
         assert p is not None
         p.release()
-    future = rig.pool.save_async(spec, "disk", PAYLOAD)
+    future = rig.pool.save_async(spec, TierKind.DISK, PAYLOAD)
     assert future is not None
     assert future.result(20).stored
 
@@ -162,16 +163,16 @@ def test_global_cap_holds_across_pools(rig: Rig) -> None:
     other_meta = LocalMeta(rig.meta, owner=4242)
     other = WriterPool(
         lambda: other_meta,
-        {"disk": rig.tier},
+        {TierKind.DISK: rig.tier},
         PermitSet.attach(rig.permits.path),
         counters=rig.counters,
         threads=4,
         on_stage=park,
     )
-    futures = [other.save_async(spec_for([i]), "disk", PAYLOAD) for i in range(4)]
+    futures = [other.save_async(spec_for([i]), TierKind.DISK, PAYLOAD) for i in range(4)]
     assert [f is not None for f in futures] == [True, True, False, False]
     assert entered.acquire(timeout=20) and entered.acquire(timeout=20)
-    assert rig.pool.save_async(spec_for([99]), "disk", PAYLOAD) is None
+    assert rig.pool.save_async(spec_for([99]), TierKind.DISK, PAYLOAD) is None
     assert rig.counters.get("saves_dropped") == 3
     gate.set()
     for f in futures:
@@ -193,7 +194,7 @@ def test_sync_save_waits_for_a_permit_then_publishes(rig: Rig) -> None:
 
     t = threading.Thread(target=release_later)
     t.start()
-    result = rig.pool.save_sync(spec_for([7]), "disk", PAYLOAD, timeout_s=20)
+    result = rig.pool.save_sync(spec_for([7]), TierKind.DISK, PAYLOAD, timeout_s=20)
     # It can only have published once a permit was given back.
     assert releasing.is_set()
     t.join(20)
@@ -203,7 +204,7 @@ def test_sync_save_waits_for_a_permit_then_publishes(rig: Rig) -> None:
 def test_sync_save_times_out_as_refused(rig: Rig) -> None:
     held = [rig.permits.try_acquire(), rig.permits.try_acquire()]
     with pytest.raises(SaveRefused):
-        rig.pool.save_sync(spec_for([7]), "disk", PAYLOAD, timeout_s=0.05)
+        rig.pool.save_sync(spec_for([7]), TierKind.DISK, PAYLOAD, timeout_s=0.05)
     assert rig.counters.get("saves_dropped") == 1
     for p in held:
         assert p is not None
@@ -217,7 +218,7 @@ def test_a_failing_save_returns_its_permit_and_reservation(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "posix_fallocate", no_space)
-    future = rig.pool.save_async(spec_for([1]), "disk", PAYLOAD)
+    future = rig.pool.save_async(spec_for([1]), TierKind.DISK, PAYLOAD)
     assert future is not None
     with pytest.raises(TierFull):
         future.result(20)
@@ -235,7 +236,7 @@ def test_close_without_waiting_returns_queued_permits(tmp_path: Path) -> None:
             assert gate.wait(20)
 
     rig = Rig(tmp_path, permits=4, threads=1, on_stage=park)
-    futures = [rig.pool.save_async(spec_for([i]), "disk", PAYLOAD) for i in range(3)]
+    futures = [rig.pool.save_async(spec_for([i]), TierKind.DISK, PAYLOAD) for i in range(3)]
     assert all(f is not None for f in futures)
     rig.pool.close(wait=False)
     gate.set()
@@ -244,7 +245,7 @@ def test_close_without_waiting_returns_queued_permits(tmp_path: Path) -> None:
         wait_until(f.done)
     wait_until(lambda: rig.permits.held() == 0)
     assert rig.pool.in_flight() == 0
-    assert rig.pool.save_async(spec_for([9]), "disk", PAYLOAD) is None
+    assert rig.pool.save_async(spec_for([9]), TierKind.DISK, PAYLOAD) is None
 
 
 def test_each_writer_thread_gets_its_own_connection_closed_with_the_pool(
@@ -272,8 +273,8 @@ def test_each_writer_thread_gets_its_own_connection_closed_with_the_pool(
         if stage is PublishStage.RESERVED:
             both.wait(20)  # two saves in two threads at once
 
-    pool = WriterPool(connect, {"disk": rig.tier}, rig.permits, threads=2, on_stage=park)
-    futures = [pool.save_async(spec_for([i]), "disk", PAYLOAD) for i in range(2)]
+    pool = WriterPool(connect, {TierKind.DISK: rig.tier}, rig.permits, threads=2, on_stage=park)
+    futures = [pool.save_async(spec_for([i]), TierKind.DISK, PAYLOAD) for i in range(2)]
     for f in futures:
         assert f is not None
         assert f.result(20).stored
@@ -304,14 +305,16 @@ def test_a_ram_save_is_mapped_for_the_next_restore(tmp_path: Path) -> None:
     ram = Tier(TierConfig(TierKind.RAM, Path("/dev/shm"), 1 << 30, f"w{uuid.uuid4().hex[:12]}"))
     pool = WriterPool(
         lambda: LocalMeta(
-            CacheMeta(MetaConfig(quotas={"ram": 1 << 30}), TierStore(build_tiers([ram.config])))
+            CacheMeta(
+                MetaConfig(quotas={TierKind.RAM: 1 << 30}), TierStore(build_tiers([ram.config]))
+            )
         ),
-        {"ram": ram},
+        {TierKind.RAM: ram},
         rig.permits,
     )
     try:
         spec = spec_for([4, 2])
-        future = pool.save_async(spec, "ram", PAYLOAD)
+        future = pool.save_async(spec, TierKind.RAM, PAYLOAD)
         assert future is not None and future.result(20).stored
         assert ram.path_for(spec.key) in SEGMENTS
     finally:

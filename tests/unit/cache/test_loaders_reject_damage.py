@@ -1,0 +1,242 @@
+"""Every single-bit flip and every truncation is refused by the loaders production uses.
+
+``parse()`` is held to this in ``test_kvc.py``; a restore never calls it. It
+goes through one of three paths, each tested here against every bit of a
+small but complete file (header, TLV, padding, payload):
+
+- a ``ram_file`` or ``disk`` row: ``read_meta`` then ``read_payload_into`` on
+  one descriptor;
+- a ``ram`` row kept mapped: ``copy_payload_into`` with the meta validated
+  when it was mapped, which must notice damage done since;
+- the same through the tier (``Tier.read_into``, ``Tier.mapped_payload``) on
+  a real shared-memory segment this process mapped before it was damaged.
+
+A refused load leaves the caller's buffer exactly as it was when the damage
+is before the payload; when it is in the payload, the copied span is zeroed
+(the checksum is known only once the payload is copied) and nothing else
+changes.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from llamad.cache.errors import KvcCorrupt
+from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
+from llamad.cache.kvc import (
+    KvcMeta,
+    KvcSpec,
+    SaveReason,
+    copy_payload_into,
+    encode_kvc,
+    parse_meta,
+    read_meta,
+    read_payload_into,
+)
+from llamad.cache.tier_kind import TierKind
+from llamad.cache.tiers import SEGMENTS, SHM_ROOT, Tier, TierConfig
+
+pytestmark = pytest.mark.timeout(300)
+
+NS = Namespace(fingerprint=b"\x13" * 32, quant=7, ctx_hash=b"\x24" * 32)
+SPEC = KvcSpec(
+    NS,
+    tokens_to_bytes([5, 6, 7]),
+    FingerprintMode.GGUF_CHUNKED,
+    SaveReason.CONTINUED,
+    reason_detail="why",
+    context_size=4096,
+    hit_count=3,
+    created_ns=1_700_000_000_000_000_000,
+    hostname="h",
+    llamad_version="0.1.0",
+)
+PAYLOAD = bytes(range(256)) * 2
+DATA = encode_kvc(SPEC, PAYLOAD)
+META = parse_meta(DATA)
+SENTINEL = bytes((i * 7 + 0xA5) % 255 + 1 for i in range(len(PAYLOAD) + 64))
+
+# Loader under test: (file bytes as they are now) -> payload length, or raises.
+Loader = Callable[[bytearray], int]
+
+
+def expected_buffer(offset: int) -> bytes:
+    """The buffer after a refused load of a file damaged at ``offset``."""
+    if offset >= META.payload_offset:
+        return bytes(len(PAYLOAD)) + SENTINEL[len(PAYLOAD) :]
+    return SENTINEL
+
+
+def every_flip_is_refused(load: Callable[[int, int], int], buf: bytearray) -> int:
+    """Flip each bit of the file in turn through ``load(offset, mask)``; returns flips tried."""
+    tried = 0
+    for offset in range(len(DATA)):
+        want = expected_buffer(offset)
+        for bit in range(8):
+            buf[:] = SENTINEL
+            with pytest.raises(KvcCorrupt):
+                load(offset, 1 << bit)
+            if buf != want:
+                pytest.fail(f"bit {bit} of byte {offset}: the buffer holds the wrong bytes")
+            tried += 1
+    return tried
+
+
+def every_truncation_is_refused(load: Callable[[int], int], buf: bytearray) -> int:
+    for cut in range(len(DATA)):
+        buf[:] = SENTINEL
+        with pytest.raises(KvcCorrupt):
+            load(cut)
+        if buf != SENTINEL:
+            pytest.fail(f"cut at {cut}: a refused load wrote into the buffer")
+    return len(DATA)
+
+
+@pytest.fixture
+def row_file(tmp_path: Path) -> Iterator[int]:
+    """A descriptor of a ``disk``-style file holding DATA (restored between damages)."""
+    path = tmp_path / "row.kvc"
+    path.write_bytes(DATA)
+    fd = os.open(path, os.O_RDWR)
+    yield fd
+    os.close(fd)
+
+
+def _read_fd(fd: int, buf: bytearray) -> int:
+    # What Tier.read_into does for ram_file and disk rows.
+    return read_payload_into(fd, read_meta(fd, expected_key=SPEC.key), buf)
+
+
+def test_read_meta_and_read_payload_into_refuse_every_flip(row_file: int) -> None:
+    buf = bytearray(len(SENTINEL))
+    assert _read_fd(row_file, buf) == len(PAYLOAD) and buf[: len(PAYLOAD)] == PAYLOAD
+
+    def flipped(offset: int, mask: int) -> int:
+        os.pwrite(row_file, bytes([DATA[offset] ^ mask]), offset)
+        try:
+            return _read_fd(row_file, buf)
+        finally:
+            os.pwrite(row_file, DATA[offset : offset + 1], offset)
+
+    assert every_flip_is_refused(flipped, buf) == 8 * len(DATA)
+
+
+def test_read_meta_and_read_payload_into_refuse_every_truncation(row_file: int) -> None:
+    buf = bytearray(len(SENTINEL))
+
+    def truncated(cut: int) -> int:
+        os.ftruncate(row_file, cut)
+        try:
+            return _read_fd(row_file, buf)
+        finally:
+            os.pwrite(row_file, DATA[cut:], cut)
+
+    assert every_truncation_is_refused(truncated, buf) == len(DATA)
+    assert _read_fd(row_file, buf) == len(PAYLOAD)
+
+
+def test_copy_payload_into_refuses_every_flip_after_validation() -> None:
+    # The meta is the one validated before the damage, as a kept mapping has.
+    buf = bytearray(len(SENTINEL))
+    data = bytearray(DATA)
+
+    def flipped(offset: int, mask: int) -> int:
+        data[offset] ^= mask
+        try:
+            return copy_payload_into(data, META, buf)
+        finally:
+            data[offset] ^= mask
+
+    assert every_flip_is_refused(flipped, buf) == 8 * len(DATA)
+    assert copy_payload_into(data, META, buf) == len(PAYLOAD)
+
+
+def test_copy_payload_into_refuses_every_truncation_after_validation() -> None:
+    buf = bytearray(len(SENTINEL))
+    assert every_truncation_is_refused(lambda cut: copy_payload_into(DATA[:cut], META, buf), buf)
+
+
+@pytest.fixture
+def ram_row() -> Iterator[tuple[Tier, Path]]:
+    tier = Tier(TierConfig(TierKind.RAM, SHM_ROOT, 1 << 20, f"ld{uuid.uuid4().hex[:12]}"))
+    path = tier.path_for(SPEC.key)
+    path.write_bytes(DATA)
+    yield tier, path
+    SEGMENTS.drop(path)
+    tier.purge()
+
+
+def _mapped_copy(tier: Tier, buf: bytearray) -> int:
+    return tier.read_into(SPEC.key, buf)
+
+
+def _mapped_in_place(tier: Tier, buf: bytearray) -> int:
+    # A restore with no copy: the view is what llama_state_seq_set_data reads.
+    with tier.mapped_payload(SPEC.key) as view:
+        n = len(view)
+    return n
+
+
+@pytest.mark.parametrize("read", [_mapped_copy, _mapped_in_place], ids=["copy", "in_place"])
+def test_a_kept_ram_mapping_refuses_every_flip_made_after_it_was_mapped(
+    ram_row: tuple[Tier, Path], read: Callable[[Tier, bytearray], int]
+) -> None:
+    tier, path = ram_row
+    fd = os.open(path, os.O_RDWR)
+    buf = bytearray(len(SENTINEL))
+    in_place = read is _mapped_in_place
+
+    def flipped(offset: int, mask: int) -> int:
+        assert read(tier, buf) == len(PAYLOAD)  # mapped now (again), and valid
+        assert path in SEGMENTS
+        buf[:] = SENTINEL
+        os.pwrite(fd, bytes([DATA[offset] ^ mask]), offset)
+        try:
+            return read(tier, buf)
+        finally:
+            os.pwrite(fd, DATA[offset : offset + 1], offset)
+
+    try:
+        if in_place:
+            # Nothing is copied in place: the buffer only shows nothing was.
+            for offset in range(len(DATA)):
+                for bit in range(8):
+                    with pytest.raises(KvcCorrupt):
+                        flipped(offset, 1 << bit)
+                    assert path not in SEGMENTS
+            assert buf == SENTINEL
+        else:
+            assert every_flip_is_refused(flipped, buf) == 8 * len(DATA)
+    finally:
+        os.close(fd)
+
+
+def test_a_kept_ram_mapping_refuses_every_truncation_made_after_it_was_mapped(
+    ram_row: tuple[Tier, Path],
+) -> None:
+    tier, path = ram_row
+    fd = os.open(path, os.O_RDWR)
+    buf = bytearray(len(SENTINEL))
+
+    def truncated(cut: int) -> int:
+        os.pwrite(fd, DATA, 0)
+        assert tier.read_into(SPEC.key, buf) == len(PAYLOAD)
+        buf[:] = SENTINEL
+        os.ftruncate(fd, cut)
+        return tier.read_into(SPEC.key, buf)
+
+    try:
+        assert every_truncation_is_refused(truncated, buf) == len(DATA)
+    finally:
+        os.close(fd)
+
+
+def test_the_validated_meta_remembers_the_prefix_it_was_read_from() -> None:
+    # What the kept-mapping checks compare against.
+    meta: KvcMeta = META
+    assert meta.prefix == DATA[: meta.payload_offset]
