@@ -114,21 +114,23 @@ def test_meta_killed_under_load_is_restarted_and_loses_no_published_row(
     sup = subprocess.Popen([sys.executable, os.fspath(CHILD), "sup", os.fspath(settings_file)])
     load = Load(cache_settings)
     try:
-        pid = meta_pid(registry, None)
-        for t in load.threads:
-            t.start()
-        for round_ in (1, 2):
-            load.wait_for(15 * round_)
-            os.kill(pid, signal.SIGKILL)
-            pid = meta_pid(registry, pid)
-        load.wait_for(load.count() + 10)
-    finally:
-        load.stop.set()
-        for t in load.threads:
-            t.join(60)
-    assert not [t.name for t in load.threads if t.is_alive()], "a writer thread never finished"
-    assert not load.crashes, load.crashes
-    try:
+        try:
+            pid = meta_pid(registry, None)
+            for t in load.threads:
+                t.start()
+            for round_ in (1, 2):
+                load.wait_for(15 * round_)
+                os.kill(pid, signal.SIGKILL)
+                pid = meta_pid(registry, pid)
+            load.wait_for(load.count() + 10)
+        finally:
+            load.stop.set()
+            for t in load.threads:
+                if t.ident is not None:
+                    t.join(60)
+        stuck = [t.name for t in load.threads if t.is_alive()]
+        assert not stuck, f"writer threads never finished: {stuck}"
+        assert not load.crashes, load.crashes
         with CacheClient.from_settings(cache_settings) as cache:
             indexed = {bytes.fromhex(r["key"]) for r in cache.dump() if r["status"] == "available"}
             lost = set(load.published) - indexed
@@ -142,6 +144,8 @@ def test_meta_killed_under_load_is_restarted_and_loses_no_published_row(
                 assert n is not None and bytes(buf[:n]) == row_payload(seed)
             assert cache.status()["reservations"] == 0
     finally:
+        # Stopped however the test ends, so a failure is reported as itself
+        # and not as a supervisor left running over the discarded cache.
         sup.send_signal(signal.SIGTERM)
         try:
             assert sup.wait(60) == 0

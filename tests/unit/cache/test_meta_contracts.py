@@ -10,13 +10,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llamad.cache.errors import InvalidCacheValue
+from llamad.cache.key import Namespace, tokens_to_bytes
+from llamad.cache.kvc import SaveReason
 from llamad.cache.lookup import HitKind, Lookup, LookupPolicy, RowRef, choose_restore
 from llamad.cache.meta import MetaConfig
-from llamad.cache.meta_wire import OPS
+from llamad.cache.meta_wire import OPS, ReserveSave
 from llamad.cache.prefix import PrefixMatch
 from llamad.cache.pressure import PressureConfig
+from llamad.cache.reservation import SaveIntent
 from llamad.cache.sup import CacheSettings, cache_sup_spec, discard
-from llamad.cache.tier_kind import TierKind
+from llamad.cache.tier_kind import TIER_ORDER, TierKind
 from llamad.cache.tiers import Tier, TierConfig
 from llamad.errors import BadRequest
 from llamad.supervisor.spec import Strategy, SupervisorSpec
@@ -24,6 +27,7 @@ from llamad.supervisor.spec import Strategy, SupervisorSpec
 pytestmark = pytest.mark.timeout(30)
 
 keys = st.binary(min_size=32, max_size=32)
+NS_FOR_TIERS = Namespace(fingerprint=b"\x01" * 32, quant=1, ctx_hash=b"\x02" * 32)
 row_refs = st.builds(
     RowRef,
     key=keys,
@@ -297,3 +301,31 @@ def test_scratch_cache_is_private_and_discard_removes_it() -> None:
     assert not a.counters_path.exists()
     assert a.permits_path is not None and not a.permits_path.exists()
     assert all(not t.root.exists() for t in a.tiers if t.kind is not TierKind.RAM)
+
+
+def test_a_tier_named_by_its_string_becomes_the_one_tier_enum_wherever_it_enters(
+    tmp_path: Path,
+) -> None:
+    # One vocabulary: a config file or a peer may spell a tier as its value,
+    # but past the boundary every tier is a TierKind member, never a string.
+    it = SaveIntent(
+        key=NS_FOR_TIERS.key(tokens_to_bytes([1])),
+        namespace=NS_FOR_TIERS.header(),
+        tokens=tokens_to_bytes([1]),
+        tier="ram_file",  # type: ignore[arg-type]
+        size=10,
+        reason=SaveReason.COLD,
+    )
+    config = MetaConfig(quotas={"disk": 1, "ram": 2})  # type: ignore[dict-item]
+    pressure = PressureConfig(evict_tiers=("ram_file",))  # type: ignore[arg-type]
+    tier_config = TierConfig("disk", tmp_path, 1)  # type: ignore[arg-type]
+    ref = ROW_DECODER.decode(msgspec.msgpack.encode([b"k" * 32, "ram", "/x", 1, 1, None]))
+    body = msgspec.msgpack.Decoder(ReserveSave).decode(
+        msgspec.msgpack.encode(
+            {"key": b"k" * 32, "namespace": b"n" * 65, "tier": "disk", "size": 1, "reason": 1}
+        )
+    )
+    found = [it.tier, *config.quotas, *pressure.evict_tiers, tier_config.kind, ref.tier, body.tier]
+    assert [type(t) for t in found] == [TierKind] * len(found)
+    assert found == ["ram_file", "disk", "ram", "ram_file", "disk", "ram", "disk"]
+    assert [t.value for t in TIER_ORDER] == ["ram", "ram_file", "disk"]
