@@ -14,6 +14,7 @@ from llamad.llama_ffi import (
     LoadMode,
     ModelOptions,
     PoolingType,
+    RopeScaling,
     SamplerParams,
     SplitMode,
     default_threads,
@@ -33,6 +34,9 @@ def test_enum_fields_accept_names_and_values() -> None:
     assert opts.flash_attn is FlashAttn.ON
     assert opts.type_k is KVType.Q8_0
     assert opts.pooling is PoolingType.MEAN
+    rope = ContextOptions(rope_scaling_type="yarn", rope_freq_base=10_000)  # type: ignore[arg-type]
+    assert rope.rope_scaling_type is RopeScaling.YARN
+    assert type(rope.rope_freq_base) is float
     mopts = ModelOptions(load_mode="mmap", split_mode=int(SplitMode.NONE))  # type: ignore[arg-type]
     assert mopts.load_mode is LoadMode.MMAP
     assert mopts.split_mode is SplitMode.NONE
@@ -54,6 +58,16 @@ def test_enum_fields_accept_names_and_values() -> None:
         ({"type_v": KVType.Q8_0, "flash_attn": FlashAttn.OFF}, "type_v"),
         ({"n_ctx": 1.5}, "n_ctx"),
         ({"embeddings": "yes"}, "embeddings"),
+        ({"swa_full": 1}, "swa_full"),
+        ({"rope_scaling_type": "stretchy"}, "rope_scaling_type"),
+        ({"rope_freq_base": -1.0}, "rope_freq_base"),
+        ({"rope_freq_scale": math.nan}, "rope_freq_scale"),
+        ({"yarn_ext_factor": math.inf}, "yarn_ext_factor"),
+        ({"yarn_attn_factor": 1e39}, "yarn_attn_factor"),
+        ({"yarn_beta_fast": "fast"}, "yarn_beta_fast"),
+        ({"yarn_beta_slow": True}, "yarn_beta_slow"),
+        ({"yarn_orig_ctx": -1}, "yarn_orig_ctx"),
+        ({"yarn_orig_ctx": 2**32}, "yarn_orig_ctx"),
     ],
 )
 def test_invalid_context_option_names_the_field(kwargs: dict[str, object], field: str) -> None:
