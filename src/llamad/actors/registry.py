@@ -41,7 +41,7 @@ _SUN_PATH_MAX: Final = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 
 def check_name(name: str, field: str = "name") -> str:
     """Return ``name`` if it is a valid actor name, else raise naming ``field``."""
-    if not isinstance(name, str) or not NAME.match(name):
+    if not isinstance(name, str) or not NAME.fullmatch(name):  # match lets "name\n" through
         raise ActorConfigError(
             field, f"{name!r} is not an actor name (letter or digit, then [A-Za-z0-9_.-], ≤ 64)"
         )
@@ -66,7 +66,10 @@ def runtime_dir() -> Path:
 
 
 def _private_dir(path: Path, field: str) -> Path:
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except (ValueError, UnicodeEncodeError):  # a NUL, or a name the filesystem cannot encode
+        raise ActorConfigError(field, f"{str(path)!r} is not a usable directory name") from None
     st = path.stat()
     if st.st_uid != os.getuid():
         raise ActorConfigError(field, f"{path} is owned by uid {st.st_uid}, not us")
@@ -150,6 +153,8 @@ class Registry:
     """Names to endpoints for every actor of one daemon (see module doc)."""
 
     def __init__(self, root: Path | str | None = None) -> None:
+        if root is not None and not isinstance(root, str | os.PathLike):
+            raise ActorConfigError("registry root", f"expected a path, not {type(root).__name__}")
         base = Path(root) if root is not None else runtime_dir() / "actors"
         self.root = _private_dir(base, "registry root")
 

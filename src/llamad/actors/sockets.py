@@ -74,6 +74,9 @@ def validate_endpoint(endpoint: str, field: str = "endpoint") -> str:
     """Return ``endpoint`` if it is an ``ipc://`` or ``tcp://`` endpoint."""
     if not isinstance(endpoint, str):
         raise ActorConfigError(field, f"must be a string, got {endpoint!r}")
+    # ZeroMQ takes a C string: a NUL would cut it, a lone surrogate fails to encode.
+    if any(c == "\0" or "\ud800" <= c <= "\udfff" for c in endpoint):
+        raise ActorConfigError(field, f"{endpoint!r} holds a NUL or a lone surrogate")
     if endpoint.startswith("ipc://"):
         path = endpoint[len("ipc://") :]
         if not path or "\0" in path:

@@ -59,6 +59,15 @@ __all__ = ["CacheSettings", "cache_sup_spec", "discard", "meta_child_spec", "pur
 GIB = 1 << 30
 
 
+def _path(field: str, value: object) -> Path:
+    # A NUL or a lone surrogate would otherwise fail, untyped, only when the
+    # file is opened (or the settings are sent to cache-meta).
+    if not isinstance(value, str | os.PathLike) or any(
+        c == "\0" or "\ud800" <= c <= "\udfff" for c in str(value)
+    ):
+        raise InvalidCacheValue(field, f"{value!r} is not a usable path")
+    return Path(value)
+
 
 @dataclass(frozen=True, slots=True)
 class CacheSettings:
@@ -100,16 +109,16 @@ class CacheSettings:
         if len(set(roots)) != len(roots):
             raise InvalidCacheValue("tiers", f"two tiers share a directory: {roots}")
         object.__setattr__(self, "tiers", tiers)
-        object.__setattr__(self, "counters_path", Path(self.counters_path))
+        object.__setattr__(self, "counters_path", _path("counters_path", self.counters_path))
         permits = self.permits_path
         if permits is None:
             permits = self.counters_path.with_name(f"{self.counters_path.name}.permits")
-        object.__setattr__(self, "permits_path", Path(permits))
+        object.__setattr__(self, "permits_path", _path("permits_path", permits))
         n = self.save_permits
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_PERMITS:
             raise InvalidCacheValue("save_permits", f"{n!r} is not in [1, {MAX_PERMITS}]")
         if self.registry_root is not None:
-            object.__setattr__(self, "registry_root", Path(self.registry_root))
+            object.__setattr__(self, "registry_root", _path("registry_root", self.registry_root))
         flush = self.stats_flush_s
         if isinstance(flush, bool) or not isinstance(flush, int | float) or flush <= 0:
             raise InvalidCacheValue(

@@ -95,6 +95,8 @@ class TierConfig:
         if not isinstance(self.root, str | os.PathLike):
             raise InvalidCacheValue("root", "expected a path")
         root = Path(self.root)
+        if any(c == "\0" or "\ud800" <= c <= "\udfff" for c in str(root)):
+            raise InvalidCacheValue("root", f"{str(root)!r} holds a NUL or a lone surrogate")
         if not root.is_absolute():
             raise InvalidCacheValue("root", f"{root} is not an absolute path")
         object.__setattr__(self, "root", root)

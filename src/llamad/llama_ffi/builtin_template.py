@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 
 from llamad.errors import BadRequest
 from llamad.llama_ffi.errors import ChatTemplateError
+from llamad.llama_ffi.inputs import c_string
 from llamad.llama_ffi.native import ensure_backend, ffi, lib
 
 __all__ = ["builtin_chat_template", "builtin_template_names"]
@@ -40,20 +41,24 @@ def builtin_chat_template(
     llama.cpp does not recognise the template.
     """
     ensure_backend()
+    if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
+        raise BadRequest(f"messages must be a sequence of mappings, not {type(messages).__name__}")
     keep: list[object] = []
     chat = ffi.new("llama_chat_message[]", max(len(messages), 1))
     total = 0
     for i, msg in enumerate(messages):
+        if not isinstance(msg, Mapping):
+            raise BadRequest(f"message {i} must be a mapping, not {type(msg).__name__}")
         role, content = msg.get("role"), msg.get("content")
         if not isinstance(role, str) or not isinstance(content, str):
             raise BadRequest(f"message {i} needs string 'role' and 'content'")
-        r = ffi.new("char[]", role.encode("utf-8"))
-        c = ffi.new("char[]", content.encode("utf-8"))
+        r = ffi.new("char[]", c_string(role, f"messages[{i}].role"))
+        c = ffi.new("char[]", c_string(content, f"messages[{i}].content"))
         keep += (r, c)
         chat[i].role = r
         chat[i].content = c
         total += len(role) + len(content)
-    tmpl = ffi.NULL if template is None else ffi.new("char[]", template.encode("utf-8"))
+    tmpl = ffi.NULL if template is None else ffi.new("char[]", c_string(template, "template"))
     capacity = 2 * total + 1024
     while True:
         buf = ffi.new("char[]", capacity)

@@ -15,7 +15,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llamad.errors import BadRequest
 from llamad.llama_ffi.errors import ModelFileError, NotGGUF, TruncatedGGUF
+from llamad.llama_ffi.inputs import c_string, file_path
 from llamad.llama_ffi.native import ensure_backend, ffi, lib
 
 __all__ = ["GGUF_MAGIC", "GGUFInfo", "check_gguf"]
@@ -44,7 +46,8 @@ def check_gguf(path: str | os.PathLike[str], *, keys: Iterable[str] = ()) -> GGU
     ``keys`` names metadata keys whose value types the caller wants to know
     (llama.cpp asserts on the type of some keys instead of checking it).
     """
-    p = Path(path)
+    p = file_path(path)
+    wanted = {key: c_string(key, "keys", BadRequest) for key in keys}
     try:
         with open(p, "rb") as fh:
             st = os.fstat(fh.fileno())
@@ -86,8 +89,8 @@ def check_gguf(path: str | os.PathLike[str], *, keys: Iterable[str] = ()) -> GGU
             data_end = max(data_end, end)
         version = int(lib.gguf_get_version(gctx))
         key_types: dict[str, int] = {}
-        for key in keys:
-            kid = int(lib.gguf_find_key(gctx, key.encode("utf-8")))
+        for key, encoded in wanted.items():
+            kid = int(lib.gguf_find_key(gctx, encoded))
             key_types[key] = -1 if kid < 0 else int(lib.gguf_get_kv_type(gctx, kid))
     finally:
         lib.gguf_free(gctx)

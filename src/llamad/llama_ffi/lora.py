@@ -24,6 +24,7 @@ import structlog
 
 from llamad.llama_ffi.errors import AdapterError, ModelFileError
 from llamad.llama_ffi.gguf_check import check_gguf
+from llamad.llama_ffi.inputs import file_path
 from llamad.llama_ffi.lifetime import NativeHandle
 from llamad.llama_ffi.native import ffi, lib, read_metadata
 
@@ -84,7 +85,7 @@ class LoraAdapter:
 
     def __init__(self, model: Model, path: str | os.PathLike[str]) -> None:
         self.model = model
-        self.path = Path(path)
+        self.path = file_path(path)
         _check_adapter_header(self.path)
         self.sha256 = _file_sha256(self.path)
         model_handle = model.native_handle

@@ -11,7 +11,6 @@ import functools
 import os
 import weakref
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -21,6 +20,7 @@ from llamad.llama_ffi import vocab as _vocab
 from llamad.llama_ffi.context import Context
 from llamad.llama_ffi.errors import Closed, LoadCancelled, ModelLoadError
 from llamad.llama_ffi.gguf_check import check_gguf
+from llamad.llama_ffi.inputs import c_string, file_path
 from llamad.llama_ffi.lifetime import NativeHandle
 from llamad.llama_ffi.lora import LoraAdapter
 from llamad.llama_ffi.native import ensure_backend, ffi, lib, read_metadata, read_string
@@ -73,7 +73,7 @@ class Model:
         *,
         progress: ProgressCallback | None = None,
     ) -> None:
-        self.path = Path(path)
+        self.path = file_path(path)
         self.options = options or ModelOptions()
         info = check_gguf(self.path)
         self.file_identity: tuple[int, int, int, int] = info.file_identity
@@ -207,10 +207,9 @@ class Model:
 
     def chat_template(self, name: str | None = None) -> str | None:
         """The GGUF's chat template (``tokenizer.chat_template[.name]``), if any."""
+        encoded = None if name is None else c_string(name, "name")
         with self._handle.lease() as ptr:
-            raw = lib.llama_model_chat_template(
-                ptr, ffi.NULL if name is None else name.encode("utf-8")
-            )
+            raw = lib.llama_model_chat_template(ptr, ffi.NULL if encoded is None else encoded)
             if raw == ffi.NULL:
                 return None
             return str(ffi.string(raw).decode("utf-8", "replace"))

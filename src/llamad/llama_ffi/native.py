@@ -80,12 +80,9 @@ def _level_from_env() -> int:
 
 def set_log_level(level: str) -> None:
     """Change which llama.cpp messages reach structlog (``debug`` … ``off``)."""
-    try:
-        value = LOG_LEVELS[level.strip().lower()]
-    except KeyError:
-        raise LlamaError(
-            f"unknown llama log level {level!r}; expected one of {sorted(LOG_LEVELS)}"
-        ) from None
+    value = LOG_LEVELS.get(level.strip().lower()) if isinstance(level, str) else None
+    if value is None:
+        raise LlamaError(f"unknown llama log level {level!r}; expected one of {sorted(LOG_LEVELS)}")
     lib.llamad_log_install(value)
 
 

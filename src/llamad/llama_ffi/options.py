@@ -170,6 +170,11 @@ class ModelOptions:
         _require(_is_int(self.main_gpu) and self.main_gpu >= 0, "main_gpu", "must be >= 0")
         _require(isinstance(self.vocab_only, bool), "vocab_only", "must be a bool")
         _require(isinstance(self.check_tensors, bool), "check_tensors", "must be a bool")
+        _require(
+            isinstance(self.tensor_split, list | tuple),
+            "tensor_split",
+            "must be a sequence of shares",
+        )
         split = tuple(self.tensor_split)
         object.__setattr__(self, "tensor_split", split)
         max_devices = int(lib.llama_max_devices())

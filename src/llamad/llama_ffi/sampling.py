@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from llamad.errors import ConfigError
 from llamad.llama_ffi.errors import GrammarError, InvalidToken
+from llamad.llama_ffi.inputs import c_string
 from llamad.llama_ffi.lifetime import NativeHandle
 from llamad.llama_ffi.native import ffi, lib
 from llamad.llama_ffi.vocab import check_tokens
@@ -102,6 +103,10 @@ class SamplerParams:
             _fail("grammar", "must be GBNF text")
         if not isinstance(self.grammar_root, str) or not self.grammar_root:
             _fail("grammar_root", "must be a rule name")
+        # Both travel to llama.cpp as C strings (see llama_ffi.inputs).
+        if self.grammar is not None:
+            c_string(self.grammar, "grammar", ConfigError)
+        c_string(self.grammar_root, "grammar_root", ConfigError)
         if not isinstance(self.min_keep, int) or self.min_keep < 1:
             _fail("min_keep", "must be >= 1")
 

@@ -87,7 +87,9 @@ DEFAULT_WORKER_SHUTDOWN = 5.0
 DEFAULT_START_TIMEOUT = 60.0
 
 # Ids appear in logs, `ps` output and argv: printable, no whitespace, bounded.
-_ID_RE = re.compile(r"[^\s\x00-\x1f\x7f]{1,200}")
+_ID_RE = re.compile(r"[^\s\x00-\x1f\x7f\ud800-\udfff]{1,200}")
+# A NUL cuts a C string; a lone surrogate cannot be encoded for exec or msgpack.
+_NOT_TEXT = re.compile(r"[\x00\ud800-\udfff]")
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _TARGET_RE = re.compile(rf"{_IDENT}(?:\.{_IDENT})*:{_IDENT}(?:\.{_IDENT})*")
 
@@ -138,10 +140,10 @@ def _check_env(value: object, name: str) -> Mapping[str, str]:
     for key, val in value.items():
         if not isinstance(key, str) or not _ENV_NAME_RE.fullmatch(key):
             raise InvalidSpec(name, f"{key!r} is not a variable name ([A-Za-z_][A-Za-z0-9_]*)")
-        if not isinstance(val, str) or "\0" in val or len(val) > _ENV_VALUE_MAX:
+        if not isinstance(val, str) or _NOT_TEXT.search(val) or len(val) > _ENV_VALUE_MAX:
             raise InvalidSpec(
                 f"{name}.{key}",
-                f"must be a string without NUL of at most {_ENV_VALUE_MAX} characters",
+                f"must be text without NUL or lone surrogates, at most {_ENV_VALUE_MAX} characters",
             )
         env[key] = val
     return MappingProxyType(env)
@@ -155,8 +157,8 @@ def _check_cwd(value: object, name: str) -> str | None:
     # Relative paths would depend on wherever the supervisor happens to run;
     # whether the directory exists is checked when the child starts (a missing
     # one is a failed start), since it may be created after the spec is built.
-    if not isinstance(value, str) or not value.startswith("/") or "\0" in value:
-        raise InvalidSpec(name, f"must be an absolute path without NUL, got {value!r}")
+    if not isinstance(value, str) or not value.startswith("/") or _NOT_TEXT.search(value):
+        raise InvalidSpec(name, f"must be an absolute path of text without NUL: {value!r}")
     return value
 
 

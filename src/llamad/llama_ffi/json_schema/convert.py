@@ -58,7 +58,34 @@ def json_schema_to_gbnf(
             schema = json.loads(schema)
         except (ValueError, UnicodeDecodeError) as exc:
             raise schema_error("", None, f"schema is not valid JSON: {exc}") from exc
+    _refuse_lone_surrogates(schema)
     return _Converter(schema, options or GrammarOptions()).convert()
+
+
+def _refuse_lone_surrogates(schema: Any) -> None:
+    # A lone surrogate (which json.loads makes of a "\ud800" escape) is not
+    # text: a grammar literal holding one would ask the model for bytes that
+    # are not UTF-8, and the output could never equal the schema's value.
+    stack: list[tuple[Any, str]] = [(schema, "")]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, str):
+            texts = [value]
+        elif isinstance(value, Mapping):
+            texts = [k for k in value if isinstance(k, str)]
+            stack.extend((v, f"{path}/{pointer_part(str(k))}") for k, v in value.items())
+        elif isinstance(value, list | tuple):
+            texts = []
+            stack.extend((v, f"{path}/{i}") for i, v in enumerate(value))
+        else:
+            continue
+        for text in texts:
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise schema_error(
+                    path, None, f"{text!r} holds a lone surrogate, which is not Unicode text"
+                ) from None
 
 
 class _Converter:
