@@ -127,6 +127,25 @@ class NoSession(LlamadError):
     code = "no_session"
 
 
+class SessionExists(LlamadError):
+    """A session of that id already exists (``fork_session`` into a taken id)."""
+
+    code = "session_exists"
+
+
+class TranscriptMismatch(LlamadError):
+    """``continue`` with ``expect_committed`` that differs from the worker's
+    committed token count: the caller's view of the session is stale."""
+
+    code = "transcript_mismatch"
+
+
+class Overloaded(LlamadError):
+    """Every sequence is busy and the admission queue is full; retry later."""
+
+    code = "overloaded"
+
+
 class LlamaError(LlamadError):
     """Base of every failure of llama.cpp or the binding over it.
 
