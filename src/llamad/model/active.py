@@ -1,0 +1,235 @@
+"""One request inside the worker core, from submission to its terminal event.
+
+:class:`ActiveRequest` carries what the core needs between ticks: the
+target tokens and the part still to feed, the sampled tokens and the text
+they released, the save schedule, the timings; and it turns a sampled token
+into stream events and an ending into a :class:`~llamad.model.results.Completion`.
+
+Phases::
+
+    QUEUED ──► ADMITTED ──► (WAITING) ──► RUNNING ──► DONE
+       │           │             │           │
+       └───────────┴─────────────┴───────────┴──► DONE (cancelled / failed)
+
+ADMITTED: holds a sequence, not yet resolved. WAITING: its ``parent_key`` is
+a finish save this worker has not yet seen published (bounded by
+``session_resume_wait_ms``). RUNNING: prefilling, then generating.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from llamad.cache.key import Namespace
+from llamad.model.backend import Sampled, SamplerHandle
+from llamad.model.requests import RequestParams
+from llamad.model.resolution import Resolution
+from llamad.model.results import (
+    CacheDelta,
+    CacheHitKind,
+    CacheMiss,
+    Completion,
+    Event,
+    FinishReason,
+    Stats,
+    ThinkingEvent,
+    TokenEvent,
+    TokenLogprob,
+    ToolCallEvent,
+    TopLogprob,
+)
+from llamad.model.savepoints import SaveSchedule
+from llamad.model.sessions import Session
+from llamad.model.stops import Section, Segment, TextStream
+
+__all__ = ["ActiveRequest", "Phase"]
+
+
+class Phase(StrEnum):
+    QUEUED = "queued"
+    ADMITTED = "admitted"
+    WAITING = "waiting"
+    RUNNING = "running"
+    DONE = "done"
+
+
+def _ms(start: float | None, end: float | None) -> float:
+    if start is None or end is None:
+        return 0.0
+    return round(max(0.0, end - start) * 1000.0, 3)
+
+
+@dataclass(eq=False)
+class ActiveRequest:
+    request_id: str
+    params: RequestParams
+    target: list[int]
+    """Tokens the sequence must hold before generating (prompt, or transcript + tail)."""
+    namespace: Namespace
+    sampler: SamplerHandle | None
+    order: int
+    submitted_at: float
+    text: TextStream
+    session: Session | None = None
+    continuation: bool = False
+    phase: Phase = Phase.QUEUED
+    seq: int | None = None
+    feed: list[int] = field(default_factory=list)
+    fed: int = 0
+    """Tokens of ``feed`` already decoded."""
+    generated: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    resolution: Resolution | None = None
+    miss: CacheMiss | None = None
+    schedule: SaveSchedule | None = None
+    saved_max: int = 0
+    """The longest row this request submitted for saving."""
+    finish_key: bytes | None = None
+    finish_reason: FinishReason | None = None
+    cancel_requested: bool = False
+    wait_until: float | None = None
+    prefill_tokens: int = 0
+    admitted_at: float | None = None
+    resolved_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    _reply: list[str] = field(default_factory=list)
+    _thinking: list[str] = field(default_factory=list)
+    _tool_calls: list[str] = field(default_factory=list)
+
+    @property
+    def wants_logits(self) -> bool:
+        return not self.params.prefill_only
+
+    @property
+    def remaining(self) -> int:
+        """Tokens still to decode."""
+        return len(self.feed) - self.fed
+
+    @property
+    def generating(self) -> bool:
+        return bool(self.generated)
+
+    def start_feed(self, tokens: list[int]) -> None:
+        self.feed = tokens
+        self.fed = 0
+
+    def next_feed(self, limit: int) -> list[int]:
+        """The next ``limit`` tokens to decode (a bounded copy for the planner)."""
+        return self.feed[self.fed : self.fed + limit]
+
+    def consumed(self, n: int) -> None:
+        if not self.generating:
+            self.prefill_tokens += n
+        self.fed += n
+
+    # -- text and events -------------------------------------------------------
+
+    def _events(
+        self, segments: list[Segment], token: int | None, logprob: TokenLogprob | None
+    ) -> list[Event]:
+        events: list[Event] = []
+        reply = []
+        for seg in segments:
+            if seg.section is Section.REPLY:
+                reply.append(seg.text)
+            elif seg.section is Section.THINKING:
+                self._thinking.append(seg.text)
+                events.append(ThinkingEvent(seg.text))
+            else:
+                self._tool_calls.append(seg.text)
+                events.append(ToolCallEvent(seg.text))
+        text = "".join(reply)
+        self._reply.append(text)
+        if token is not None or text:
+            events.append(TokenEvent(text, token, logprob))
+        return events
+
+    def accept(
+        self,
+        sampled: Sampled,
+        *,
+        eog: bool,
+        piece: bytes,
+        kv_len: int,
+        n_ctx: int,
+        now: float,
+    ) -> list[Event]:
+        """Take one sampled token; sets :attr:`finish_reason` when it ends the request.
+
+        ``kv_len`` is what the sequence holds now: the token would be decoded at
+        that position, which must lie below ``n_ctx``.
+        """
+        if self.first_token_at is None:
+            self.first_token_at = now
+        token = sampled.token
+        self.generated.append(token)
+        logprob = None
+        if self.params.logprobs is not None and sampled.logprob is not None:
+            top = tuple(TopLogprob(t, lp) for t, lp in sampled.top[: self.params.logprobs])
+            logprob = TokenLogprob(token, sampled.logprob, top)
+            if self.logprobs is None:
+                self.logprobs = []
+            self.logprobs.append(logprob)
+        if eog:
+            self.finish_reason = FinishReason.STOP
+            segments = self.text.finish()
+        else:
+            segments = self.text.feed(piece)
+            max_tokens = self.params.max_tokens
+            if self.text.stopped is not None:
+                self.finish_reason = FinishReason.STOP
+            elif (max_tokens is not None and len(self.generated) >= max_tokens) or kv_len >= n_ctx:
+                self.finish_reason = FinishReason.LENGTH
+            if self.finish_reason is not None:
+                segments += self.text.finish()
+            else:
+                self.start_feed([token])
+        return self._events(segments, token, logprob)
+
+    def flush(self) -> list[Event]:
+        """Text still held when the request ends without a token (cancel)."""
+        return self._events(self.text.finish(), None, None)
+
+    # -- the result ------------------------------------------------------------
+
+    def transcript(self) -> list[int]:
+        return self.target + self.generated
+
+    def completion(self, *, committed: int, now: float) -> Completion:
+        assert self.finish_reason is not None
+        res = self.resolution
+        kind = (
+            res.kind
+            if res is not None
+            else (CacheHitKind.CONTINUATION if self.continuation else CacheHitKind.COLD)
+        )
+        read = res.read if res is not None else 0
+        self.finished_at = now
+        end_prefill = self.first_token_at if self.first_token_at is not None else now
+        return Completion(
+            reply="".join(self._reply),
+            generated=list(self.generated),
+            context_tokens=self.transcript(),
+            committed_tokens=committed,
+            cache_hit_kind=kind,
+            finish_reason=self.finish_reason,
+            stats=Stats(
+                prompt_tokens=len(self.target),
+                completion_tokens=len(self.generated),
+                prefill_tokens=self.prefill_tokens,
+                queue_ms=_ms(self.submitted_at, self.admitted_at),
+                restore_ms=_ms(self.admitted_at, self.resolved_at),
+                prefill_ms=_ms(self.resolved_at, end_prefill if self.resolved_at else None),
+                generation_ms=_ms(self.first_token_at, now),
+            ),
+            cache_delta=CacheDelta(read=read, created=max(0, self.saved_max - read)),
+            finish_key=self.finish_key,
+            stop_sequence=self.text.stopped,
+            thinking="".join(self._thinking),
+            tool_calls=list(self._tool_calls),
+            logprobs=self.logprobs,
+            cache_miss=self.miss,
+            session_id=None if self.session is None else self.session.session_id,
+        )

@@ -1,0 +1,74 @@
+"""The narrow door from the worker core to the KV cache (``CacheView``).
+
+The shell implements it over a :class:`llamad.cache.client.CacheClient` and
+the writer pool; :class:`llamad.model.stub_cache.MemoryCache` implements it in
+memory for tests. Calls happen between ticks on the loop thread.
+
+The mapping onto the client is direct: :meth:`CacheView.resolve` is
+``CacheClient.resolve`` (one round trip: parent key, in-flight wait, longest
+prefix; the answered row is pinned), :meth:`CacheView.read` is
+``load_mapped`` for the ``ram`` tier and ``load_into`` a reusable pre-faulted
+buffer otherwise, :meth:`CacheView.checkin` returns the pin, and
+:meth:`CacheView.save` hands a packed state to the writer pool (async) or
+writes it before returning (evict, shutdown).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Protocol
+
+from llamad.cache.key import Namespace
+from llamad.cache.lookup import Lookup, RowRef
+from llamad.model.backend import PackedState
+from llamad.model.savepoints import SaveJob
+
+__all__ = ["CacheView"]
+
+
+class CacheView(Protocol):
+    """What the core needs from the cache."""
+
+    def namespace(self, salt: bytes | None) -> Namespace:
+        """The namespace keys are made under now (model, context, adapters as
+        attached at this moment), with ``salt`` folded in when given.
+
+        Called once per request at submission: a request keeps the namespace it
+        was admitted under even if an adapter's scale changes meanwhile.
+        """
+        ...
+
+    def resolve(
+        self,
+        namespace: Namespace,
+        tokens: Sequence[int],
+        *,
+        parent_key: bytes | None,
+        wait_s: float,
+    ) -> Lookup:
+        """The best row to restore for ``tokens`` (pinned), and the nearest row
+        for a miss explanation. ``wait_s`` > 0 lets the cache wait that long
+        for ``parent_key``'s in-flight save; the core passes it only when no
+        other sequence would be held up by the wait."""
+        ...
+
+    def read(self, row: RowRef) -> AbstractContextManager[memoryview | None]:
+        """The row's validated payload for the duration of the block, or ``None``
+        when the row turned out missing or corrupt (it is then never served again)."""
+        ...
+
+    def checkin(self, pin: int | None) -> None:
+        """Release a pin :meth:`resolve` took (``None``: nothing was pinned)."""
+        ...
+
+    def save(self, job: SaveJob, state: PackedState) -> bool:
+        """Write ``state`` as ``job``'s row; ``state`` is the callee's from now on.
+
+        Synchronous reasons (``job.sync``) return once the row is published or
+        failed, by ``job.deadline``, and answer whether it was published.
+        Asynchronous ones return at once: ``False`` when the save was refused
+        (writer pool saturated, already cached); otherwise the shell reports
+        the outcome later through :meth:`llamad.model.core.WorkerCore.save_done`.
+        """
+        ...

@@ -1,0 +1,239 @@
+"""What a request answers: its result and its stream events, as wire types (SPEC M7, M8, M16).
+
+Every type here is a frozen msgspec Struct that travels as-is from the worker
+to the client. Stream events are a tagged union on ``kind`` (the
+:class:`EventKind` values); decode them with :data:`EVENT_DECODER` or
+``msgspec.convert(raw, Event)``.
+
+Texts on a stream add up: the ``text`` of every ``token`` event, in order, is
+the completion's ``reply``; of every ``thinking`` event its ``thinking``; the
+``tool_call`` events are its ``tool_calls``.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Final
+
+import msgspec
+
+__all__ = [
+    "EVENT_DECODER",
+    "CacheDelta",
+    "CacheHitKind",
+    "CacheMiss",
+    "Completion",
+    "DoneEvent",
+    "ErrorEvent",
+    "Event",
+    "EventKind",
+    "FinishReason",
+    "Stats",
+    "ThinkingEvent",
+    "TokenEvent",
+    "TokenLogprob",
+    "ToolCallEvent",
+    "TopLogprob",
+    "WorkerPhase",
+    "WorkerStatus",
+]
+
+
+class CacheHitKind(StrEnum):
+    """How a request's starting state was obtained (SPEC M3).
+
+    Not :class:`llamad.cache.lookup.HitKind`, which says how a cache *row*
+    relates to a prompt: a prompt restored from a longer row is a ``common``
+    row but an ``exact`` hit, and the sticky and continuation kinds involve no
+    row at all.
+    """
+
+    EXACT = "exact"
+    """A restored row covered the whole prompt."""
+    PARTIAL = "partial"
+    """A restored row covered a prefix; the rest was prefilled."""
+    COLD = "cold"
+    """Nothing usable was cached; the whole prompt was prefilled."""
+    STICKY = "sticky"
+    """The session's live sequence already held a prefix of the prompt."""
+    CONTINUATION = "continuation"
+    """``continue``: the tail was appended to the session as asserted by the caller."""
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"
+    """End of generation token, or a stop sequence."""
+    LENGTH = "length"
+    """``max_tokens`` reached, the context is full, or ``prefill_only`` (no tokens asked)."""
+    CANCELLED = "cancelled"
+
+
+class EventKind(StrEnum):
+    """The ``kind`` tag of each stream event type."""
+
+    TOKEN = "token"
+    THINKING = "thinking"
+    TOOL_CALL = "tool_call"
+    DONE = "done"
+    ERROR = "error"
+
+
+class CacheDelta(msgspec.Struct, frozen=True):
+    """Prompt tokens the cache supplied (``read``) and new tokens this request
+    submitted for saving beyond them (``created``)."""
+
+    read: int = 0
+    created: int = 0
+
+
+class Stats(msgspec.Struct, frozen=True):
+    """Counts and times of one request; times in milliseconds of the worker's clock.
+
+    ``prompt_tokens``: tokens the sequence had to hold before generating
+    (prompt, or session transcript plus tail); ``prefill_tokens``: how many of
+    them were decoded here (the rest came from the cache or the live session).
+    ``queue_ms``: waiting for a sequence; ``restore_ms``: cache lookup and
+    restore; ``prefill_ms``: until the first token's logits; ``generation_ms``:
+    from then to the end.
+    """
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    prefill_tokens: int = 0
+    queue_ms: float = 0.0
+    restore_ms: float = 0.0
+    prefill_ms: float = 0.0
+    generation_ms: float = 0.0
+
+
+class CacheMiss(msgspec.Struct, frozen=True):
+    """Why the cache did not cover the whole prompt (SPEC M16).
+
+    ``nearest_key`` is the saved row sharing the most leading tokens with the
+    prompt (``None``: nothing saved in this namespace), and the prompt leaves
+    it at token ``diverged_at``. ``before`` / ``after`` are the prompt's text
+    just before and from that token, so a changed chat template shows.
+    ``restored_tokens`` is what was restored nevertheless (0 when cold).
+    """
+
+    prompt_tokens: int
+    diverged_at: int
+    restored_tokens: int = 0
+    nearest_key: bytes | None = None
+    before: str = ""
+    after: str = ""
+
+
+class TopLogprob(msgspec.Struct, frozen=True, array_like=True):
+    token: int
+    logprob: float
+
+
+class TokenLogprob(msgspec.Struct, frozen=True):
+    """The sampled token's log-probability and the ``k`` most likely alternatives."""
+
+    token: int
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()
+
+
+class Completion(msgspec.Struct, frozen=True):
+    """The full result of one request (the ``done`` event's payload; SPEC M8).
+
+    ``generated``: sampled tokens (an end-of-generation token included).
+    ``context_tokens``: what the sequence stands for at the end (prompt, or
+    session transcript plus tail, then ``generated``); the KV holds the first
+    ``committed_tokens`` of them (the last sampled token is decoded only when a
+    session goes on). ``finish_key``: the cache key of the row the finish save
+    wrote (or found already written); pass it as the next turn's
+    ``parent_key``. ``cache_miss``: set unless the hit was exact, sticky or a
+    continuation.
+    """
+
+    reply: str
+    generated: list[int]
+    context_tokens: list[int]
+    committed_tokens: int
+    cache_hit_kind: CacheHitKind
+    finish_reason: FinishReason
+    stats: Stats
+    cache_delta: CacheDelta = CacheDelta()
+    finish_key: bytes | None = None
+    stop_sequence: str | None = None
+    thinking: str = ""
+    tool_calls: list[str] = msgspec.field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    cache_miss: CacheMiss | None = None
+    session_id: str | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        return self.finish_reason is FinishReason.CANCELLED
+
+
+class TokenEvent(msgspec.Struct, frozen=True, tag=EventKind.TOKEN.value, tag_field="kind"):
+    """One sampled token and the reply text it released.
+
+    ``text`` may be empty (held back while it could still begin a stop
+    sequence or a marker) or carry text of earlier tokens. ``token`` is
+    ``None`` only for the text released when a request ends without a token.
+    """
+
+    text: str
+    token: int | None = None
+    logprob: TokenLogprob | None = None
+
+
+class ThinkingEvent(msgspec.Struct, frozen=True, tag=EventKind.THINKING.value, tag_field="kind"):
+    """Text between the thinking markers (the markers themselves excluded)."""
+
+    text: str
+
+
+class ToolCallEvent(msgspec.Struct, frozen=True, tag=EventKind.TOOL_CALL.value, tag_field="kind"):
+    """One complete tool call: the text between the tool-call markers."""
+
+    text: str
+
+
+class DoneEvent(msgspec.Struct, frozen=True, tag=EventKind.DONE.value, tag_field="kind"):
+    """The terminal event of a request that finished (cancelled included)."""
+
+    result: Completion
+
+
+class ErrorEvent(msgspec.Struct, frozen=True, tag=EventKind.ERROR.value, tag_field="kind"):
+    """The terminal event of a request that failed: a typed error's wire form."""
+
+    code: str
+    message: str
+    details: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+Event = TokenEvent | ThinkingEvent | ToolCallEvent | DoneEvent | ErrorEvent
+EVENT_DECODER: Final = msgspec.msgpack.Decoder(Event)
+
+
+class WorkerPhase(StrEnum):
+    IDLE = "idle"
+    """No request admitted or queued."""
+    PREFILLING = "prefilling"
+    """At least one request is still feeding its prompt."""
+    GENERATING = "generating"
+    """Every admitted request is generating."""
+
+
+class WorkerStatus(msgspec.Struct, frozen=True):
+    """A snapshot for SPEC M10: what routers read without waiting on the loop."""
+
+    phase: WorkerPhase
+    pending_len: int
+    """Requests admitted to a sequence or queued for one."""
+    queue_depth: int
+    """Requests waiting for a sequence."""
+    active_sequences: int
+    free_sequences: int
+    sessions: int
+    kv_cells_used: int
+    ticks: int
+    last_cache_hit: CacheHitKind | None = None

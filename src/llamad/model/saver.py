@@ -1,0 +1,154 @@
+"""Taking the saves the schedule calls for: pack, hand to the cache, remember (SPEC M5).
+
+:mod:`llamad.model.savepoints` decides *when*; :class:`Saver` carries a save
+out between ticks: it packs the sequence (a copy into a pre-faulted buffer,
+the only part that holds up other sequences), builds the
+:class:`~llamad.model.savepoints.SaveJob` and gives both to the
+:class:`~llamad.model.cacheview.CacheView`, which writes synchronously
+(evict, shutdown) or through the writer pool. It keeps the keys of finish
+saves not yet reported published, so a next turn naming one as its
+``parent_key`` waits for it instead of missing it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import structlog
+
+from llamad.cache.key import Namespace
+from llamad.cache.kvc import SaveReason
+from llamad.errors import LlamadError
+from llamad.model.active import ActiveRequest
+from llamad.model.backend import Backend
+from llamad.model.cacheview import CacheView
+from llamad.model.savepoints import SaveJob
+from llamad.model.sessions import SessionTable
+from llamad.model.slots import Slot
+
+__all__ = ["Saver"]
+
+log = structlog.get_logger("llamad.model")
+
+
+class Saver:
+    """Executes save points for one core."""
+
+    def __init__(self, backend: Backend, cache: CacheView, sessions: SessionTable) -> None:
+        self.backend = backend
+        self.cache = cache
+        self.sessions = sessions
+        self.jobs: list[SaveJob] = []
+        """Jobs handed to the cache since the core last reported them."""
+        self.inflight_finish: set[bytes] = set()
+
+    def save(
+        self,
+        slot: Slot,
+        reason: SaveReason,
+        namespace: Namespace,
+        req: ActiveRequest | None,
+        *,
+        deadline: float | None = None,
+    ) -> bool:
+        """Save ``slot`` whole; True when written (sync) or accepted (async)."""
+        tokens = tuple(slot.kv)
+        session = slot.session
+        job = SaveJob(
+            reason=reason,
+            key=namespace.key(tokens),
+            namespace=namespace,
+            tokens=tokens,
+            seq=slot.seq,
+            request_id=None if req is None else req.request_id,
+            session_id=None if session is None else session.session_id,
+            deadline=deadline,
+        )
+        try:
+            state = self.backend.pack(slot.seq)
+        except LlamadError as exc:
+            log.warning("model.pack_failed", seq=slot.seq, reason=reason.name, error=repr(exc))
+            return False
+        try:
+            ok = self.cache.save(job, state)
+        except (LlamadError, OSError) as exc:
+            # The cache owns the state once called; a failed save only costs a row.
+            log.warning("model.save_failed", seq=slot.seq, reason=reason.name, error=repr(exc))
+            ok = False
+        self.jobs.append(job)
+        if not ok:
+            return False
+        if req is not None:
+            req.saved_max = max(req.saved_max, job.n_tokens)
+            if req.schedule is not None:
+                req.schedule.record(job.n_tokens)
+        if session is not None:
+            self.sessions.saved(session, job.key, job.n_tokens)
+        if reason is SaveReason.FINISH:
+            self.inflight_finish.add(job.key)
+        return True
+
+    def save_due(self, req: ActiveRequest, slot: Slot) -> None:
+        """The cold or continued save the schedule calls for at the slot's length."""
+        if req.schedule is None:
+            return
+        reason = req.schedule.due(len(slot.kv))
+        if reason is not None:
+            self.save(slot, reason, req.namespace, req)
+
+    def finish(self, req: ActiveRequest, slot: Slot, *, allowed: bool) -> None:
+        """The finish save of ``req`` (``allowed=False`` at shutdown, which saved
+        synchronously already); sets ``req.finish_key`` when the row exists."""
+        n = len(slot.kv)
+        if n == 0 or req.schedule is None:
+            return
+        key = req.namespace.key(slot.kv)
+        if n in req.schedule.saved_at or (
+            allowed
+            and req.schedule.finish_due(n, prefill_only=req.params.prefill_only)
+            and self.save(slot, SaveReason.FINISH, req.namespace, req)
+        ):
+            req.finish_key = key
+
+    def evict(self, slot: Slot, deadline: float) -> None:
+        """Save an idle session's sequence before it is taken (skipped when the
+        session's last save already holds exactly its KV)."""
+        session = slot.session
+        if session is None or session.namespace is None or not slot.kv:
+            return
+        if session.saved_key is not None and session.saved_len == len(slot.kv):
+            return
+        self.save(slot, SaveReason.EVICT, session.namespace, None, deadline=deadline)
+
+    def shutdown(self, slots: Sequence[Slot], deadline: float, clock: Callable[[], float]) -> None:
+        """Save every live sequence synchronously, all by ``deadline``."""
+        for slot in slots:
+            owner, session = slot.owner, slot.session
+            if owner is not None and owner.resolution is not None:
+                namespace: Namespace | None = owner.namespace
+            else:
+                namespace = None if session is None else session.namespace
+            if not slot.kv or namespace is None:
+                continue
+            if (
+                session is not None
+                and session.saved_key is not None
+                and (session.saved_len == len(slot.kv))
+            ):
+                continue
+            if clock() >= deadline:
+                log.warning("model.shutdown_save_skipped", seq=slot.seq, tokens=len(slot.kv))
+                continue
+            self.save(slot, SaveReason.SHUTDOWN, namespace, owner, deadline=deadline)
+
+    def done(self, key: bytes, published: bool) -> None:
+        """An asynchronous save ended; a failed one no longer counts as a session's row."""
+        self.inflight_finish.discard(key)
+        if not published:
+            for session in self.sessions.values():
+                if session.saved_key == key:
+                    session.saved_key, session.saved_len = None, 0
+
+    def take_jobs(self) -> list[SaveJob]:
+        jobs, self.jobs = self.jobs, []
+        return jobs

@@ -1,0 +1,161 @@
+"""An in-memory :class:`~llamad.model.cacheview.CacheView` for tests of the worker core.
+
+:class:`MemoryCache` keeps rows in a dict and answers lookups with the
+cache's own matching code (:class:`~llamad.cache.prefix.PrefixIndex` and
+:func:`~llamad.cache.lookup.choose_restore`), so the core is tested against
+the answers the real cache-meta gives (exact, prefix, a longer or diverging
+row to truncate, the nearest row on a miss). It counts pins so a test can
+check that every pin taken was returned, and it can hold asynchronous saves
+back (``defer_async``) to play a writer that has not finished yet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from llamad.cache.key import Namespace, tokens_to_bytes
+from llamad.cache.lookup import Lookup, LookupPolicy, RowRef, choose_restore
+from llamad.cache.prefix import PrefixIndex
+from llamad.cache.tier_kind import TierKind
+from llamad.model.backend import PackedState
+from llamad.model.savepoints import SaveJob
+
+__all__ = ["MemoryCache", "StoredRow"]
+
+
+@dataclass(eq=False)
+class StoredRow:
+    job: SaveJob
+    payload: bytes
+    hits: int = 0
+
+
+@dataclass(eq=False)
+class _Resolve:
+    tokens: int
+    parent_key: bytes | None
+    wait_s: float
+    answer: Lookup = field(repr=False)
+
+
+class MemoryCache:
+    """Rows in memory, matched like cache-meta matches them."""
+
+    def __init__(
+        self,
+        *,
+        fingerprint: bytes = b"\x11" * 32,
+        quant: int = 2,
+        ctx_hash: bytes = b"\x22" * 32,
+        policy: LookupPolicy | None = None,
+        defer_async: bool = False,
+    ) -> None:
+        self._base = Namespace(fingerprint=fingerprint, quant=quant, ctx_hash=ctx_hash)
+        self.policy = policy if policy is not None else LookupPolicy(common_min_tokens=1)
+        self.defer_async = defer_async
+        self.refuse_async = False
+        self.rows: dict[bytes, StoredRow] = {}
+        self.pending: list[StoredRow] = []
+        self.saves: list[SaveJob] = []
+        self.resolves: list[_Resolve] = []
+        self.corrupt: set[bytes] = set()
+        self.pins: dict[int, bytes] = {}
+        self._index = PrefixIndex()
+        self._pin_ids = itertools.count(1)
+
+    # -- CacheView -----------------------------------------------------------------------
+
+    def namespace(self, salt: bytes | None) -> Namespace:
+        if salt is None:
+            return self._base
+        folded = hashlib.sha256(self._base.fingerprint + b"salt" + salt).digest()
+        return Namespace(fingerprint=folded, quant=self._base.quant, ctx_hash=self._base.ctx_hash)
+
+    def resolve(
+        self,
+        namespace: Namespace,
+        tokens: Sequence[int],
+        *,
+        parent_key: bytes | None,
+        wait_s: float,
+    ) -> Lookup:
+        match = self._index.match(namespace.header(), tokens_to_bytes(tokens))
+        plan = choose_restore(match, len(tokens), self.policy)
+        row = None if plan is None else self.rows.get(plan.key)
+        if plan is None or row is None:
+            answer = Lookup(None, None, 0, match.common_tokens, match.common_key, False)
+        else:
+            pin = next(self._pin_ids)
+            self.pins[pin] = plan.key
+            row.hits += 1
+            ref = RowRef(
+                key=plan.key,
+                tier=TierKind.RAM,
+                location=plan.key.hex(),
+                file_size=len(row.payload),
+                n_tokens=row.job.n_tokens,
+                pin=pin,
+            )
+            answer = Lookup(
+                plan.kind, ref, plan.use_tokens, match.common_tokens, match.common_key, False
+            )
+        self.resolves.append(_Resolve(len(tokens), parent_key, wait_s, answer))
+        return answer
+
+    @contextmanager
+    def read(self, row: RowRef) -> Iterator[memoryview | None]:
+        stored = self.rows.get(row.key)
+        if stored is None or row.key in self.corrupt:
+            # As the real loader does: a damaged row is forgotten, never served.
+            self.forget(row.key)
+            yield None
+            return
+        yield memoryview(stored.payload)
+
+    def checkin(self, pin: int | None) -> None:
+        if pin is not None:
+            del self.pins[pin]
+
+    def save(self, job: SaveJob, state: PackedState) -> bool:
+        try:
+            payload = bytes(state.view())
+        finally:
+            state.release()
+        self.saves.append(job)
+        if job.key in self.rows:
+            return True
+        stored = StoredRow(job, payload)
+        if not job.sync and self.refuse_async:
+            return False
+        if not job.sync and self.defer_async:
+            self.pending.append(stored)
+            return True
+        self._publish(stored)
+        return True
+
+    # -- test controls ---------------------------------------------------------------------
+
+    def _publish(self, stored: StoredRow) -> None:
+        job = stored.job
+        self.rows[job.key] = stored
+        self._index.add(job.namespace.header(), tokens_to_bytes(job.tokens), job.key)
+
+    def publish_pending(self) -> list[bytes]:
+        """Finish every held-back asynchronous save; returns their keys."""
+        done, self.pending = self.pending, []
+        for stored in done:
+            self._publish(stored)
+        return [s.job.key for s in done]
+
+    def forget(self, key: bytes) -> None:
+        stored = self.rows.pop(key, None)
+        if stored is not None:
+            job = stored.job
+            self._index.remove(job.namespace.header(), tokens_to_bytes(job.tokens))
+
+    def row_tokens(self) -> dict[bytes, tuple[int, ...]]:
+        return {k: r.job.tokens for k, r in self.rows.items()}
