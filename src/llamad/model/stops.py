@@ -142,8 +142,8 @@ class MarkerSplitter:
                     self._held = buf[len(buf) - keep :]
                     return out
                 self._emit(buf[:i], out)
-                self._end_section(out)
                 buf = buf[i + len(self._close) :]
+                self._end_section(out)
         return out
 
     def _end_section(self, out: list[Segment], *, complete: bool = True) -> None:
