@@ -144,6 +144,10 @@ class MemoryCache:
         self.rows[job.key] = stored
         self._index.add(job.namespace.header(), tokens_to_bytes(job.tokens), job.key)
 
+    def rebase(self, namespace: Namespace) -> None:
+        """Answer ``namespace`` from now on, as a shell does after an adapter change."""
+        self._base = namespace
+
     def publish_pending(self) -> list[bytes]:
         """Finish every held-back asynchronous save; returns their keys."""
         done, self.pending = self.pending, []

@@ -63,6 +63,9 @@ class Harness:
         return report
 
     def step(self) -> TickReport:
+        # Every tick takes a millisecond of the injected clock, so stats and
+        # admission times order as the ticks did.
+        self.clock.advance(0.001)
         return self._take(self.core.step())
 
     def drain(self) -> TickReport:
@@ -104,9 +107,10 @@ def make(
     policy: CachePolicy = SMALL_POLICY,
     cache: MemoryCache | None = None,
     backend: StubBackend | None = None,
+    clock: Clock | None = None,
     **config: Any,
 ) -> Harness:
-    clock = Clock()
+    clock = clock or Clock()
     backend = backend or StubBackend(n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq_max)
     cache = cache or MemoryCache()
     cfg = WorkerConfig(
