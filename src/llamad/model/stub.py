@@ -35,7 +35,7 @@ from llamad.llama_ffi.errors import (
     NoLogits,
     StateError,
 )
-from llamad.model.backend import Sampled, SamplerHandle
+from llamad.model.backend import Backend, Sampled, SamplerHandle
 from llamad.model.planner import BatchPlan
 from llamad.model.requests import RequestParams
 
@@ -240,3 +240,8 @@ class StubBackend:
         self._chains[seq] = []
         for t in tokens:
             self._append(seq, t)
+
+
+def _is_a_backend(stub: StubBackend) -> Backend:
+    """Never called: mypy checks here that the stub implements the protocol."""
+    return stub

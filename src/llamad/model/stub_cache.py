@@ -22,6 +22,7 @@ from llamad.cache.lookup import Lookup, LookupPolicy, RowRef, choose_restore
 from llamad.cache.prefix import PrefixIndex
 from llamad.cache.tier_kind import TierKind
 from llamad.model.backend import PackedState
+from llamad.model.cacheview import CacheView
 from llamad.model.savepoints import SaveJob
 
 __all__ = ["MemoryCache", "StoredRow"]
@@ -163,3 +164,8 @@ class MemoryCache:
 
     def row_tokens(self) -> dict[bytes, tuple[int, ...]]:
         return {k: r.job.tokens for k, r in self.rows.items()}
+
+
+def _is_a_cache_view(cache: MemoryCache) -> CacheView:
+    """Never called: mypy checks here that the fake implements the protocol."""
+    return cache

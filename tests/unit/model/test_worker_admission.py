@@ -168,3 +168,13 @@ def test_after_shutdown_submissions_are_refused() -> None:
     h.core.shutdown()
     with pytest.raises(Unavailable):
         h.submit("a", prompt(4))
+
+
+def test_an_idle_core_has_no_work_and_no_wakeup() -> None:
+    h = make()
+    assert not h.core.has_work() and h.core.next_wakeup() is None
+    assert h.step().idle
+    h.submit("a", prompt(5), max_tokens=1)
+    assert h.core.has_work()
+    h.run()
+    assert not h.core.has_work()

@@ -220,3 +220,24 @@ def test_a_live_sequence_from_another_namespace_is_not_reused() -> None:
     h.cache.rebase(Namespace(fingerprint=b"\x33" * 32, quant=2, ctx_hash=b"\x22" * 32))
     again = h.complete("b", [*first.context_tokens, 3], max_tokens=2, session_id="s")
     assert again.cache_hit_kind is CacheHitKind.COLD
+
+
+def test_continue_with_no_tail_generates_from_where_the_session_stands() -> None:
+    h = make()
+    first = h.complete("a", prompt(20), max_tokens=3, session_id="s")
+    cont = h.complete("b", [], max_tokens=3, session_id="s", continue_=True)
+    assert cont.context_tokens[: len(first.context_tokens)] == first.context_tokens
+    # Only the pending last reply token needed decoding.
+    assert cont.stats.prefill_tokens == 1
+    reference = make().complete("ref", first.context_tokens, max_tokens=3)
+    assert cont.generated == reference.generated
+
+
+def test_fork_into_a_taken_id_is_session_exists() -> None:
+    h = make()
+    h.complete("a", prompt(10), max_tokens=1, session_id="s")
+    h.complete("b", prompt(10), max_tokens=1, session_id="t")
+    with pytest.raises(SessionExists):
+        h.core.fork_session("s", "t")
+    with pytest.raises(NoSession):
+        h.core.fork_session("ghost", "u")
