@@ -31,6 +31,15 @@ __all__ = ["Saver"]
 log = structlog.get_logger("llamad.model")
 
 
+def _holds_saved_row(slot: Slot, namespace: Namespace) -> bool:
+    """Whether the session's last save is exactly the slot's KV (the same length
+    is not enough: a later request may have rewritten the tail)."""
+    session = slot.session
+    if session is None or session.saved_key is None or session.saved_len != len(slot.kv):
+        return False
+    return session.saved_key == namespace.key(slot.kv)
+
+
 class Saver:
     """Executes save points for one core."""
 
@@ -116,7 +125,7 @@ class Saver:
         session = slot.session
         if session is None or session.namespace is None or not slot.kv:
             return
-        if session.saved_key is not None and session.saved_len == len(slot.kv):
+        if _holds_saved_row(slot, session.namespace):
             return
         self.save(slot, SaveReason.EVICT, session.namespace, None, deadline=deadline)
 
@@ -128,13 +137,7 @@ class Saver:
                 namespace: Namespace | None = owner.namespace
             else:
                 namespace = None if session is None else session.namespace
-            if not slot.kv or namespace is None:
-                continue
-            if (
-                session is not None
-                and session.saved_key is not None
-                and (session.saved_len == len(slot.kv))
-            ):
+            if not slot.kv or namespace is None or _holds_saved_row(slot, namespace):
                 continue
             if clock() >= deadline:
                 log.warning("model.shutdown_save_skipped", seq=slot.seq, tokens=len(slot.kv))

@@ -10,6 +10,7 @@ from llamad.cache.kvc import SaveReason
 from llamad.errors import BadRequest, NoSession, SessionExists, StickyBusy, TranscriptMismatch
 from llamad.model.results import CacheHitKind
 from llamad.model.sessions import SessionState, SessionTable
+from llamad.model.stub_cache import MemoryCache
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -241,3 +242,17 @@ def test_fork_into_a_taken_id_is_session_exists() -> None:
         h.core.fork_session("s", "t")
     with pytest.raises(NoSession):
         h.core.fork_session("ghost", "u")
+
+
+def test_parking_saves_a_rewritten_kv_even_at_the_saved_length() -> None:
+    cache = MemoryCache()
+    h = make(n_seq_max=1, cache=cache)
+    first = h.complete("a", prompt(30), max_tokens=4, session_id="s")  # finish row: 33 tokens
+    cache.refuse_async = True  # the next finish save is dropped by a busy writer
+    edited = first.context_tokens[:20] + prompt(13, start=9)
+    second = h.complete("b", edited, max_tokens=1, session_id="s")
+    assert second.committed_tokens == 33 and second.finish_key is None
+    h.complete("other", prompt(6), max_tokens=1)
+    evicts = [j for j in cache.saves if j.reason is SaveReason.EVICT]
+    assert len(evicts) == 1
+    assert list(evicts[0].tokens) == second.context_tokens[:33]
