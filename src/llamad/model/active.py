@@ -23,6 +23,7 @@ from enum import StrEnum
 
 from llamad.cache.key import Namespace
 from llamad.model.backend import Sampled, SamplerHandle
+from llamad.model.planner import SeqState
 from llamad.model.requests import RequestParams
 from llamad.model.resolution import Resolution
 from llamad.model.results import (
@@ -72,7 +73,6 @@ class ActiveRequest:
     submitted_at: float
     text: TextStream
     session: Session | None = None
-    continuation: bool = False
     phase: Phase = Phase.QUEUED
     seq: int | None = None
     feed: list[int] = field(default_factory=list)
@@ -99,6 +99,10 @@ class ActiveRequest:
     _tool_calls: list[str] = field(default_factory=list)
 
     @property
+    def continuation(self) -> bool:
+        return self.params.continue_
+
+    @property
     def wants_logits(self) -> bool:
         return not self.params.prefill_only
 
@@ -118,6 +122,14 @@ class ActiveRequest:
     def next_feed(self, limit: int) -> list[int]:
         """The next ``limit`` tokens to decode (a bounded copy for the planner)."""
         return self.feed[self.fed : self.fed + limit]
+
+    def seq_state(self, pos: int, chunk: int) -> SeqState:
+        """What the planner needs to know of this request's sequence this tick."""
+        assert self.seq is not None
+        limit = self.schedule.limit(pos) if self.schedule is not None else None
+        # chunk + 1 tokens tell the planner all it can use (a chunk, held-back token).
+        feed = self.next_feed(chunk + 1)
+        return SeqState(self.seq, self.order, pos, feed, self.wants_logits, limit)
 
     def consumed(self, n: int) -> None:
         if not self.generating:

@@ -15,11 +15,13 @@ refused when the request's sampler is opened, before admission.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, Final
 
 import msgspec
 
-from llamad.errors import BadRequest
+from llamad.errors import BadRequest, ContextOverflow, TranscriptMismatch
+from llamad.llama_ffi.errors import InvalidToken
 
 __all__ = [
     "MAX_LOGPROBS",
@@ -27,7 +29,9 @@ __all__ = [
     "MAX_STOP_LENGTH",
     "MAX_TOKENS_LIMIT",
     "RequestParams",
+    "checked_tokens",
     "parse_params",
+    "target_tokens",
 ]
 
 MAX_TOKENS_LIMIT: Final = 1 << 20
@@ -169,3 +173,49 @@ def parse_params(raw: object) -> RequestParams:
         _, _, where = message.rpartition("at `$.")
         field = where.rstrip("`").split(".")[0].split("[")[0] if where else ""
         raise BadRequest(message, details={"field": field} if field else None) from None
+
+
+def checked_tokens(tokens: Sequence[int], n_vocab: int) -> list[int]:
+    """``tokens`` as a list, each an id of the vocabulary, else ``invalid_token``
+    (llama.cpp would read past its embedding table)."""
+    out = list(tokens)
+    for i, t in enumerate(out):
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < n_vocab:
+            raise InvalidToken(
+                f"token {i} ({t!r}) is outside [0, {n_vocab})",
+                details={"index": i, "n_vocab": n_vocab},
+            )
+    return out
+
+
+def target_tokens(
+    tokens: list[int],
+    params: RequestParams,
+    *,
+    transcript: list[int],
+    committed: int,
+    n_ctx: int,
+) -> list[int]:
+    """What the sequence must hold before generating: the prompt, or for
+    ``continue`` the session's ``transcript`` plus the tail. Refuses a stale
+    ``expect_committed`` (``transcript_mismatch``), an empty target and one
+    longer than the context (``context_overflow``)."""
+    if params.continue_:
+        expected = params.expect_committed
+        if expected is not None and expected != committed:
+            raise TranscriptMismatch(
+                f"session {params.session_id!r} has {committed} committed tokens, "
+                f"the caller expected {expected}",
+                details={"committed": committed, "expected": expected},
+            )
+        target = transcript + tokens
+    else:
+        target = tokens
+    if not target:
+        raise BadRequest("the prompt is empty", details={"field": "tokens"})
+    if len(target) > n_ctx:
+        raise ContextOverflow(
+            f"{len(target)} tokens do not fit a context of {n_ctx}",
+            details={"tokens": len(target), "n_ctx": n_ctx},
+        )
+    return target

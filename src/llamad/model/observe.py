@@ -1,0 +1,61 @@
+"""What a worker looks like from outside, without a tick (SPEC M10).
+
+Read-only views of a :class:`~llamad.model.core.WorkerCore`: the
+:class:`~llamad.model.results.WorkerStatus` snapshot the shell publishes for
+routers (phase, pending_len, queue_depth, sequences, last cache hit), and the
+two answers the shell's loop needs to decide how long it may block on its
+socket (:func:`has_work`, :func:`next_wakeup`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from llamad.model.active import Phase
+from llamad.model.results import WorkerPhase, WorkerStatus
+
+if TYPE_CHECKING:
+    from llamad.model.core import WorkerCore
+
+__all__ = ["has_work", "next_wakeup", "status_of"]
+
+
+def status_of(core: WorkerCore) -> WorkerStatus:
+    requests = core.requests.values()
+    running = [r for r in requests if r.phase is not Phase.QUEUED]
+    if not core.requests:
+        phase = WorkerPhase.IDLE
+    elif running and all(r.generating for r in running):
+        phase = WorkerPhase.GENERATING
+    else:
+        phase = WorkerPhase.PREFILLING
+    return WorkerStatus(
+        phase=phase,
+        pending_len=len(core.requests),
+        queue_depth=len(core.queue),
+        active_sequences=len(running),
+        free_sequences=len(core.pool),
+        sessions=len(core.sessions),
+        kv_cells_used=core.cells_used,
+        ticks=core.ticks,
+        last_cache_hit=core.last_cache_hit,
+    )
+
+
+def has_work(core: WorkerCore) -> bool:
+    """Whether a step would do anything now (else the shell may block until a
+    message arrives or :func:`next_wakeup`)."""
+    if core.pending_events:
+        return True
+    if any(
+        r.cancel_requested or r.phase in (Phase.ADMITTED, Phase.RUNNING)
+        for r in core.requests.values()
+    ):
+        return True
+    return bool(core.queue) and (len(core.pool) > 0 or core.sessions.lru_idle() is not None)
+
+
+def next_wakeup(core: WorkerCore) -> float | None:
+    """The earliest clock time a waiting request must be looked at again."""
+    waits = [r.wait_until for r in core.requests.values() if r.wait_until is not None]
+    return min(waits, default=None)
