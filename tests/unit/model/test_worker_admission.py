@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from worker_harness import make, prompt
 
 from llamad.errors import BadRequest, ContextOverflow, LlamadError, Overloaded, Unavailable
 from llamad.llama_ffi.errors import GrammarError, InvalidToken
+from llamad.model.active import Phase
 from llamad.model.admission import AdmissionQueue, SequencePool
 from llamad.model.results import FinishReason, WorkerPhase
 
@@ -178,3 +181,30 @@ def test_an_idle_core_has_no_work_and_no_wakeup() -> None:
     assert h.core.has_work()
     h.run()
     assert not h.core.has_work()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 3),
+    st.lists(
+        st.tuples(st.integers(1, 40), st.integers(1, 6), st.booleans()), min_size=1, max_size=8
+    ),
+)
+def test_sequences_are_granted_in_submission_order(
+    n_seq_max: int, requests: list[tuple[int, int, bool]]
+) -> None:
+    h = make(n_seq_max=n_seq_max, max_queue=16, n_batch=64)
+    for i, (length, max_tokens, _) in enumerate(requests):
+        h.submit(f"r{i}", prompt(length, start=i), max_tokens=max_tokens)
+    for i, (_, _, cancel) in enumerate(requests):
+        if cancel and h.core.requests[f"r{i}"].phase is Phase.QUEUED:
+            h.core.cancel(f"r{i}")
+    h.run()
+    # Everyone was submitted at the same instant, so queue_ms orders the grants.
+    granted = [
+        h.result(f"r{i}").stats.queue_ms
+        for i in range(len(requests))
+        if h.result(f"r{i}").generated
+    ]
+    assert granted == sorted(granted)
+    assert h.core.status().free_sequences == n_seq_max
