@@ -251,6 +251,38 @@ llama_memory_t llama_get_memory(const struct llama_context * ctx);
 void llama_set_embeddings(struct llama_context * ctx, bool embeddings);
 void llama_synchronize(struct llama_context * ctx);
 
+/* --- threads: ggml threadpool (SPEC M14; see llama_ffi/threadpool.py) ------
+ * In the pinned CPU build ggml runs its graph under OpenMP: a threadpool then
+ * carries only each thread's priority and CPU mask (poll is unused), and
+ * ggml's barriers are libgomp's (bounded by GOMP_SPINCOUNT). */
+#define GGML_MAX_N_THREADS ...
+enum ggml_sched_priority {
+    GGML_SCHED_PRIO_LOW,
+    GGML_SCHED_PRIO_NORMAL,
+    GGML_SCHED_PRIO_MEDIUM,
+    GGML_SCHED_PRIO_HIGH,
+    GGML_SCHED_PRIO_REALTIME,
+    ...
+};
+struct ggml_threadpool_params {
+    bool cpumask[...];
+    int n_threads;
+    enum ggml_sched_priority prio;
+    uint32_t poll;
+    bool strict_cpu;
+    bool paused;
+    ...;
+};
+struct ggml_threadpool;
+typedef struct ggml_threadpool * ggml_threadpool_t;
+struct ggml_threadpool_params ggml_threadpool_params_default(int n_threads);
+struct ggml_threadpool * ggml_threadpool_new(struct ggml_threadpool_params * params);
+void ggml_threadpool_free(struct ggml_threadpool * threadpool);
+void llama_attach_threadpool(struct llama_context * ctx, ggml_threadpool_t threadpool,
+                             ggml_threadpool_t threadpool_batch);
+void llama_detach_threadpool(struct llama_context * ctx);
+/* --- end of threads ------------------------------------------------------- */
+
 /* --- batch / decode -------------------------------------------------------- */
 struct llama_batch llama_batch_init(int32_t n_tokens, int32_t embd, int32_t n_seq_max);
 void llama_batch_free(struct llama_batch batch);
