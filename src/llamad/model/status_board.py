@@ -1,0 +1,202 @@
+"""A worker's status, readable without waiting on its loop (SPEC M10).
+
+The loop is busy for a whole tick (one ``llama_decode`` of up to ``n_batch``
+rows can take seconds on a CPU), and an actor op is answered only between
+ticks. So the loop **publishes** a small msgspec-encoded
+:class:`WorkerSnapshot` into a file beside its registry entry
+(``<registry>/<actor>.status``), and anyone on the host **reads** it with
+:func:`read_status`: a few ``pread`` calls, no message to the worker, no wait,
+and it works even while the worker is stuck (the snapshot then shows since
+when: ``busy_since``).
+
+The loop publishes after every tick and just before each decode, so a
+reader sees the batch being decoded now (``phase``, ``pending_len``) rather
+than the state before its requests were admitted.
+
+Layout (little-endian), a seqlock so a reader never takes a half-written
+snapshot::
+
+    0   u64  seq      odd while the writer is writing, even when stable
+    8   u32  length   of the payload
+    12  u32  crc32    of the payload
+    16  ...  payload  msgpack WorkerSnapshot (at most SLOT_BYTES - 16)
+
+The writer sets ``seq`` odd, writes the payload, then writes the header with
+``seq`` even; the reader reads everything, checks ``seq`` even, the CRC, and
+that ``seq`` has not moved since, else retries. A restarted worker creates a
+fresh file and renames it over the old one, so a reader never sees the new
+process's first write half done either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import time
+import zlib
+from collections import deque
+from pathlib import Path
+from typing import Final
+
+import msgspec
+
+from llamad.model.results import WorkerStatus
+
+__all__ = [
+    "SLOT_BYTES",
+    "StatusBoard",
+    "Throughput",
+    "WorkerSnapshot",
+    "read_status",
+    "status_path",
+]
+
+SLOT_BYTES: Final = 8192
+_HEAD: Final = struct.Struct("<QII")
+_SEQ: Final = struct.Struct("<Q")
+_READ_TRIES: Final = 64
+
+
+class WorkerSnapshot(msgspec.Struct, frozen=True):
+    """What a worker looks like from outside (SPEC M10).
+
+    ``at``: when it was published, and ``busy_since``: when the tick in
+    progress began (``None`` between ticks), both on the host's monotonic
+    clock (``time.monotonic()`` is system-wide on Linux), so a reader can
+    tell how long the current tick has run. ``generated_per_s``: sampled
+    tokens per second, ``rows_per_s``: tokens decoded per second (prompt and
+    generated), both over the last few seconds; ``last_tick_ms``: the last
+    decode's duration; ``requests_total``: requests admitted since start.
+    """
+
+    model_id: str
+    pid: int
+    instance: str
+    seq: int
+    at: float
+    status: WorkerStatus
+    busy_since: float | None = None
+    generated_per_s: float = 0.0
+    rows_per_s: float = 0.0
+    last_tick_ms: float = 0.0
+    requests_total: int = 0
+
+
+_ENCODER: Final = msgspec.msgpack.Encoder()
+_DECODER: Final = msgspec.msgpack.Decoder(WorkerSnapshot)
+
+
+def status_path(registry_root: Path | str, actor_name: str) -> Path:
+    """Where ``actor_name`` publishes its status in the registry at ``registry_root``."""
+    return Path(registry_root) / f"{actor_name}.status"
+
+
+class StatusBoard:
+    """The writing end, owned by the worker's loop thread."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(fd, SLOT_BYTES)
+            os.replace(tmp, path)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            raise
+        self._fd: int | None = fd
+        self._seq = 0
+
+    def publish(self, snapshot: WorkerSnapshot) -> None:
+        fd = self._fd
+        if fd is None:
+            return
+        payload = _ENCODER.encode(snapshot)
+        if len(payload) > SLOT_BYTES - _HEAD.size:
+            raise ValueError(f"status snapshot of {len(payload)} bytes does not fit the slot")
+        self._seq += 1
+        os.pwrite(fd, _SEQ.pack(self._seq), 0)
+        os.pwrite(fd, payload, _HEAD.size)
+        self._seq += 1
+        os.pwrite(fd, _HEAD.pack(self._seq, len(payload), zlib.crc32(payload)), 0)
+
+    def close(self, *, remove: bool = False) -> None:
+        """Stop publishing; ``remove`` deletes the file (a clean stop)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+            if remove:
+                with contextlib.suppress(FileNotFoundError):
+                    self.path.unlink()
+
+
+def read_status(path: Path | str) -> WorkerSnapshot | None:
+    """The last snapshot published at ``path``; ``None`` if there is none yet.
+
+    Never waits on the worker: a write in progress is retried (a write is a
+    few microseconds), and a file that never settles reads as ``None``.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        for _ in range(_READ_TRIES):
+            block = os.pread(fd, SLOT_BYTES, 0)
+            if len(block) < _HEAD.size:
+                return None
+            seq, length, crc = _HEAD.unpack_from(block)
+            if seq == 0:
+                return None  # created, nothing published yet
+            payload = block[_HEAD.size : _HEAD.size + length]
+            if (
+                seq % 2 == 0
+                and len(payload) == length
+                and zlib.crc32(payload) == crc
+                and _SEQ.unpack(os.pread(fd, _SEQ.size, 0))[0] == seq
+            ):
+                try:
+                    return _DECODER.decode(payload)
+                except msgspec.DecodeError:
+                    pass
+            time.sleep(0)
+        return None
+    finally:
+        os.close(fd)
+
+
+class Throughput:
+    """Tokens per second over a sliding window of wall time, fed once per tick.
+
+    Each tick is recorded with the time it *started*, so one tick of ``n``
+    tokens that took ``d`` seconds reads as ``n / d``; idle time between
+    ticks lowers the rate, and a worker idle for a whole window reads 0.
+    """
+
+    def __init__(self, window_s: float = 5.0) -> None:
+        self.window_s = window_s
+        self._ticks: deque[tuple[float, int, int]] = deque()
+        self._generated = 0
+        self._decoded = 0
+
+    def add(self, started: float, generated: int, decoded: int) -> None:
+        self._ticks.append((started, generated, decoded))
+        self._generated += generated
+        self._decoded += decoded
+
+    def _expire(self, now: float) -> None:
+        while self._ticks and now - self._ticks[0][0] > self.window_s:
+            _, g, p = self._ticks.popleft()
+            self._generated -= g
+            self._decoded -= p
+
+    def rates(self, now: float) -> tuple[float, float]:
+        """``(generated, decoded)`` tokens per second over the window ending ``now``."""
+        self._expire(now)
+        if not self._ticks:
+            return 0.0, 0.0
+        span = max(now - self._ticks[0][0], 1e-3)
+        return self._generated / span, self._decoded / span

@@ -1,0 +1,230 @@
+"""The model worker's ops and their wire schemas, declared once (SPEC M7-M12).
+
+Every op body is a frozen msgspec Struct (unknown fields refused, sizes
+bounded), decoded and checked by the actor runtime before a handler runs; a
+bad body is answered with ``bad_request`` naming the field and the worker
+goes on. Request parameters are :class:`~llamad.model.requests.RequestParams`
+and results are :mod:`llamad.model.results` types, as the core produces them.
+
+=====================  ======  ===================================  ==========================
+op                     kind    body                                 answer
+=====================  ======  ===================================  ==========================
+``infer``              stream  :class:`InferBody`                   events: ``token`` /
+                                                                    ``thinking`` / ``tool_call``
+                                                                    (:data:`~llamad.model.results.Event`);
+                                                                    END: :class:`Completion`;
+                                                                    or ERROR (typed)
+``complete``           call    :class:`InferBody`                   :class:`Completion`
+``prefill_only``       call    :class:`InferBody`                   :class:`Completion`
+``cancel``             call    :class:`CancelBody`                  :class:`CancelReply`
+``end_session``        call    :class:`SessionBody`                 ``None``
+``reset_session``      call    :class:`SessionBody`                 ``None``
+``fork_session``       call    :class:`ForkBody`                    :class:`ForkReply`
+``status``             call    :class:`NoArgs`                      :class:`WorkerSnapshot`
+``tokenize``           call    :class:`TokenizeBody`                :class:`TokensReply`
+``detokenize``         call    :class:`DetokenizeBody`              :class:`TextReply`
+``apply_chat_template`` call   :class:`ChatBody`                    :class:`TokensReply`
+``embed``              call    :class:`EmbedBody`                   :class:`EmbedReply`
+``load_adapter``       call    :class:`LoadAdapterBody`             ``AdapterInfo``
+``unload_adapter``     call    :class:`AdapterRef`                  ``None``
+``set_adapter_scale``  call    :class:`AdapterScaleBody`            ``AdapterInfo``
+``list_adapters``      call    :class:`NoArgs`                      ``list[AdapterInfo]``
+=====================  ======  ===================================  ==========================
+
+``AdapterInfo`` is :class:`llamad.model.adapters.AdapterInfo` (name, path,
+sha256, scale).
+
+A prompt is text (``prompt: str``, tokenized with the model's special tokens
+parsed), token ids (``prompt: list[int]``) or a chat (``messages``, rendered
+through the model's chat template with :class:`ChatOptions`); exactly one.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final
+
+import msgspec
+
+from llamad.actors.ops import OpKind, OpSpec
+from llamad.errors import BadRequest
+from llamad.model.requests import MAX_ID_CHARS, MAX_TOKENS_LIMIT, RequestParams
+from llamad.model.status_board import WorkerSnapshot
+
+__all__ = [
+    "OPS",
+    "AdapterRef",
+    "AdapterScaleBody",
+    "CancelBody",
+    "CancelReply",
+    "ChatBody",
+    "ChatOptions",
+    "DetokenizeBody",
+    "EmbedBody",
+    "EmbedReply",
+    "ForkBody",
+    "ForkReply",
+    "InferBody",
+    "LoadAdapterBody",
+    "NoArgs",
+    "SessionBody",
+    "TextReply",
+    "TokenizeBody",
+    "TokensReply",
+    "WorkerSnapshot",
+]
+
+MAX_PROMPT_TOKENS: Final = MAX_TOKENS_LIMIT
+MAX_TEXT_CHARS: Final = 16 << 20
+MAX_MESSAGES: Final = 4096
+MAX_EMBED_INPUTS: Final = 256
+
+Id = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
+Tokens = Annotated[list[int], msgspec.Meta(max_length=MAX_PROMPT_TOKENS)]
+Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)]
+Messages = Annotated[list[dict[str, Any]], msgspec.Meta(min_length=1, max_length=MAX_MESSAGES)]
+
+
+class NoArgs(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """An op without arguments (``status``, ``list_adapters``)."""
+
+
+class ChatOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How ``messages`` are rendered (the chat template's own switches)."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    tools: list[dict[str, Any]] | None = None
+    enable_thinking: bool | None = None
+    system: str | None = None
+
+
+class InferBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``infer``, ``complete``, ``prefill_only``: a prompt and its parameters.
+
+    ``request_id`` names the request for ``cancel`` from another connection
+    (unique among the worker's running requests; ``None``: the worker makes
+    one). ``add_special``: whether a text prompt gets the model's BOS.
+    """
+
+    prompt: Text | Tokens | None = None
+    messages: Messages | None = None
+    params: RequestParams = RequestParams()
+    chat: ChatOptions = ChatOptions()
+    request_id: Id | None = None
+    add_special: bool = True
+
+    def __post_init__(self) -> None:
+        if (self.prompt is None) == (self.messages is None):
+            raise BadRequest(
+                "give exactly one of prompt (text or tokens) and messages",
+                details={"field": "prompt"},
+            )
+
+
+class CancelBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    request_id: Id
+
+
+class CancelReply(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    cancelled: bool
+    """False when no such request was running (already finished, or unknown)."""
+
+
+class SessionBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    session_id: Id
+
+
+class ForkBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    source_id: Id
+    new_id: Id
+
+
+class ForkReply(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    copied: bool
+    """True: the KV was copied into a free sequence; False: the fork starts
+    parked and its first request restores or prefills its transcript."""
+
+
+class TokenizeBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    text: Text
+    add_special: bool = True
+    parse_special: bool = True
+
+
+class TokensReply(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    tokens: list[int]
+
+
+class DetokenizeBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    tokens: Tokens
+    remove_special: bool = False
+    unparse_special: bool = True
+
+
+class TextReply(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    text: str
+
+
+class ChatBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``apply_chat_template``: the prompt tokens a chat renders to."""
+
+    messages: Messages
+    chat: ChatOptions = ChatOptions()
+
+
+class EmbedBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``embed``: one vector per input (text or token ids)."""
+
+    inputs: Annotated[list[Text | Tokens], msgspec.Meta(min_length=1, max_length=MAX_EMBED_INPUTS)]
+    normalize: bool = True
+
+
+class EmbedReply(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    embeddings: list[list[float]]
+
+
+class LoadAdapterBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    path: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+    scale: float = 1.0
+    name: Id | None = None
+
+
+class AdapterRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    name: Id
+
+
+class AdapterScaleBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    name: Id
+    scale: float
+
+
+def _call(name: str, body: Any, doc: str) -> OpSpec:
+    return OpSpec(name, OpKind.CALL, body=body, doc=doc)
+
+
+OPS: Final[dict[str, OpSpec]] = {
+    spec.name: spec
+    for spec in (
+        OpSpec(
+            "infer",
+            OpKind.STREAM,
+            body=InferBody,
+            doc="generate: token/thinking/tool_call events, END with the Completion",
+        ),
+        _call("complete", InferBody, "generate; the Completion"),
+        _call("prefill_only", InferBody, "warm the cache with the prompt; the Completion"),
+        _call("cancel", CancelBody, "cancel a running request by id"),
+        _call("end_session", SessionBody, "forget a session, free its sequence"),
+        _call("reset_session", SessionBody, "empty a session's transcript and KV"),
+        _call("fork_session", ForkBody, "copy a session into a new one"),
+        _call("status", NoArgs, "the worker's last published snapshot"),
+        _call("tokenize", TokenizeBody, "text to token ids"),
+        _call("detokenize", DetokenizeBody, "token ids to text"),
+        _call("apply_chat_template", ChatBody, "a chat to prompt token ids"),
+        _call("embed", EmbedBody, "pooled embeddings"),
+        _call("load_adapter", LoadAdapterBody, "load and attach a LoRA adapter"),
+        _call("unload_adapter", AdapterRef, "detach and free a LoRA adapter"),
+        _call("set_adapter_scale", AdapterScaleBody, "change an adapter's scale"),
+        _call("list_adapters", NoArgs, "attached adapters"),
+    )
+}

@@ -1,0 +1,215 @@
+"""The worker's op handlers: each turns one validated request into a core call.
+
+Handlers run on the loop thread, between ticks, inside :meth:`Actor.poll`.
+A request that can be refused at once (a bad prompt, ``overloaded``,
+``sticky_busy``, ...) is refused by raising the typed error: the actor
+answers it. An admitted request takes a stream or a deferred reply and is
+registered with :class:`~llamad.model.deliveries.Deliveries`, whose
+cancellation callback cancels it in the core when its client goes away.
+Schemas: :mod:`llamad.model.wire`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from llamad.actors import Actor, Request
+from llamad.llama_ffi.errors import Unsupported
+from llamad.model.core import WorkerCore
+from llamad.model.deliveries import Deliveries
+from llamad.model.heartbeat import BusyMark
+from llamad.model.status_board import WorkerSnapshot
+from llamad.model.wire import (
+    OPS,
+    AdapterRef,
+    AdapterScaleBody,
+    CancelBody,
+    CancelReply,
+    ChatBody,
+    ChatOptions,
+    DetokenizeBody,
+    EmbedBody,
+    EmbedReply,
+    ForkBody,
+    ForkReply,
+    InferBody,
+    LoadAdapterBody,
+    NoArgs,
+    SessionBody,
+    TextReply,
+    TokenizeBody,
+    TokensReply,
+)
+from llamad.model.worker_parts import WorkerParts
+
+__all__ = ["WorkerOps"]
+
+
+def _chat_options(chat: ChatOptions) -> dict[str, Any]:
+    return {
+        "add_generation_prompt": chat.add_generation_prompt,
+        "continue_final_message": chat.continue_final_message,
+        "tools": chat.tools,
+        "enable_thinking": chat.enable_thinking,
+        "system": chat.system,
+    }
+
+
+class WorkerOps:
+    """The handlers of :data:`llamad.model.wire.OPS` for one worker."""
+
+    def __init__(
+        self,
+        core: WorkerCore,
+        parts: WorkerParts,
+        deliveries: Deliveries,
+        mark: BusyMark,
+        snapshot: Callable[[], WorkerSnapshot],
+    ) -> None:
+        self.core = core
+        self.parts = parts
+        self.deliveries = deliveries
+        self.mark = mark
+        self.snapshot = snapshot
+        self.requests_total = 0
+        self._ids = itertools.count(1)
+
+    def register(self, actor: Actor) -> None:
+        handlers: dict[str, Callable[[Request[Any]], Any]] = {
+            "infer": self.infer,
+            "complete": self.complete,
+            "prefill_only": self.prefill_only,
+            "cancel": self.cancel,
+            "end_session": self.end_session,
+            "reset_session": self.reset_session,
+            "fork_session": self.fork_session,
+            "status": self.status,
+            "tokenize": self.tokenize,
+            "detokenize": self.detokenize,
+            "apply_chat_template": self.apply_chat_template,
+            "embed": self.embed,
+            "load_adapter": self.load_adapter,
+            "unload_adapter": self.unload_adapter,
+            "set_adapter_scale": self.set_adapter_scale,
+            "list_adapters": self.list_adapters,
+        }
+        assert handlers.keys() == OPS.keys()
+        for name, spec in OPS.items():
+            handler = handlers[name]
+            # status only reads a snapshot: it must not show itself as busy.
+            actor.add_op(spec, handler if name == "status" else self._busy(handler))
+
+    def _busy(self, handler: Callable[[Request[Any]], Any]) -> Callable[[Request[Any]], Any]:
+        # A handler (a long tokenize, an embedding batch, an adapter load) is
+        # loop time like a tick: it counts against decode_timeout_ms too.
+        mark = self.mark
+
+        def run(req: Request[Any]) -> Any:
+            with mark.busy():
+                return handler(req)
+
+        return run
+
+    # -- requests --------------------------------------------------------------------
+
+    def _tokens(self, body: InferBody) -> list[int]:
+        if body.messages is not None:
+            return self.parts.text.apply_chat_template(body.messages, **_chat_options(body.chat))
+        if isinstance(body.prompt, str):
+            return self.parts.text.tokenize(
+                body.prompt, add_special=body.add_special, parse_special=True
+            )
+        assert body.prompt is not None
+        return body.prompt
+
+    def _submit(self, req: Request[InferBody], *, prefill_only: bool = False) -> str:
+        body = req.body
+        params = body.params
+        if prefill_only and not params.prefill_only:
+            params = msgspec.structs.replace(params, prefill_only=True)
+        request_id = body.request_id or f"r{next(self._ids)}.{req.peer.process.pid}"
+        self.core.submit(request_id, self._tokens(body), params)
+        self.requests_total += 1
+        return request_id
+
+    def infer(self, req: Request[InferBody]) -> None:
+        request_id = self._submit(req)
+        self.deliveries.add_stream(request_id, req.stream(), self._client_gone)
+
+    def complete(self, req: Request[InferBody]) -> None:
+        request_id = self._submit(req)
+        self.deliveries.add_reply(request_id, req.defer(), self._client_gone)
+
+    def prefill_only(self, req: Request[InferBody]) -> None:
+        request_id = self._submit(req, prefill_only=True)
+        self.deliveries.add_reply(request_id, req.defer(), self._client_gone)
+
+    def _client_gone(self, request_id: str) -> None:
+        # Observed at the next tick: the request ends ``cancelled``, takes its
+        # finish save and frees its sequence (SPEC M7).
+        self.core.cancel(request_id)
+
+    def cancel(self, req: Request[CancelBody]) -> CancelReply:
+        return CancelReply(self.core.cancel(req.body.request_id))
+
+    # -- sessions ----------------------------------------------------------------------
+
+    def end_session(self, req: Request[SessionBody]) -> None:
+        self.core.end_session(req.body.session_id)
+
+    def reset_session(self, req: Request[SessionBody]) -> None:
+        self.core.reset_session(req.body.session_id)
+
+    def fork_session(self, req: Request[ForkBody]) -> ForkReply:
+        return ForkReply(self.core.fork_session(req.body.source_id, req.body.new_id))
+
+    def status(self, req: Request[NoArgs]) -> WorkerSnapshot:
+        return self.snapshot()
+
+    # -- text, embeddings, adapters (SPEC M11) ------------------------------------------
+
+    def tokenize(self, req: Request[TokenizeBody]) -> TokensReply:
+        b = req.body
+        tokens = self.parts.text.tokenize(
+            b.text, add_special=b.add_special, parse_special=b.parse_special
+        )
+        return TokensReply(tokens)
+
+    def detokenize(self, req: Request[DetokenizeBody]) -> TextReply:
+        b = req.body
+        text = self.parts.text.detokenize(
+            b.tokens, remove_special=b.remove_special, unparse_special=b.unparse_special
+        )
+        return TextReply(text)
+
+    def apply_chat_template(self, req: Request[ChatBody]) -> TokensReply:
+        b = req.body
+        return TokensReply(self.parts.text.apply_chat_template(b.messages, **_chat_options(b.chat)))
+
+    def embed(self, req: Request[EmbedBody]) -> EmbedReply:
+        embeddings = self.parts.embeddings
+        if embeddings is None:
+            raise Unsupported("this worker has no embedding support")
+        return EmbedReply(embeddings.embed(req.body.inputs, normalize=req.body.normalize))
+
+    def _adapters(self) -> Any:
+        if self.parts.adapters is None:
+            raise Unsupported("this worker has no adapter support")
+        return self.parts.adapters
+
+    def load_adapter(self, req: Request[LoadAdapterBody]) -> Any:
+        b = req.body
+        return self._adapters().load(b.name or b.path, b.path, b.scale)
+
+    def unload_adapter(self, req: Request[AdapterRef]) -> None:
+        self._adapters().unload(req.body.name)
+
+    def set_adapter_scale(self, req: Request[AdapterScaleBody]) -> Any:
+        return self._adapters().set_scale(req.body.name, req.body.scale)
+
+    def list_adapters(self, req: Request[NoArgs]) -> list[Any]:
+        return list(self._adapters().list_adapters())

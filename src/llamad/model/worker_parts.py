@@ -1,0 +1,211 @@
+"""What a worker process is built from, and the factories that build it.
+
+:class:`WorkerParts` is the construction seam between the process shell and
+the model: the backend (the core's door to llama.cpp), the cache view (its
+door to the cache), the vocabulary and chat template (text ops), and the
+optional extras (embeddings, adapters). The shell takes whatever
+``WorkerSpec.parts`` names (``"module:function"`` taking the spec):
+
+- :func:`llama_parts` (the default) loads the model and its one context and
+  builds the real backend and cache view;
+- :func:`stub_parts` builds :class:`~llamad.model.stub.StubBackend` and
+  :class:`~llamad.model.stub_cache.MemoryCache`: no model, for fast tests of
+  the process itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from llamad.errors import ConfigError
+from llamad.model.backend import Backend, PackedState
+from llamad.model.cacheview import CacheView
+from llamad.model.savepoints import SaveJob
+from llamad.model.stub import StubBackend
+from llamad.model.stub_cache import MemoryCache
+from llamad.model.worker_spec import WorkerSpec
+
+__all__ = [
+    "Adapters",
+    "Completions",
+    "Embeddings",
+    "ModelText",
+    "WorkerParts",
+    "build_parts",
+    "llama_parts",
+    "stub_parts",
+]
+
+
+class ModelText(Protocol):
+    """The vocabulary and chat template (SPEC M11)."""
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]: ...
+
+    def detokenize(
+        self, tokens: Sequence[int], *, remove_special: bool, unparse_special: bool
+    ) -> str: ...
+
+    def apply_chat_template(self, messages: object, **options: Any) -> list[int]: ...
+
+
+class Embeddings(Protocol):
+    def embed(
+        self, inputs: Sequence[str | Sequence[int]], *, normalize: bool
+    ) -> list[list[float]]: ...
+
+
+class Adapters(Protocol):
+    """LoRA adapters attached to the generation context (SPEC M11)."""
+
+    def load(self, name: str, path: str, scale: float = 1.0) -> Any: ...
+
+    def set_scale(self, name: str, scale: float) -> Any: ...
+
+    def unload(self, name: str) -> None: ...
+
+    def list_adapters(self) -> list[Any]: ...
+
+
+class Completions(Protocol):
+    """Finished asynchronous saves, for the loop: readable ``fileno()`` when
+    some are waiting; ``drain()`` takes them as ``(key, published)``."""
+
+    def fileno(self) -> int: ...
+
+    def drain(self) -> list[tuple[bytes, bool]]: ...
+
+
+@dataclass(eq=False)
+class WorkerParts:
+    """Everything the shell drives; :meth:`close` frees it (context, model, cache)."""
+
+    backend: Backend
+    cache: CacheView
+    text: ModelText
+    completions: Completions | None = None
+    embeddings: Embeddings | None = None
+    adapters: Adapters | None = None
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+    def close(self) -> None:
+        """Run the closers in reverse order of construction (every one, even
+        after a failure; the first failure is raised at the end)."""
+        first: BaseException | None = None
+        while self.closers:
+            try:
+                self.closers.pop()()
+            except BaseException as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+
+
+def build_parts(spec: WorkerSpec) -> WorkerParts:
+    """The parts ``spec.parts`` names, built from ``spec``."""
+    module_name, _, attr = spec.parts.partition(":")
+    target: Any = importlib.import_module(module_name)
+    for name in attr.split("."):
+        target = getattr(target, name)
+    parts = target(spec)
+    if not isinstance(parts, WorkerParts):
+        raise ConfigError(
+            f"{spec.parts} returned {type(parts).__name__}, not WorkerParts",
+            details={"field": "parts"},
+        )
+    return parts
+
+
+def llama_parts(spec: WorkerSpec) -> WorkerParts:
+    """The real model: one ``Model`` and its ``kv_unified`` context, the llama.cpp
+    backend, the cache view over cache-meta and the writer pool."""
+    raise NotImplementedError("the llama.cpp parts land with LlamaBackend and ClientCacheView")
+
+
+# -- the stub ---------------------------------------------------------------------------
+
+
+class StubText:
+    """A letters-only vocabulary matching :func:`~llamad.model.stub.letter_piece`:
+    ``a``..``z`` are tokens 0..25 (other characters map by code point), so
+    lowercase text round-trips."""
+
+    def __init__(self, n_vocab: int) -> None:
+        self.n_vocab = n_vocab
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        return [(ord(c) - 97) % self.n_vocab for c in text]
+
+    def detokenize(
+        self, tokens: Sequence[int], *, remove_special: bool, unparse_special: bool
+    ) -> str:
+        return "".join(chr(97 + t % 26) for t in tokens)
+
+    def apply_chat_template(self, messages: object, **options: Any) -> list[int]:
+        if not isinstance(messages, Sequence):
+            raise ConfigError("messages must be a list")
+        text = "".join(f"{m['role']}{m['content']}" for m in messages if isinstance(m, Mapping))
+        return self.tokenize(text, add_special=False, parse_special=True)
+
+
+class StubCompletions:
+    """Async saves of a :class:`MemoryCache` reported through a pipe, as the
+    real writer pool reports them: the cache publishes at once, the loop learns
+    of it when it reads the pipe."""
+
+    def __init__(self) -> None:
+        self._r, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._done: list[tuple[bytes, bool]] = []
+
+    def fileno(self) -> int:
+        return self._r
+
+    def post(self, key: bytes, published: bool) -> None:
+        self._done.append((key, published))
+        os.write(self._w, b"\0")
+
+    def drain(self) -> list[tuple[bytes, bool]]:
+        while True:
+            try:
+                if len(os.read(self._r, 4096)) < 4096:
+                    break
+            except BlockingIOError:
+                break
+        done, self._done = self._done, []
+        return done
+
+    def close(self) -> None:
+        os.close(self._r)
+        os.close(self._w)
+
+
+class StubCache(MemoryCache):
+    """:class:`MemoryCache` whose accepted async saves are reported later."""
+
+    def __init__(self, completions: StubCompletions) -> None:
+        super().__init__()
+        self.completions = completions
+
+    def save(self, job: SaveJob, state: PackedState) -> bool:
+        accepted = super().save(job, state)
+        if accepted and not job.sync:
+            self.completions.post(job.key, True)
+        return accepted
+
+
+def stub_parts(spec: WorkerSpec) -> WorkerParts:
+    """:class:`StubBackend` sized like ``spec.context``, an in-memory cache; no model."""
+    ctx = spec.context
+    backend = StubBackend(n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, n_seq_max=ctx.n_seq_max)
+    completions = StubCompletions()
+    return WorkerParts(
+        backend=backend,
+        cache=StubCache(completions),
+        text=StubText(backend.n_vocab),
+        completions=completions,
+        closers=[completions.close],
+    )

@@ -1,0 +1,219 @@
+"""The model worker process: the thin shell around :class:`WorkerCore` (SPEC M1, M7, M10, M15).
+
+:func:`run_worker` is the supervised child's entry point (see
+:func:`llamad.model.worker_spec.worker_child_spec`). It builds the worker's
+parts (:mod:`llamad.model.worker_parts`: the model, its context, the backend
+and the cache view), serves actor ``model.<id>`` (ops:
+:mod:`llamad.model.wire`, handlers: :mod:`llamad.model.worker_ops`), reports
+ready, and runs the loop until SIGTERM:
+
+.. code-block:: text
+
+    while not stopped:
+        actor.poll(0 if core.has_work() else until core.next_wakeup())
+            # requests, cancels, session ops, status; finished saves (fd reader);
+            # disconnected clients cancel their requests (handle on_cancel)
+        report = core.step()             # one llama_decode at most
+        deliver report.events            # stream events, done/error terminals
+        publish status                   # shared file, readable without the loop
+    core.shutdown()                      # shutdown saves, capped; requests end cancelled
+
+No event-loop code of its own: the actor's :meth:`~llamad.actors.Actor.poll`
+waits on the socket, the wake pipe (signals), the clients' pidfds and the
+save-completions fd at once. A heartbeat thread proves liveness to the
+supervisor while no tick has run longer than ``decode_timeout_ms``
+(:mod:`llamad.model.heartbeat`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+import structlog
+
+from llamad import logs
+from llamad.actors import Actor, Limits, Registry
+from llamad.model.core import TickReport, WorkerCore
+from llamad.model.deliveries import Deliveries
+from llamad.model.heartbeat import BusyMark, HeartbeatThread
+from llamad.model.observed import ObservedBackend
+from llamad.model.planner import BatchPlan
+from llamad.model.results import TokenEvent
+from llamad.model.status_board import StatusBoard, Throughput, WorkerSnapshot, status_path
+from llamad.model.worker_ops import WorkerOps
+from llamad.model.worker_parts import WorkerParts, build_parts
+from llamad.model.worker_spec import WorkerSpec
+from llamad.supervisor.child import heartbeat, heartbeat_interval, notifies_ready, notify_ready
+
+__all__ = ["WorkerProcess", "run_worker"]
+
+log = structlog.get_logger("llamad.model")
+
+# A prompt travels inside the request's msgpack header: allow long ones.
+_LIMITS: Final = Limits(max_header_bytes=32 << 20)
+
+
+@notifies_ready
+def run_worker(spec: Mapping[str, Any]) -> None:
+    """Supervised entry point: load, report ready once serving, loop until SIGTERM."""
+    logs.configure()
+    worker = WorkerProcess(WorkerSpec.from_wire(spec))
+    worker.serve(ready=notify_ready)
+
+
+class WorkerProcess:
+    """One model worker: its parts, its core, its actor and its loop."""
+
+    def __init__(self, spec: WorkerSpec, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.spec = spec
+        self.clock = clock
+        started = clock()
+        self.parts: WorkerParts = build_parts(spec)
+        try:
+            self.mark = BusyMark(clock)
+            self.throughput = Throughput()
+            self.backend = ObservedBackend(
+                self.parts.backend, before=self._before_decode, after=self._after_decode
+            )
+            self.core = WorkerCore(spec.worker, self.backend, self.parts.cache, clock=clock)
+            self.registry = Registry(spec.registry)
+            self.actor = Actor(spec.actor_name, registry=self.registry, limits=_LIMITS)
+            self.deliveries = Deliveries()
+            self.ops = WorkerOps(self.core, self.parts, self.deliveries, self.mark, self.snapshot)
+            self.ops.register(self.actor)
+        except BaseException:
+            self.parts.close()
+            raise
+        self.board: StatusBoard | None = None
+        self._seq = 0
+        self._last_tick_ms = 0.0
+        self._tick_started: float | None = None
+        log.info(
+            "model.worker_loaded",
+            model=spec.model_id,
+            path=spec.model_path,
+            n_ctx=spec.worker.n_ctx,
+            n_seq_max=spec.worker.n_seq_max,
+            load_s=round(clock() - started, 3),
+        )
+
+    # -- status (SPEC M10) -------------------------------------------------------------
+
+    def snapshot(self) -> WorkerSnapshot:
+        """The worker as it stands now (what :meth:`_publish` writes)."""
+        now = self.clock()
+        generated, rows = self.throughput.rates(now)
+        self._seq += 1
+        return WorkerSnapshot(
+            model_id=self.spec.model_id,
+            pid=os.getpid(),
+            instance=self.actor.instance,
+            seq=self._seq,
+            at=now,
+            status=self.core.status(),
+            busy_since=self.mark.since,
+            generated_per_s=round(generated, 2),
+            rows_per_s=round(rows, 2),
+            last_tick_ms=round(self._last_tick_ms, 3),
+            requests_total=self.ops.requests_total,
+        )
+
+    def _publish(self) -> None:
+        if self.board is not None:
+            self.board.publish(self.snapshot())
+
+    def _before_decode(self, plan: BatchPlan) -> None:
+        # The batch is admitted and planned: readers see it while it decodes.
+        self._tick_started = self.clock()
+        self._publish()
+
+    def _after_decode(self, plan: BatchPlan, seconds: float) -> None:
+        self._last_tick_ms = seconds * 1000.0
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def serve(self, ready: Callable[[], None] | None = None) -> None:
+        """Serve until SIGTERM/SIGINT (or :meth:`Actor.request_stop`), then shut down."""
+        self.actor.start()
+        restore = self.actor.stop_on_signals()
+        beats = self._heartbeat()
+        clean = False
+        try:
+            self.board = StatusBoard(status_path(self.registry.root, self.spec.actor_name))
+            completions = self.parts.completions
+            if completions is not None:
+                self.actor.add_reader(completions.fileno(), self._saves_done)
+            self._publish()
+            if ready is not None:
+                ready()
+            log.info("model.worker_serving", model=self.spec.model_id, actor=self.actor.name)
+            while not self.actor.stop_requested:
+                self.step(self._timeout())
+            self.shutdown()
+            clean = True
+        finally:
+            restore()
+            if beats is not None:
+                beats.stop()
+            self.actor.close()
+            if self.board is not None:
+                self.board.close(remove=clean)
+            self.parts.close()
+
+    def step(self, timeout: float | None = 0.0) -> TickReport:
+        """One loop iteration: serve what is pending (waiting up to ``timeout``),
+        then one tick."""
+        handled = self.actor.poll(timeout)
+        with self.mark.busy():
+            report = self.core.step()
+        self._deliver(report)
+        if handled or not report.idle:
+            self._publish()
+        return report
+
+    def shutdown(self) -> None:
+        """Shutdown saves (capped by ``evict_save_timeout_ms``), then every open
+        request ends ``cancelled`` and its client is told."""
+        log.info("model.worker_stopping", model=self.spec.model_id, open=len(self.deliveries))
+        with self.mark.busy():
+            report = self.core.shutdown()
+        self._deliver(report)
+        self._publish()
+
+    def _timeout(self) -> float | None:
+        if self.core.has_work():
+            return 0.0
+        wake = self.core.next_wakeup()
+        return None if wake is None else max(0.0, wake - self.clock())
+
+    def _deliver(self, report: TickReport) -> None:
+        generated = 0
+        for request_id, event in report.events:
+            if type(event) is TokenEvent and event.token is not None:
+                generated += 1
+            self.deliveries.deliver(request_id, event)
+        if report.batch and self._tick_started is not None:
+            self.throughput.add(self._tick_started, generated, report.batch.n_rows)
+            self._tick_started = None
+
+    def _saves_done(self) -> None:
+        completions = self.parts.completions
+        assert completions is not None
+        for key, published in completions.drain():
+            self.core.save_done(key, published)
+
+    def _heartbeat(self) -> HeartbeatThread | None:
+        interval = heartbeat_interval()
+        if interval is None:
+            return None  # not supervised, or no liveness asked for
+        beats = HeartbeatThread(
+            self.mark,
+            timeout_s=self.spec.decode_timeout_s,
+            interval_s=interval / 2,
+            beat=heartbeat,
+        )
+        beats.start()
+        return beats

@@ -1,0 +1,312 @@
+"""What a model worker process is started with (SPEC M1, M15): :class:`WorkerSpec`.
+
+A spec is built where the decision to load a model is made (``model_sup``,
+a test) and travels to the worker process inside a supervisor
+:class:`~llamad.supervisor.spec.ChildSpec` as plain msgpack (:meth:`to_wire`,
+:meth:`from_wire`). Every field is validated at construction, on both sides,
+and a bad one raises :class:`~llamad.errors.ConfigError` naming it
+(``details["field"]``, e.g. ``context.kv_unified``): a worker with a bad spec
+refuses to start instead of misbehaving under load.
+
+The context and the core must agree on the sizes they share (``n_ctx``,
+``n_batch``, ``n_seq_max``), and the context is always ``kv_unified``: any
+sequence may then restore any row of the model's namespace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from llamad.actors.registry import check_name
+from llamad.cache.policy import CachePolicy
+from llamad.cache.sup import CacheSettings
+from llamad.errors import ConfigError, LlamadError
+from llamad.llama_ffi.options import ContextOptions, ModelOptions
+from llamad.model.config import MarkerPair, WorkerConfig
+from llamad.supervisor.spec import ChildSpec, Restart, Start
+
+__all__ = [
+    "DEFAULT_PARTS",
+    "WORKER_ENTRY",
+    "WorkerSpec",
+    "worker_actor_name",
+    "worker_child_spec",
+    "worker_template",
+]
+
+WORKER_ENTRY: Final = "llamad.model.worker_proc:run_worker"
+"""The supervised entry point of every model worker."""
+DEFAULT_PARTS: Final = "llamad.model.worker_parts:llama_parts"
+"""The factory that loads the model and builds the real backend and cache view."""
+
+_ACTOR_PREFIX: Final = "model."
+_SHUTDOWN_MARGIN_S: Final = 10.0  # beyond the shutdown saves' cap: close, flush, exit
+
+
+def worker_actor_name(model_id: str) -> str:
+    """The actor name a model's worker serves (``model.<id>``): its own
+    namespace in the registry, so no model id can take a system actor's name."""
+    return check_name(_ACTOR_PREFIX + model_id, "model_id")
+
+
+def _bad(field_name: str, message: str) -> ConfigError:
+    return ConfigError(f"worker spec {field_name}: {message}", details={"field": field_name})
+
+
+def _positive_number(field_name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise _bad(field_name, f"must be a finite number, got {value!r}")
+    if value <= 0:
+        raise _bad(field_name, f"must be > 0, got {value!r}")
+    return float(value)
+
+
+def _nested(prefix: str, build: Any, *args: Any, **kwargs: Any) -> Any:
+    """``build(...)`` with its ConfigError re-raised under ``prefix.<field>``."""
+    try:
+        return build(*args, **kwargs)
+    except ConfigError as exc:
+        inner = exc.details.get("field") or exc.message.partition(":")[0].strip()
+        raise ConfigError(
+            f"worker spec {prefix}: {exc.message}", details={"field": f"{prefix}.{inner}"}
+        ) from None
+    except TypeError as exc:  # unknown or missing fields of a dataclass
+        raise ConfigError(f"worker spec {prefix}: {exc}", details={"field": prefix}) from None
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One model worker: which model, which context, how it schedules and saves.
+
+    ``model_id`` names the model to clients; the worker serves actor
+    :func:`worker_actor_name` in the registry at ``registry_root`` (``None``:
+    the cache's registry, else the runtime default). ``model`` and
+    ``context`` are the binding's own options (``context.kv_unified`` must be
+    true; ``context.n_threads`` is the decode thread count). ``worker`` is the
+    core's configuration; its ``n_ctx``, ``n_batch`` and ``n_seq_max`` must
+    equal the context's. ``cache`` says where cache-meta and the tiers are
+    (``None``: no cache; every request runs cold and nothing is saved).
+
+    ``decode_timeout_ms``: a tick (one decode, its sampling and saves) that
+    runs longer silences the heartbeat, so the supervisor kills and restarts
+    the worker (SPEC M15). ``liveness_s``: how long the supervisor waits for
+    a heartbeat before it does; a hung worker is killed between
+    ``decode_timeout_ms`` and ``decode_timeout_ms + liveness_s`` after its
+    tick began. ``load_timeout_s``: how long loading may take before the
+    start counts as failed. ``parts``: the ``"module:function"`` that builds
+    the backend and cache view from this spec (tests name a stub factory).
+    """
+
+    model_id: str
+    model_path: str
+    context: ContextOptions
+    worker: WorkerConfig
+    model: ModelOptions = field(default_factory=ModelOptions)
+    cache: CacheSettings | None = None
+    registry_root: str | None = None
+    decode_timeout_ms: int = 30_000
+    liveness_s: float = 2.0
+    load_timeout_s: float = 120.0
+    parts: str = DEFAULT_PARTS
+
+    def __post_init__(self) -> None:
+        worker_actor_name(self.model_id)
+        path = self.model_path
+        if isinstance(path, os.PathLike):
+            path = os.fspath(path)
+            object.__setattr__(self, "model_path", path)
+        if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
+            raise _bad("model_path", f"must be an absolute path, got {path!r}")
+        if not isinstance(self.model, ModelOptions):
+            raise _bad("model", "must be a ModelOptions")
+        if not isinstance(self.context, ContextOptions):
+            raise _bad("context", "must be a ContextOptions")
+        if not isinstance(self.worker, WorkerConfig):
+            raise _bad("worker", "must be a WorkerConfig")
+        if self.context.kv_unified is not True:
+            raise _bad("context.kv_unified", "must be true: any sequence may restore any row")
+        for name in ("n_ctx", "n_batch", "n_seq_max"):
+            theirs, ours = getattr(self.context, name), getattr(self.worker, name)
+            if theirs != ours:
+                raise _bad(f"worker.{name}", f"is {ours} but the context's {name} is {theirs}")
+        if self.cache is not None and not isinstance(self.cache, CacheSettings):
+            raise _bad("cache", "must be CacheSettings or None")
+        root = self.registry_root
+        if isinstance(root, os.PathLike):
+            root = os.fspath(root)
+            object.__setattr__(self, "registry_root", root)
+        if root is not None and (not isinstance(root, str) or not root.startswith("/")):
+            raise _bad("registry_root", f"must be an absolute path or None, got {root!r}")
+        timeout = self.decode_timeout_ms
+        if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
+            raise _bad("decode_timeout_ms", f"must be an integer >= 1, got {timeout!r}")
+        object.__setattr__(self, "liveness_s", _positive_number("liveness_s", self.liveness_s))
+        object.__setattr__(
+            self, "load_timeout_s", _positive_number("load_timeout_s", self.load_timeout_s)
+        )
+        try:
+            Start(self.parts)
+        except LlamadError:
+            raise _bad(
+                "parts", f"must look like 'package.module:function', got {self.parts!r}"
+            ) from None
+
+    @property
+    def actor_name(self) -> str:
+        return worker_actor_name(self.model_id)
+
+    @property
+    def registry(self) -> str | None:
+        """The registry root the worker's actor registers in."""
+        if self.registry_root is not None:
+            return self.registry_root
+        if self.cache is not None and self.cache.registry_root is not None:
+            return str(self.cache.registry_root)
+        return None
+
+    @property
+    def decode_timeout_s(self) -> float:
+        return self.decode_timeout_ms / 1000.0
+
+    # -- wire (Start kwargs must be msgpack-able) ----------------------------------
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "model_id": self.model_id,
+            "model_path": self.model_path,
+            "model": _options_to_wire(self.model),
+            "context": _options_to_wire(self.context),
+            "worker": _worker_to_wire(self.worker),
+            "cache": None if self.cache is None else self.cache.to_wire(),
+            "registry_root": self.registry_root,
+            "decode_timeout_ms": self.decode_timeout_ms,
+            "liveness_s": self.liveness_s,
+            "load_timeout_s": self.load_timeout_s,
+            "parts": self.parts,
+        }
+
+    @classmethod
+    def from_wire(cls, data: object) -> WorkerSpec:
+        """Rebuild (and validate) a spec sent by :meth:`to_wire`."""
+        if not isinstance(data, Mapping):
+            raise _bad("spec", "must be a mapping")
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in data:
+            if key not in known:
+                raise _bad(str(key), "unknown field")
+        for key in ("model_id", "model_path", "context", "worker"):
+            if key not in data:
+                raise _bad(key, "missing")
+        fields_: dict[str, Any] = {k: v for k, v in data.items() if k in known}
+        fields_["model"] = _nested("model", _options_from_wire, ModelOptions, data.get("model", {}))
+        fields_["context"] = _nested("context", _options_from_wire, ContextOptions, data["context"])
+        fields_["worker"] = _nested("worker", _worker_from_wire, data["worker"])
+        if data.get("cache") is not None:
+            fields_["cache"] = _nested("cache", CacheSettings.from_wire, data["cache"])
+        return cls(**fields_)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _options_to_wire(options: ModelOptions | ContextOptions) -> dict[str, Any]:
+    return {f.name: _plain(getattr(options, f.name)) for f in dataclasses.fields(options)}
+
+
+def _options_from_wire(cls: type[Any], data: object) -> Any:
+    if not isinstance(data, Mapping):
+        raise ConfigError("must be a mapping")
+    known = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in known:
+            raise ConfigError(f"{key}: unknown field", details={"field": str(key)})
+    return cls(**data)
+
+
+def _worker_to_wire(config: WorkerConfig) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if isinstance(value, CachePolicy):
+            value = dataclasses.asdict(value)
+        elif isinstance(value, MarkerPair):
+            value = {"open": value.open, "close": value.close}
+        out[f.name] = value
+    return out
+
+
+def _worker_from_wire(data: object) -> WorkerConfig:
+    if not isinstance(data, Mapping):
+        raise ConfigError("must be a mapping")
+    known = {f.name for f in dataclasses.fields(WorkerConfig)}
+    values = dict(data)
+    for key in values:
+        if key not in known:
+            raise ConfigError(f"{key}: unknown field", details={"field": str(key)})
+    if "policy" in values:
+        values["policy"] = CachePolicy.from_mapping(values["policy"] or {})
+    for name in ("thinking", "tool_call"):
+        marker = values.get(name)
+        if isinstance(marker, Mapping):
+            values[name] = MarkerPair(**marker)
+    return WorkerConfig(**values)
+
+
+def worker_template(
+    *,
+    liveness_s: float = 2.0,
+    shutdown_s: float = 30.0 + _SHUTDOWN_MARGIN_S,
+    load_timeout_s: float = 120.0,
+    restart: Restart = Restart.PERMANENT,
+) -> ChildSpec:
+    """``model_sup``'s template child (``simple_one_for_one``): each
+    ``start_child([spec.to_wire()])`` runs one worker. The template's timings
+    apply to every worker started from it, so give the largest any model needs."""
+    return ChildSpec(
+        id="model-worker",
+        start=Start(WORKER_ENTRY),
+        restart=restart,
+        shutdown=shutdown_s,
+        liveness_timeout=liveness_s,
+        start_timeout=load_timeout_s,
+    )
+
+
+def worker_child_spec(
+    spec: WorkerSpec,
+    *,
+    child_id: str | None = None,
+    restart: Restart = Restart.PERMANENT,
+) -> ChildSpec:
+    """The supervisor child that runs ``spec``'s worker.
+
+    Liveness is the heartbeat window (:attr:`WorkerSpec.liveness_s`): the
+    worker stops beating when a tick outlives ``decode_timeout_ms``. The
+    shutdown allowance covers the shutdown saves (``evict_save_timeout_ms``)
+    plus closing; the start allowance is the model's load time.
+
+    Under ``model_sup`` (``simple_one_for_one``) the same fields make the
+    template, whose start carries no argument:
+    ``start_child([spec.to_wire()], child_id=spec.actor_name)`` appends the
+    spec (see :func:`worker_template`).
+    """
+    saves_s = spec.worker.policy.evict_save_timeout_ms / 1000.0
+    return ChildSpec(
+        id=child_id or spec.actor_name,
+        start=Start(WORKER_ENTRY, (spec.to_wire(),)),
+        restart=restart,
+        shutdown=saves_s + _SHUTDOWN_MARGIN_S,
+        liveness_timeout=spec.liveness_s,
+        start_timeout=spec.load_timeout_s,
+    )
