@@ -74,7 +74,7 @@ def _nested(prefix: str, build: Any, *args: Any, **kwargs: Any) -> Any:
     except ConfigError as exc:
         inner = exc.details.get("field") or exc.message.partition(":")[0].strip()
         raise ConfigError(
-            f"worker spec {prefix}: {exc.message}", details={"field": f"{prefix}.{inner}"}
+            f"{prefix}: {exc.message}", details={"field": f"{prefix}.{inner}"}
         ) from None
     except TypeError as exc:  # unknown or missing fields of a dataclass
         raise ConfigError(f"worker spec {prefix}: {exc}", details={"field": prefix}) from None
@@ -255,7 +255,7 @@ def _worker_from_wire(data: object) -> WorkerConfig:
         if key not in known:
             raise ConfigError(f"{key}: unknown field", details={"field": str(key)})
     if "policy" in values:
-        values["policy"] = CachePolicy.from_mapping(values["policy"] or {})
+        values["policy"] = _nested("policy", CachePolicy.from_mapping, values["policy"] or {})
     for name in ("thinking", "tool_call"):
         marker = values.get(name)
         if isinstance(marker, Mapping):
