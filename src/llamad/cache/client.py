@@ -215,11 +215,17 @@ class CacheClient:
         *,
         parent_key: bytes | None = None,
         wait_s: float = 0.0,
+        timeout: float | None = None,
     ) -> Lookup:
-        """A model worker's whole cache resolution in one round trip (pinned)."""
+        """A model worker's whole cache resolution in one round trip (pinned).
+
+        ``timeout`` bounds the whole call, the wait included (default
+        ``wait_s + 30``); past it :class:`~llamad.errors.RequestTimeout`.
+        """
         body = wire.Resolve(_header(namespace), parent_key=parent_key, wait_s=wait_s)
+        limit = wait_s + 30.0 if timeout is None else timeout
         found: Lookup = self._call(
-            "resolve", body, tokens_to_bytes(tokens), timeout=wait_s + 30.0, reply_type=Lookup
+            "resolve", body, tokens_to_bytes(tokens), timeout=limit, reply_type=Lookup
         )
         return found
 
