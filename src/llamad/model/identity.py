@@ -14,6 +14,10 @@ created it, the adapters attached right now) and builds the
   :class:`~llamad.llama_ffi.ContextOptions` field in
   :data:`HASHED_CONTEXT_FIELDS`.
 
+A request's ``cache_salt`` (SPEC M17) is folded into the fingerprint last
+(:func:`salted`), so each tenant's rows live in a namespace of their own on
+every tier; no salt is the model's shared namespace.
+
 Every ``ContextOptions`` field is either hashed or listed in
 :data:`EXCLUDED_CONTEXT_FIELDS` with the reason it cannot change the saved
 bytes; a test fails when a field is added to the binding without deciding.
@@ -26,6 +30,7 @@ module is the one place that maps one onto the other.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import time
@@ -54,14 +59,20 @@ __all__ = [
     "EXCLUDED_CONTEXT_FIELDS",
     "EXCLUDED_MODEL_FIELDS",
     "HASHED_CONTEXT_FIELDS",
+    "SALT_DOMAIN",
     "LiveAdapter",
     "LiveContext",
     "LiveModel",
     "base_fingerprint",
     "namespace",
+    "salted",
 ]
 
 log = structlog.get_logger("llamad.model")
+
+SALT_DOMAIN: Final = b"llamad.cache_salt.v1\x00"
+"""Prefix of the salted fingerprint's preimage: no other digest llamad makes
+(adapters, context parameters, keys) hashes the same bytes."""
 
 _ROPE = "K is stored already rotated, so another RoPE setting makes other K bytes"
 
@@ -226,15 +237,34 @@ def _context_params(ctx: LiveContext) -> dict[str, object]:
     return params
 
 
+def salted(ns: Namespace, salt: bytes | None) -> Namespace:
+    """``ns`` with a tenant's ``cache_salt`` folded into its fingerprint (SPEC M17).
+
+    ``sha256(SALT_DOMAIN || fingerprint || salt)``: the fingerprint and the
+    domain have fixed lengths, so distinct salts are distinct preimages, and
+    nothing depends on the process (the same salt names the same rows after a
+    restart, on every tier). ``None`` is the model's shared namespace; an
+    empty salt is refused rather than quietly treated as either.
+    """
+    if salt is None:
+        return ns
+    if not isinstance(salt, bytes) or not salt:
+        raise InvalidCacheValue("cache_salt", "expected non-empty bytes")
+    fingerprint = hashlib.sha256(SALT_DOMAIN + ns.fingerprint + salt).digest()
+    return Namespace(fingerprint=fingerprint, quant=ns.quant, ctx_hash=ns.ctx_hash)
+
+
 def namespace(
     ctx: LiveContext,
     mode: FingerprintMode | str = FingerprintMode.GGUF_CHUNKED,
     *,
     supplied: bytes | None = None,
+    salt: bytes | None = None,
 ) -> Namespace:
     """The cache namespace of ``ctx`` as it runs now: its model (fingerprinted
     under ``mode``, see :func:`base_fingerprint`), the adapters attached at this
-    moment with a non-zero scale, and its live context parameters.
+    moment with a non-zero scale, and its live context parameters; with
+    ``salt``, folded by :func:`salted`.
 
     Call it when a key is made (lookup, save), from the thread that drives the
     context: attaching or rescaling an adapter changes the namespace.
@@ -246,8 +276,9 @@ def namespace(
     # A zero scale keeps an adapter listed but out of the graph (the outputs
     # are the base model's), so it must not split the cache.
     active = [(adapter.sha256, scale) for adapter, scale in ctx.adapters if scale != 0.0]
-    return Namespace(
+    shared = Namespace(
         fingerprint=effective_fingerprint(base, active),
         quant=quant_byte(model.ftype),
         ctx_hash=ctx_params_hash(**_context_params(ctx)),  # type: ignore[arg-type]
     )
+    return salted(shared, salt)
