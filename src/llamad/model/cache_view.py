@@ -1,0 +1,445 @@
+"""ClientCacheView: the worker core's door to the real cache (SPEC M3, M5, M17, C4-C8).
+
+Implements :class:`~llamad.model.cacheview.CacheView` over a
+:class:`~llamad.cache.client.CacheClient` (lookups, pins, forgets: the loop
+thread's one connection to cache-meta) and a
+:class:`~llamad.cache.writer.WriterPool` (saves). Everything here runs on the
+worker's loop thread except the writes, which run on the pool's threads and
+come back through :class:`~llamad.model.save_completions.SaveCompletions`.
+
+- **namespace**: :func:`llamad.model.identity.namespace` of the live context,
+  recomputed only when the attached adapter set changes, with the request's
+  ``cache_salt`` folded in by :func:`llamad.model.identity.salted`.
+- **resolve**: one ``resolve`` round trip (the answered row pinned), bounded
+  by ``wait_s + lookup_timeout_s``. A cache that is down, restarting or hung
+  raises a :class:`~llamad.errors.LlamadError` (``worker_crashed``,
+  ``unavailable``, ``timeout``), which the core turns into a cold start; after
+  a timeout, lookups are skipped for ``cooldown_s``. The client reconnects by
+  itself once cache-meta is back (it follows the registry name). A row in a
+  tier this model does not restore from is answered as a miss.
+- **read**: a ``ram`` row's payload in place (the shared-memory mapping,
+  validated, no copy); any other tier's through plain reads into one reusable
+  pre-faulted buffer. A missing or damaged row is ``None`` (deleted and
+  counted once by the loader, forgotten by cache-meta).
+- **save**: asynchronous reasons go to the writer pool and return at once
+  (``False`` when the pool refuses: no permit, closed); synchronous ones
+  (evict, shutdown) are written by a dedicated thread while the loop waits,
+  at most until ``job.deadline``. A packed state is released exactly once,
+  on the loop thread, when its write is over or refused.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+import msgspec
+import structlog
+
+from llamad.cache.client import CacheClient
+from llamad.cache.counters import Counters, CountersUnavailable
+from llamad.cache.key import Namespace, tokens_to_bytes
+from llamad.cache.kvc import KvcSpec
+from llamad.cache.lookup import Lookup, RowRef
+from llamad.cache.publish import PublishOutcome, PublishResult
+from llamad.cache.tier_kind import TierKind
+from llamad.cache.tiers import load, load_mapped
+from llamad.cache.writer import WriterPool
+from llamad.errors import LlamadError, RequestTimeout, Unavailable
+from llamad.llama_ffi.errors import Closed
+from llamad.llama_ffi.state import StateBuffer
+from llamad.model import identity
+from llamad.model.backend import PackedState
+from llamad.model.cache_view_config import CacheViewConfig
+from llamad.model.cacheview import CacheView
+from llamad.model.save_completions import Completed, SaveCompletions
+from llamad.model.savepoints import SaveJob
+
+if TYPE_CHECKING:
+    from llamad.cache.counters import CounterAdd
+    from llamad.cache.sup import CacheSettings
+
+__all__ = ["ClientCacheView", "ViewStats"]
+
+log = structlog.get_logger("llamad.model")
+
+_MAX_UNRETURNED_PINS: Final = 1024
+
+
+@dataclass(slots=True)
+class ViewStats:
+    """What the view did, for status and tests (loop thread only)."""
+
+    lookups: int = 0
+    lookup_failures: int = 0
+    lookups_skipped: int = 0
+    reads_mapped: int = 0
+    reads_copied: int = 0
+    read_misses: int = 0
+    saves_async: int = 0
+    saves_refused: int = 0
+    saves_sync: int = 0
+    sync_timeouts: int = 0
+
+
+def _releaser(state: PackedState, payload: memoryview | None) -> Callable[[], None]:
+    def release() -> None:
+        if payload is not None:
+            try:
+                payload.release()
+            except BufferError:
+                # Something still exports it; the state's own release decides.
+                log.warning("model.state_view_kept", nbytes=state.nbytes)
+        state.release()
+
+    return release
+
+
+def _stored(result: PublishResult) -> bool:
+    # A duplicate is a row that exists (or another writer's save of the same
+    # bytes in flight): for the core, as good as written.
+    return result.stored or result.outcome is PublishOutcome.DUPLICATE
+
+
+def _published(future: Future[PublishResult], key: bytes) -> bool:
+    if future.cancelled():
+        return False
+    exc = future.exception()
+    if exc is not None:
+        log.warning("model.save_failed_in_writer", key=key.hex(), error=repr(exc))
+        return False
+    return _stored(future.result())
+
+
+class ClientCacheView:
+    """The real :class:`~llamad.model.cacheview.CacheView` (see the module doc).
+
+    ``ctx``: the live context (:class:`llamad.model.identity.LiveContext`),
+    read for the namespace and the context size written into each row.
+    ``client`` and ``writer`` become the view's: :meth:`close` closes them.
+    ``client`` is used from the loop thread only; ``clock`` must be the
+    core's (``SaveJob.deadline`` is a time on it). The shell registers
+    ``completions.fileno()`` in its poll and feeds ``completions.drain()`` to
+    ``WorkerCore.save_done``.
+    """
+
+    def __init__(
+        self,
+        ctx: identity.LiveContext,
+        client: CacheClient,
+        writer: WriterPool,
+        *,
+        config: CacheViewConfig | None = None,
+        counters: CounterAdd | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config if config is not None else CacheViewConfig()
+        quotas = {k: t.quota for k, t in client.tiers.items() if k in writer.tiers}
+        self.restore_tiers = self.config.check_against(quotas)
+        self._ctx = ctx
+        self._client = client
+        self._writer = writer
+        self._counters = counters
+        self._clock = clock
+        self.completions = SaveCompletions()
+        self.stats = ViewStats()
+        self._sync = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvc-sync-save")
+        self._shared: Namespace | None = None
+        self._adapters: tuple[tuple[bytes, float], ...] | None = None
+        self._skip_until = float("-inf")
+        self._unreturned: set[int] = set()
+        self._buffer: StateBuffer | None = None
+        self._owned: list[Callable[[], None]] = []
+        self._closed = False
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: CacheSettings,
+        ctx: identity.LiveContext,
+        *,
+        config: CacheViewConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        client_name: str = "model-worker",
+    ) -> ClientCacheView:
+        """A view over the cache ``settings`` describe: a client bounded by the
+        config's lookup timeout, this process's counters row, and a writer pool."""
+        config = config if config is not None else CacheViewConfig()
+        try:
+            counters: Counters | None = Counters.attach(settings.counters_path)
+        except CountersUnavailable as exc:
+            # Counting is not worth refusing to serve over; cache-meta creates
+            # the file, and a worker started before it just counts nothing.
+            log.warning("model.counters_unavailable", error=repr(exc))
+            counters = None
+        bound = config.lookup_timeout_s
+        client = CacheClient.from_settings(
+            settings, timeout=bound, connect_timeout=bound, client_name=client_name
+        )
+        try:
+            writer = WriterPool.from_settings(
+                settings,
+                client_name=f"{client_name}-writer",
+                counters=counters,
+                threads=config.writer_threads,
+            )
+            client.load_counters = counters
+            view = cls(ctx, client, writer, config=config, counters=counters, clock=clock)
+        except BaseException:
+            client.close()
+            if counters is not None:
+                counters.close()
+            raise
+        if counters is not None:
+            view._owned.append(counters.close)
+        return view
+
+    # -- namespace ---------------------------------------------------------------------
+
+    def namespace(self, salt: bytes | None) -> Namespace:
+        """The live context's namespace (recomputed only when its adapters
+        change), with ``salt`` folded in when given."""
+        ctx = self._ctx
+        if ctx.closed:
+            raise Closed("context is closed")
+        adapters = tuple((adapter.sha256, scale) for adapter, scale in ctx.adapters)
+        if self._shared is None or adapters != self._adapters:
+            self._shared = identity.namespace(
+                ctx, self.config.fingerprint_mode, supplied=self.config.supplied_fingerprint
+            )
+            self._adapters = adapters
+        return identity.salted(self._shared, salt)
+
+    # -- lookups and pins ----------------------------------------------------------------
+
+    def resolve(
+        self,
+        namespace: Namespace,
+        tokens: Sequence[int],
+        *,
+        parent_key: bytes | None,
+        wait_s: float,
+    ) -> Lookup:
+        """cache-meta's resolve (pinned row); a failing cache raises a typed error."""
+        if self._clock() < self._skip_until:
+            self.stats.lookups_skipped += 1
+            raise Unavailable(
+                "cache lookups are paused after a lookup timed out",
+                details={"retry_in_s": round(self._skip_until - self._clock(), 3)},
+            )
+        self.stats.lookups += 1
+        try:
+            found = self._client.resolve(
+                namespace,
+                tokens,
+                parent_key=parent_key,
+                wait_s=wait_s,
+                timeout=wait_s + self.config.lookup_timeout_s,
+            )
+        except RequestTimeout:
+            self.stats.lookup_failures += 1
+            self._skip_until = self._clock() + self.config.cooldown_s
+            raise
+        except LlamadError:
+            self.stats.lookup_failures += 1
+            raise
+        except Exception as exc:
+            # Whatever the transport raised, the request must still run (cold).
+            self.stats.lookup_failures += 1
+            raise Unavailable(f"cache lookup failed: {exc!r}") from exc
+        self._return_unreturned()
+        row = found.row
+        if row is not None and row.tier not in self.restore_tiers:
+            self.checkin(row.pin)
+            return msgspec.structs.replace(found, kind=None, row=None, use_tokens=0)
+        return found
+
+    def checkin(self, pin: int | None) -> None:
+        """Release a pin; one lost to a slow cache-meta is retried after the
+        next answered call (one lost to a dead one died with it)."""
+        if pin is None:
+            return
+        if self._give_back(pin):
+            self._return_unreturned()
+
+    def _give_back(self, pin: int) -> bool:
+        try:
+            self._client.checkin(pin)
+        except RequestTimeout:
+            if len(self._unreturned) < _MAX_UNRETURNED_PINS:
+                self._unreturned.add(pin)
+            log.warning("model.checkin_delayed", pin=pin)
+            return False
+        except Exception as exc:
+            # cache-meta died (its pins with it) or is restarting: nothing to return.
+            log.info("model.checkin_dropped", pin=pin, error=repr(exc))
+            return False
+        return True
+
+    def _return_unreturned(self) -> None:
+        while self._unreturned:
+            pin = self._unreturned.pop()
+            if not self._give_back(pin):
+                return
+
+    # -- reading a row -------------------------------------------------------------------
+
+    @contextmanager
+    def read(self, row: RowRef) -> Iterator[memoryview | None]:
+        """The row's validated payload for the block: in place for ``ram``,
+        else in the reusable buffer; ``None`` when missing or damaged."""
+        tier = self._client.tiers.get(row.tier)
+        if tier is None or row.tier not in self.restore_tiers:
+            self.stats.read_misses += 1
+            yield None
+            return
+        if row.tier is TierKind.RAM:
+            with load_mapped(tier, row.location, self._counters) as mapped:
+                if mapped is None:
+                    self._missed(row)
+                else:
+                    self.stats.reads_mapped += 1
+                yield mapped
+            return
+        buffer = self._read_buffer(row.file_size)
+        n = load(tier, row.location, buffer.memory, self._counters)
+        if n is None:
+            self._missed(row)
+            yield None
+            return
+        self.stats.reads_copied += 1
+        payload = buffer.memory[:n]
+        try:
+            yield payload
+        finally:
+            payload.release()
+
+    def _read_buffer(self, size: int) -> StateBuffer:
+        if self._buffer is None:
+            self._buffer = StateBuffer(max(size, 1))
+        else:
+            self._buffer.ensure(size)
+        return self._buffer
+
+    def _missed(self, row: RowRef) -> None:
+        self.stats.read_misses += 1
+        try:
+            self._client.forget(row.key)
+        except Exception as exc:
+            # The loader deleted the file; cache-meta drops the row when it
+            # next finds the file gone.
+            log.info("model.forget_failed", key=row.key.hex(), error=repr(exc))
+
+    # -- saves -------------------------------------------------------------------------
+
+    def save(self, job: SaveJob, state: PackedState) -> bool:
+        """Write ``state`` as ``job``'s row (see the module doc); owns ``state``."""
+        payload: memoryview | None = None
+        try:
+            if self._closed:
+                raise Unavailable("the cache view is closed")
+            spec = KvcSpec(
+                namespace=job.namespace,
+                tokens=tokens_to_bytes(job.tokens),
+                mode=self.config.fingerprint_mode,
+                reason=job.reason,
+                reason_detail=f"seq={job.seq}",
+                context_size=self._ctx.n_ctx,
+            )
+            payload = state.view()
+        except Exception as exc:
+            _releaser(state, payload)()
+            log.warning("model.save_not_started", key=job.key.hex(), error=repr(exc))
+            return False
+        release = _releaser(state, payload)
+        if job.sync:
+            return self._save_sync(job, spec, payload, release)
+        return self._save_async(job, spec, payload, release)
+
+    def _save_async(
+        self, job: SaveJob, spec: KvcSpec, payload: memoryview, release: Callable[[], None]
+    ) -> bool:
+        key, post = job.key, self.completions.post
+
+        def done(future: Future[PublishResult]) -> None:
+            post(Completed(key, _published(future, key), release))
+
+        try:
+            future = self._writer.save_async(spec, self.config.save_tier, payload, on_done=done)
+        except Exception as exc:
+            log.warning("model.save_refused", key=key.hex(), error=repr(exc))
+            future = None
+        if future is None:
+            self.stats.saves_refused += 1
+            release()
+            return False
+        self.stats.saves_async += 1
+        return True
+
+    def _save_sync(
+        self, job: SaveJob, spec: KvcSpec, payload: memoryview, release: Callable[[], None]
+    ) -> bool:
+        if job.deadline is None:
+            budget = self.config.sync_save_timeout_s
+        else:
+            budget = job.deadline - self._clock()
+        self.stats.saves_sync += 1
+        if budget <= 0:
+            self.stats.sync_timeouts += 1
+            release()
+            return False
+        future = self._sync.submit(
+            self._writer.save_sync, spec, self.config.save_tier, payload, timeout_s=budget
+        )
+        try:
+            result = future.result(timeout=budget)
+        except FutureTimeout:
+            self.stats.sync_timeouts += 1
+            log.warning("model.sync_save_timed_out", key=job.key.hex(), budget_s=round(budget, 3))
+            if future.cancel():
+                release()
+            else:
+                # Still writing: its buffer comes back when it is done.
+                key, post = job.key, self.completions.post
+                future.add_done_callback(
+                    lambda f: post(Completed(key, _published(f, key), release, report=False))
+                )
+            return False
+        except Exception as exc:
+            log.warning("model.sync_save_failed", key=job.key.hex(), error=repr(exc))
+            release()
+            return False
+        release()
+        return _stored(result)
+
+    # -- lifetime ----------------------------------------------------------------------
+
+    def in_flight(self) -> int:
+        """Saves handed to writer threads and not finished yet."""
+        return self._writer.in_flight()
+
+    def close(self, *, wait: bool = True) -> list[tuple[bytes, bool]]:
+        """Refuse new saves, let accepted ones finish (``wait``), release every
+        state, close the connections; answers the completions not drained yet."""
+        self._closed = True
+        self._writer.close(wait=wait)
+        self._sync.shutdown(wait=wait, cancel_futures=not wait)
+        left = self.completions.close()
+        self._client.close()
+        if self._buffer is not None:
+            self._buffer.close()
+            self._buffer = None
+        for close in self._owned:
+            close()
+        self._owned = []
+        return left
+
+
+def _is_a_cache_view(view: ClientCacheView) -> CacheView:
+    """Never called: mypy checks here that the view implements the protocol."""
+    return view

@@ -1,0 +1,252 @@
+"""A failing cache never fails a request (SPEC M3, issue 8 faults): it runs cold.
+
+A real cache-meta process is SIGKILLed, SIGSTOPped and restarted under a
+WorkerCore (stub backend) driving a real ClientCacheView; rows are damaged on
+the real tiers. Every request must end with ``done`` (no exception escapes
+the loop), and once cache-meta is back the next request hits again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cache_view_support import (
+    FakeContext,
+    Meta,
+    make_driver,
+    prompt,
+    settle_saves,
+    stub_config,
+    wait_until,
+)
+
+from llamad.cache.client import CacheClient
+from llamad.cache.kvc import SaveReason
+from llamad.cache.lookup import LookupPolicy
+from llamad.cache.sup import CacheSettings, discard
+from llamad.cache.tier_kind import TierKind
+from llamad.errors import RequestTimeout
+from llamad.model.cache_view import ClientCacheView
+from llamad.model.results import CacheHitKind
+from llamad.model.savepoints import SaveJob
+from llamad.model.stub import StubPacked
+
+pytestmark = [pytest.mark.timeout(180)]
+
+
+@pytest.fixture(scope="module")
+def settings() -> Iterator[CacheSettings]:
+    s = CacheSettings.scratch(
+        prefix="lcvf", stats_flush_s=0.5, save_permits=8, lookup=LookupPolicy(common_min_tokens=8)
+    )
+    try:
+        yield s
+    finally:
+        discard(s)
+
+
+@pytest.fixture(scope="module")
+def module_meta(settings: CacheSettings) -> Iterator[Meta]:
+    m = Meta(settings)
+    try:
+        yield m
+    finally:
+        m.stop()
+
+
+@pytest.fixture
+def meta(module_meta: Meta) -> Iterator[Meta]:
+    module_meta.ensure()
+    try:
+        yield module_meta
+    finally:
+        # Whatever the test did, the next one starts with a serving cache-meta.
+        if module_meta.alive():
+            module_meta.signal(signal.SIGCONT)
+        module_meta.ensure()
+
+
+@pytest.fixture
+def admin(settings: CacheSettings, meta: Meta) -> Iterator[CacheClient]:
+    with CacheClient.from_settings(settings, client_name="test-admin") as client:
+        yield client
+
+
+def new_view(settings: CacheSettings, **config: object) -> ClientCacheView:
+    return ClientCacheView.from_settings(settings, FakeContext(), config=stub_config(**config))
+
+
+def packed(tokens: list[int]) -> StubPacked:
+    return StubPacked(b"STUBKV1\x00" + b"".join(t.to_bytes(4, "little") for t in tokens))
+
+
+def test_cache_meta_killed_mid_lookup_runs_the_request_cold_and_the_restart_hits_again(
+    settings: CacheSettings, meta: Meta
+) -> None:
+    view = new_view(settings, lookup_timeout_s=10.0)
+    try:
+        drv = make_driver(view)
+        tokens = prompt(40, start=11)
+        first = drv.complete("r1", tokens, max_tokens=6)
+        assert first.cache_hit_kind is CacheHitKind.COLD
+
+        # The lookup is on the wire when cache-meta dies: stopped, then killed.
+        meta.signal(signal.SIGSTOP)
+        killer = threading.Timer(0.3, meta.signal, (signal.SIGKILL,))
+        killer.start()
+        started = time.monotonic()
+        during = drv.complete("r2", tokens, max_tokens=6)
+        killer.join()
+        assert during.cache_hit_kind is CacheHitKind.COLD
+        assert during.reply == first.reply
+        assert time.monotonic() - started < 5.0  # the crash was noticed, not timed out
+        assert view.stats.lookup_failures == 1
+
+        meta.restart()
+        after = drv.complete("r3", tokens, max_tokens=6)
+        assert after.cache_hit_kind is CacheHitKind.EXACT
+        assert after.reply == first.reply
+    finally:
+        view.close()
+
+
+def test_lookups_while_cache_meta_is_down_are_cold_at_once(
+    settings: CacheSettings, meta: Meta
+) -> None:
+    view = new_view(settings)
+    try:
+        drv = make_driver(view)
+        tokens = prompt(40, start=17)
+        drv.complete("up", tokens, max_tokens=4)
+        meta.kill()
+        started = time.monotonic()
+        down = drv.complete("down", tokens, max_tokens=4)
+        assert down.cache_hit_kind is CacheHitKind.COLD
+        assert time.monotonic() - started < 2.0
+        # Its saves could not be written: reported unpublished, never raised.
+        assert any(not published for _, published in drv.saved)
+        meta.restart()
+        assert drv.complete("back", tokens, max_tokens=4).cache_hit_kind is CacheHitKind.EXACT
+    finally:
+        view.close()
+
+
+def test_a_hung_cache_meta_costs_one_lookup_timeout_then_lookups_pause_for_the_cooldown(
+    settings: CacheSettings, meta: Meta
+) -> None:
+    view = new_view(settings, lookup_timeout_s=0.3, cooldown_s=0.6)
+    try:
+        drv = make_driver(view)
+        tokens = prompt(40, start=23)
+        drv.complete("r1", tokens, max_tokens=4)
+        meta.signal(signal.SIGSTOP)
+        started = time.monotonic()
+        with pytest.raises(RequestTimeout):
+            view.resolve(view.namespace(None), tokens, parent_key=None, wait_s=0.0)
+        assert 0.25 <= time.monotonic() - started < 3.0
+        started = time.monotonic()
+        drv.submit("r2", tokens, max_tokens=4)
+        drv.run(settle=False)  # its saves wait on the stopped cache-meta, off the loop
+        hung = drv.result("r2")
+        assert hung.cache_hit_kind is CacheHitKind.COLD
+        assert time.monotonic() - started < 0.3  # skipped: no second timeout
+        assert view.stats.lookups_skipped == 1 and view.stats.lookup_failures == 1
+        meta.signal(signal.SIGCONT)
+        time.sleep(0.6)  # the cooldown is a duration on the view's clock
+        back = drv.complete("r3", tokens, max_tokens=4)
+        assert back.cache_hit_kind is CacheHitKind.EXACT
+    finally:
+        view.close()
+
+
+def test_cache_meta_killed_mid_save_reports_it_unpublished_and_releases_the_state(
+    settings: CacheSettings, meta: Meta, admin: CacheClient
+) -> None:
+    view = new_view(settings)
+    try:
+        ns = view.namespace(None)
+        tokens = prompt(16, start=29)
+        job = SaveJob(SaveReason.FINISH, ns.key(tokens), ns, tuple(tokens), seq=0)
+        state = packed(tokens)
+        meta.signal(signal.SIGSTOP)
+        assert view.save(job, state) is True  # accepted: the writer thread now waits
+        time.sleep(0.1)
+        meta.signal(signal.SIGKILL)
+        assert settle_saves(view, timeout=20) == [(job.key, False)]
+        assert state.released
+        meta.restart()
+        with CacheClient.from_settings(settings, client_name="after") as client:
+            assert client.lookup_exact(job.key, pin=False) is None
+    finally:
+        view.close()
+
+
+def test_a_sync_save_to_a_hung_cache_meta_returns_by_its_deadline(
+    settings: CacheSettings, meta: Meta
+) -> None:
+    view = new_view(settings)
+    try:
+        ns = view.namespace(None)
+        tokens = prompt(16, start=31)
+        job = SaveJob(
+            SaveReason.EVICT,
+            ns.key(tokens),
+            ns,
+            tuple(tokens),
+            seq=0,
+            deadline=time.monotonic() + 0.5,
+        )
+        state = packed(tokens)
+        meta.signal(signal.SIGSTOP)
+        started = time.monotonic()
+        assert view.save(job, state) is False
+        assert 0.4 <= time.monotonic() - started < 2.0
+        assert not state.released  # the write is still on its thread
+        meta.signal(signal.SIGCONT)
+        wait_until(lambda: view.completions.drain() == [] and state.released, 30, "release")
+    finally:
+        view.close()
+
+
+@pytest.mark.parametrize("tier", [TierKind.RAM, TierKind.DISK])
+def test_a_corrupt_row_runs_the_request_cold_and_is_counted_once(
+    settings: CacheSettings, meta: Meta, admin: CacheClient, tier: TierKind
+) -> None:
+    view = new_view(settings, save_tier=tier)
+    try:
+        drv = make_driver(view)
+        tokens = prompt(40, start=37 + len(tier.value))
+        first = drv.complete("r1", tokens, max_tokens=6)
+        assert first.finish_key is not None
+        row = admin.lookup_exact(first.finish_key, pin=False)
+        assert row is not None and row.tier is tier
+        path = Path(row.location)
+        with open(path, "r+b") as f:  # one flipped payload bit, as on a bad disk
+            f.seek(-1, os.SEEK_END)
+            last = f.read(1)[0]
+            f.seek(-1, os.SEEK_END)
+            f.write(bytes((last ^ 0x01,)))
+        corrupt = admin.counters()["corrupt_files"]
+        saved_before = len(drv.saved)
+
+        damaged = drv.complete("r2", tokens, max_tokens=6)
+        assert damaged.cache_hit_kind is CacheHitKind.COLD
+        assert damaged.reply == first.reply
+        assert view.stats.read_misses == 1
+        assert admin.counters()["corrupt_files"] == corrupt + 1
+
+        # The cold run saved the row again (a new file under the same key); it
+        # is whole and serves the next turn.
+        assert (first.finish_key, True) in drv.saved[saved_before:]
+        again = drv.complete("r3", tokens, max_tokens=6)
+        assert again.cache_hit_kind is CacheHitKind.EXACT
+        assert admin.counters()["corrupt_files"] == corrupt + 1
+        assert admin.status()["pins"] == 0
+    finally:
+        view.close()
