@@ -1,0 +1,174 @@
+"""The real :class:`~llamad.model.backend.Backend`: one llama.cpp context of one model.
+
+:class:`LlamaBackend` carries the core's decisions out on a
+:class:`llamad.llama_ffi.Context` created with ``kv_unified=True`` (every
+sequence draws cells from one pool, so any sequence can restore any row of
+the namespace) and ``n_seq_max`` sequences:
+
+- ``decode``: the plan's spans go, in row order, into one
+  :class:`~llamad.llama_ffi.Batch` of ``n_batch`` rows made once and cleared
+  each tick (``Batch.add_tokens`` appends a span in C), then one
+  ``llama_decode``. Batch rows are the plan's rows, so
+  :meth:`BatchPlan.output_row` is the row ``sample`` reads; the backend checks
+  that the logits rows it asked for are exactly the plan's.
+- ``sample``: the request's sampler chain (:mod:`llamad.model.sampler_factory`)
+  through ``Context.sample``; with ``logprobs`` the log-softmax of the raw
+  logits row in C (:mod:`llamad.llama_ffi.logprobs`).
+- ``pack``: a lease on a pre-faulted buffer of a :class:`StatePool`; the cache
+  writer releases it from its own thread. ``unpack`` reads the payload in
+  place (a mapping of the ``ram`` tier, a pooled buffer).
+
+Like the core, it is driven from the loop thread only; only a lease's
+``release`` may come from another thread.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import structlog
+
+from llamad.errors import ConfigError, LlamadError
+from llamad.llama_ffi.batch import Batch
+from llamad.llama_ffi.context import Context
+from llamad.llama_ffi.errors import StateError, Unsupported
+from llamad.llama_ffi.logprobs import token_logprobs
+from llamad.llama_ffi.model import Model
+from llamad.llama_ffi.sampling import Sampler
+from llamad.model.backend import Backend, Sampled, SamplerHandle
+from llamad.model.planner import BatchPlan
+from llamad.model.requests import RequestParams
+from llamad.model.sampler_factory import sampler_params
+from llamad.model.state_pool import StateLease, StatePool
+
+__all__ = ["LlamaBackend"]
+
+log = structlog.get_logger("llamad.model")
+
+_PIECE_CACHE_MAX: Final = 1 << 16
+
+
+def _internal(message: str, **details: object) -> LlamadError:
+    return LlamadError(message, details={"where": "llama backend", **details})
+
+
+class LlamaBackend:
+    """Implements :class:`~llamad.model.backend.Backend` over ``ctx``.
+
+    ``ctx`` must have ``kv_unified=True``; the backend does not own it (the
+    worker closes the context after :meth:`close`). ``pool`` leases the
+    buffers packed states go into (a private one by default).
+    """
+
+    def __init__(self, ctx: Context, *, pool: StatePool | None = None) -> None:
+        if not ctx.options.kv_unified:
+            raise ConfigError(
+                "the worker's context needs kv_unified=True: a row saved from one "
+                "sequence must restore into any other",
+                details={"field": "kv_unified"},
+            )
+        self.ctx = ctx
+        self.model: Model = ctx.model
+        self.pool = pool if pool is not None else StatePool()
+        self._owns_pool = pool is None
+        self._batch = Batch(ctx.n_batch)
+        self._eog = self.model.eog_tokens
+        self._pieces: dict[int, bytes] = {}
+        self._n_vocab = self.model.n_vocab
+        self.samplers_open = 0
+
+    @property
+    def n_vocab(self) -> int:
+        return self._n_vocab
+
+    @property
+    def n_seq_max(self) -> int:
+        return self.ctx.n_seq_max
+
+    # -- samplers ---------------------------------------------------------------------
+
+    def open_sampler(self, params: RequestParams) -> SamplerHandle:
+        """A chain for one request; ``bad_schema`` / ``invalid_grammar`` here, at submit."""
+        sampler = Sampler(self.model, sampler_params(params))
+        self.samplers_open += 1
+        return sampler
+
+    def close_sampler(self, sampler: SamplerHandle) -> None:
+        if not isinstance(sampler, Sampler):
+            raise _internal(f"not a sampler of this backend: {sampler!r}")
+        if not sampler.closed:
+            sampler.close()
+            self.samplers_open -= 1
+
+    # -- decode and sample ----------------------------------------------------------------
+
+    def decode(self, plan: BatchPlan) -> None:
+        batch = self._batch
+        batch.clear()
+        for span in plan.spans:
+            batch.add_tokens(span.tokens, span.seq, span.pos, logits_last=span.want_logits)
+        expected = tuple(plan.output_row(s.seq) for s in plan.spans if s.want_logits)
+        if batch.output_rows != expected:
+            # The rows sample() reads are the plan's; a mismatch would sample
+            # one request from another's logits.
+            raise _internal(
+                "batch logits rows differ from the plan's",
+                batch=list(batch.output_rows),
+                plan=list(expected),
+            )
+        self.ctx.decode(batch)
+
+    def sample(self, sampler: SamplerHandle, row: int, logprobs: int | None) -> Sampled:
+        if not isinstance(sampler, Sampler):
+            raise _internal(f"not a sampler of this backend: {sampler!r}")
+        token = self.ctx.sample(sampler, row)
+        if logprobs is None:
+            return Sampled(token)
+        lp = token_logprobs(self.ctx.logits(row), token, logprobs)
+        return Sampled(token, lp.chosen, lp.top)
+
+    def is_eog(self, token: int) -> bool:
+        return token in self._eog
+
+    def piece(self, token: int) -> bytes:
+        """The token's bytes; special tokens as their text (``<think>``, ``<|im_end|>``)."""
+        cached = self._pieces.get(token)
+        if cached is None:
+            cached = self.model.token_piece(token, special=True)
+            if len(self._pieces) < _PIECE_CACHE_MAX:
+                self._pieces[token] = cached
+        return cached
+
+    # -- sequences and state ------------------------------------------------------------------
+
+    def seq_truncate(self, seq: int, keep: int) -> None:
+        if not self.ctx.seq_remove(seq, keep):
+            raise Unsupported(
+                f"this model cannot drop positions {keep}.. of sequence {seq}",
+                details={"seq": seq, "keep": keep},
+            )
+
+    def seq_copy(self, src: int, dst: int) -> None:
+        self.ctx.seq_copy(src, dst)
+
+    def pack(self, seq: int) -> StateLease:
+        need = self.ctx.seq_state_size(seq)
+        if need <= 0:
+            raise StateError(f"sequence {seq} has no state to pack", details={"seq": seq})
+        return self.pool.fill(need, lambda out: self.ctx.pack_seq(seq, out))
+
+    def unpack(self, seq: int, payload: memoryview) -> None:
+        self.ctx.unpack_seq(seq, payload)
+
+    # -- lifetime -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Free the batch (and the pool if the backend made it); the context stays."""
+        self._batch.close()
+        if self._owns_pool:
+            self.pool.close()
+
+
+def _is_a_backend(backend: LlamaBackend) -> Backend:
+    """Never called: mypy checks here that the backend implements the protocol."""
+    return backend
