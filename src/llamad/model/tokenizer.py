@@ -1,0 +1,113 @@
+"""Text in and out of the served model: tokenize, detokenize, chat template (SPEC M11, L4, L8).
+
+A :class:`Tokenizer` answers the worker's text ops from the loaded model
+without touching its context, so the shell may run them between ticks at
+any time. The chat template is the GGUF's own Jinja source rendered in the
+binding's sandbox (:class:`~llamad.llama_ffi.ChatFormatter`, compiled once),
+falling back to llama.cpp's built-in templates when the file has none.
+
+Inputs are bounded here as well as by the message size: a prompt is refused
+past :data:`MAX_TEXT_CHARS` characters and a detokenize past
+:data:`MAX_DETOKENIZE_TOKENS` ids, with ``bad_request`` naming the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from llamad.errors import BadRequest
+from llamad.llama_ffi.chat_template import ChatFormatter, apply_chat_template
+from llamad.llama_ffi.model import Model
+
+__all__ = ["MAX_DETOKENIZE_TOKENS", "MAX_TEXT_CHARS", "Tokenizer"]
+
+MAX_TEXT_CHARS: Final = 16 << 20
+"""Longest text tokenized in one call (characters); far beyond any context."""
+MAX_DETOKENIZE_TOKENS: Final = 1 << 20
+
+
+class Tokenizer:
+    """The model's vocabulary and chat template, for the worker's text ops."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self._formatter: ChatFormatter | None = None
+
+    @property
+    def formatter(self) -> ChatFormatter:
+        """The compiled chat template (made on first use: compiling costs ~ms)."""
+        if self._formatter is None:
+            self._formatter = ChatFormatter.for_model(self.model)
+        return self._formatter
+
+    def tokenize(
+        self, text: str, *, add_special: bool = True, parse_special: bool = False
+    ) -> list[int]:
+        """Token ids of ``text``; ``add_special`` adds BOS/EOS as the model asks,
+        ``parse_special`` reads spelled-out special tokens (``<|im_start|>``) as theirs."""
+        if not isinstance(text, str):
+            raise BadRequest("text must be a string", details={"field": "text"})
+        if len(text) > MAX_TEXT_CHARS:
+            raise BadRequest(
+                f"text is longer than {MAX_TEXT_CHARS} characters", details={"field": "text"}
+            )
+        return self.model.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(
+        self, tokens: Sequence[int], *, remove_special: bool = False, unparse_special: bool = True
+    ) -> str:
+        """Text of ``tokens`` (``invalid_token`` for an id outside the vocabulary).
+
+        Special tokens render as their text by default (``unparse_special``), so
+        ``detokenize(tokenize(t, parse_special=True))`` gives ``t`` back.
+        """
+        if isinstance(tokens, str | bytes) or not isinstance(tokens, Sequence):
+            raise BadRequest("tokens must be a list of token ids", details={"field": "tokens"})
+        if len(tokens) > MAX_DETOKENIZE_TOKENS:
+            raise BadRequest(
+                f"more than {MAX_DETOKENIZE_TOKENS} tokens", details={"field": "tokens"}
+            )
+        return self.model.detokenize(
+            list(tokens), remove_special=remove_special, unparse_special=unparse_special
+        )
+
+    def render_chat(
+        self,
+        messages: object,
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        enable_thinking: bool | None = None,
+        **options: Any,
+    ) -> str:
+        """The prompt text the model's template makes of ``messages``
+        (``template_error`` / ``template_security`` when the template fails)."""
+        return self.formatter.render(
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,
+            enable_thinking=enable_thinking,
+            **options,
+        )
+
+    def apply_chat_template(
+        self,
+        messages: object,
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        enable_thinking: bool | None = None,
+        **options: Any,
+    ) -> list[int]:
+        """:meth:`render_chat`, tokenized with special tokens parsed (BOS only
+        when the model wants one and the template did not write it)."""
+        return apply_chat_template(
+            self.model,
+            messages,
+            formatter=self.formatter,
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,
+            enable_thinking=enable_thinking,
+            **options,
+        )
