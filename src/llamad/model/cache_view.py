@@ -36,7 +36,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 import msgspec
 import structlog
@@ -67,8 +67,6 @@ if TYPE_CHECKING:
 __all__ = ["ClientCacheView", "ViewStats"]
 
 log = structlog.get_logger("llamad.model")
-
-_MAX_UNRETURNED_PINS: Final = 1024
 
 
 @dataclass(slots=True)
@@ -152,7 +150,6 @@ class ClientCacheView:
         self._shared: Namespace | None = None
         self._adapters: tuple[tuple[bytes, float], ...] | None = None
         self._skip_until = float("-inf")
-        self._unreturned: set[int] = set()
         self._buffer: StateBuffer | None = None
         self._owned: list[Callable[[], None]] = []
         self._closed = False
@@ -252,7 +249,6 @@ class ClientCacheView:
             # Whatever the transport raised, the request must still run (cold).
             self.stats.lookup_failures += 1
             raise Unavailable(f"cache lookup failed: {exc!r}") from exc
-        self._return_unreturned()
         row = found.row
         if row is not None and row.tier not in self.restore_tiers:
             self.checkin(row.pin)
@@ -260,32 +256,15 @@ class ClientCacheView:
         return found
 
     def checkin(self, pin: int | None) -> None:
-        """Release a pin; one lost to a slow cache-meta is retried after the
-        next answered call (one lost to a dead one died with it)."""
+        """Release a pin. Never raises: a checkin that times out is still queued
+        at cache-meta (it answers it once it runs again), and one lost to a dead
+        cache-meta died with it (pins are released with their owner)."""
         if pin is None:
             return
-        if self._give_back(pin):
-            self._return_unreturned()
-
-    def _give_back(self, pin: int) -> bool:
         try:
             self._client.checkin(pin)
-        except RequestTimeout:
-            if len(self._unreturned) < _MAX_UNRETURNED_PINS:
-                self._unreturned.add(pin)
-            log.warning("model.checkin_delayed", pin=pin)
-            return False
         except Exception as exc:
-            # cache-meta died (its pins with it) or is restarting: nothing to return.
-            log.info("model.checkin_dropped", pin=pin, error=repr(exc))
-            return False
-        return True
-
-    def _return_unreturned(self) -> None:
-        while self._unreturned:
-            pin = self._unreturned.pop()
-            if not self._give_back(pin):
-                return
+            log.info("model.checkin_failed", pin=pin, error=repr(exc))
 
     # -- reading a row -------------------------------------------------------------------
 

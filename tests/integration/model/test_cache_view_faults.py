@@ -82,6 +82,13 @@ def new_view(settings: CacheSettings, **config: object) -> ClientCacheView:
     return ClientCacheView.from_settings(settings, FakeContext(), config=stub_config(**config))
 
 
+def resume_and_close(meta: Meta, view: ClientCacheView) -> None:
+    # A stopped cache-meta would hold the writer threads close() waits for.
+    if meta.alive():
+        meta.signal(signal.SIGCONT)
+    view.close()
+
+
 def packed(tokens: list[int]) -> StubPacked:
     return StubPacked(b"STUBKV1\x00" + b"".join(t.to_bytes(4, "little") for t in tokens))
 
@@ -113,7 +120,7 @@ def test_cache_meta_killed_mid_lookup_runs_the_request_cold_and_the_restart_hits
         assert after.cache_hit_kind is CacheHitKind.EXACT
         assert after.reply == first.reply
     finally:
-        view.close()
+        resume_and_close(meta, view)
 
 
 def test_lookups_while_cache_meta_is_down_are_cold_at_once(
@@ -134,7 +141,7 @@ def test_lookups_while_cache_meta_is_down_are_cold_at_once(
         meta.restart()
         assert drv.complete("back", tokens, max_tokens=4).cache_hit_kind is CacheHitKind.EXACT
     finally:
-        view.close()
+        resume_and_close(meta, view)
 
 
 def test_a_hung_cache_meta_costs_one_lookup_timeout_then_lookups_pause_for_the_cooldown(
@@ -162,7 +169,7 @@ def test_a_hung_cache_meta_costs_one_lookup_timeout_then_lookups_pause_for_the_c
         back = drv.complete("r3", tokens, max_tokens=4)
         assert back.cache_hit_kind is CacheHitKind.EXACT
     finally:
-        view.close()
+        resume_and_close(meta, view)
 
 
 def test_cache_meta_killed_mid_save_reports_it_unpublished_and_releases_the_state(
@@ -184,7 +191,7 @@ def test_cache_meta_killed_mid_save_reports_it_unpublished_and_releases_the_stat
         with CacheClient.from_settings(settings, client_name="after") as client:
             assert client.lookup_exact(job.key, pin=False) is None
     finally:
-        view.close()
+        resume_and_close(meta, view)
 
 
 def test_a_sync_save_to_a_hung_cache_meta_returns_by_its_deadline(
@@ -211,7 +218,7 @@ def test_a_sync_save_to_a_hung_cache_meta_returns_by_its_deadline(
         meta.signal(signal.SIGCONT)
         wait_until(lambda: view.completions.drain() == [] and state.released, 30, "release")
     finally:
-        view.close()
+        resume_and_close(meta, view)
 
 
 @pytest.mark.parametrize("tier", [TierKind.RAM, TierKind.DISK])
@@ -249,4 +256,26 @@ def test_a_corrupt_row_runs_the_request_cold_and_is_counted_once(
         assert admin.counters()["corrupt_files"] == corrupt + 1
         assert admin.status()["pins"] == 0
     finally:
-        view.close()
+        resume_and_close(meta, view)
+
+
+def test_a_checkin_to_a_hung_cache_meta_is_bounded_and_lands_when_it_runs_again(
+    settings: CacheSettings, meta: Meta, admin: CacheClient
+) -> None:
+    view = new_view(settings, lookup_timeout_s=0.3)
+    try:
+        ns = view.namespace(None)
+        tokens = prompt(16, start=41)
+        job = SaveJob(SaveReason.FINISH, ns.key(tokens), ns, tuple(tokens), seq=0)
+        assert view.save(job, packed(tokens))
+        assert settle_saves(view) == [(job.key, True)]
+        found = view.resolve(ns, tokens, parent_key=None, wait_s=0.0)
+        assert found.row is not None and admin.status()["pins"] == 1
+        meta.signal(signal.SIGSTOP)
+        started = time.monotonic()
+        view.checkin(found.row.pin)  # times out: logged, never raised into the core
+        assert time.monotonic() - started < 2.0
+        meta.signal(signal.SIGCONT)
+        wait_until(lambda: admin.status()["pins"] == 0, 10, "the queued checkin")
+    finally:
+        resume_and_close(meta, view)
