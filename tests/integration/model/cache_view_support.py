@@ -156,10 +156,10 @@ def settle_saves(view: ClientCacheView, timeout: float = 30.0) -> list[tuple[byt
 
 @dataclass
 class Driver:
-    """A WorkerCore over the stub backend and a ClientCacheView, driven like the shell."""
+    """A WorkerCore over a backend and a ClientCacheView, driven like the shell."""
 
     core: WorkerCore
-    backend: StubBackend
+    backend: Any
     view: ClientCacheView
     events: dict[str, list[Event]] = field(default_factory=dict)
     saved: list[tuple[bytes, bool]] = field(default_factory=list)

@@ -1,0 +1,130 @@
+"""WorkerCore + LlamaBackend + ClientCacheView: the worker's three parts, real (SPEC M3, M5).
+
+The real default model behind engineer A's backend, a real cache-meta behind
+the view: a cold request is saved by the writer pool, its completion reaches
+the core through the completions fd, and the same prompt then restores from
+the ``ram`` tier in place and replies identically. Every packed state the
+backend leased comes back to its pool once its write is over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from cache_view_support import SMALL_POLICY, Driver, Meta
+
+from llamad.cache.client import CacheClient
+from llamad.cache.lookup import LookupPolicy
+from llamad.cache.sup import CacheSettings, discard
+from llamad.cache.tier_kind import TierKind
+from llamad.llama_ffi import Context, ContextOptions, Model
+from llamad.model.cache_view import ClientCacheView
+from llamad.model.cache_view_config import CacheViewConfig
+from llamad.model.config import WorkerConfig
+from llamad.model.core import WorkerCore
+from llamad.model.llama_backend import LlamaBackend
+from llamad.model.results import CacheHitKind
+
+pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
+
+TEXT = (
+    "<|im_start|>system\nYou answer in one short sentence.<|im_end|>\n"
+    "<|im_start|>user\nWhat is the capital of France, and what river runs through it?"
+    "<|im_end|>\n<|im_start|>assistant\n"
+)
+# Under 64 rows per decode, a token's logits on the CPU are bit-identical
+# whatever else shares the batch (ggml changes matmul path at 64 rows).
+CHUNK = 15
+
+
+@pytest.fixture(scope="module")
+def settings() -> Iterator[CacheSettings]:
+    s = CacheSettings.scratch(
+        prefix="lcvb", stats_flush_s=0.5, lookup=LookupPolicy(common_min_tokens=8)
+    )
+    try:
+        yield s
+    finally:
+        discard(s)
+
+
+@pytest.fixture(scope="module")
+def meta(settings: CacheSettings) -> Iterator[Meta]:
+    m = Meta(settings)
+    try:
+        yield m
+    finally:
+        m.stop()
+
+
+@pytest.fixture(scope="module")
+def ctx(model: Model) -> Iterator[Context]:
+    c = model.context(
+        ContextOptions(
+            n_ctx=1024,
+            n_batch=256,
+            n_ubatch=256,
+            n_seq_max=2,
+            kv_unified=True,
+            n_threads=1,
+            n_threads_batch=1,
+        )
+    )
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def worker(ctx: Context, settings: CacheSettings, meta: Meta) -> Iterator[Driver]:
+    ctx.clear()
+    backend = LlamaBackend(ctx)
+    view = ClientCacheView.from_settings(settings, ctx, config=CacheViewConfig())
+    cfg = WorkerConfig(
+        n_ctx=ctx.n_ctx,
+        n_batch=ctx.n_batch,
+        n_seq_max=ctx.n_seq_max,
+        prefill_chunk_size=CHUNK,
+        policy=SMALL_POLICY,
+    )
+    drv = Driver(WorkerCore(cfg, backend, view), backend, view)
+    try:
+        yield drv
+    finally:
+        drv.core.shutdown()
+        view.close()
+        assert backend.pool.leased == 0  # every packed state came back
+        backend.close()
+
+
+def test_cold_then_exact_hit_on_the_real_model_through_the_real_cache(
+    worker: Driver, model: Model, settings: CacheSettings
+) -> None:
+    tokens = model.tokenize(TEXT, parse_special=True)
+    cold = worker.complete("cold", tokens, max_tokens=12)
+    assert cold.cache_hit_kind is CacheHitKind.COLD
+    assert cold.finish_key is not None and (cold.finish_key, True) in worker.saved
+    assert worker.backend.pool.leased == 0  # released as each write finished
+    with CacheClient.from_settings(settings, client_name="test-admin") as admin:
+        row = admin.lookup_exact(cold.finish_key, pin=False)
+        assert row is not None and row.tier is TierKind.RAM
+
+    warm = worker.complete("warm", tokens, max_tokens=12)
+    assert warm.cache_hit_kind is CacheHitKind.EXACT
+    assert warm.reply == cold.reply and warm.generated == cold.generated
+    assert warm.stats.prefill_tokens == 1  # only the held-back last prompt token
+    assert warm.cache_delta.read == len(tokens)
+    assert worker.view.stats.reads_mapped == 1
+
+
+def test_a_salted_request_does_not_see_the_shared_rows_but_replies_the_same(
+    worker: Driver, model: Model
+) -> None:
+    tokens = model.tokenize(TEXT + "Paris", parse_special=True)
+    shared = worker.complete("shared", tokens, max_tokens=8)
+    tenant = worker.complete("tenant", tokens, max_tokens=8, cache_salt="acme")
+    assert tenant.cache_hit_kind is CacheHitKind.COLD
+    assert tenant.reply == shared.reply
+    assert tenant.finish_key != shared.finish_key
+    again = worker.complete("tenant-again", tokens, max_tokens=8, cache_salt="acme")
+    assert again.cache_hit_kind is CacheHitKind.EXACT and again.reply == shared.reply
