@@ -12,12 +12,15 @@ Schemas: :mod:`llamad.model.wire`.
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+import structlog
 
-from llamad.actors import Actor, Request
+from llamad.actors import Actor, PendingReply, Request, StreamSender
 from llamad.llama_ffi.errors import Unsupported
 from llamad.model.core import WorkerCore
 from llamad.model.deliveries import Deliveries
@@ -44,9 +47,11 @@ from llamad.model.wire import (
     TokenizeBody,
     TokensReply,
 )
-from llamad.model.worker_parts import WorkerParts
+from llamad.model.worker_parts import Adapters, WorkerParts
 
 __all__ = ["WorkerOps"]
+
+log = structlog.get_logger("llamad.model")
 
 
 def _chat_options(chat: ChatOptions) -> dict[str, Any]:
@@ -57,6 +62,15 @@ def _chat_options(chat: ChatOptions) -> dict[str, Any]:
         "enable_thinking": chat.enable_thinking,
         "system": chat.system,
     }
+
+
+@dataclass(eq=False, slots=True)
+class _Held:
+    """A request and its client end, admitted now or after an adapter change."""
+
+    req: Request[InferBody]
+    handle: StreamSender | PendingReply
+    prefill_only: bool = False
 
 
 class WorkerOps:
@@ -77,6 +91,8 @@ class WorkerOps:
         self.snapshot = snapshot
         self.requests_total = 0
         self._ids = itertools.count(1)
+        self._changes: deque[tuple[Callable[[Adapters], Any], PendingReply]] = deque()
+        self._held: deque[_Held] = deque()
 
     def register(self, actor: Actor) -> None:
         handlers: dict[str, Callable[[Request[Any]], Any]] = {
@@ -137,16 +153,29 @@ class WorkerOps:
         return request_id
 
     def infer(self, req: Request[InferBody]) -> None:
-        request_id = self._submit(req)
-        self.deliveries.add_stream(request_id, req.stream(), self._client_gone)
+        self._request(_Held(req, req.stream()))
 
     def complete(self, req: Request[InferBody]) -> None:
-        request_id = self._submit(req)
-        self.deliveries.add_reply(request_id, req.defer(), self._client_gone)
+        self._request(_Held(req, req.defer()))
 
     def prefill_only(self, req: Request[InferBody]) -> None:
-        request_id = self._submit(req, prefill_only=True)
-        self.deliveries.add_reply(request_id, req.defer(), self._client_gone)
+        self._request(_Held(req, req.defer(), prefill_only=True))
+
+    def _request(self, held: _Held) -> None:
+        if self._changes:
+            # An adapter change waits for the worker to drain; requests that
+            # came after it wait behind it, so it cannot be starved.
+            self._held.append(held)
+            return
+        self._start(held)  # a refusal raises: the actor fails the handle with it
+
+    def _start(self, held: _Held) -> None:
+        request_id = self._submit(held.req, prefill_only=held.prefill_only)
+        handle = held.handle
+        if isinstance(handle, StreamSender):
+            self.deliveries.add_stream(request_id, handle, self._client_gone)
+        else:
+            self.deliveries.add_reply(request_id, handle, self._client_gone)
 
     def _client_gone(self, request_id: str) -> None:
         # Observed at the next tick: the request ends ``cancelled``, takes its
@@ -196,20 +225,57 @@ class WorkerOps:
             raise Unsupported("this worker has no embedding support")
         return EmbedReply(embeddings.embed(req.body.inputs, normalize=req.body.normalize))
 
-    def _adapters(self) -> Any:
+    def _adapters(self) -> Adapters:
         if self.parts.adapters is None:
             raise Unsupported("this worker has no adapter support")
         return self.parts.adapters
 
     def load_adapter(self, req: Request[LoadAdapterBody]) -> Any:
         b = req.body
-        return self._adapters().load(b.name or b.path, b.path, b.scale)
+        return self._change(req, lambda a: a.load(b.name or b.path, b.path, b.scale))
 
-    def unload_adapter(self, req: Request[AdapterRef]) -> None:
-        self._adapters().unload(req.body.name)
+    def unload_adapter(self, req: Request[AdapterRef]) -> Any:
+        return self._change(req, lambda a: a.unload(req.body.name))
 
     def set_adapter_scale(self, req: Request[AdapterScaleBody]) -> Any:
-        return self._adapters().set_scale(req.body.name, req.body.scale)
+        return self._change(req, lambda a: a.set_scale(req.body.name, req.body.scale))
 
     def list_adapters(self, req: Request[NoArgs]) -> list[Any]:
         return list(self._adapters().list_adapters())
+
+    def _change(self, req: Request[Any], change: Callable[[Adapters], Any]) -> Any:
+        """Apply an adapter change now if the worker holds no request, else once
+        it has drained (the caller's reply is deferred until then).
+
+        An adapter applies to the whole context at once: a request admitted
+        under the old namespace that decoded under the new adapters would save
+        rows whose key does not describe their bytes.
+        """
+        adapters = self._adapters()
+        if not self._changes and not self.core.requests:
+            return change(adapters)
+        self._changes.append((change, req.defer()))
+        log.info("model.adapter_change_waits", running=len(self.core.requests))
+        return None
+
+    def settle(self) -> None:
+        """Between ticks: apply adapter changes once no request is left, then
+        submit the requests that waited behind them, in arrival order."""
+        while self._changes and not self.core.requests:
+            change, pending = self._changes.popleft()
+            if pending.done:
+                continue  # its client went away
+            with self.mark.busy():
+                try:
+                    pending.reply(change(self._adapters()))
+                except Exception as exc:
+                    pending.fail(exc)
+        while self._held and not self._changes:
+            held = self._held.popleft()
+            if held.handle.done:
+                continue
+            try:
+                with self.mark.busy():
+                    self._start(held)
+            except Exception as exc:
+                held.handle.fail(exc)

@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
+from llamad.cache.key import Namespace
+from llamad.cache.lookup import Lookup, RowRef
 from llamad.errors import ConfigError
 from llamad.model.backend import Backend, PackedState
 from llamad.model.cacheview import CacheView
@@ -34,6 +37,7 @@ __all__ = [
     "Completions",
     "Embeddings",
     "ModelText",
+    "NoCache",
     "WorkerParts",
     "build_parts",
     "llama_parts",
@@ -122,8 +126,88 @@ def build_parts(spec: WorkerSpec) -> WorkerParts:
 
 def llama_parts(spec: WorkerSpec) -> WorkerParts:
     """The real model: one ``Model`` and its ``kv_unified`` context, the llama.cpp
-    backend, the cache view over cache-meta and the writer pool."""
-    raise NotImplementedError("the llama.cpp parts land with LlamaBackend and ClientCacheView")
+    backend, the cache view over cache-meta and the writer pool (or no cache),
+    the tokenizer and chat template, a lazily made embedding context, adapters."""
+    # Imported here: loading libllama is this factory's business, not the shell's.
+    from llamad.llama_ffi import Model  # noqa: PLC0415
+    from llamad.model.adapters import AdapterSet  # noqa: PLC0415
+    from llamad.model.cache_view import ClientCacheView  # noqa: PLC0415
+    from llamad.model.embedder import Embedder, EmbedderOptions  # noqa: PLC0415
+    from llamad.model.llama_backend import LlamaBackend  # noqa: PLC0415
+    from llamad.model.tokenizer import Tokenizer  # noqa: PLC0415
+
+    closers: list[Callable[[], None]] = []
+    parts: WorkerParts | None = None
+    try:
+        model = Model(spec.model_path, spec.model)
+        closers.append(model.close)
+        ctx = model.context(spec.context)
+        closers.append(ctx.close)
+        backend = LlamaBackend(ctx)
+        closers.append(backend.close)
+        adapters = AdapterSet(ctx)
+        closers.append(adapters.close)
+        threads = spec.context.n_threads
+        embedder = Embedder(model, EmbedderOptions(n_threads=threads), mirror=ctx)
+        closers.append(embedder.close)
+        cache: CacheView
+        completions: Completions | None = None
+        if spec.cache is not None:
+            view = ClientCacheView.from_settings(spec.cache, ctx)
+            closers.append(_closer(view.close))
+            cache, completions = view, view.completions
+        else:
+            cache = NoCache()
+        parts = WorkerParts(
+            backend=backend,
+            cache=cache,
+            text=Tokenizer(model),
+            completions=completions,
+            embeddings=embedder,
+            adapters=adapters,
+            closers=closers,
+        )
+        return parts
+    finally:
+        if parts is None:
+            WorkerParts(StubBackend(), NoCache(), StubText(1), closers=closers).close()
+
+
+def _closer(close: Callable[[], object]) -> Callable[[], None]:
+    def run() -> None:
+        close()
+
+    return run
+
+
+class NoCache:
+    """A worker without a cache: every request runs cold, nothing is saved."""
+
+    _NS: Final = Namespace(fingerprint=bytes(32), quant=0, ctx_hash=bytes(32))
+
+    def namespace(self, salt: bytes | None) -> Namespace:
+        return self._NS
+
+    def resolve(
+        self,
+        namespace: Namespace,
+        tokens: Sequence[int],
+        *,
+        parent_key: bytes | None,
+        wait_s: float,
+    ) -> Lookup:
+        return Lookup(None, None, 0, 0, None, False)
+
+    @contextmanager
+    def read(self, row: RowRef) -> Iterator[memoryview | None]:
+        yield None
+
+    def checkin(self, pin: int | None) -> None:
+        pass
+
+    def save(self, job: SaveJob, state: PackedState) -> bool:
+        state.release()
+        return False
 
 
 # -- the stub ---------------------------------------------------------------------------

@@ -15,6 +15,7 @@ ready, and runs the loop until SIGTERM:
             # disconnected clients cancel their requests (handle on_cancel)
         report = core.step()             # one llama_decode at most
         deliver report.events            # stream events, done/error terminals
+        apply adapter changes once idle  # and admit the requests held behind them
         publish status                   # shared file, readable without the loop
     core.shutdown()                      # shutdown saves, capped; requests end cancelled
 
@@ -73,6 +74,9 @@ class WorkerProcess:
         started = clock()
         self.parts: WorkerParts = build_parts(spec)
         try:
+            # The namespace fingerprints the model file (a read of all of it):
+            # pay that while loading, not inside the first request's tick.
+            self.parts.cache.namespace(None)
             self.mark = BusyMark(clock)
             self.throughput = Throughput()
             self.backend = ObservedBackend(
@@ -170,6 +174,7 @@ class WorkerProcess:
         with self.mark.busy():
             report = self.core.step()
         self._deliver(report)
+        self.ops.settle()
         if handled or not report.idle:
             self._publish()
         return report
