@@ -1,0 +1,130 @@
+"""Text ops, embeddings and LoRA adapters through a real worker process (SPEC M11).
+
+An adapter applies to the whole context at once, so the worker applies a change
+only when it holds no request: a change that arrives while requests run waits
+for them, and requests that arrive after it wait behind it.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lora_gguf import write_lora
+from worker_tree import WorkerTree, prompt_text, wait_until
+
+from llamad.llama_ffi.errors import AdapterError
+from llamad.model.results import CacheHitKind, TokenEvent
+from llamad.model.worker_client import WorkerClient
+
+pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(300)]
+
+GREEDY = {"temperature": 0.0}
+ENDLESS = 'root ::= "la " root'
+
+
+@pytest.fixture(scope="module")
+def tree() -> Iterator[WorkerTree]:
+    t = WorkerTree(n_seq_max=2, prefix="lma").start()
+    try:
+        yield t
+    finally:
+        t.close()
+
+
+@pytest.fixture
+def worker(tree: WorkerTree) -> Iterator[WorkerClient]:
+    w = tree.client()
+    yield w
+    tree.wait_idle()
+
+
+def test_text_round_trips_through_the_worker(worker: WorkerClient) -> None:
+    text = "<|im_start|>user\nHello, world!<|im_end|>"
+    tokens = worker.tokenize(text, add_special=False)
+    assert worker.detokenize(tokens) == text
+    chat = worker.apply_chat_template([{"role": "user", "content": "Hello, world!"}])
+    assert worker.detokenize(chat).rstrip().endswith("<|im_start|>assistant")
+
+
+def test_embeddings_are_unit_length_and_batched_like_alone(worker: WorkerClient) -> None:
+    texts = ["a red apple", "the stock market", "a green pear"]
+    both = worker.embed(texts)
+    alone = [worker.embed([t])[0] for t in texts]
+    for v, w in zip(both, alone, strict=True):
+        assert math.isclose(math.fsum(x * x for x in v), 1.0, rel_tol=1e-3)
+        assert max(abs(a - b) for a, b in zip(v, w, strict=True)) < 1e-3
+
+
+def test_adapter_splits_the_namespace_and_unloading_joins_it_again(
+    tree: WorkerTree, worker: WorkerClient, tmp_path: Path
+) -> None:
+    prompt = prompt_text(40)
+    base = worker.complete(prompt, max_tokens=4, **GREEDY)
+    tree.wait_saved(base.finish_key)
+    info: Any = worker.actor.call(
+        "load_adapter", {"path": str(write_lora(tmp_path / "s.gguf", seed=3)), "name": "style"}
+    )
+    assert info["name"] == "style" and info["scale"] == 1.0
+    assert [a["name"] for a in worker.actor.call("list_adapters", {})] == ["style"]
+    with pytest.raises(AdapterError):
+        worker.actor.call("load_adapter", {"path": str(tmp_path / "s.gguf"), "name": "style"})
+    styled = worker.complete(prompt, max_tokens=4, **GREEDY)
+    assert styled.cache_hit_kind is CacheHitKind.COLD  # another namespace: no row
+    worker.actor.call("unload_adapter", {"name": "style"})
+    again = worker.complete(prompt, max_tokens=4, **GREEDY)
+    assert again.cache_hit_kind is CacheHitKind.EXACT
+    assert again.generated == base.generated
+
+
+def test_adapter_change_waits_for_running_requests_and_holds_later_ones(
+    tree: WorkerTree, worker: WorkerClient, tmp_path: Path
+) -> None:
+    lora = str(write_lora(tmp_path / "w.gguf", seed=4))
+    finished: dict[str, float] = {}
+    errors: list[BaseException] = []
+
+    def call(name: str, fn: Any) -> None:
+        try:
+            with tree.client() as c:
+                fn(c)
+            finished[name] = time.monotonic()
+        except BaseException as exc:
+            errors.append(exc)
+
+    stream = worker.infer(prompt_text(41), max_tokens=30, grammar=ENDLESS, **GREEDY)
+    events = iter(stream)
+    assert isinstance(next(events), TokenEvent)  # running: the change must wait
+    watcher = tree.client()
+    change = threading.Thread(
+        target=call,
+        args=("change", lambda c: c.actor.call("load_adapter", {"path": lora, "name": "w"})),
+    )
+    change.start()
+    wait_until(lambda: "change" not in finished and _change_waits(watcher), "the change to wait")
+    later = threading.Thread(
+        target=call, args=("later", lambda c: c.complete(prompt_text(42), max_tokens=2))
+    )
+    later.start()
+    for _ in events:
+        pass
+    stream_done = time.monotonic()
+    change.join(120)
+    later.join(120)
+    assert not errors, errors
+    # The change waited for the running stream, and the request that came after
+    # it waited for the change (admitted at once, it would have run beside the
+    # stream and the change would have waited for it too).
+    assert stream_done <= finished["change"] <= finished["later"]
+    worker.actor.call("unload_adapter", {"name": "w"})
+
+
+def _change_waits(watcher: WorkerClient) -> bool:
+    """A deferred adapter change is visible as an open request on the actor."""
+    info: Any = watcher.actor.call("$info", {})
+    return bool(info["open"] >= 2)  # the stream and the deferred change

@@ -1,0 +1,191 @@
+"""A real tree for model worker tests: cache-meta and one model worker under a real
+supervisor (one_for_one, as the daemon's cache_sup and model_sup are siblings),
+driven through a real actors client.
+
+The worker runs the real default model with one thread; the cache is a private
+scratch cache (every tier, its own registry), removed afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from llamad import paths
+from llamad.actors import Registry
+from llamad.cache.client import CacheClient
+from llamad.cache.lookup import LookupPolicy
+from llamad.cache.meta_wire import ACTOR_NAME as META
+from llamad.cache.policy import CachePolicy
+from llamad.cache.sup import CacheSettings, discard, meta_child_spec
+from llamad.llama_ffi import ContextOptions
+from llamad.model.config import WorkerConfig
+from llamad.model.status_board import WorkerSnapshot, read_status, status_path
+from llamad.model.worker_client import WorkerClient
+from llamad.model.worker_spec import WorkerSpec, worker_child_spec
+from llamad.supervisor import Supervisor, SupervisorSpec, SupFlags
+
+T = TypeVar("T")
+
+#: "Eventually" on a 2-core machine shared with other test runs.
+EVENTUALLY = 60.0
+
+# Small save thresholds, so prompts of a few dozen tokens are saved and found.
+POLICY = CachePolicy(
+    min_tokens=16,
+    cold_min_tokens=16,
+    boundary_trim_tokens=0,
+    boundary_align_tokens=16,
+    continued_interval=4096,
+    session_resume_wait_ms=5_000,
+    evict_save_timeout_ms=10_000,
+)
+
+
+def wait_until(predicate: Callable[[], T | None], what: str, timeout: float = EVENTUALLY) -> T:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.01)
+
+
+class WorkerTree:
+    """cache-meta + one model worker under one supervisor."""
+
+    def __init__(
+        self,
+        *,
+        model_id: str = "smol",
+        n_ctx: int = 2048,
+        n_batch: int = 256,
+        n_seq_max: int = 4,
+        max_queue: int = 16,
+        prefill_chunk_size: int | None = None,
+        policy: CachePolicy = POLICY,
+        decode_timeout_ms: int = 60_000,
+        liveness_s: float = 2.0,
+        prefix: str = "lmw",
+    ) -> None:
+        self.settings = CacheSettings.scratch(
+            prefix=prefix, lookup=LookupPolicy(common_min_tokens=8), stats_flush_s=0.5
+        )
+        sizes = {"n_ctx": n_ctx, "n_batch": n_batch, "n_seq_max": n_seq_max}
+        self.spec = WorkerSpec(
+            model_id=model_id,
+            model_path=str(paths.default_model_path()),
+            context=ContextOptions(
+                **sizes, n_ubatch=n_batch, kv_unified=True, n_threads=1, n_threads_batch=1
+            ),
+            worker=WorkerConfig(
+                **sizes,
+                max_queue=max_queue,
+                prefill_chunk_size=prefill_chunk_size,
+                policy=policy,
+            ),
+            cache=self.settings,
+            decode_timeout_ms=decode_timeout_ms,
+            liveness_s=liveness_s,
+        )
+        assert self.settings.registry_root is not None
+        self.registry = Registry(self.settings.registry_root)
+        self.sup = Supervisor(
+            SupervisorSpec(
+                "model_test",
+                SupFlags(intensity=20, period=60),
+                (meta_child_spec(self.settings), worker_child_spec(self.spec)),
+            )
+        )
+        self._clients: list[WorkerClient] = []
+
+    def start(self) -> WorkerTree:
+        try:
+            self.sup.start()
+        except BaseException:
+            discard(self.settings)
+            raise
+        return self
+
+    def close(self) -> None:
+        for c in self._clients:
+            c.close()
+        try:
+            self.sup.stop(120)
+        finally:
+            discard(self.settings)
+
+    # -- reaching it -----------------------------------------------------------------
+
+    def client(self, **kw: Any) -> WorkerClient:
+        c = WorkerClient(self.spec.model_id, registry=self.registry, **kw)
+        self._clients.append(c)
+        return c
+
+    def cache(self) -> CacheClient:
+        return CacheClient.from_settings(self.settings, timeout=30.0, connect_timeout=10.0)
+
+    def pid(self, name: str | None = None) -> int:
+        entry = self.registry.lookup(name or self.spec.actor_name)
+        assert entry is not None, f"{name or self.spec.actor_name} is not running"
+        return entry.pid
+
+    def meta_pid(self) -> int:
+        return self.pid(META)
+
+    def wait_restarted(self, old_pid: int, name: str | None = None) -> int:
+        """The pid of the actor ``name`` once a process other than ``old_pid`` serves it."""
+
+        def new_pid() -> int | None:
+            entry = self.registry.lookup(name or self.spec.actor_name)
+            return entry.pid if entry is not None and entry.pid != old_pid else None
+
+        return wait_until(new_pid, f"{name or 'the worker'} to come back")
+
+    @property
+    def board(self) -> Path:
+        return status_path(self.registry.root, self.spec.actor_name)
+
+    def status(self) -> WorkerSnapshot | None:
+        """The worker's published status, read without asking the worker."""
+        return read_status(self.board)
+
+    def wait_saved(self, key: bytes | None, timeout: float = EVENTUALLY) -> None:
+        """Until the row ``key`` is published (the writer pool saves off the loop)."""
+        assert key is not None
+        with self.cache() as cache:
+            ref = cache.lookup_exact_or_wait(key, timeout)
+            assert ref is not None, f"row {key.hex()} was never published"
+            cache.checkin(ref.pin)
+
+    def wait_idle(self, timeout: float = EVENTUALLY) -> WorkerSnapshot:
+        """Until the worker holds no request (every sequence free)."""
+
+        def idle() -> WorkerSnapshot | None:
+            snap = self.status()
+            if snap is None or snap.busy_since is not None or snap.status.pending_len:
+                return None
+            return snap
+
+        return wait_until(idle, "the worker to be idle", timeout)
+
+
+def prompt_text(i: int, words: int = 40) -> str:
+    """A distinct prompt of about ``words`` words (no prefix shared between ``i``)."""
+    vocab = ["river", "stone", "lamp", "cloud", "paper", "garden", "mirror", "copper"]
+    body = " ".join(vocab[(i * 7 + j * 3) % len(vocab)] for j in range(words))
+    return f"Story {i}: {body}."
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
