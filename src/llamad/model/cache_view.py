@@ -140,19 +140,23 @@ class ClientCacheView:
         quotas = {k: t.quota for k, t in client.tiers.items() if k in writer.tiers}
         self.restore_tiers = self.config.check_against(quotas)
         self._ctx = ctx
+        self._shared: Namespace | None = None
+        self._adapters: tuple[tuple[bytes, float], ...] | None = None
+        # Fingerprint the model before anything is opened: a whole-file digest
+        # takes seconds, which the first request must not pay, and a file
+        # changed since it was loaded is a refusal to start, not a failed request.
+        self.namespace(None)
         self._client = client
         self._writer = writer
         self._counters = counters
         self._clock = clock
-        self.completions = SaveCompletions()
         self.stats = ViewStats()
-        self._sync = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvc-sync-save")
-        self._shared: Namespace | None = None
-        self._adapters: tuple[tuple[bytes, float], ...] | None = None
         self._skip_until = float("-inf")
         self._buffer: StateBuffer | None = None
         self._owned: list[Callable[[], None]] = []
         self._closed = False
+        self.completions = SaveCompletions()
+        self._sync = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvc-sync-save")
 
     @classmethod
     def from_settings(
@@ -178,6 +182,7 @@ class ClientCacheView:
         client = CacheClient.from_settings(
             settings, timeout=bound, connect_timeout=bound, client_name=client_name
         )
+        writer: WriterPool | None = None
         try:
             writer = WriterPool.from_settings(
                 settings,
@@ -189,6 +194,8 @@ class ClientCacheView:
             view = cls(ctx, client, writer, config=config, counters=counters, clock=clock)
         except BaseException:
             client.close()
+            if writer is not None:
+                writer.close()
             if counters is not None:
                 counters.close()
             raise
@@ -406,8 +413,10 @@ class ClientCacheView:
         """Refuse new saves, let accepted ones finish (``wait``), release every
         state, close the connections; answers the completions not drained yet."""
         self._closed = True
-        self._writer.close(wait=wait)
+        # The save thread first: it writes through a connection the pool
+        # closes once its own threads are done.
         self._sync.shutdown(wait=wait, cancel_futures=not wait)
+        self._writer.close(wait=wait)
         left = self.completions.close()
         self._client.close()
         if self._buffer is not None:

@@ -100,8 +100,7 @@ class Meta:
         self.proc.stop()
 
     def restart(self) -> None:
-        if self.alive():
-            self.proc.stop()
+        self.proc.stop()  # also reaps a killed one and removes its settings file
         self.proc = MetaProcess(self.settings).start()
 
     def ensure(self) -> None:

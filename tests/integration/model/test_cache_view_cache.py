@@ -8,7 +8,9 @@ files, the writer pool's threads and the daemon-wide permits.
 
 from __future__ import annotations
 
+import os
 import select
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -33,6 +35,7 @@ from llamad.cache.sup import CacheSettings, discard
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.writer import Permit
 from llamad.errors import ConfigError
+from llamad.llama_ffi.errors import Closed
 from llamad.model import identity
 from llamad.model.cache_view import ClientCacheView
 from llamad.model.results import CacheHitKind
@@ -324,3 +327,17 @@ def test_a_view_refuses_a_save_tier_the_cache_lacks(settings: CacheSettings, met
     with pytest.raises(ConfigError) as err:
         new_view(ram_only, save_tier=TierKind.DISK)
     assert err.value.details["field"] == "save_tier"
+
+
+def test_a_view_whose_context_has_no_namespace_refuses_to_start_and_leaks_nothing(
+    settings: CacheSettings, meta: Meta
+) -> None:
+    ctx = FakeContext()
+    ctx.closed = True
+    new_view(settings).close()  # warm up: imports, the fingerprint cache
+    fds = set(os.listdir("/proc/self/fd"))
+    threads = threading.active_count()
+    with pytest.raises(Closed):
+        new_view(settings, ctx)
+    assert set(os.listdir("/proc/self/fd")) <= fds  # no eventfd, socket or counters fd left
+    assert threading.active_count() == threads

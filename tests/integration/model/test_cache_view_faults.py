@@ -287,3 +287,33 @@ def test_a_checkin_to_a_hung_cache_meta_is_bounded_and_lands_when_it_runs_again(
         wait_until(lambda: admin.status()["pins"] == 0, 10, "the queued checkin")
     finally:
         resume_and_close(meta, view)
+
+
+def test_close_waits_for_a_sync_save_still_writing_before_closing_its_connection(
+    settings: CacheSettings, meta: Meta
+) -> None:
+    view = new_view(settings)
+    ns = view.namespace(None)
+    tokens = prompt(16, start=43)
+    job = SaveJob(
+        SaveReason.SHUTDOWN,
+        ns.key(tokens),
+        ns,
+        tuple(tokens),
+        seq=0,
+        deadline=time.monotonic() + 0.3,
+    )
+    state = packed(tokens)
+    meta.signal(signal.SIGSTOP)
+    try:
+        assert view.save(job, state) is False  # past its deadline, still writing
+        resume = threading.Timer(0.5, meta.signal, (signal.SIGCONT,))
+        resume.start()
+        left = view.close()  # must not pull the connection from under the save thread
+        resume.join()
+    finally:
+        meta.signal(signal.SIGCONT)
+    assert left == []  # a late sync save is released, never reported
+    assert state.released
+    with CacheClient.from_settings(settings, client_name="after") as client:
+        assert client.lookup_exact(job.key, pin=False) is not None  # it did finish
