@@ -33,6 +33,8 @@ __all__ = [
     "NoLogits",
     "NotGGUF",
     "StateError",
+    "ThreadpoolError",
+    "ThreadsExceedPool",
     "TruncatedGGUF",
     "Unsupported",
 ]
@@ -150,3 +152,16 @@ class Unsupported(LlamaError, BadRequest):
     """The operation is not supported by this model or context layout."""
 
     code = "unsupported"
+
+
+class ThreadpoolError(LlamaError):
+    """A ggml threadpool could not be created or used as asked."""
+
+    code = "threadpool_error"
+
+
+class ThreadsExceedPool(ThreadpoolError, BadRequest):
+    """A context would compute on more threads than its attached pool has
+    (ggml would index past the pool's per-thread state)."""
+
+    code = "threads_exceed_pool"
