@@ -20,6 +20,11 @@ from typing import Any
 import structlog
 
 from llamad.llama_ffi.errors import LlamaError
+from llamad.llama_ffi.spin import bound_openmp_spin
+
+# libgomp reads its barrier spin once, when it loads with the extension below
+# (SPEC M14: llamad.llama_ffi.spin).
+bound_openmp_spin()
 
 try:
     from llamad.llama_ffi._llama import ffi, lib
