@@ -40,6 +40,7 @@ from llamad.llama_ffi.errors import (
     InvalidToken,
     NoLogits,
     StateError,
+    ThreadsExceedPool,
     Unsupported,
 )
 from llamad.llama_ffi.lifetime import NativeHandle
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
     from llamad.llama_ffi.lora import LoraAdapter
     from llamad.llama_ffi.model import Model
     from llamad.llama_ffi.sampling import Sampler
+    from llamad.llama_ffi.threadpool import Threadpool
 
 __all__ = ["Context"]
 
@@ -62,15 +64,20 @@ _DECODE_ERRORS = {
 }
 
 
-def _context_free(model_handle: NativeHandle, adapters: dict[LoraAdapter, float]) -> Any:
-    # Order matters: the context goes first, then the adapters it referenced,
-    # then the model they all belong to.
+def _context_free(
+    model_handle: NativeHandle, adapters: dict[LoraAdapter, float], pools: list[Threadpool]
+) -> Any:
+    # Order matters: the context goes first, then the adapters and threadpools
+    # it referenced, then the model they all belong to.
     def free(ptr: Any) -> None:
         lib.llama_free(ptr)
         attached = list(adapters)
         adapters.clear()
         for adapter in attached:
             adapter.native_handle.release()
+        leased, pools[:] = list(pools), []
+        for pool in leased:
+            pool.native_handle.release()
         model_handle.release()
 
     return free
@@ -128,7 +135,11 @@ class Context:
 
         self._lock = threading.RLock()
         self._adapters: dict[LoraAdapter, float] = {}
-        self._handle = NativeHandle(ptr, _context_free(model_handle, self._adapters), "context")
+        # Attached threadpools (leased while attached): [pool, batch pool].
+        self._pools: list[Threadpool] = []
+        self._handle = NativeHandle(
+            ptr, _context_free(model_handle, self._adapters, self._pools), "context"
+        )
         self._finalizer = weakref.finalize(self, self._handle.close)
         self._mem = lib.llama_get_memory(ptr)
         self.n_ctx = int(lib.llama_n_ctx(ptr))
@@ -302,6 +313,86 @@ class Context:
                     "every candidate"
                 )
             return int(self._sampled[0])
+
+    # -- threads (SPEC M14; see llamad.llama_ffi.threadpool) ------------------------------
+
+    @property
+    def threads(self) -> tuple[int, int]:
+        """``(n_threads, n_threads_batch)`` the next decode computes on: the
+        first for a single-row ubatch, the second for several rows."""
+        with self._lock:
+            ptr = self._ptr()
+            return int(lib.llama_n_threads(ptr)), int(lib.llama_n_threads_batch(ptr))
+
+    @property
+    def threadpool(self) -> tuple[Threadpool, Threadpool] | None:
+        """The attached ``(pool, batch pool)``, or None (ggml's own threads)."""
+        with self._lock:
+            return (self._pools[0], self._pools[1]) if self._pools else None
+
+    def set_threads(self, n_threads: int, n_threads_batch: int | None = None) -> None:
+        """Compute the next decodes on ``n_threads`` (single-row ubatches) and
+        ``n_threads_batch`` (several rows; default: the same). Cheap: llama.cpp
+        only stores the two numbers, so a caller may change them before every
+        decode. Raises :class:`ThreadsExceedPool` beyond an attached pool."""
+        batch = n_threads if n_threads_batch is None else n_threads_batch
+        for name, value in (("n_threads", n_threads), ("n_threads_batch", batch)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise BadRequest(f"{name} must be an integer >= 1, not {value!r}")
+        with self._lock:
+            ptr = self._ptr()
+            self._check_pool_fits(n_threads, batch, self._pools)
+            lib.llama_set_n_threads(ptr, n_threads, batch)
+
+    def attach_threadpool(self, pool: Threadpool, batch_pool: Threadpool | None = None) -> None:
+        """Compute on ``pool`` (single-row ubatches) and ``batch_pool``
+        (several rows; default: ``pool``) instead of ggml's own threads.
+
+        The context leases the pools until :meth:`detach_threadpool` or its
+        close, so closing a pool early is safe. Raises
+        :class:`ThreadsExceedPool` if the context's thread counts exceed a
+        pool's size (lower them with :meth:`set_threads` first)."""
+        bpool = pool if batch_pool is None else batch_pool
+        with self._lock:
+            ptr = self._ptr()
+            n, nb = int(lib.llama_n_threads(ptr)), int(lib.llama_n_threads_batch(ptr))
+            self._check_pool_fits(n, nb, [pool, bpool])
+            leased: list[Threadpool] = []
+            try:
+                for p in (pool, bpool):
+                    p.native_handle.acquire()  # raises Closed once the pool is closed
+                    leased.append(p)
+            except BaseException:
+                for p in leased:
+                    p.native_handle.release()
+                raise
+            lib.llama_attach_threadpool(ptr, pool.native_handle.ptr, bpool.native_handle.ptr)
+            previous, self._pools[:] = list(self._pools), leased
+            for p in previous:
+                p.native_handle.release()
+
+    def detach_threadpool(self) -> bool:
+        """Go back to ggml's own threads; False if no pool was attached."""
+        with self._lock:
+            ptr = self._ptr()
+            if not self._pools:
+                return False
+            lib.llama_detach_threadpool(ptr)
+            previous, self._pools[:] = list(self._pools), []
+            for p in previous:
+                p.native_handle.release()
+            return True
+
+    @staticmethod
+    def _check_pool_fits(n: int, nb: int, pools: Sequence[Threadpool]) -> None:
+        if not pools:
+            return
+        for name, want, pool in (("n_threads", n, pools[0]), ("n_threads_batch", nb, pools[1])):
+            if want > pool.n_threads:
+                raise ThreadsExceedPool(
+                    f"{name}={want} exceeds the attached threadpool's {pool.n_threads} threads",
+                    details={"field": name, "threads": want, "pool_threads": pool.n_threads},
+                )
 
     # -- convenience loops --------------------------------------------------------------
 
