@@ -21,6 +21,7 @@ from typing import Final
 # OFD locks.
 _FLOCK: Final = struct.Struct("@hhqqi4x")
 _F_OFD_SETLK: Final[int] = getattr(fcntl, "F_OFD_SETLK", 37)
+_F_OFD_GETLK: Final[int] = getattr(fcntl, "F_OFD_GETLK", 36)
 
 
 def try_lock_range(fd: int, start: int, length: int) -> bool:
@@ -38,3 +39,11 @@ def try_lock_range(fd: int, start: int, length: int) -> bool:
 def unlock_range(fd: int, start: int, length: int) -> None:
     """Release a lock taken with :func:`try_lock_range` on the same descriptor."""
     fcntl.fcntl(fd, _F_OFD_SETLK, _FLOCK.pack(fcntl.F_UNLCK, 0, start, length, 0))
+
+
+def range_locked(fd: int, start: int, length: int) -> bool:
+    """Whether another open file description holds a lock overlapping
+    ``[start, start + length)`` (``fd``'s own locks do not count); takes nothing."""
+    request = _FLOCK.pack(fcntl.F_WRLCK, 0, start, length, 0)
+    kind = _FLOCK.unpack(fcntl.fcntl(fd, _F_OFD_GETLK, request))[0]
+    return bool(kind != fcntl.F_UNLCK)
