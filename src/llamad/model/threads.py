@@ -1,0 +1,432 @@
+"""How many threads each decode runs on (SPEC M14): :class:`ThreadGovernor`.
+
+ggml's threads meet at a barrier after every graph node (several hundred per
+token). When the kernel cannot run all of a decode's threads at once, because
+another worker or another process holds the cores, every barrier waits for a
+descheduled thread and the step collapses (measured on 2 cores with two CPU
+hogs: ~230x slower at 2 threads, never at 1; ``docs/internals/threads.md``).
+The governor keeps a worker out of that state in two ways:
+
+* **A daemon-wide budget.** Every worker marks itself busy on a shared
+  :class:`BusyBoard` before each decode; a worker decodes with at most
+  ``cores // busy_workers`` threads, so busy workers together never ask for
+  more threads than there are cores.
+* **Collapse detection.** Each step's time is compared with the recent
+  median of healthy steps of the same thread count and batch shape (rows,
+  bucketed by powers of two). A step ``collapse_factor`` times slower (and
+  ``collapse_min_s`` slower in absolute terms) is a collapse: the worker
+  halves its thread ceiling (down to 1) for a cool-down, then *probes*:
+  ``probe_steps`` steps at the higher count, kept only if they beat the
+  fallback count's recent median by ``probe_gain``. A failed probe doubles the
+  cool-down (up to ``cooldown_max_s``); a kept probe re-baselines the higher
+  count with the probe's own steps, so a machine that is busier than when the
+  baseline was learnt does not fall back again at once.
+
+The backend calls it around every decode (``docs/internals/threads.md``)::
+
+    n = governor.threads_for(rows)        # before: marks this worker busy
+    if n != ctx.threads[0]:
+        ctx.set_threads(n)                # both single-row and batch counts
+    t0 = time.perf_counter()
+    ctx.decode(batch)
+    governor.record(rows, time.perf_counter() - t0)   # after: judges the step
+
+Pure logic: the clock and the board are injected, so unit tests step it
+without processes or a model. :meth:`ThreadGovernor.status` returns an
+immutable snapshot, safe to read from a status thread while the loop decodes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import msgspec
+import structlog
+
+from llamad.errors import ConfigError
+
+__all__ = [
+    "BusyBoard",
+    "CollapseReport",
+    "SoloBoard",
+    "ThreadGovernor",
+    "ThreadPolicy",
+    "ThreadStatus",
+    "available_cores",
+    "rows_bucket",
+]
+
+log = structlog.get_logger("llamad.model.threads")
+
+Clock = Callable[[], float]
+
+
+def available_cores() -> int:
+    """CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - non-Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def rows_bucket(rows: int) -> int:
+    """Batch shapes that cost about the same: 1, 2, 3-4, 5-8, 9-16, ... rows."""
+    return max(0, rows - 1).bit_length()
+
+
+class BusyBoard(Protocol):
+    """Where workers tell each other they are decoding (the daemon-wide budget).
+
+    Times are the governor's clock (``time.monotonic`` for a board shared
+    between processes: CLOCK_MONOTONIC is one clock for the whole machine).
+    """
+
+    def mark_busy(self, until: float) -> None:
+        """This worker counts as busy until ``until``."""
+        ...
+
+    def busy_workers(self, now: float) -> int:
+        """Workers busy at ``now``, this one included if it marked itself."""
+        ...
+
+
+class SoloBoard:
+    """A board with this worker alone on it (no daemon-wide budget)."""
+
+    def __init__(self) -> None:
+        self._until = -math.inf
+
+    def mark_busy(self, until: float) -> None:
+        self._until = until
+
+    def busy_workers(self, now: float) -> int:
+        return 1 if self._until >= now else 0
+
+
+def _bad(name: str, message: str) -> ConfigError:
+    return ConfigError(f"threads.{name}: {message}", details={"field": f"threads.{name}"})
+
+
+def _positive(name: str, value: object, *, integer: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, int if integer else int | float):
+        kind = "an integer" if integer else "a number"
+        raise _bad(name, f"must be {kind}, not {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise _bad(name, f"must be > 0, not {value!r}")
+
+
+@dataclass(frozen=True)
+class ThreadPolicy:
+    """The governor's settings; invalid values raise naming the field.
+
+    ``max_threads``: the configured decode thread count (the context's
+    ``n_threads``), the most any step uses. ``cores``: CPUs shared by the
+    daemon's workers (default: this process's affinity). ``busy_linger_s``:
+    how long after its last step a worker still counts as busy (a worker
+    between two ticks has not left). The rest tune collapse detection and
+    probing (module docstring); the defaults come from the measurements in
+    ``docs/internals/threads.md``.
+    """
+
+    max_threads: int
+    cores: int = field(default_factory=available_cores)
+    collapse_factor: float = 3.0
+    collapse_min_s: float = 0.005
+    window: int = 32
+    min_samples: int = 4
+    cooldown_s: float = 2.0
+    cooldown_max_s: float = 60.0
+    probe_steps: int = 4
+    probe_gain: float = 0.9
+    busy_linger_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        for name in ("max_threads", "cores", "window", "min_samples", "probe_steps"):
+            _positive(name, getattr(self, name), integer=True)
+        for name in ("collapse_factor", "collapse_min_s", "cooldown_s", "cooldown_max_s"):
+            _positive(name, getattr(self, name))
+        _positive("busy_linger_s", self.busy_linger_s)
+        _positive("probe_gain", self.probe_gain)
+        if self.collapse_factor <= 1:
+            raise _bad("collapse_factor", f"must be > 1, not {self.collapse_factor!r}")
+        if self.min_samples > self.window:
+            raise _bad("min_samples", f"must be <= window ({self.window}), not {self.min_samples}")
+        if self.cooldown_max_s < self.cooldown_s:
+            raise _bad("cooldown_max_s", f"must be >= cooldown_s ({self.cooldown_s})")
+        if self.probe_gain > 1:
+            raise _bad("probe_gain", f"must be in (0, 1], not {self.probe_gain!r}")
+
+
+class CollapseReport(msgspec.Struct, frozen=True):
+    """The last collapsing step: its thread count, rows, time and the
+    median it was judged against, and how long ago it happened."""
+
+    threads: int
+    rows: int
+    step_ms: float
+    median_ms: float
+    age_s: float
+
+
+class ThreadStatus(msgspec.Struct, frozen=True):
+    """What a worker reports about its threads in ``status``.
+
+    ``threads``: the count the last step ran on. ``budget``: the most the
+    daemon-wide budget allows now (``min(max_threads, cores // busy_workers)``).
+    ``ceiling``: the most collapse fallback allows (``max_threads`` unless
+    ``fallback``). ``fallbacks``: times the ceiling was lowered;
+    ``collapses``: collapsing steps seen (also at 1 thread, where there is
+    nothing to fall back to); ``probes``/``probes_kept``: attempts to go back
+    up and how many held. ``next_probe_s``: seconds until the next probe
+    while falling back.
+    """
+
+    threads: int
+    max_threads: int
+    cores: int
+    busy_workers: int
+    budget: int
+    ceiling: int
+    fallback: bool
+    fallbacks: int
+    collapses: int
+    probes: int
+    probes_kept: int
+    cooldown_s: float
+    next_probe_s: float | None
+    last_collapse: CollapseReport | None
+
+
+@dataclass
+class _Collapse:
+    threads: int
+    rows: int
+    seconds: float
+    median: float
+    at: float
+
+
+@dataclass
+class _Probe:
+    threads: int
+    fallback: int
+    samples: list[tuple[int, float]] = field(default_factory=list)
+
+
+class ThreadGovernor:
+    """Chooses each decode's thread count and learns from its time (module docstring).
+
+    Used by one thread (the worker's loop); :meth:`status` may be called from
+    any thread.
+    """
+
+    def __init__(
+        self,
+        policy: ThreadPolicy,
+        *,
+        board: BusyBoard | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.policy = policy
+        self._board: BusyBoard = board if board is not None else SoloBoard()
+        self._clock = clock
+        self._history: dict[tuple[int, int], deque[float]] = {}
+        self._ceiling = policy.max_threads
+        self._cooldown = policy.cooldown_s
+        self._retry_at: float | None = None
+        self._probe: _Probe | None = None
+        self._pending: tuple[int, int] | None = None  # (threads, rows) of the step under way
+        self._threads = policy.max_threads
+        self._busy = 1
+        self._budget = self._budget_for(1)
+        self._fallbacks = 0
+        self._collapses = 0
+        self._probes = 0
+        self._probes_kept = 0
+        self._last: _Collapse | None = None
+        self._snapshot = self._build_snapshot()
+
+    # -- the two calls around a decode ------------------------------------------
+
+    def threads_for(self, rows: int) -> int:
+        """Threads for the next decode of ``rows`` rows; marks this worker busy."""
+        self._check_rows(rows)
+        now = self._clock()
+        expected = self._median(self._threads, rows_bucket(rows)) or 0.0
+        # Busy through the step itself, however long it runs, then a linger.
+        self._board.mark_busy(now + self.policy.busy_linger_s + 2 * expected)
+        self._busy = max(1, self._board.busy_workers(now))
+        self._budget = self._budget_for(self._busy)
+        limit = min(self._ceiling, self._budget)
+        probe = self._probe
+        if probe is not None and probe.threads > self._budget:
+            self._probe = probe = None  # the budget shrank: no verdict either way
+            self._retry_at = now + self._cooldown
+        if probe is None and self._should_probe(now):
+            probe = self._probe = _Probe(
+                threads=min(self._ceiling * 2, self._budget), fallback=self._ceiling
+            )
+            self._probes += 1
+            log.info("threads.probe", threads=probe.threads, fallback=probe.fallback)
+        threads = probe.threads if probe is not None else limit
+        self._pending = (threads, rows)
+        self._threads = threads
+        self._snapshot = self._build_snapshot()
+        return threads
+
+    def record(self, rows: int, seconds: float) -> None:
+        """Judge the step :meth:`threads_for` was asked about: it took ``seconds``."""
+        self._check_rows(rows)
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+            raise ValueError(f"a step's time must be a number >= 0, not {seconds!r}")
+        threads = self._pending[0] if self._pending is not None else self._threads
+        self._pending = None
+        now = self._clock()
+        self._board.mark_busy(now + self.policy.busy_linger_s)
+        bucket = rows_bucket(rows)
+        probe = self._probe
+        if probe is not None and threads == probe.threads:
+            probe.samples.append((bucket, float(seconds)))
+            if len(probe.samples) >= self.policy.probe_steps:
+                self._judge_probe(probe, now)
+        else:
+            median = self._median(threads, bucket)
+            if median is not None and self._collapsed(float(seconds), median):
+                self._on_collapse(threads, rows, float(seconds), median, now)
+            else:
+                self._samples(threads, bucket).append(float(seconds))
+        self._snapshot = self._build_snapshot()
+
+    def status(self) -> ThreadStatus:
+        """A snapshot for the worker's ``status`` (ages computed now)."""
+        snap = self._snapshot
+        last = self._last
+        now = self._clock()
+        report = (
+            None
+            if last is None
+            else CollapseReport(
+                threads=last.threads,
+                rows=last.rows,
+                step_ms=round(last.seconds * 1e3, 3),
+                median_ms=round(last.median * 1e3, 3),
+                age_s=round(max(0.0, now - last.at), 3),
+            )
+        )
+        retry = self._retry_at
+        next_probe = None if retry is None or not snap.fallback else round(max(0.0, retry - now), 3)
+        return msgspec.structs.replace(snap, last_collapse=report, next_probe_s=next_probe)
+
+    # -- internals ------------------------------------------------------------------
+
+    @staticmethod
+    def _check_rows(rows: int) -> None:
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            raise ValueError(f"a step decodes at least one row, not {rows!r}")
+
+    def _budget_for(self, busy: int) -> int:
+        return max(1, min(self.policy.max_threads, self.policy.cores // busy))
+
+    def _should_probe(self, now: float) -> bool:
+        return self._ceiling < self._budget and self._retry_at is not None and now >= self._retry_at
+
+    def _samples(self, threads: int, bucket: int) -> deque[float]:
+        key = (threads, bucket)
+        found = self._history.get(key)
+        if found is None:
+            found = self._history[key] = deque(maxlen=self.policy.window)
+        return found
+
+    def _median(self, threads: int, bucket: int) -> float | None:
+        found = self._history.get((threads, bucket))
+        if found is None or len(found) < self.policy.min_samples:
+            return None
+        return statistics.median(found)
+
+    def _collapsed(self, seconds: float, median: float) -> bool:
+        p = self.policy
+        return seconds > median * p.collapse_factor and seconds - median > p.collapse_min_s
+
+    def _on_collapse(
+        self, threads: int, rows: int, seconds: float, median: float, now: float
+    ) -> None:
+        self._collapses += 1
+        self._last = _Collapse(threads, rows, seconds, median, now)
+        lowered = max(1, threads // 2)
+        # A collapse at one thread (or below a ceiling the budget already
+        # undercuts) says nothing about the ceiling: there is less to give back.
+        if threads > 1 and lowered < self._ceiling:
+            self._ceiling = lowered
+            self._fallbacks += 1
+            self._retry_at = now + self._cooldown
+        log.warning(
+            "threads.collapse",
+            threads=threads,
+            rows=rows,
+            step_ms=round(seconds * 1e3, 2),
+            median_ms=round(median * 1e3, 2),
+            ceiling=self._ceiling,
+            cooldown_s=self._cooldown,
+        )
+
+    def _judge_probe(self, probe: _Probe, now: float) -> None:
+        self._probe = None
+        ratios = []
+        collapsed = False
+        for bucket, seconds in probe.samples:
+            base = self._median(probe.fallback, bucket)
+            if base is not None:
+                ratios.append(seconds / base)
+            own = self._median(probe.threads, bucket)
+            collapsed = collapsed or (own is not None and self._collapsed(seconds, own))
+        kept = statistics.median(ratios) <= self.policy.probe_gain if ratios else not collapsed
+        if kept:
+            self._probes_kept += 1
+            self._ceiling = probe.threads
+            self._cooldown = self.policy.cooldown_s
+            # The probe's steps are the new baseline of this count: the old one
+            # may have been learnt on a quieter machine.
+            for bucket in {b for b, _ in probe.samples}:
+                fresh = self._samples(probe.threads, bucket)
+                fresh.clear()
+                fresh.extend(s for b, s in probe.samples if b == bucket)
+            self._retry_at = (
+                now + self._cooldown if self._ceiling < self.policy.max_threads else None
+            )
+        else:
+            self._cooldown = min(self._cooldown * 2, self.policy.cooldown_max_s)
+            self._retry_at = now + self._cooldown
+        log.info(
+            "threads.probed",
+            threads=probe.threads,
+            fallback=probe.fallback,
+            kept=kept,
+            ratio=round(statistics.median(ratios), 3) if ratios else None,
+            cooldown_s=self._cooldown,
+        )
+
+    def _build_snapshot(self) -> ThreadStatus:
+        p = self.policy
+        return ThreadStatus(
+            threads=self._threads,
+            max_threads=p.max_threads,
+            cores=p.cores,
+            busy_workers=self._busy,
+            budget=self._budget,
+            ceiling=self._ceiling,
+            fallback=self._ceiling < p.max_threads,
+            fallbacks=self._fallbacks,
+            collapses=self._collapses,
+            probes=self._probes,
+            probes_kept=self._probes_kept,
+            cooldown_s=self._cooldown,
+            next_probe_s=None,
+            last_collapse=None,
+        )

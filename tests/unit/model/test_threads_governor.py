@@ -1,0 +1,404 @@
+"""The thread governor (SPEC M14): budget, collapse fallback, probing back, status."""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llamad.errors import ConfigError
+from llamad.model.threads import (
+    SoloBoard,
+    ThreadGovernor,
+    ThreadPolicy,
+    ThreadStatus,
+    rows_bucket,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+MS = 1e-3
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class SharedBoard:
+    """Several workers' marks in one process: what ThreadBoard does across processes."""
+
+    def __init__(self) -> None:
+        self.marks: dict[int, float] = {}
+
+    def seat(self) -> Seat:
+        return Seat(self, len(self.marks))
+
+
+class Seat:
+    def __init__(self, board: SharedBoard, slot: int) -> None:
+        self.board, self.slot = board, slot
+        board.marks[slot] = -math.inf
+
+    def mark_busy(self, until: float) -> None:
+        self.board.marks[self.slot] = until
+
+    def busy_workers(self, now: float) -> int:
+        return sum(1 for until in self.board.marks.values() if until >= now)
+
+
+def governor(clock: Clock, **kwargs: object) -> ThreadGovernor:
+    opts: dict[str, object] = {"max_threads": 2, "cores": 2, **kwargs}
+    return ThreadGovernor(ThreadPolicy(**opts), clock=clock)  # type: ignore[arg-type]
+
+
+def step(gov: ThreadGovernor, clock: Clock, seconds: float, rows: int = 1) -> int:
+    """One decode: ask, 'run' for ``seconds``, record. Returns the threads used."""
+    threads = gov.threads_for(rows)
+    clock.advance(seconds)
+    gov.record(rows, seconds)
+    return threads
+
+
+def warm(gov: ThreadGovernor, clock: Clock, seconds: float, n: int = 8, rows: int = 1) -> None:
+    for _ in range(n):
+        step(gov, clock, seconds, rows)
+
+
+def collapse(gov: ThreadGovernor, clock: Clock) -> None:
+    """Quiet 2-thread steps at 10 ms, then one at 2.4 s (the measured collapse)."""
+    warm(gov, clock, 10 * MS)
+    assert step(gov, clock, 2.4) == 2
+
+
+# -- the budget -------------------------------------------------------------------
+
+
+def test_a_lone_worker_decodes_on_its_configured_threads() -> None:
+    clock = Clock()
+    gov = governor(clock, max_threads=2, cores=2)
+    assert gov.threads_for(1) == 2
+    status = gov.status()
+    assert (status.threads, status.busy_workers, status.budget) == (2, 1, 2)
+    assert not status.fallback
+
+
+def test_configured_threads_beyond_the_cores_are_capped_by_the_budget() -> None:
+    clock = Clock()
+    assert governor(clock, max_threads=8, cores=2).threads_for(1) == 2
+
+
+def test_two_busy_workers_share_the_cores() -> None:
+    clock = Clock()
+    board = SharedBoard()
+    a = ThreadGovernor(ThreadPolicy(max_threads=2, cores=2), board=board.seat(), clock=clock)
+    b = ThreadGovernor(ThreadPolicy(max_threads=2, cores=2), board=board.seat(), clock=clock)
+    assert step(a, clock, 10 * MS) == 2  # alone so far
+    assert step(b, clock, 10 * MS) == 1  # a is still busy (within its linger)
+    assert step(a, clock, 10 * MS) == 1
+    assert a.status().busy_workers == 2
+
+
+def test_a_worker_that_stops_decoding_gives_its_share_back_after_the_linger() -> None:
+    clock = Clock()
+    board = SharedBoard()
+    policy = ThreadPolicy(max_threads=2, cores=2, busy_linger_s=0.5)
+    a = ThreadGovernor(policy, board=board.seat(), clock=clock)
+    b = ThreadGovernor(policy, board=board.seat(), clock=clock)
+    step(a, clock, 10 * MS)
+    clock.advance(0.3)
+    assert step(b, clock, 10 * MS) == 1
+    clock.advance(0.6)  # a's last step ended more than 0.5 s ago
+    assert step(b, clock, 10 * MS) == 2
+
+
+def test_a_long_step_keeps_its_worker_busy_while_it_runs() -> None:
+    clock = Clock()
+    board = SharedBoard()
+    policy = ThreadPolicy(max_threads=2, cores=2, busy_linger_s=0.5)
+    a = ThreadGovernor(policy, board=board.seat(), clock=clock)
+    b = ThreadGovernor(policy, board=board.seat(), clock=clock)
+    warm(a, clock, 2.0, n=4, rows=64)  # a's 64-row steps take 2 s
+    a.threads_for(64)  # a starts another
+    clock.advance(1.5)  # beyond the linger, within the expected step
+    assert b.threads_for(1) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    cores=st.integers(1, 64),
+    configured=st.lists(st.integers(1, 64), min_size=1, max_size=16),
+)
+def test_busy_workers_never_ask_for_more_threads_than_cores(
+    cores: int, configured: list[int]
+) -> None:
+    clock = Clock()
+    board = SharedBoard()
+    govs = [
+        ThreadGovernor(ThreadPolicy(max_threads=n, cores=cores), board=board.seat(), clock=clock)
+        for n in configured
+    ]
+    for gov in govs:  # everyone marks itself busy first
+        gov.threads_for(1)
+    threads = [gov.threads_for(1) for gov in govs]
+    assert all(1 <= t <= n for t, n in zip(threads, configured, strict=True))
+    if len(govs) <= cores:
+        assert sum(threads) <= cores
+    else:
+        assert threads == [1] * len(govs)  # never fewer than one
+
+
+# -- collapse detection ---------------------------------------------------------------
+
+
+def test_a_step_far_above_its_median_falls_back_to_fewer_threads() -> None:
+    clock = Clock()
+    gov = governor(clock)
+    collapse(gov, clock)
+    assert gov.threads_for(1) == 1
+    status = gov.status()
+    assert status.fallback and status.ceiling == 1
+    assert (status.fallbacks, status.collapses) == (1, 1)
+    last = status.last_collapse
+    assert last is not None
+    assert (last.threads, last.rows) == (2, 1)
+    assert last.step_ms == pytest.approx(2400.0)
+    assert last.median_ms == pytest.approx(10.0)
+
+
+def test_jitter_below_the_collapse_factor_is_not_a_collapse() -> None:
+    clock = Clock()
+    gov = governor(clock, collapse_factor=3.0)
+    warm(gov, clock, 10 * MS)
+    step(gov, clock, 29 * MS)
+    assert gov.threads_for(1) == 2
+    assert gov.status().collapses == 0
+
+
+def test_a_tiny_step_must_also_be_slower_by_an_absolute_margin() -> None:
+    clock = Clock()
+    gov = governor(clock, collapse_min_s=5 * MS)
+    warm(gov, clock, 1 * MS)
+    step(gov, clock, 4.5 * MS)  # 4.5x, but only 3.5 ms slower
+    assert gov.status().collapses == 0
+    step(gov, clock, 7 * MS)
+    assert gov.status().collapses == 1
+
+
+def test_no_verdict_before_the_median_has_enough_samples() -> None:
+    clock = Clock()
+    gov = governor(clock, min_samples=4)
+    for seconds in (10 * MS, 10 * MS, 10 * MS, 2.0):  # the fourth has only 3 before it
+        step(gov, clock, seconds)
+    assert gov.status().collapses == 0
+
+
+def test_each_batch_shape_is_judged_against_its_own_median() -> None:
+    clock = Clock()
+    gov = governor(clock)
+    warm(gov, clock, 10 * MS, rows=1)
+    warm(gov, clock, 120 * MS, rows=64)
+    step(gov, clock, 130 * MS, rows=64)
+    step(gov, clock, 10 * MS, rows=1)
+    assert gov.status().collapses == 0
+    step(gov, clock, 500 * MS, rows=48)  # same bucket as 64 rows
+    assert gov.status().collapses == 1
+
+
+def test_rows_bucket_groups_powers_of_two() -> None:
+    assert [rows_bucket(r) for r in (1, 2, 3, 4, 5, 8, 9, 16, 17)] == [0, 1, 2, 2, 3, 3, 4, 4, 5]
+
+
+def test_a_collapse_at_one_thread_is_counted_but_there_is_nothing_to_give_back() -> None:
+    clock = Clock()
+    gov = governor(clock, max_threads=1)
+    warm(gov, clock, 18 * MS)
+    step(gov, clock, 1.0)
+    status = gov.status()
+    assert (status.collapses, status.fallbacks, status.ceiling) == (1, 0, 1)
+    assert not status.fallback
+    assert gov.threads_for(1) == 1
+
+
+def test_collapsed_steps_do_not_drag_the_median_up() -> None:
+    clock = Clock()
+    gov = governor(clock, max_threads=1, window=8)
+    warm(gov, clock, 10 * MS, n=8)
+    for _ in range(8):
+        step(gov, clock, 1.0)
+    assert gov.status().collapses == 8  # still judged against 10 ms
+
+
+def test_the_fallback_ladder_halves_down_to_one() -> None:
+    clock = Clock()
+    gov = governor(clock, max_threads=8, cores=8)
+    warm(gov, clock, 10 * MS)
+    step(gov, clock, 1.0)
+    assert gov.threads_for(1) == 4
+    clock.advance(1 * MS)
+    gov.record(1, 1 * MS)  # nothing to judge 4 threads against yet
+    warm(gov, clock, 12 * MS)
+    step(gov, clock, 1.0)
+    assert gov.threads_for(1) == 2
+    gov.record(1, 12 * MS)
+    assert gov.status().fallbacks == 2
+
+
+# -- probing back ------------------------------------------------------------------
+
+
+def test_after_the_cooldown_a_faster_count_is_probed_and_kept() -> None:
+    clock = Clock()
+    gov = governor(clock, cooldown_s=2.0, probe_steps=4)
+    collapse(gov, clock)
+    warm(gov, clock, 18 * MS, n=8)  # the 1-thread baseline, under 2 s
+    assert gov.threads_for(1) == 1
+    gov.record(1, 18 * MS)
+    clock.advance(2.0)
+    assert [step(gov, clock, 11 * MS) for _ in range(4)] == [2, 2, 2, 2]
+    status = gov.status()
+    assert (status.probes, status.probes_kept, status.ceiling) == (1, 1, 2)
+    assert not status.fallback and status.next_probe_s is None
+    assert step(gov, clock, 11 * MS) == 2
+
+
+def test_a_probe_slower_than_the_fallback_is_dropped_and_the_cooldown_doubles() -> None:
+    clock = Clock()
+    gov = governor(clock, cooldown_s=2.0, cooldown_max_s=5.0, probe_steps=2)
+    collapse(gov, clock)
+    warm(gov, clock, 25 * MS)
+    clock.advance(2.0)
+    assert [step(gov, clock, 60 * MS) for _ in range(2)] == [2, 2]
+    status = gov.status()
+    assert (status.probes, status.probes_kept, status.cooldown_s) == (1, 0, 4.0)
+    assert status.next_probe_s == pytest.approx(4.0)
+    assert step(gov, clock, 25 * MS) == 1
+    clock.advance(4.0)
+    assert [step(gov, clock, 60 * MS) for _ in range(2)] == [2, 2]
+    assert gov.status().cooldown_s == 5.0  # capped
+    clock.advance(4.9)
+    assert gov.threads_for(1) == 1
+
+
+def test_a_kept_probe_rebaselines_so_a_busier_machine_does_not_fall_back_at_once() -> None:
+    clock = Clock()
+    gov = governor(clock, cooldown_s=1.0, probe_steps=4)
+    collapse(gov, clock)  # 2 threads learnt at 10 ms on a quiet machine
+    warm(gov, clock, 50 * MS)  # now busier: 1 thread at 50 ms
+    clock.advance(1.0)
+    assert [step(gov, clock, 35 * MS) for _ in range(4)] == [2] * 4  # kept: 0.7x
+    for _ in range(8):  # 3.5x the quiet baseline, but the baseline moved
+        assert step(gov, clock, 35 * MS) == 2
+    assert gov.status().fallbacks == 1
+
+
+def test_a_budget_that_shrinks_mid_probe_cancels_the_probe() -> None:
+    clock = Clock()
+    board = SharedBoard()
+    policy = ThreadPolicy(max_threads=2, cores=2, cooldown_s=1.0, probe_steps=4)
+    a = ThreadGovernor(policy, board=board.seat(), clock=clock)
+    other = board.seat()
+    collapse(a, clock)
+    warm(a, clock, 18 * MS)
+    clock.advance(1.0)
+    assert step(a, clock, 11 * MS) == 2  # probing
+    other.mark_busy(clock() + 10.0)  # another worker starts decoding
+    assert step(a, clock, 11 * MS) == 1
+    status = a.status()
+    assert (status.probes, status.probes_kept, status.ceiling) == (1, 0, 1)
+    other.mark_busy(-math.inf)
+    clock.advance(1.0)
+    assert a.threads_for(1) == 2  # a fresh probe once the cores are free again
+
+
+def test_no_probe_while_the_budget_already_allows_no_more() -> None:
+    clock = Clock()
+    board = SharedBoard()
+    policy = ThreadPolicy(max_threads=2, cores=2, cooldown_s=1.0)
+    a = ThreadGovernor(policy, board=board.seat(), clock=clock)
+    other = board.seat()
+    collapse(a, clock)
+    other.mark_busy(clock() + 100.0)
+    clock.advance(5.0)
+    for _ in range(4):
+        assert step(a, clock, 18 * MS) == 1
+    assert a.status().probes == 0
+
+
+# -- status and validation --------------------------------------------------------------
+
+
+def test_status_is_a_wire_struct_with_the_collapse_age() -> None:
+    clock = Clock()
+    gov = governor(clock)
+    collapse(gov, clock)
+    clock.advance(3.0)
+    status = gov.status()
+    assert status.last_collapse is not None
+    assert status.last_collapse.age_s == pytest.approx(3.0)
+    assert status.next_probe_s == pytest.approx(0.0)  # the 2 s cooldown is over
+    decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(status), type=ThreadStatus)
+    assert decoded == status
+
+
+def test_status_before_any_step() -> None:
+    status = governor(Clock()).status()
+    assert status.last_collapse is None and status.next_probe_s is None
+    assert (status.fallbacks, status.collapses, status.probes) == (0, 0, 0)
+
+
+def test_solo_board_counts_only_a_busy_self() -> None:
+    board = SoloBoard()
+    assert board.busy_workers(0.0) == 0
+    board.mark_busy(5.0)
+    assert board.busy_workers(4.0) == 1
+    assert board.busy_workers(6.0) == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"max_threads": 0}, "max_threads"),
+        ({"max_threads": True}, "max_threads"),
+        ({"max_threads": 2.0}, "max_threads"),
+        ({"cores": 0}, "cores"),
+        ({"collapse_factor": 1.0}, "collapse_factor"),
+        ({"collapse_factor": math.nan}, "collapse_factor"),
+        ({"collapse_min_s": -1}, "collapse_min_s"),
+        ({"window": 0}, "window"),
+        ({"min_samples": 33}, "min_samples"),
+        ({"cooldown_s": 0}, "cooldown_s"),
+        ({"cooldown_s": 10.0, "cooldown_max_s": 5.0}, "cooldown_max_s"),
+        ({"probe_steps": 0}, "probe_steps"),
+        ({"probe_gain": 1.5}, "probe_gain"),
+        ({"probe_gain": 0}, "probe_gain"),
+        ({"busy_linger_s": math.inf}, "busy_linger_s"),
+    ],
+)
+def test_policy_refuses_bad_values_naming_the_field(kwargs: dict[str, object], field: str) -> None:
+    opts: dict[str, object] = {"max_threads": 2, "cores": 2, **kwargs}
+    with pytest.raises(ConfigError) as err:
+        ThreadPolicy(**opts)  # type: ignore[arg-type]
+    assert err.value.details["field"] == f"threads.{field}"
+
+
+@pytest.mark.parametrize(("rows", "seconds"), [(0, 0.01), (True, 0.01), (1, -0.5), (1, "x")])
+def test_record_refuses_nonsense(rows: object, seconds: object) -> None:
+    gov = governor(Clock())
+    gov.threads_for(1)
+    with pytest.raises(ValueError):
+        gov.record(rows, seconds)  # type: ignore[arg-type]
+
+
+def test_threads_for_refuses_an_empty_step() -> None:
+    with pytest.raises(ValueError):
+        governor(Clock()).threads_for(0)
