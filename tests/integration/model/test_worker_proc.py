@@ -75,7 +75,7 @@ def test_cold_then_exact_hit_gives_the_same_greedy_reply_without_prefill(
     assert warm.cache_delta.read == warm.stats.prompt_tokens
 
 
-def test_parent_key_turn_restores_the_previous_turn(worker: WorkerClient) -> None:
+def test_parent_key_turn_restores_the_previous_turn(tree: WorkerTree, worker: WorkerClient) -> None:
     first = worker.complete(prompt_text(2), max_tokens=6, **GREEDY)
     assert first.finish_key is not None
     tail = worker.tokenize(" Then what happened next?", add_special=False)
@@ -87,6 +87,9 @@ def test_parent_key_turn_restores_the_previous_turn(worker: WorkerClient) -> Non
     assert second.cache_hit_kind is CacheHitKind.PARTIAL
     assert second.cache_delta.read == first.committed_tokens
     assert second.stats.prefill_tokens == second.stats.prompt_tokens - first.committed_tokens
+    # The wait ended when the writer reported the save (the completions fd),
+    # not when session_resume_wait_ms ran out.
+    assert second.stats.restore_ms < tree.spec.worker.policy.session_resume_wait_ms
 
 
 def test_stateless_chat_turn_hits_the_longest_prefix(
@@ -186,11 +189,12 @@ def test_cancel_mid_stream_ends_it_cancelled(tree: WorkerTree, worker: WorkerCli
 def test_abandoned_stream_is_cancelled_and_frees_its_sequence(
     tree: WorkerTree, worker: WorkerClient
 ) -> None:
-    with worker.infer(prompt_text(4), max_tokens=500, grammar=ENDLESS, **GREEDY) as stream:
+    # Left alone it would run until the context is full (about a minute here).
+    with worker.infer(prompt_text(4), max_tokens=100_000, grammar=ENDLESS, **GREEDY) as stream:
         for event in stream:
             if isinstance(event, TokenEvent):
                 break  # leaving the block cancels the stream on the worker
-    snap = tree.wait_idle(timeout=30)
+    snap = tree.wait_idle(timeout=20)
     assert snap.status.free_sequences == tree.spec.worker.n_seq_max - snap.status.sessions
 
 
