@@ -18,7 +18,7 @@ import msgspec
 from llamad.actors import Client, Registry, StreamCall
 from llamad.model.requests import RequestParams
 from llamad.model.results import Completion, Event
-from llamad.model.status_board import WorkerSnapshot
+from llamad.model.status_board import WorkerSnapshot, read_status, status_path
 from llamad.model.wire import ChatOptions, EmbedReply, ForkReply, InferBody, TextReply, TokensReply
 from llamad.model.worker_spec import worker_actor_name
 
@@ -66,9 +66,10 @@ class WorkerClient:
         client_name: str = "",
     ) -> None:
         self.model_id = model_id
+        self.registry = registry if registry is not None else Registry()
         self.actor = Client(
             name=worker_actor_name(model_id),
-            registry=registry,
+            registry=self.registry,
             timeout=timeout,
             connect_timeout=connect_timeout,
             client_name=client_name,
@@ -145,8 +146,23 @@ class WorkerClient:
         return reply.copied
 
     def status(self) -> WorkerSnapshot:
-        """Through the worker's loop (answered between ticks); for a reading that
-        never waits on the loop, :func:`llamad.model.status_board.read_status`."""
+        """The worker's status without waiting on its loop (SPEC M10).
+
+        On the worker's host this reads the status board the live worker
+        publishes (microseconds, even in the middle of a long tick); elsewhere,
+        or before the worker has published, it asks the worker's ``status``
+        op, which is answered between ticks.
+        """
+        name = worker_actor_name(self.model_id)
+        entry = self.registry.lookup(name)
+        if entry is not None:
+            snapshot = read_status(status_path(self.registry.root, name))
+            if snapshot is not None and snapshot.instance == entry.instance:
+                return snapshot
+        return self.status_from_loop()
+
+    def status_from_loop(self) -> WorkerSnapshot:
+        """The ``status`` op: a fresh snapshot, answered between two ticks."""
         snapshot: WorkerSnapshot = self.actor.call("status", {}, reply_type=WorkerSnapshot)
         return snapshot
 

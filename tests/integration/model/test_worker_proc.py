@@ -252,11 +252,14 @@ def test_status_answers_while_a_long_prefill_runs(tree: WorkerTree, worker: Work
 
     wait_until(prefilling, "the long prefill tick to start")
     during = read_status(tree.board)
+    client_view = tree.client().status()
     after = tree.status()
-    # Both reads came back while the very same tick was still running: the
-    # reader never waited for the loop.
+    # Every read came back while the very same tick was still running: the
+    # readers (the board itself, and the client's status()) never waited for
+    # the loop.
     assert during is not None and after is not None
     assert during.busy_since is not None
+    assert client_view.busy_since == during.busy_since
     assert after.busy_since == during.busy_since
     assert during.status.kv_cells_used == after.status.kv_cells_used
     results = list(stream)
