@@ -5,7 +5,7 @@ token). When the kernel cannot run all of a decode's threads at once, because
 another worker or another process holds the cores, every barrier waits for a
 descheduled thread and the step collapses (measured on 2 cores with two CPU
 hogs: ~230x slower at 2 threads, never at 1; ``docs/internals/threads.md``).
-The governor keeps a worker out of that state in two ways:
+The governor keeps a worker out of that state three ways:
 
 * **A daemon-wide budget.** Every worker marks itself busy on a shared
   :class:`BusyBoard` before each decode; a worker decodes with at most
@@ -21,6 +21,11 @@ The governor keeps a worker out of that state in two ways:
   cool-down (up to ``cooldown_max_s``); a kept probe re-baselines the higher
   count with the probe's own steps, so a machine that is busier than when the
   baseline was learnt does not fall back again at once.
+* **Exploration.** A worker that starts on an already busy machine learns a
+  slow baseline and sees no collapse, so now and then (first as soon as a
+  baseline exists, then every ``explore_s``, doubling while it finds
+  nothing, up to ``explore_max_s``) it tries ``probe_steps`` steps at half
+  its threads and falls back if they are faster by ``probe_gain``.
 
 The backend calls it around every decode (``docs/internals/threads.md``)::
 
@@ -145,14 +150,31 @@ class ThreadPolicy:
     cooldown_max_s: float = 60.0
     probe_steps: int = 4
     probe_gain: float = 0.9
+    explore_first_s: float = 0.0
+    explore_s: float = 30.0
+    explore_max_s: float = 300.0
     busy_linger_s: float = 0.5
 
     def __post_init__(self) -> None:
         for name in ("max_threads", "cores", "window", "min_samples", "probe_steps"):
             _positive(name, getattr(self, name), integer=True)
-        for name in ("collapse_factor", "collapse_min_s", "cooldown_s", "cooldown_max_s"):
+        for name in (
+            "collapse_factor",
+            "collapse_min_s",
+            "cooldown_s",
+            "cooldown_max_s",
+            "explore_s",
+            "explore_max_s",
+        ):
             _positive(name, getattr(self, name))
         _positive("busy_linger_s", self.busy_linger_s)
+        first = self.explore_first_s
+        if (
+            isinstance(first, bool)
+            or not isinstance(first, int | float)
+            or not 0 <= first < math.inf
+        ):
+            raise _bad("explore_first_s", f"must be a number >= 0, not {first!r}")
         _positive("probe_gain", self.probe_gain)
         if self.collapse_factor <= 1:
             raise _bad("collapse_factor", f"must be > 1, not {self.collapse_factor!r}")
@@ -160,6 +182,8 @@ class ThreadPolicy:
             raise _bad("min_samples", f"must be <= window ({self.window}), not {self.min_samples}")
         if self.cooldown_max_s < self.cooldown_s:
             raise _bad("cooldown_max_s", f"must be >= cooldown_s ({self.cooldown_s})")
+        if self.explore_max_s < self.explore_s:
+            raise _bad("explore_max_s", f"must be >= explore_s ({self.explore_s})")
         if self.probe_gain > 1:
             raise _bad("probe_gain", f"must be in (0, 1], not {self.probe_gain!r}")
 
@@ -184,7 +208,9 @@ class ThreadStatus(msgspec.Struct, frozen=True):
     ``fallback``). ``fallbacks``: times the ceiling was lowered;
     ``collapses``: collapsing steps seen (also at 1 thread, where there is
     nothing to fall back to); ``probes``/``probes_kept``: attempts to go back
-    up and how many held. ``next_probe_s``: seconds until the next probe
+    up and how many held; ``explorations``/``explorations_kept``: tries of
+    fewer threads without a collapse, and how many were faster (each kept one
+    is also a fallback). ``next_probe_s``: seconds until the next probe up
     while falling back.
     """
 
@@ -199,6 +225,8 @@ class ThreadStatus(msgspec.Struct, frozen=True):
     collapses: int
     probes: int
     probes_kept: int
+    explorations: int
+    explorations_kept: int
     cooldown_s: float
     next_probe_s: float | None
     last_collapse: CollapseReport | None
@@ -215,9 +243,16 @@ class _Collapse:
 
 @dataclass
 class _Probe:
+    """A few steps at ``threads`` judged against ``against``'s recent median:
+    up after a fallback, or down to explore whether fewer threads are faster."""
+
     threads: int
-    fallback: int
+    against: int
     samples: list[tuple[int, float]] = field(default_factory=list)
+
+    @property
+    def up(self) -> bool:
+        return self.threads > self.against
 
 
 class ThreadGovernor:
@@ -241,6 +276,10 @@ class ThreadGovernor:
         self._ceiling = policy.max_threads
         self._cooldown = policy.cooldown_s
         self._retry_at: float | None = None
+        self._explore_every = policy.explore_s
+        # A worker may start on a machine that is already busy: by default it
+        # explores fewer threads as soon as it has a baseline to compare with.
+        self._explore_at = clock() + policy.explore_first_s
         self._probe: _Probe | None = None
         self._pending: tuple[int, int] | None = None  # (threads, rows) of the step under way
         self._threads = policy.max_threads
@@ -250,6 +289,8 @@ class ThreadGovernor:
         self._collapses = 0
         self._probes = 0
         self._probes_kept = 0
+        self._explorations = 0
+        self._explorations_kept = 0
         self._last: _Collapse | None = None
         self._snapshot = self._build_snapshot()
 
@@ -259,22 +300,20 @@ class ThreadGovernor:
         """Threads for the next decode of ``rows`` rows; marks this worker busy."""
         self._check_rows(rows)
         now = self._clock()
-        expected = self._median(self._threads, rows_bucket(rows)) or 0.0
+        bucket = rows_bucket(rows)
+        expected = self._median(self._threads, bucket) or 0.0
         # Busy through the step itself, however long it runs, then a linger.
         self._board.mark_busy(now + self.policy.busy_linger_s + 2 * expected)
         self._busy = max(1, self._board.busy_workers(now))
         self._budget = self._budget_for(self._busy)
         limit = min(self._ceiling, self._budget)
         probe = self._probe
-        if probe is not None and probe.threads > self._budget:
-            self._probe = probe = None  # the budget shrank: no verdict either way
+        if probe is not None and max(probe.threads, probe.against) > self._budget:
+            # The budget shrank under the probe: no verdict either way.
+            self._probe = probe = None
             self._retry_at = now + self._cooldown
-        if probe is None and self._should_probe(now):
-            probe = self._probe = _Probe(
-                threads=min(self._ceiling * 2, self._budget), fallback=self._ceiling
-            )
-            self._probes += 1
-            log.info("threads.probe", threads=probe.threads, fallback=probe.fallback)
+        if probe is None:
+            probe = self._probe = self._maybe_probe(now, limit, bucket)
         threads = probe.threads if probe is not None else limit
         self._pending = (threads, rows)
         self._threads = threads
@@ -334,8 +373,18 @@ class ThreadGovernor:
     def _budget_for(self, busy: int) -> int:
         return max(1, min(self.policy.max_threads, self.policy.cores // busy))
 
-    def _should_probe(self, now: float) -> bool:
-        return self._ceiling < self._budget and self._retry_at is not None and now >= self._retry_at
+    def _maybe_probe(self, now: float, limit: int, bucket: int) -> _Probe | None:
+        retry = self._retry_at
+        if self._ceiling < self._budget and retry is not None and now >= retry:
+            self._probes += 1
+            probe = _Probe(threads=min(self._ceiling * 2, self._budget), against=self._ceiling)
+        elif limit > 1 and now >= self._explore_at and self._median(limit, bucket) is not None:
+            self._explorations += 1
+            probe = _Probe(threads=limit // 2, against=limit)
+        else:
+            return None
+        log.info("threads.probe", threads=probe.threads, against=probe.against)
+        return probe
 
     def _samples(self, threads: int, bucket: int) -> deque[float]:
         key = (threads, bucket)
@@ -363,9 +412,7 @@ class ThreadGovernor:
         # A collapse at one thread (or below a ceiling the budget already
         # undercuts) says nothing about the ceiling: there is less to give back.
         if threads > 1 and lowered < self._ceiling:
-            self._ceiling = lowered
-            self._fallbacks += 1
-            self._retry_at = now + self._cooldown
+            self._lower(lowered, now)
         log.warning(
             "threads.collapse",
             threads=threads,
@@ -376,37 +423,55 @@ class ThreadGovernor:
             cooldown_s=self._cooldown,
         )
 
+    def _lower(self, ceiling: int, now: float) -> None:
+        self._ceiling = ceiling
+        self._fallbacks += 1
+        self._retry_at = now + self._cooldown
+
     def _judge_probe(self, probe: _Probe, now: float) -> None:
         self._probe = None
         ratios = []
         collapsed = False
         for bucket, seconds in probe.samples:
-            base = self._median(probe.fallback, bucket)
+            base = self._median(probe.against, bucket)
             if base is not None:
                 ratios.append(seconds / base)
             own = self._median(probe.threads, bucket)
             collapsed = collapsed or (own is not None and self._collapsed(seconds, own))
-        kept = statistics.median(ratios) <= self.policy.probe_gain if ratios else not collapsed
-        if kept:
-            self._probes_kept += 1
-            self._ceiling = probe.threads
-            self._cooldown = self.policy.cooldown_s
-            # The probe's steps are the new baseline of this count: the old one
-            # may have been learnt on a quieter machine.
-            for bucket in {b for b, _ in probe.samples}:
-                fresh = self._samples(probe.threads, bucket)
-                fresh.clear()
-                fresh.extend(s for b, s in probe.samples if b == bucket)
-            self._retry_at = (
-                now + self._cooldown if self._ceiling < self.policy.max_threads else None
-            )
+        if ratios:
+            kept = statistics.median(ratios) <= self.policy.probe_gain
+        else:  # nothing to compare with: going up is fine unless it collapsed
+            kept = probe.up and not collapsed
+        # A kept probe's steps are the new baseline of its count (the old one
+        # may have been learnt on a quieter or busier machine); a dropped
+        # probe's steps still measured its count, as it runs now.
+        for bucket in {b for b, _ in probe.samples}:
+            samples = self._samples(probe.threads, bucket)
+            if kept:
+                samples.clear()
+            samples.extend(s for b, s in probe.samples if b == bucket)
+        if probe.up:
+            if kept:
+                self._probes_kept += 1
+                self._ceiling = probe.threads
+                self._cooldown = self.policy.cooldown_s
+                more = self._ceiling < self.policy.max_threads
+                self._retry_at = now + self._cooldown if more else None
+            else:
+                self._cooldown = min(self._cooldown * 2, self.policy.cooldown_max_s)
+                self._retry_at = now + self._cooldown
+        elif kept:
+            self._explorations_kept += 1
+            self._lower(probe.threads, now)
+            self._explore_at = now + self.policy.explore_s
+            self._explore_every = self.policy.explore_s
         else:
-            self._cooldown = min(self._cooldown * 2, self.policy.cooldown_max_s)
-            self._retry_at = now + self._cooldown
+            self._explore_at = now + self._explore_every
+            self._explore_every = min(self._explore_every * 2, self.policy.explore_max_s)
         log.info(
             "threads.probed",
             threads=probe.threads,
-            fallback=probe.fallback,
+            against=probe.against,
             kept=kept,
             ratio=round(statistics.median(ratios), 3) if ratios else None,
             cooldown_s=self._cooldown,
@@ -426,6 +491,8 @@ class ThreadGovernor:
             collapses=self._collapses,
             probes=self._probes,
             probes_kept=self._probes_kept,
+            explorations=self._explorations,
+            explorations_kept=self._explorations_kept,
             cooldown_s=self._cooldown,
             next_probe_s=None,
             last_collapse=None,

@@ -56,9 +56,14 @@ class Seat:
         return sum(1 for until in self.board.marks.values() if until >= now)
 
 
+def policy(**kwargs: object) -> ThreadPolicy:
+    """A 2-core policy; exploring fewer threads only where a test asks for it."""
+    opts: dict[str, object] = {"max_threads": 2, "cores": 2, "explore_first_s": 1e9, **kwargs}
+    return ThreadPolicy(**opts)  # type: ignore[arg-type]
+
+
 def governor(clock: Clock, **kwargs: object) -> ThreadGovernor:
-    opts: dict[str, object] = {"max_threads": 2, "cores": 2, **kwargs}
-    return ThreadGovernor(ThreadPolicy(**opts), clock=clock)  # type: ignore[arg-type]
+    return ThreadGovernor(policy(**kwargs), clock=clock)
 
 
 def step(gov: ThreadGovernor, clock: Clock, seconds: float, rows: int = 1) -> int:
@@ -100,8 +105,8 @@ def test_configured_threads_beyond_the_cores_are_capped_by_the_budget() -> None:
 def test_two_busy_workers_share_the_cores() -> None:
     clock = Clock()
     board = SharedBoard()
-    a = ThreadGovernor(ThreadPolicy(max_threads=2, cores=2), board=board.seat(), clock=clock)
-    b = ThreadGovernor(ThreadPolicy(max_threads=2, cores=2), board=board.seat(), clock=clock)
+    a = ThreadGovernor(policy(), board=board.seat(), clock=clock)
+    b = ThreadGovernor(policy(), board=board.seat(), clock=clock)
     assert step(a, clock, 10 * MS) == 2  # alone so far
     assert step(b, clock, 10 * MS) == 1  # a is still busy (within its linger)
     assert step(a, clock, 10 * MS) == 1
@@ -111,9 +116,9 @@ def test_two_busy_workers_share_the_cores() -> None:
 def test_a_worker_that_stops_decoding_gives_its_share_back_after_the_linger() -> None:
     clock = Clock()
     board = SharedBoard()
-    policy = ThreadPolicy(max_threads=2, cores=2, busy_linger_s=0.5)
-    a = ThreadGovernor(policy, board=board.seat(), clock=clock)
-    b = ThreadGovernor(policy, board=board.seat(), clock=clock)
+    pol = policy(busy_linger_s=0.5)
+    a = ThreadGovernor(pol, board=board.seat(), clock=clock)
+    b = ThreadGovernor(pol, board=board.seat(), clock=clock)
     step(a, clock, 10 * MS)
     clock.advance(0.3)
     assert step(b, clock, 10 * MS) == 1
@@ -124,9 +129,9 @@ def test_a_worker_that_stops_decoding_gives_its_share_back_after_the_linger() ->
 def test_a_long_step_keeps_its_worker_busy_while_it_runs() -> None:
     clock = Clock()
     board = SharedBoard()
-    policy = ThreadPolicy(max_threads=2, cores=2, busy_linger_s=0.5)
-    a = ThreadGovernor(policy, board=board.seat(), clock=clock)
-    b = ThreadGovernor(policy, board=board.seat(), clock=clock)
+    pol = policy(busy_linger_s=0.5)
+    a = ThreadGovernor(pol, board=board.seat(), clock=clock)
+    b = ThreadGovernor(pol, board=board.seat(), clock=clock)
     warm(a, clock, 2.0, n=4, rows=64)  # a's 64-row steps take 2 s
     a.threads_for(64)  # a starts another
     clock.advance(1.5)  # beyond the linger, within the expected step
@@ -144,7 +149,7 @@ def test_busy_workers_never_ask_for_more_threads_than_cores(
     clock = Clock()
     board = SharedBoard()
     govs = [
-        ThreadGovernor(ThreadPolicy(max_threads=n, cores=cores), board=board.seat(), clock=clock)
+        ThreadGovernor(policy(max_threads=n, cores=cores), board=board.seat(), clock=clock)
         for n in configured
     ]
     for gov in govs:  # everyone marks itself busy first
@@ -304,8 +309,7 @@ def test_a_kept_probe_rebaselines_so_a_busier_machine_does_not_fall_back_at_once
 def test_a_budget_that_shrinks_mid_probe_cancels_the_probe() -> None:
     clock = Clock()
     board = SharedBoard()
-    policy = ThreadPolicy(max_threads=2, cores=2, cooldown_s=1.0, probe_steps=4)
-    a = ThreadGovernor(policy, board=board.seat(), clock=clock)
+    a = ThreadGovernor(policy(cooldown_s=1.0, probe_steps=4), board=board.seat(), clock=clock)
     other = board.seat()
     collapse(a, clock)
     warm(a, clock, 18 * MS)
@@ -323,8 +327,7 @@ def test_a_budget_that_shrinks_mid_probe_cancels_the_probe() -> None:
 def test_no_probe_while_the_budget_already_allows_no_more() -> None:
     clock = Clock()
     board = SharedBoard()
-    policy = ThreadPolicy(max_threads=2, cores=2, cooldown_s=1.0)
-    a = ThreadGovernor(policy, board=board.seat(), clock=clock)
+    a = ThreadGovernor(policy(cooldown_s=1.0), board=board.seat(), clock=clock)
     other = board.seat()
     collapse(a, clock)
     other.mark_busy(clock() + 100.0)
@@ -332,6 +335,68 @@ def test_no_probe_while_the_budget_already_allows_no_more() -> None:
     for _ in range(4):
         assert step(a, clock, 18 * MS) == 1
     assert a.status().probes == 0
+
+
+# -- exploring fewer threads ----------------------------------------------------------
+
+
+def test_a_worker_started_on_a_busy_machine_finds_fewer_threads_faster() -> None:
+    clock = Clock()
+    gov = governor(clock, explore_first_s=0.0, probe_steps=4, cooldown_s=2.0)
+    # Already busy: 2 threads learn a slow baseline, so nothing ever "collapses".
+    assert [step(gov, clock, 60 * MS) for _ in range(4)] == [2] * 4
+    assert [step(gov, clock, 25 * MS) for _ in range(4)] == [1] * 4  # exploring
+    status = gov.status()
+    assert (status.explorations, status.explorations_kept) == (1, 1)
+    assert status.fallback and status.fallbacks == 1 and status.collapses == 0
+    assert step(gov, clock, 25 * MS) == 1
+    clock.advance(2.0)  # a probe back up finds 2 threads still slower
+    assert [step(gov, clock, 60 * MS) for _ in range(4)] == [2] * 4
+    assert gov.status().probes_kept == 0
+    assert step(gov, clock, 25 * MS) == 1
+
+
+def test_exploration_that_finds_nothing_backs_off() -> None:
+    clock = Clock()
+    gov = governor(clock, explore_first_s=0.0, explore_s=30.0, explore_max_s=50.0, probe_steps=2)
+    warm(gov, clock, 10 * MS, n=4)
+    assert [step(gov, clock, 18 * MS) for _ in range(2)] == [1, 1]  # quiet: 1 thread is slower
+    status = gov.status()
+    assert (status.explorations, status.explorations_kept, status.ceiling) == (1, 0, 2)
+    clock.advance(29.0)
+    assert step(gov, clock, 10 * MS) == 2
+    clock.advance(1.0)
+    assert [step(gov, clock, 18 * MS) for _ in range(2)] == [1, 1]  # after 30 s
+    clock.advance(49.0)
+    assert step(gov, clock, 10 * MS) == 2  # next after 60 s, capped at 50 s
+    clock.advance(1.0)
+    assert gov.threads_for(1) == 1
+    assert gov.status().explorations == 3
+
+
+def test_no_exploration_before_the_first_delay_or_without_a_baseline() -> None:
+    clock = Clock()
+    gov = governor(clock, explore_first_s=5.0)
+    warm(gov, clock, 10 * MS, n=8)
+    assert gov.status().explorations == 0
+    clock.advance(5.0)
+    assert step(gov, clock, 10 * MS, rows=64) == 2  # no 64-row baseline yet
+    assert step(gov, clock, 10 * MS) == 1
+    assert gov.status().explorations == 1
+
+
+def test_a_dropped_exploration_still_teaches_the_fewer_threads_baseline() -> None:
+    clock = Clock()
+    gov = governor(clock, explore_first_s=0.0, probe_steps=4, cooldown_s=1.0)
+    warm(gov, clock, 10 * MS, n=4)
+    assert [step(gov, clock, 18 * MS) for _ in range(4)] == [1] * 4  # dropped
+    assert step(gov, clock, 2.4) == 2  # collapse
+    clock.advance(1.0)
+    # The probe back up is judged against the 18 ms the exploration measured
+    # (with no 1-thread baseline it would be kept: 20 ms is no collapse of 10).
+    assert [step(gov, clock, 20 * MS) for _ in range(4)] == [2] * 4
+    assert gov.status().probes_kept == 0
+    assert step(gov, clock, 18 * MS) == 1
 
 
 # -- status and validation --------------------------------------------------------------
@@ -382,6 +447,10 @@ def test_solo_board_counts_only_a_busy_self() -> None:
         ({"probe_gain": 1.5}, "probe_gain"),
         ({"probe_gain": 0}, "probe_gain"),
         ({"busy_linger_s": math.inf}, "busy_linger_s"),
+        ({"explore_s": 0}, "explore_s"),
+        ({"explore_s": 60.0, "explore_max_s": 30.0}, "explore_max_s"),
+        ({"explore_first_s": -1.0}, "explore_first_s"),
+        ({"explore_first_s": math.inf}, "explore_first_s"),
     ],
 )
 def test_policy_refuses_bad_values_naming_the_field(kwargs: dict[str, object], field: str) -> None:
