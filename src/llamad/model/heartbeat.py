@@ -115,5 +115,13 @@ class HeartbeatThread:
         return False
 
     def _run(self) -> None:
+        last = time.monotonic()
         while not self._stop.wait(self.interval_s):
+            now = time.monotonic()
+            if now - last > 4 * self.interval_s:
+                # This thread itself was not run (a starved machine, a C call
+                # holding the GIL, a stopped process): worth knowing when the
+                # supervisor reports the worker hung.
+                log.warning("model.heartbeat_late", gap_s=round(now - last, 3))
+            last = now
             self.check()

@@ -111,7 +111,7 @@ class WorkerSpec:
     cache: CacheSettings | None = None
     registry_root: str | None = None
     decode_timeout_ms: int = 30_000
-    liveness_s: float = 2.0
+    liveness_s: float = 5.0
     load_timeout_s: float = 120.0
     parts: str = DEFAULT_PARTS
 
@@ -265,7 +265,7 @@ def _worker_from_wire(data: object) -> WorkerConfig:
 
 def worker_template(
     *,
-    liveness_s: float = 2.0,
+    liveness_s: float = 5.0,
     shutdown_s: float = 30.0 + _SHUTDOWN_MARGIN_S,
     load_timeout_s: float = 120.0,
     restart: Restart = Restart.PERMANENT,

@@ -25,7 +25,7 @@ ENDLESS = 'root ::= "la " root'
 
 @pytest.fixture(scope="module")
 def tree() -> Iterator[WorkerTree]:
-    t = WorkerTree(n_seq_max=2, liveness_s=1.0, prefix="lmk").start()
+    t = WorkerTree(n_seq_max=2, liveness_s=2.0, prefix="lmk").start()
     try:
         yield t
     finally:

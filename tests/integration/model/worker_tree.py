@@ -71,7 +71,7 @@ class WorkerTree:
         prefill_chunk_size: int | None = None,
         policy: CachePolicy = POLICY,
         decode_timeout_ms: int = 60_000,
-        liveness_s: float = 2.0,
+        liveness_s: float = 5.0,
         prefix: str = "lmw",
     ) -> None:
         self.settings = CacheSettings.scratch(
