@@ -22,8 +22,8 @@ The governor keeps a worker out of that state three ways:
   count with the probe's own steps, so a machine that is busier than when the
   baseline was learnt does not fall back again at once.
 * **Exploration.** A worker that starts on an already busy machine learns a
-  slow baseline and sees no collapse, so now and then (first as soon as a
-  baseline exists, then every ``explore_s``, doubling while it finds
+  slow baseline and sees no collapse, so now and then (first once half a
+  ``window`` of steps is in, then every ``explore_s``, doubling while it finds
   nothing, up to ``explore_max_s``) it tries ``probe_steps`` steps at half
   its threads and falls back if they are faster by ``probe_gain``.
 
@@ -278,7 +278,7 @@ class ThreadGovernor:
         self._retry_at: float | None = None
         self._explore_every = policy.explore_s
         # A worker may start on a machine that is already busy: by default it
-        # explores fewer threads as soon as it has a baseline to compare with.
+        # explores fewer threads as soon as it has a settled baseline.
         self._explore_at = clock() + policy.explore_first_s
         self._probe: _Probe | None = None
         self._pending: tuple[int, int] | None = None  # (threads, rows) of the step under way
@@ -378,7 +378,7 @@ class ThreadGovernor:
         if self._ceiling < self._budget and retry is not None and now >= retry:
             self._probes += 1
             probe = _Probe(threads=min(self._ceiling * 2, self._budget), against=self._ceiling)
-        elif limit > 1 and now >= self._explore_at and self._median(limit, bucket) is not None:
+        elif limit > 1 and now >= self._explore_at and self._settled(limit, bucket):
             self._explorations += 1
             probe = _Probe(threads=limit // 2, against=limit)
         else:
@@ -398,6 +398,14 @@ class ThreadGovernor:
         if found is None or len(found) < self.policy.min_samples:
             return None
         return statistics.median(found)
+
+    def _settled(self, threads: int, bucket: int) -> bool:
+        # Exploring compares against this median, so it waits for half a
+        # window: a new context's first steps (page faults, thread start-up)
+        # would make fewer threads look faster than they are.
+        found = self._history.get((threads, bucket))
+        need = max(self.policy.min_samples, self.policy.window // 2)
+        return found is not None and len(found) >= need
 
     def _collapsed(self, seconds: float, median: float) -> bool:
         p = self.policy

@@ -342,7 +342,7 @@ def test_no_probe_while_the_budget_already_allows_no_more() -> None:
 
 def test_a_worker_started_on_a_busy_machine_finds_fewer_threads_faster() -> None:
     clock = Clock()
-    gov = governor(clock, explore_first_s=0.0, probe_steps=4, cooldown_s=2.0)
+    gov = governor(clock, explore_first_s=0.0, window=8, probe_steps=4, cooldown_s=2.0)
     # Already busy: 2 threads learn a slow baseline, so nothing ever "collapses".
     assert [step(gov, clock, 60 * MS) for _ in range(4)] == [2] * 4
     assert [step(gov, clock, 25 * MS) for _ in range(4)] == [1] * 4  # exploring
@@ -358,7 +358,9 @@ def test_a_worker_started_on_a_busy_machine_finds_fewer_threads_faster() -> None
 
 def test_exploration_that_finds_nothing_backs_off() -> None:
     clock = Clock()
-    gov = governor(clock, explore_first_s=0.0, explore_s=30.0, explore_max_s=50.0, probe_steps=2)
+    gov = governor(
+        clock, explore_first_s=0.0, window=8, explore_s=30.0, explore_max_s=50.0, probe_steps=2
+    )
     warm(gov, clock, 10 * MS, n=4)
     assert [step(gov, clock, 18 * MS) for _ in range(2)] == [1, 1]  # quiet: 1 thread is slower
     status = gov.status()
@@ -376,7 +378,7 @@ def test_exploration_that_finds_nothing_backs_off() -> None:
 
 def test_no_exploration_before_the_first_delay_or_without_a_baseline() -> None:
     clock = Clock()
-    gov = governor(clock, explore_first_s=5.0)
+    gov = governor(clock, explore_first_s=5.0, window=8)
     warm(gov, clock, 10 * MS, n=8)
     assert gov.status().explorations == 0
     clock.advance(5.0)
@@ -385,9 +387,19 @@ def test_no_exploration_before_the_first_delay_or_without_a_baseline() -> None:
     assert gov.status().explorations == 1
 
 
+def test_exploration_waits_for_half_a_window_of_steps() -> None:
+    # A new context's first steps are slow (page faults, thread start-up):
+    # judged against them, fewer threads would look faster than they are.
+    clock = Clock()
+    gov = governor(clock, explore_first_s=0.0, window=32)
+    assert [step(gov, clock, 10 * MS) for _ in range(16)] == [2] * 16
+    assert step(gov, clock, 10 * MS) == 1
+    assert gov.status().explorations == 1
+
+
 def test_a_dropped_exploration_still_teaches_the_fewer_threads_baseline() -> None:
     clock = Clock()
-    gov = governor(clock, explore_first_s=0.0, probe_steps=4, cooldown_s=1.0)
+    gov = governor(clock, explore_first_s=0.0, window=8, probe_steps=4, cooldown_s=1.0)
     warm(gov, clock, 10 * MS, n=4)
     assert [step(gov, clock, 18 * MS) for _ in range(4)] == [1] * 4  # dropped
     assert step(gov, clock, 2.4) == 2  # collapse
