@@ -17,7 +17,8 @@ The governor keeps a worker out of that state three ways:
   ``collapse_min_s`` slower in absolute terms) is a collapse: the worker
   halves its thread ceiling (down to 1) for a cool-down, then *probes*:
   ``probe_steps`` steps at the higher count, kept only if they beat the
-  fallback count's recent median by ``probe_gain``. A failed probe doubles the
+  fallback count's recent median by ``probe_gain`` (a probe step that
+  collapses against that median ends the probe at once). A failed probe doubles the
   cool-down (up to ``cooldown_max_s``); a kept probe re-baselines the higher
   count with the probe's own steps, so a machine that is busier than when the
   baseline was learnt does not fall back again at once.
@@ -333,7 +334,11 @@ class ThreadGovernor:
         probe = self._probe
         if probe is not None and threads == probe.threads:
             probe.samples.append((bucket, float(seconds)))
-            if len(probe.samples) >= self.policy.probe_steps:
+            # A step that collapses against the count it is compared with
+            # settles the probe at once: more such steps would only cost.
+            base = self._median(probe.against, bucket)
+            hopeless = base is not None and self._collapsed(float(seconds), base)
+            if hopeless or len(probe.samples) >= self.policy.probe_steps:
                 self._judge_probe(probe, now)
         else:
             median = self._median(threads, bucket)

@@ -294,6 +294,18 @@ def test_a_probe_slower_than_the_fallback_is_dropped_and_the_cooldown_doubles() 
     assert gov.threads_for(1) == 1
 
 
+def test_a_probe_step_that_collapses_against_the_fallback_ends_the_probe() -> None:
+    clock = Clock()
+    gov = governor(clock, cooldown_s=2.0, probe_steps=4)
+    collapse(gov, clock)
+    warm(gov, clock, 25 * MS)
+    clock.advance(2.0)
+    assert step(gov, clock, 90 * MS) == 2  # 3.6x the 1-thread median: hopeless
+    assert step(gov, clock, 25 * MS) == 1
+    status = gov.status()
+    assert (status.probes, status.probes_kept, status.cooldown_s) == (1, 0, 4.0)
+
+
 def test_a_kept_probe_rebaselines_so_a_busier_machine_does_not_fall_back_at_once() -> None:
     clock = Clock()
     gov = governor(clock, cooldown_s=1.0, probe_steps=4)
