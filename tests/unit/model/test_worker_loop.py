@@ -1,0 +1,96 @@
+"""The worker's loop on the stub parts (no model): requests in, events out, a
+queued request's cancel delivered without a tick, a clean stop."""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from llamad.actors import Registry
+from llamad.cache.policy import CachePolicy
+from llamad.llama_ffi import ContextOptions
+from llamad.model.config import WorkerConfig
+from llamad.model.results import CacheHitKind, FinishReason
+from llamad.model.status_board import read_status
+from llamad.model.worker_client import WorkerClient
+from llamad.model.worker_proc import WorkerProcess
+from llamad.model.worker_spec import WorkerSpec
+
+pytestmark = pytest.mark.timeout(60)
+
+POLICY = CachePolicy(
+    min_tokens=4, cold_min_tokens=4, boundary_trim_tokens=0, boundary_align_tokens=4
+)
+
+
+class Running:
+    def __init__(self, proc: WorkerProcess, client: WorkerClient) -> None:
+        self.proc = proc
+        self.client = client
+        ready = threading.Event()
+        self.thread = threading.Thread(target=proc.serve, kwargs={"ready": ready.set})
+        self.thread.start()
+        assert ready.wait(30), "the worker never reported ready"
+
+    def stop(self) -> None:
+        self.client.close()
+        self.proc.actor.request_stop()
+        self.thread.join(30)
+        assert not self.thread.is_alive()
+
+
+@pytest.fixture
+def running() -> Iterator[Running]:
+    root = Path(tempfile.mkdtemp(prefix="lwl-", dir="/tmp"))
+    sizes = {"n_ctx": 256, "n_batch": 32, "n_seq_max": 1}
+    spec = WorkerSpec(
+        model_id="stub",
+        model_path="/nonexistent/stub.gguf",
+        context=ContextOptions(**sizes, n_ubatch=32, kv_unified=True, n_threads=1),
+        worker=WorkerConfig(**sizes, max_queue=4, policy=POLICY),
+        registry_root=str(root),
+        parts="llamad.model.worker_parts:stub_parts",
+    )
+    r = Running(WorkerProcess(spec), WorkerClient("stub", registry=Registry(root)))
+    try:
+        yield r
+    finally:
+        r.stop()
+
+
+def test_requests_are_served_and_saved_rows_hit(
+    running: Running,
+) -> None:
+    w = running.client
+    cold = w.complete("abcdefgh", max_tokens=3, temperature=0.0)
+    assert cold.cache_hit_kind is CacheHitKind.COLD
+    assert cold.finish_reason is FinishReason.LENGTH
+    warm = w.complete("abcdefgh", max_tokens=3, temperature=0.0)
+    assert warm.cache_hit_kind is CacheHitKind.EXACT
+    assert warm.generated == cold.generated
+
+
+def test_queued_request_cancelled_gets_its_done(
+    running: Running,
+) -> None:
+    w = running.client
+    first = w.infer("abcd", max_tokens=100_000, temperature=0.0)
+    next(iter(first))  # holds the only sequence
+    queued = w.infer("efgh", request_id="q", max_tokens=2)
+    assert w.cancel("q")
+    events = list(queued)
+    assert events == []
+    assert queued.result is not None and queued.result.finish_reason is FinishReason.CANCELLED
+    first.cancel()
+
+
+def test_clean_stop_removes_the_board(running: Running) -> None:
+    assert running.client.status().model_id == "stub"
+    board = running.proc.board
+    assert board is not None and read_status(board.path) is not None
+    running.stop()
+    assert not board.path.exists()
