@@ -72,6 +72,7 @@ HOG_SCENARIOS = ("hogs_first", "hogs_later")
 # --matrix: name -> loop settings (threads: default every core; env for libgomp;
 # pool: ThreadpoolOptions fields of an attached ggml threadpool).
 _DEFAULT_SPIN = {"GOMP_SPINCOUNT": LIBGOMP_DEFAULT_SPIN}
+_SPIN_ENV = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "LLAMAD_GOMP_SPINCOUNT")
 MATRIX: dict[str, dict[str, Any]] = {
     "1 thread": {"threads": 1},
     "2 threads, libgomp default spin (300000)": {"env": _DEFAULT_SPIN},
@@ -207,7 +208,7 @@ def run_loop(cfg: dict[str, Any]) -> None:
 def _child_env(extra: dict[str, str]) -> dict[str, str]:
     # This process loaded the binding too (which set its own bound): each
     # loop gets its own spin settings explicitly.
-    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    env = {k: v for k, v in os.environ.items() if k not in _SPIN_ENV}
     env["LLAMAD_LOG_LEVEL"] = env.get("LLAMAD_LOG_LEVEL", "error")
     env.update(extra)
     return env

@@ -33,6 +33,9 @@ DEFAULT_SPINCOUNT: Final = 3000
 
 _ENV: Final = "GOMP_SPINCOUNT"
 _POLICY_ENV: Final = "OMP_WAIT_POLICY"
+# Marks a GOMP_SPINCOUNT that llamad set (children inherit it), so that a
+# worker started by a llamad process does not mistake it for an operator's.
+_OURS_ENV: Final = "LLAMAD_GOMP_SPINCOUNT"
 
 
 class SpinSetting(enum.Enum):
@@ -62,17 +65,20 @@ def bound_openmp_spin(
 ) -> SpinSetting:
     """Set ``GOMP_SPINCOUNT`` to ``spincount`` unless the operator chose a
     spin policy or libgomp is already loaded; returns what happened (also
-    kept for :func:`spin_setting`). Child processes inherit the bound."""
+    kept for :func:`spin_setting`). Child processes inherit the bound, and
+    know it for llamad's (``LLAMAD_GOMP_SPINCOUNT`` records it)."""
     global _setting
     if environ is None and _setting is not SpinSetting.NOT_YET:
         return _setting  # once per process: our own bound must not read as the operator's
     env = os.environ if environ is None else environ
-    if _ENV in env or _POLICY_ENV in env:
+    inherited = _ENV in env and env.get(_OURS_ENV) == env[_ENV] and _POLICY_ENV not in env
+    if (_ENV in env or _POLICY_ENV in env) and not inherited:
         result = SpinSetting.OPERATOR
     elif _libgomp_loaded(maps):
         result = SpinSetting.TOO_LATE
     else:
-        env[_ENV] = str(spincount)
+        if not inherited:
+            env[_ENV] = env[_OURS_ENV] = str(spincount)
         result = SpinSetting.BOUNDED
     if environ is None:
         _setting = result

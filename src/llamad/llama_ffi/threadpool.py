@@ -48,6 +48,7 @@ __all__ = [
     "Threadpool",
     "ThreadpoolOptions",
     "openmp_build",
+    "worker_threadpool",
 ]
 
 MAX_THREADS: int = int(lib.GGML_MAX_N_THREADS)
@@ -181,3 +182,19 @@ class Threadpool:
 def openmp_build() -> bool:
     """True when the loaded ggml CPU backend runs its threads under OpenMP."""
     return "OPENMP = 1" in system_info()
+
+
+def worker_threadpool(n_threads: int) -> Threadpool | None:
+    """The pool a model worker should attach for up to ``n_threads``, or None.
+
+    Under OpenMP (the pinned CPU build) a pool brings nothing measurable (poll
+    0, a lower priority or pinned threads left the collapse as it was;
+    ``docs/internals/threads.md``) and only caps :meth:`Context.set_threads
+    <llamad.llama_ffi.context.Context.set_threads>`, so there is none. Without
+    OpenMP ggml's threads persist in the pool across decodes, and ``poll=0``
+    lets them sleep between decodes instead of spinning on cores another
+    worker could use.
+    """
+    if openmp_build():
+        return None
+    return Threadpool(ThreadpoolOptions(n_threads=n_threads, poll=0))

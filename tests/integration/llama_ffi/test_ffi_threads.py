@@ -7,13 +7,16 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from llamad.errors import BadRequest, ConfigError
-from llamad.llama_ffi import Closed, Context
+from llamad.llama_ffi import Closed, Context, threadpool
+from llamad.llama_ffi.build_info import build_record
 from llamad.llama_ffi.errors import ThreadsExceedPool
 from llamad.llama_ffi.threadpool import (
     MAX_THREADS,
     Threadpool,
     ThreadpoolOptions,
     ThreadPriority,
+    openmp_build,
+    worker_threadpool,
 )
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(120)]
@@ -177,3 +180,21 @@ def test_threadpool_options_coerce_priority_names() -> None:
     assert ThreadpoolOptions(1, priority=-1).priority is ThreadPriority.LOW  # type: ignore[arg-type]
     assert ThreadpoolOptions(1).priority is ThreadPriority.NORMAL
     assert ThreadpoolOptions(1).poll == 0
+
+
+def test_the_pinned_cpu_build_runs_ggml_under_openmp() -> None:
+    # What docs/internals/threads.md's measurements (and the spin bound) assume.
+    if build_record()["backend"] == "cpu":
+        assert openmp_build()
+
+
+def test_a_worker_attaches_no_pool_under_openmp_and_a_sleeping_one_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(threadpool, "openmp_build", lambda: True)
+    assert worker_threadpool(2) is None
+    monkeypatch.setattr(threadpool, "openmp_build", lambda: False)
+    pool = worker_threadpool(2)
+    assert pool is not None
+    assert (pool.n_threads, pool.options.poll) == (2, 0)
+    pool.close()

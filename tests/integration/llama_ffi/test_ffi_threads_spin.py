@@ -18,6 +18,8 @@ from llamad.llama_ffi.spin import DEFAULT_SPINCOUNT, SpinSetting, bound_openmp_s
 
 pytestmark = [pytest.mark.timeout(120)]
 
+_SPIN_ENV = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "LLAMAD_GOMP_SPINCOUNT")
+
 _PROBE = """
 import json, os
 maps = lambda: open("/proc/self/maps").read()
@@ -36,7 +38,7 @@ print(json.dumps({{
 
 
 def _probe(extra_env: dict[str, str], prelude: str = "") -> dict[str, object]:
-    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    env = {k: v for k, v in os.environ.items() if k not in _SPIN_ENV}
     env.update(extra_env)
     out = subprocess.run(
         [sys.executable, "-c", _PROBE.format(prelude=prelude)],
@@ -66,6 +68,28 @@ def test_an_operator_spin_policy_is_left_alone(operator_env: dict[str, str]) -> 
     assert seen["policy"] == operator_env.get("OMP_WAIT_POLICY")
 
 
+def test_a_child_of_a_llamad_process_keeps_the_bound_as_llamad_s() -> None:
+    # This test process loaded the binding: its environment carries the bound.
+    assert os.environ.get("GOMP_SPINCOUNT") == str(DEFAULT_SPINCOUNT)
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY",)}
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE.format(prelude="")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["setting"] == SpinSetting.BOUNDED.value
+    assert seen["spincount"] == str(DEFAULT_SPINCOUNT)
+
+
+def test_an_operator_value_equal_to_ours_is_still_the_operator_s() -> None:
+    seen = _probe({"GOMP_SPINCOUNT": str(DEFAULT_SPINCOUNT)})
+    assert seen["setting"] == SpinSetting.OPERATOR.value
+
+
 def test_libgomp_loaded_before_the_binding_is_reported_not_bounded() -> None:
     seen = _probe({}, prelude='import ctypes; ctypes.CDLL("libgomp.so.1")')
     assert seen["pre_loaded"] is False
@@ -78,7 +102,8 @@ def test_bound_openmp_spin_on_a_given_environment(tmp_path: Path) -> None:
     clean.write_text("7f00-7f01 r-xp 0 0:0 0 /usr/lib/libc.so.6\n")
     env: dict[str, str] = {}
     assert bound_openmp_spin(env, spincount=42, maps=clean) is SpinSetting.BOUNDED
-    assert env == {"GOMP_SPINCOUNT": "42"}
+    assert env == {"GOMP_SPINCOUNT": "42", "LLAMAD_GOMP_SPINCOUNT": "42"}
+    assert bound_openmp_spin(env, spincount=42, maps=clean) is SpinSetting.BOUNDED  # inherited
 
     loaded = tmp_path / "maps-gomp"
     loaded.write_text("7f00-7f01 r-xp 0 0:0 0 /usr/lib/libgomp.so.1\n")
