@@ -13,7 +13,8 @@ The governor keeps a worker out of that state three ways:
   more threads than there are cores.
 * **Collapse detection.** Each step's time is compared with the recent
   median of healthy steps of the same thread count and batch shape (rows,
-  bucketed by powers of two). A step ``collapse_factor`` times slower (and
+  bucketed by powers of two; the first ``settle_steps`` steps after the
+  count changes are judged but not learnt from). A step ``collapse_factor`` times slower (and
   ``collapse_min_s`` slower in absolute terms) is a collapse: the worker
   halves its thread ceiling (down to 1) for a cool-down, then *probes*:
   ``probe_steps`` steps at the higher count, kept only if they beat the
@@ -23,8 +24,8 @@ The governor keeps a worker out of that state three ways:
   count with the probe's own steps, so a machine that is busier than when the
   baseline was learnt does not fall back again at once.
 * **Exploration.** A worker that starts on an already busy machine learns a
-  slow baseline and sees no collapse, so now and then (first once half a
-  ``window`` of steps is in, then every ``explore_s``, doubling while it finds
+  slow baseline and sees no collapse, so now and then (first as soon as a
+  baseline exists, then every ``explore_s``, doubling while it finds
   nothing, up to ``explore_max_s``) it tries ``probe_steps`` steps at half
   its threads and falls back if they are faster by ``probe_gain``.
 
@@ -147,6 +148,7 @@ class ThreadPolicy:
     collapse_min_s: float = 0.005
     window: int = 32
     min_samples: int = 4
+    settle_steps: int = 2
     cooldown_s: float = 2.0
     cooldown_max_s: float = 60.0
     probe_steps: int = 4
@@ -179,6 +181,9 @@ class ThreadPolicy:
         _positive("probe_gain", self.probe_gain)
         if self.collapse_factor <= 1:
             raise _bad("collapse_factor", f"must be > 1, not {self.collapse_factor!r}")
+        settle = self.settle_steps
+        if isinstance(settle, bool) or not isinstance(settle, int) or settle < 0:
+            raise _bad("settle_steps", f"must be an integer >= 0, not {settle!r}")
         if self.min_samples > self.window:
             raise _bad("min_samples", f"must be <= window ({self.window}), not {self.min_samples}")
         if self.cooldown_max_s < self.cooldown_s:
@@ -279,11 +284,12 @@ class ThreadGovernor:
         self._retry_at: float | None = None
         self._explore_every = policy.explore_s
         # A worker may start on a machine that is already busy: by default it
-        # explores fewer threads as soon as it has a settled baseline.
+        # explores fewer threads as soon as it has a baseline to compare with.
         self._explore_at = clock() + policy.explore_first_s
         self._probe: _Probe | None = None
         self._pending: tuple[int, int] | None = None  # (threads, rows) of the step under way
         self._threads = policy.max_threads
+        self._since_switch = 0  # steps at the current count since it last changed
         self._busy = 1
         self._budget = self._budget_for(1)
         self._fallbacks = 0
@@ -316,6 +322,8 @@ class ThreadGovernor:
         if probe is None:
             probe = self._probe = self._maybe_probe(now, limit, bucket)
         threads = probe.threads if probe is not None else limit
+        if threads != self._threads:
+            self._since_switch = 0
         self._pending = (threads, rows)
         self._threads = threads
         self._snapshot = self._build_snapshot()
@@ -344,8 +352,11 @@ class ThreadGovernor:
             median = self._median(threads, bucket)
             if median is not None and self._collapsed(float(seconds), median):
                 self._on_collapse(threads, rows, float(seconds), median, now)
-            else:
+            elif self._since_switch >= self.policy.settle_steps:
+                # The first steps at a new count (a new context's page faults,
+                # threads starting) would make it look slower than it is.
                 self._samples(threads, bucket).append(float(seconds))
+        self._since_switch += 1
         self._snapshot = self._build_snapshot()
 
     def status(self) -> ThreadStatus:
@@ -383,7 +394,7 @@ class ThreadGovernor:
         if self._ceiling < self._budget and retry is not None and now >= retry:
             self._probes += 1
             probe = _Probe(threads=min(self._ceiling * 2, self._budget), against=self._ceiling)
-        elif limit > 1 and now >= self._explore_at and self._settled(limit, bucket):
+        elif limit > 1 and now >= self._explore_at and self._median(limit, bucket) is not None:
             self._explorations += 1
             probe = _Probe(threads=limit // 2, against=limit)
         else:
@@ -403,14 +414,6 @@ class ThreadGovernor:
         if found is None or len(found) < self.policy.min_samples:
             return None
         return statistics.median(found)
-
-    def _settled(self, threads: int, bucket: int) -> bool:
-        # Exploring compares against this median, so it waits for half a
-        # window: a new context's first steps (page faults, thread start-up)
-        # would make fewer threads look faster than they are.
-        found = self._history.get((threads, bucket))
-        need = max(self.policy.min_samples, self.policy.window // 2)
-        return found is not None and len(found) >= need
 
     def _collapsed(self, seconds: float, median: float) -> bool:
         p = self.policy

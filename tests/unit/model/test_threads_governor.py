@@ -58,7 +58,13 @@ class Seat:
 
 def policy(**kwargs: object) -> ThreadPolicy:
     """A 2-core policy; exploring fewer threads only where a test asks for it."""
-    opts: dict[str, object] = {"max_threads": 2, "cores": 2, "explore_first_s": 1e9, **kwargs}
+    opts: dict[str, object] = {
+        "max_threads": 2,
+        "cores": 2,
+        "explore_first_s": 1e9,
+        "settle_steps": 0,
+        **kwargs,
+    }
     return ThreadPolicy(**opts)  # type: ignore[arg-type]
 
 
@@ -354,7 +360,7 @@ def test_no_probe_while_the_budget_already_allows_no_more() -> None:
 
 def test_a_worker_started_on_a_busy_machine_finds_fewer_threads_faster() -> None:
     clock = Clock()
-    gov = governor(clock, explore_first_s=0.0, window=8, probe_steps=4, cooldown_s=2.0)
+    gov = governor(clock, explore_first_s=0.0, probe_steps=4, cooldown_s=2.0)
     # Already busy: 2 threads learn a slow baseline, so nothing ever "collapses".
     assert [step(gov, clock, 60 * MS) for _ in range(4)] == [2] * 4
     assert [step(gov, clock, 25 * MS) for _ in range(4)] == [1] * 4  # exploring
@@ -370,9 +376,7 @@ def test_a_worker_started_on_a_busy_machine_finds_fewer_threads_faster() -> None
 
 def test_exploration_that_finds_nothing_backs_off() -> None:
     clock = Clock()
-    gov = governor(
-        clock, explore_first_s=0.0, window=8, explore_s=30.0, explore_max_s=50.0, probe_steps=2
-    )
+    gov = governor(clock, explore_first_s=0.0, explore_s=30.0, explore_max_s=50.0, probe_steps=2)
     warm(gov, clock, 10 * MS, n=4)
     assert [step(gov, clock, 18 * MS) for _ in range(2)] == [1, 1]  # quiet: 1 thread is slower
     status = gov.status()
@@ -390,7 +394,7 @@ def test_exploration_that_finds_nothing_backs_off() -> None:
 
 def test_no_exploration_before_the_first_delay_or_without_a_baseline() -> None:
     clock = Clock()
-    gov = governor(clock, explore_first_s=5.0, window=8)
+    gov = governor(clock, explore_first_s=5.0)
     warm(gov, clock, 10 * MS, n=8)
     assert gov.status().explorations == 0
     clock.advance(5.0)
@@ -399,19 +403,34 @@ def test_no_exploration_before_the_first_delay_or_without_a_baseline() -> None:
     assert gov.status().explorations == 1
 
 
-def test_exploration_waits_for_half_a_window_of_steps() -> None:
-    # A new context's first steps are slow (page faults, thread start-up):
-    # judged against them, fewer threads would look faster than they are.
+def test_the_first_steps_at_a_new_count_are_not_learnt_from() -> None:
+    # A new context's first steps are slow (page faults, threads starting):
+    # in the baseline they would make fewer threads look faster than they are.
     clock = Clock()
-    gov = governor(clock, explore_first_s=0.0, window=32)
-    assert [step(gov, clock, 10 * MS) for _ in range(16)] == [2] * 16
-    assert step(gov, clock, 10 * MS) == 1
-    assert gov.status().explorations == 1
+    gov = governor(clock, explore_first_s=0.0, settle_steps=2, probe_steps=4)
+    assert [step(gov, clock, s) for s in (0.2, 0.2, 10 * MS, 10 * MS, 10 * MS, 10 * MS)] == [2] * 6
+    assert [step(gov, clock, 18 * MS) for _ in range(4)] == [1] * 4  # explored, judged on 10 ms
+    status = gov.status()
+    assert (status.explorations, status.explorations_kept, status.ceiling) == (1, 0, 2)
+    assert step(gov, clock, 10 * MS) == 2
+
+
+def test_the_first_steps_after_a_switch_are_not_learnt_from() -> None:
+    clock = Clock()
+    board = SharedBoard()
+    pol = policy(settle_steps=2, window=4, min_samples=2)
+    gov = ThreadGovernor(pol, board=board.seat(), clock=clock)
+    other = board.seat()
+    warm(gov, clock, 10 * MS, n=4)
+    other.mark_busy(clock() + 100.0)  # the budget drops to 1 thread
+    assert [step(gov, clock, s) for s in (0.5, 0.5, 18 * MS, 18 * MS)] == [1] * 4
+    step(gov, clock, 100 * MS)  # against 18 ms (not against the switch's slow steps)
+    assert gov.status().collapses == 1
 
 
 def test_a_dropped_exploration_still_teaches_the_fewer_threads_baseline() -> None:
     clock = Clock()
-    gov = governor(clock, explore_first_s=0.0, window=8, probe_steps=4, cooldown_s=1.0)
+    gov = governor(clock, explore_first_s=0.0, probe_steps=4, cooldown_s=1.0)
     warm(gov, clock, 10 * MS, n=4)
     assert [step(gov, clock, 18 * MS) for _ in range(4)] == [1] * 4  # dropped
     assert step(gov, clock, 2.4) == 2  # collapse
@@ -464,6 +483,8 @@ def test_solo_board_counts_only_a_busy_self() -> None:
         ({"collapse_factor": math.nan}, "collapse_factor"),
         ({"collapse_min_s": -1}, "collapse_min_s"),
         ({"window": 0}, "window"),
+        ({"settle_steps": -1}, "settle_steps"),
+        ({"settle_steps": 1.0}, "settle_steps"),
         ({"min_samples": 33}, "min_samples"),
         ({"cooldown_s": 0}, "cooldown_s"),
         ({"cooldown_s": 10.0, "cooldown_max_s": 5.0}, "cooldown_max_s"),
