@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -58,7 +58,7 @@ def wait_until(predicate: Callable[[], T | None], what: str, timeout: float = EV
 
 
 class WorkerTree:
-    """cache-meta + one model worker under one supervisor."""
+    """cache-meta + one model worker (and any sibling workers) under one supervisor."""
 
     def __init__(
         self,
@@ -73,12 +73,56 @@ class WorkerTree:
         decode_timeout_ms: int = 60_000,
         liveness_s: float = 5.0,
         prefix: str = "lmw",
+        siblings: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         self.settings = CacheSettings.scratch(
             prefix=prefix, lookup=LookupPolicy(common_min_tokens=8), stats_flush_s=0.5
         )
+        shape: dict[str, Any] = {
+            "n_ctx": n_ctx,
+            "n_batch": n_batch,
+            "n_seq_max": n_seq_max,
+            "max_queue": max_queue,
+            "prefill_chunk_size": prefill_chunk_size,
+            "policy": policy,
+            "decode_timeout_ms": decode_timeout_ms,
+            "liveness_s": liveness_s,
+        }
+        self.spec = self._worker_spec(model_id, **shape)
+        # Sibling workers of the same model file share the cache: each is the
+        # main worker's shape with its own overrides (n_ctx, ...).
+        self.specs = {model_id: self.spec}
+        for sibling, overrides in (siblings or {}).items():
+            self.specs[sibling] = self._worker_spec(sibling, **{**shape, **overrides})
+        assert self.settings.registry_root is not None
+        self.registry = Registry(self.settings.registry_root)
+        self.sup = Supervisor(
+            SupervisorSpec(
+                "model_test",
+                SupFlags(intensity=20, period=60),
+                (
+                    meta_child_spec(self.settings),
+                    *(worker_child_spec(s) for s in self.specs.values()),
+                ),
+            )
+        )
+        self._clients: list[WorkerClient] = []
+
+    def _worker_spec(
+        self,
+        model_id: str,
+        *,
+        n_ctx: int,
+        n_batch: int,
+        n_seq_max: int,
+        max_queue: int,
+        prefill_chunk_size: int | None,
+        policy: CachePolicy,
+        decode_timeout_ms: int,
+        liveness_s: float,
+    ) -> WorkerSpec:
         sizes = {"n_ctx": n_ctx, "n_batch": n_batch, "n_seq_max": n_seq_max}
-        self.spec = WorkerSpec(
+        return WorkerSpec(
             model_id=model_id,
             model_path=str(paths.default_model_path()),
             context=ContextOptions(
@@ -94,16 +138,6 @@ class WorkerTree:
             decode_timeout_ms=decode_timeout_ms,
             liveness_s=liveness_s,
         )
-        assert self.settings.registry_root is not None
-        self.registry = Registry(self.settings.registry_root)
-        self.sup = Supervisor(
-            SupervisorSpec(
-                "model_test",
-                SupFlags(intensity=20, period=60),
-                (meta_child_spec(self.settings), worker_child_spec(self.spec)),
-            )
-        )
-        self._clients: list[WorkerClient] = []
 
     def start(self) -> WorkerTree:
         try:
@@ -123,8 +157,9 @@ class WorkerTree:
 
     # -- reaching it -----------------------------------------------------------------
 
-    def client(self, **kw: Any) -> WorkerClient:
-        c = WorkerClient(self.spec.model_id, registry=self.registry, **kw)
+    def client(self, model_id: str | None = None, **kw: Any) -> WorkerClient:
+        """A client of the main worker, or of the sibling ``model_id``."""
+        c = WorkerClient(model_id or self.spec.model_id, registry=self.registry, **kw)
         self._clients.append(c)
         return c
 
@@ -152,9 +187,12 @@ class WorkerTree:
     def board(self) -> Path:
         return status_path(self.registry.root, self.spec.actor_name)
 
-    def status(self) -> WorkerSnapshot | None:
-        """The worker's published status, read without asking the worker."""
-        return read_status(self.board)
+    def status(self, model_id: str | None = None) -> WorkerSnapshot | None:
+        """The worker's (or sibling ``model_id``'s) published status, read
+        without asking the worker."""
+        if model_id is None:
+            return read_status(self.board)
+        return read_status(status_path(self.registry.root, self.specs[model_id].actor_name))
 
     def wait_saved(self, key: bytes | None, timeout: float = EVENTUALLY) -> None:
         """Until the row ``key`` is published (the writer pool saves off the loop)."""
@@ -164,11 +202,11 @@ class WorkerTree:
             assert ref is not None, f"row {key.hex()} was never published"
             cache.checkin(ref.pin)
 
-    def wait_idle(self, timeout: float = EVENTUALLY) -> WorkerSnapshot:
-        """Until the worker holds no request (every sequence free)."""
+    def wait_idle(self, timeout: float = EVENTUALLY, model_id: str | None = None) -> WorkerSnapshot:
+        """Until the worker (or sibling ``model_id``) holds no request (every sequence free)."""
 
         def idle() -> WorkerSnapshot | None:
-            snap = self.status()
+            snap = self.status(model_id)
             if snap is None or snap.busy_since is not None or snap.status.pending_len:
                 return None
             return snap
