@@ -137,8 +137,9 @@ class ThreadPolicy:
     ``n_threads``), the most any step uses. ``cores``: CPUs shared by the
     daemon's workers (default: this process's affinity). ``busy_linger_s``:
     how long after its last step a worker still counts as busy (a worker
-    between two ticks has not left). The rest tune collapse detection and
-    probing (module docstring); the defaults come from the measurements in
+    between two ticks has not left). The rest tune collapse detection,
+    probing and exploring (module docstring); ``explore_first_s`` delays the
+    first exploration. The defaults come from the measurements in
     ``docs/internals/threads.md``.
     """
 
