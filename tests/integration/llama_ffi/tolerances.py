@@ -5,9 +5,12 @@ or KV cache as long as every batch stays under 64 rows: a restored sequence
 continues with bit-identical logits wherever it is restored, and batched
 embeddings match one-at-a-time ones to 1e-4 (measured: 2e-8). From 64 rows up
 ggml takes another matmul path, and a prompt prefilled in 64-row chunks ends
-0.2-0.6 logits away from the same prompt in smaller chunks (measured in issue
-8); the exact-hit guarantee does not depend on it, since a restore and the
-cold path both decode the last prompt token alone. On a GPU the kernels are picked by batch shape and KV layout
+0.2-0.6 logits away from the same prompt in smaller chunks; and when a
+sequence's later tokens land in cells another sequence freed, its logits move
+by 0.5-0.8 from then on, since the attention reduction runs over another
+stretch of cells (both measured in issue 8; the masked cells add nothing, the
+summation order differs). The exact-hit guarantee depends on neither: a
+restore and the cold path both decode the last prompt token alone. On a GPU the kernels are picked by batch shape and KV layout
 (different matmul and flash-attention kernels, f16 accumulation), so only the
 same computation path is bit-identical (the same batch shapes over the same
 layout: the model worker's cold path decodes the last prompt token alone, as
