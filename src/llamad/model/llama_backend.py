@@ -10,7 +10,10 @@ the namespace) and ``n_seq_max`` sequences:
   each tick (``Batch.add_tokens`` appends a span in C), then one
   ``llama_decode``. Batch rows are the plan's rows, so
   :meth:`BatchPlan.output_row` is the row ``sample`` reads; the backend checks
-  that the logits rows it asked for are exactly the plan's.
+  that the logits rows it asked for are exactly the plan's. With a
+  :class:`~llamad.model.threads.ThreadGovernor` (SPEC M14) each decode runs
+  on the thread count the governor chooses, and the governor is told how
+  long the ``llama_decode`` call took.
 - ``sample``: the request's sampler chain (:mod:`llamad.model.sampler_factory`)
   through ``Context.sample``; with ``logprobs`` the log-softmax of the raw
   logits row in C (:mod:`llamad.llama_ffi.logprobs`).
@@ -24,6 +27,8 @@ Like the core, it is driven from the loop thread only; only a lease's
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Final
 
 import structlog
@@ -40,6 +45,7 @@ from llamad.model.planner import BatchPlan
 from llamad.model.requests import RequestParams
 from llamad.model.sampler_factory import sampler_params
 from llamad.model.state_pool import StateLease, StatePool
+from llamad.model.threads import ThreadGovernor
 
 __all__ = ["LlamaBackend"]
 
@@ -58,9 +64,25 @@ class LlamaBackend:
     ``ctx`` must have ``kv_unified=True``; the backend does not own it (the
     worker closes the context after :meth:`close`). ``pool`` leases the
     buffers packed states go into (a private one by default).
+
+    ``governor`` (optional) chooses each decode's thread count: before the
+    decode, ``threads_for(rows)``; the count is applied with
+    ``ctx.set_threads`` (only when it changes), capped by each of the counts
+    the context was created with, so a context made with fewer batch threads
+    than single-row threads keeps that split. After it, ``record(rows,
+    seconds)`` with the time of the ``llama_decode`` call alone (on
+    ``clock``), not the batch building. A decode that raises is not recorded.
+    Without a governor the context's own counts are used.
     """
 
-    def __init__(self, ctx: Context, *, pool: StatePool | None = None) -> None:
+    def __init__(
+        self,
+        ctx: Context,
+        *,
+        pool: StatePool | None = None,
+        governor: ThreadGovernor | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         if not ctx.options.kv_unified:
             raise ConfigError(
                 "the worker's context needs kv_unified=True: a row saved from one "
@@ -76,6 +98,12 @@ class LlamaBackend:
         self._pieces: dict[int, bytes] = {}
         self._n_vocab = self.model.n_vocab
         self.samplers_open = 0
+        self.governor = governor
+        self._clock = clock
+        # The counts the context was made with: the most a governed decode uses
+        # for a single row and for several.
+        self._configured = ctx.threads
+        self._threads = self._configured
 
     @property
     def n_vocab(self) -> int:
@@ -116,7 +144,20 @@ class LlamaBackend:
                 batch=list(batch.output_rows),
                 plan=list(expected),
             )
+        governor = self.governor
+        if governor is None:
+            self.ctx.decode(batch)
+            return
+        rows = batch.n_tokens
+        n = governor.threads_for(rows)
+        single, several = self._configured
+        threads = (min(n, single), min(n, several))
+        if threads != self._threads:
+            self.ctx.set_threads(*threads)
+            self._threads = threads
+        started = self._clock()
         self.ctx.decode(batch)
+        governor.record(rows, self._clock() - started)
 
     def sample(self, sampler: SamplerHandle, row: int, logprobs: int | None) -> Sampled:
         if not isinstance(sampler, Sampler):
