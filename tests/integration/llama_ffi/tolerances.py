@@ -10,8 +10,9 @@ sequence's later tokens land in cells another sequence freed, its logits move
 by 0.5-0.8 from then on, since the attention reduction runs over another
 stretch of cells (both measured in issue 8; the masked cells add nothing, the
 summation order differs). The exact-hit guarantee depends on neither: a
-restore and the cold path both decode the last prompt token alone. On a GPU the kernels are picked by batch shape and KV layout
-(different matmul and flash-attention kernels, f16 accumulation), so only the
+restore and the cold path both decode the last prompt token alone. On a GPU
+the kernels are picked by batch shape and KV layout (different matmul and
+flash-attention kernels, f16 accumulation), so only the
 same computation path is bit-identical (the same batch shapes over the same
 layout: the model worker's cold path decodes the last prompt token alone, as
 a restore is primed, so that an exact hit reproduces the cold reply); across
