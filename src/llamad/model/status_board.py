@@ -41,7 +41,9 @@ from typing import Final
 
 import msgspec
 
+from llamad.llama_ffi.spin import SpinSetting
 from llamad.model.results import WorkerStatus
+from llamad.model.threads import ThreadStatus
 
 __all__ = [
     "SLOT_BYTES",
@@ -68,6 +70,14 @@ class WorkerSnapshot(msgspec.Struct, frozen=True):
     tokens per second, ``rows_per_s``: tokens decoded per second (prompt and
     generated), both over the last few seconds; ``last_tick_ms``: the last
     decode's duration; ``requests_total``: requests admitted since start.
+
+    ``threads`` (SPEC M14): the thread governor's
+    :class:`~llamad.model.threads.ThreadStatus` (the last step's count, the
+    daemon-wide budget and busy workers, collapses, fallbacks, probes), or
+    ``None`` for a worker whose threads are not governed. ``spin``: whether
+    libgomp's barrier spin is bounded in this worker
+    (:class:`~llamad.llama_ffi.spin.SpinSetting`: ``bounded``, ``operator``,
+    ``too_late``, ``not_yet`` before libllama is loaded).
     """
 
     model_id: str
@@ -81,6 +91,8 @@ class WorkerSnapshot(msgspec.Struct, frozen=True):
     rows_per_s: float = 0.0
     last_tick_ms: float = 0.0
     requests_total: int = 0
+    threads: ThreadStatus | None = None
+    spin: SpinSetting = SpinSetting.NOT_YET
 
 
 _ENCODER: Final = msgspec.msgpack.Encoder()

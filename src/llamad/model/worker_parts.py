@@ -7,7 +7,9 @@ optional extras (embeddings, adapters). The shell takes whatever
 ``WorkerSpec.parts`` names (``"module:function"`` taking the spec):
 
 - :func:`llama_parts` (the default) loads the model and its one context and
-  builds the real backend and cache view;
+  builds the real backend and cache view, its decodes governed by a
+  :class:`~llamad.model.threads.ThreadGovernor` on the daemon's thread board
+  (:func:`thread_board_path`);
 - :func:`stub_parts` builds :class:`~llamad.model.stub.StubBackend` and
   :class:`~llamad.model.stub_cache.MemoryCache`: no model, for fast tests of
   the process itself.
@@ -20,8 +22,12 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final, Protocol
 
+import structlog
+
+from llamad.actors import Registry
 from llamad.cache.key import Namespace
 from llamad.cache.lookup import Lookup, RowRef
 from llamad.errors import ConfigError
@@ -30,6 +36,7 @@ from llamad.model.cacheview import CacheView
 from llamad.model.savepoints import SaveJob
 from llamad.model.stub import StubBackend
 from llamad.model.stub_cache import MemoryCache
+from llamad.model.threads import ThreadGovernor
 from llamad.model.worker_spec import WorkerSpec
 
 __all__ = [
@@ -42,7 +49,25 @@ __all__ = [
     "build_parts",
     "llama_parts",
     "stub_parts",
+    "thread_board_path",
 ]
+
+log = structlog.get_logger("llamad.model")
+
+THREAD_BOARD: Final = "threads.board"
+"""The thread board's file name in the daemon's actor registry."""
+
+
+def thread_board_path(registry_root: Path | str) -> Path:
+    """The daemon-wide thread budget's file (SPEC M14): one per registry.
+
+    Every worker of a daemon registers in the same registry (that is how it
+    is found), so a file there is shared by all of them and by nothing of
+    another daemon; the registry is in the runtime directory (tmpfs), beside
+    the workers' status boards. The name cannot collide with an actor's
+    files (``<name>.json``, ``.lock``, ``.sock``, ``.status``).
+    """
+    return Path(registry_root) / THREAD_BOARD
 
 
 class ModelText(Protocol):
@@ -86,7 +111,11 @@ class Completions(Protocol):
 
 @dataclass(eq=False)
 class WorkerParts:
-    """Everything the shell drives; :meth:`close` frees it (context, model, cache)."""
+    """Everything the shell drives; :meth:`close` frees it (context, model, cache).
+
+    ``threads``: the governor of the backend's decode threads, whose status
+    the worker reports (``None``: the backend's threads are not governed).
+    """
 
     backend: Backend
     cache: CacheView
@@ -95,6 +124,7 @@ class WorkerParts:
     embeddings: Embeddings | None = None
     adapters: Adapters | None = None
     closers: list[Callable[[], None]] = field(default_factory=list)
+    threads: ThreadGovernor | None = None
 
     def close(self) -> None:
         """Run the closers in reverse order of construction (every one, even
@@ -126,14 +156,18 @@ def build_parts(spec: WorkerSpec) -> WorkerParts:
 
 def llama_parts(spec: WorkerSpec) -> WorkerParts:
     """The real model: one ``Model`` and its ``kv_unified`` context, the llama.cpp
-    backend, the cache view over cache-meta and the writer pool (or no cache),
-    the tokenizer and chat template, a lazily made embedding context, adapters."""
+    backend with its thread governor on the daemon's thread board, the cache
+    view over cache-meta and the writer pool (or no cache), the tokenizer and
+    chat template, a lazily made embedding context, adapters."""
     # Imported here: loading libllama is this factory's business, not the shell's.
     from llamad.llama_ffi import Model  # noqa: PLC0415
+    from llamad.llama_ffi.spin import spin_setting  # noqa: PLC0415
+    from llamad.llama_ffi.threadpool import worker_threadpool  # noqa: PLC0415
     from llamad.model.adapters import AdapterSet  # noqa: PLC0415
     from llamad.model.cache_view import ClientCacheView  # noqa: PLC0415
     from llamad.model.embedder import Embedder, EmbedderOptions  # noqa: PLC0415
     from llamad.model.llama_backend import LlamaBackend  # noqa: PLC0415
+    from llamad.model.thread_board import ThreadBoard  # noqa: PLC0415
     from llamad.model.tokenizer import Tokenizer  # noqa: PLC0415
 
     closers: list[Callable[[], None]] = []
@@ -143,7 +177,26 @@ def llama_parts(spec: WorkerSpec) -> WorkerParts:
         closers.append(model.close)
         ctx = model.context(spec.context)
         closers.append(ctx.close)
-        backend = LlamaBackend(ctx)
+        policy = spec.thread_policy()
+        # None under OpenMP (the pinned CPU build), where a pool measured no
+        # effect; elsewhere a sleeping (poll 0) pool. The context leases it.
+        pool = worker_threadpool(policy.max_threads)
+        if pool is not None:
+            closers.append(pool.close)
+            ctx.attach_threadpool(pool)
+        board = ThreadBoard(thread_board_path(Registry(spec.registry).root))
+        closers.append(board.close)
+        governor = ThreadGovernor(policy, board=board)
+        log.info(
+            "model.threads",
+            board=str(board.path),
+            slot=board.slot,
+            max_threads=policy.max_threads,
+            cores=policy.cores,
+            threadpool=pool is not None,
+            spin=spin_setting().value,
+        )
+        backend = LlamaBackend(ctx, governor=governor)
         closers.append(backend.close)
         adapters = AdapterSet(ctx)
         closers.append(adapters.close)
@@ -166,6 +219,7 @@ def llama_parts(spec: WorkerSpec) -> WorkerParts:
             embeddings=embedder,
             adapters=adapters,
             closers=closers,
+            threads=governor,
         )
         return parts
     finally:

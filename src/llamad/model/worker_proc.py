@@ -37,6 +37,7 @@ import structlog
 
 from llamad import logs
 from llamad.actors import Actor, Limits, Registry
+from llamad.llama_ffi.spin import spin_setting
 from llamad.model.core import TickReport, WorkerCore
 from llamad.model.deliveries import Deliveries
 from llamad.model.heartbeat import BusyMark, HeartbeatThread
@@ -110,6 +111,7 @@ class WorkerProcess:
         """The worker as it stands now (what :meth:`_publish` writes)."""
         now = self.clock()
         generated, rows = self.throughput.rates(now)
+        governor = self.parts.threads
         self._seq += 1
         return WorkerSnapshot(
             model_id=self.spec.model_id,
@@ -123,6 +125,8 @@ class WorkerProcess:
             rows_per_s=round(rows, 2),
             last_tick_ms=round(self._last_tick_ms, 3),
             requests_total=self.ops.requests_total,
+            threads=None if governor is None else governor.status(),
+            spin=spin_setting(),
         )
 
     def _publish(self) -> None:

@@ -10,7 +10,8 @@ refuses to start instead of misbehaving under load.
 
 The context and the core must agree on the sizes they share (``n_ctx``,
 ``n_batch``, ``n_seq_max``), and the context is always ``kv_unified``: any
-sequence may then restore any row of the model's namespace.
+sequence may then restore any row of the model's namespace. The thread
+governor's policy (SPEC M14) must agree with the context's thread counts.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from llamad.cache.sup import CacheSettings
 from llamad.errors import ConfigError, LlamadError
 from llamad.llama_ffi.options import ContextOptions, ModelOptions
 from llamad.model.config import MarkerPair, WorkerConfig
+from llamad.model.threads import ThreadPolicy
 from llamad.supervisor.spec import ChildSpec, Restart, Start
 
 __all__ = [
@@ -101,6 +103,12 @@ class WorkerSpec:
     tick began. ``load_timeout_s``: how long loading may take before the
     start counts as failed. ``parts``: the ``"module:function"`` that builds
     the backend and cache view from this spec (tests name a stub factory).
+
+    ``threads``: the thread governor's policy (SPEC M14,
+    ``docs/internals/threads.md``); its ``max_threads`` must be the larger of
+    the context's ``n_threads`` and ``n_threads_batch``. ``None`` (the
+    default): :meth:`thread_policy` makes one where the worker runs, from the
+    context's counts and the worker's own CPUs.
     """
 
     model_id: str
@@ -114,6 +122,7 @@ class WorkerSpec:
     liveness_s: float = 5.0
     load_timeout_s: float = 120.0
     parts: str = DEFAULT_PARTS
+    threads: ThreadPolicy | None = None
 
     def __post_init__(self) -> None:
         worker_actor_name(self.model_id)
@@ -137,6 +146,16 @@ class WorkerSpec:
                 raise _bad(f"worker.{name}", f"is {ours} but the context's {name} is {theirs}")
         if self.cache is not None and not isinstance(self.cache, CacheSettings):
             raise _bad("cache", "must be CacheSettings or None")
+        if self.threads is not None:
+            if not isinstance(self.threads, ThreadPolicy):
+                raise _bad("threads", "must be a ThreadPolicy or None")
+            most = self.max_threads
+            if self.threads.max_threads != most:
+                raise _bad(
+                    "threads.max_threads",
+                    f"is {self.threads.max_threads} but the context computes on at most {most} "
+                    "threads (the larger of n_threads and n_threads_batch)",
+                )
         root = self.registry_root
         if isinstance(root, os.PathLike):
             root = os.fspath(root)
@@ -174,6 +193,19 @@ class WorkerSpec:
     def decode_timeout_s(self) -> float:
         return self.decode_timeout_ms / 1000.0
 
+    @property
+    def max_threads(self) -> int:
+        """The most threads a decode of this worker runs on (the context's
+        larger count; the governor caps each count by its own value)."""
+        return max(self.context.n_threads, self.context.n_threads_batch)
+
+    def thread_policy(self) -> ThreadPolicy:
+        """The governor's policy: :attr:`threads`, or the default for this
+        context on the CPUs the calling process may use (call it in the worker)."""
+        if self.threads is not None:
+            return self.threads
+        return ThreadPolicy(max_threads=self.max_threads)
+
     # -- wire (Start kwargs must be msgpack-able) ----------------------------------
 
     def to_wire(self) -> dict[str, Any]:
@@ -189,6 +221,7 @@ class WorkerSpec:
             "liveness_s": self.liveness_s,
             "load_timeout_s": self.load_timeout_s,
             "parts": self.parts,
+            "threads": None if self.threads is None else dataclasses.asdict(self.threads),
         }
 
     @classmethod
@@ -209,6 +242,8 @@ class WorkerSpec:
         fields_["worker"] = _nested("worker", _worker_from_wire, data["worker"])
         if data.get("cache") is not None:
             fields_["cache"] = _nested("cache", CacheSettings.from_wire, data["cache"])
+        if data.get("threads") is not None:
+            fields_["threads"] = _policy_from_wire(data["threads"])
         return cls(**fields_)
 
 
@@ -232,6 +267,19 @@ def _options_from_wire(cls: type[Any], data: object) -> Any:
         if key not in known:
             raise ConfigError(f"{key}: unknown field", details={"field": str(key)})
     return cls(**data)
+
+
+def _policy_from_wire(data: object) -> ThreadPolicy:
+    # ThreadPolicy's own errors already name ``threads.<field>``.
+    if not isinstance(data, Mapping):
+        raise _bad("threads", "must be a mapping")
+    known = {f.name for f in dataclasses.fields(ThreadPolicy)}
+    for key in data:
+        if key not in known:
+            raise _bad(f"threads.{key}", "unknown field")
+    if "max_threads" not in data:
+        raise _bad("threads.max_threads", "missing")
+    return ThreadPolicy(**data)
 
 
 def _worker_to_wire(config: WorkerConfig) -> dict[str, Any]:

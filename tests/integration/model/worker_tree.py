@@ -2,8 +2,9 @@
 supervisor (one_for_one, as the daemon's cache_sup and model_sup are siblings),
 driven through a real actors client.
 
-The worker runs the real default model with one thread; the cache is a private
-scratch cache (every tier, its own registry), removed afterwards.
+The worker runs the real default model with one thread (``n_threads`` and a
+thread policy for the thread tests); the cache is a private scratch cache
+(every tier, its own registry), removed afterwards.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from llamad.cache.sup import CacheSettings, discard, meta_child_spec
 from llamad.llama_ffi import ContextOptions
 from llamad.model.config import WorkerConfig
 from llamad.model.status_board import WorkerSnapshot, read_status, status_path
+from llamad.model.threads import ThreadPolicy
 from llamad.model.worker_client import WorkerClient
 from llamad.model.worker_spec import WorkerSpec, worker_child_spec
 from llamad.supervisor import Supervisor, SupervisorSpec, SupFlags
@@ -74,6 +76,8 @@ class WorkerTree:
         liveness_s: float = 5.0,
         prefix: str = "lmw",
         siblings: Mapping[str, Mapping[str, Any]] | None = None,
+        n_threads: int = 1,
+        threads: ThreadPolicy | None = None,
     ) -> None:
         self.settings = CacheSettings.scratch(
             prefix=prefix, lookup=LookupPolicy(common_min_tokens=8), stats_flush_s=0.5
@@ -87,6 +91,8 @@ class WorkerTree:
             "policy": policy,
             "decode_timeout_ms": decode_timeout_ms,
             "liveness_s": liveness_s,
+            "n_threads": n_threads,
+            "threads": threads,
         }
         self.spec = self._worker_spec(model_id, **shape)
         # Sibling workers of the same model file share the cache: each is the
@@ -120,13 +126,19 @@ class WorkerTree:
         policy: CachePolicy,
         decode_timeout_ms: int,
         liveness_s: float,
+        n_threads: int,
+        threads: ThreadPolicy | None,
     ) -> WorkerSpec:
         sizes = {"n_ctx": n_ctx, "n_batch": n_batch, "n_seq_max": n_seq_max}
         return WorkerSpec(
             model_id=model_id,
             model_path=str(paths.default_model_path()),
             context=ContextOptions(
-                **sizes, n_ubatch=n_batch, kv_unified=True, n_threads=1, n_threads_batch=1
+                **sizes,
+                n_ubatch=n_batch,
+                kv_unified=True,
+                n_threads=n_threads,
+                n_threads_batch=n_threads,
             ),
             worker=WorkerConfig(
                 **sizes,
@@ -137,6 +149,7 @@ class WorkerTree:
             cache=self.settings,
             decode_timeout_ms=decode_timeout_ms,
             liveness_s=liveness_s,
+            threads=threads,
         )
 
     def start(self) -> WorkerTree:
