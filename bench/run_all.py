@@ -22,6 +22,7 @@ BENCHES: dict[str, tuple[str, list[str]]] = {
     "actors": ("bench.actors_bench", []),
     "cache-io": ("bench.cache_io_bench", ["--record"]),
     "cache-lookup": ("bench.cache_lookup_bench", ["--record"]),
+    "threads": ("bench.threads_bench", []),  # records unless --no-record
 }
 
 
