@@ -274,7 +274,7 @@ class WorkerCore:
         plan = self._plan(now)
         if plan:
             self.ticks += 1
-            self._decode(plan, self.clock())
+            self._decode(plan)
         return self._report(plan)
 
     def drain(self) -> TickReport:
@@ -366,15 +366,16 @@ class WorkerCore:
             self._fail(victim, overflow, now)
         return True
 
-    def _decode(self, plan: BatchPlan, now: float) -> None:
+    def _decode(self, plan: BatchPlan) -> None:
         outcomes = run_batch(
             plan,
             backend=self.backend,
             seqs=self.seqs,
             saver=self.saver,
             n_ctx=self.config.n_ctx,
-            now=now,
+            clock=self.clock,
         )
+        now = self.clock()  # after the decode: what ends now ended after it
         for out in outcomes:
             self._emit(out.req, out.events)
             if out.error is not None:

@@ -10,6 +10,7 @@ request finished or failed, and the core carries that out.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from llamad.errors import LlamadError
@@ -40,15 +41,21 @@ def run_batch(
     seqs: SequenceTable,
     saver: Saver,
     n_ctx: int,
-    now: float,
+    clock: Callable[[], float],
 ) -> list[Outcome]:
-    """Decode ``plan`` and sample it; one :class:`Outcome` per request in the batch."""
+    """Decode ``plan`` and sample it; one :class:`Outcome` per request in the batch.
+
+    Tokens are stamped with ``clock()`` read once the decode has returned: a
+    first token exists when its logits do, so ``prefill_ms`` counts the decode
+    that computed them (on an exact hit, the held-back token's decode).
+    """
     owners = [seqs[span.seq].owner for span in plan.spans]
     try:
         backend.decode(plan)
     except LlamadError as exc:
         # The KV of every sequence in the batch is now unknown.
         return [Outcome(req, error=exc) for req in owners if req is not None]
+    now = clock()
     outcomes = []
     for span, req in zip(plan.spans, owners, strict=True):
         assert req is not None
