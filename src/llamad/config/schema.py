@@ -1,0 +1,437 @@
+"""The configuration's shape: ``[daemon]``, ``[cache]``, ``[security]``, ``[models.<id>]``.
+
+Frozen msgspec Structs, one per table. Each key is declared once, with its
+meaning and kind (:mod:`llamad.config.kinds`); the reader
+(:mod:`llamad.config.reader`), the reference in ``docs/internals/config.md``
+and the example (:mod:`llamad.config.reference`) are all derived from these
+declarations. A :class:`LlamadConfig` returned by
+:func:`llamad.config.load_config` is validated as a whole and resolved (its
+directories, endpoint, tier roots and model paths are concrete); build the
+cache's and the workers' settings from it with its methods.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import msgspec
+
+from llamad.cache.policy import CachePolicy
+from llamad.cache.pressure import SOURCES
+from llamad.cache.writer import MAX_PERMITS
+from llamad.config.kinds import (
+    AbsPath,
+    Boolean,
+    Duration,
+    Integer,
+    Key,
+    ManyOf,
+    Number,
+    OneOf,
+    PathList,
+    Section,
+    Size,
+    Tables,
+    Text,
+)
+from llamad.config.model_schema import TIER_NAMES, ModelConfig, Table
+from llamad.errors import ModelNotFound
+
+if TYPE_CHECKING:
+    from llamad.actors.wire import Limits
+    from llamad.cache.sup import CacheSettings
+    from llamad.model.cache_view_config import CacheViewConfig
+    from llamad.model.threads import ThreadPolicy
+    from llamad.model.worker_spec import WorkerSpec
+
+__all__ = [
+    "DEFAULT_MODEL_ID",
+    "CacheSection",
+    "DaemonSection",
+    "LlamadConfig",
+    "SecuritySection",
+    "ThreadsSection",
+]
+
+DEFAULT_MODEL_ID = "smollm2"
+"""The id the default model is served as when no model is configured."""
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+_seconds = Duration(positive=True)
+_count = Integer(ge=1)
+
+
+class ThreadsSection(Table, frozen=True, kw_only=True):
+    """The daemon-wide thread budget and the thread governor's tuning (SPEC M14)."""
+
+    cores: Annotated[
+        int | None,
+        Key(
+            "The thread budget: CPUs the model workers share. Busy workers each decode on "
+            "at most cores // busy_workers threads, so together they never ask for more.",
+            _count,
+            default_text="every CPU the daemon may run on",
+            example=8,
+        ),
+    ] = None
+    collapse_factor: Annotated[
+        float,
+        Key("A step this many times slower than its recent median is a collapse.", Number(gt=1)),
+    ] = 3.0
+    collapse_min_s: Annotated[
+        float, Key("... and at least this much slower, in seconds.", _seconds)
+    ] = 0.005
+    window: Annotated[int, Key("Healthy steps a median is taken over.", _count)] = 32
+    min_samples: Annotated[
+        int, Key("Steps needed before a median is trusted (<= window).", _count)
+    ] = 4
+    settle_steps: Annotated[
+        int, Key("Steps after a thread count change that are not learnt from.", Integer(ge=0))
+    ] = 2
+    cooldown_s: Annotated[
+        float, Key("How long a collapse halves the thread ceiling before a probe.", _seconds)
+    ] = 2.0
+    cooldown_max_s: Annotated[
+        float, Key("Failed probes double the cool-down up to this.", _seconds)
+    ] = 60.0
+    probe_steps: Annotated[int, Key("Steps a probe (or an exploration) runs.", _count)] = 4
+    probe_gain: Annotated[
+        float,
+        Key(
+            "A probe is kept when its median is at most this share of the fallback's.",
+            Number(gt=0, le=1),
+        ),
+    ] = 0.9
+    explore_first_s: Annotated[
+        float, Key("Delay before the first exploration of fewer threads.", Duration())
+    ] = 0.0
+    explore_s: Annotated[float, Key("Interval between explorations.", _seconds)] = 30.0
+    explore_max_s: Annotated[
+        float, Key("Explorations that find nothing double the interval up to this.", _seconds)
+    ] = 300.0
+    busy_linger_s: Annotated[
+        float, Key("A worker still counts as busy this long after its last step.", _seconds)
+    ] = 0.5
+
+
+class DaemonSection(Table, frozen=True, kw_only=True):
+    """Where the daemon listens and keeps its files, how it logs."""
+
+    endpoint: Annotated[
+        str | None,
+        Key(
+            "The one client-facing endpoint: ipc://PATH, or tcp://HOST:PORT on a loopback "
+            "address (127.0.0.1, ::1, localhost).",
+            Text(hint="ipc://PATH or tcp://HOST:PORT"),
+            default_text="ipc://<runtime_dir>/llamad.sock",
+            example="ipc:///run/llamad/llamad.sock",
+        ),
+    ] = None
+    runtime_dir: Annotated[
+        str | None,
+        Key(
+            "Private (0700) directory of sockets, the actor registry, counters and boards.",
+            AbsPath(),
+            default_text="$LLAMAD_RUNTIME_DIR, else $XDG_RUNTIME_DIR/llamad, "
+            "else /tmp/llamad-<uid>",
+            example="/run/llamad",
+        ),
+    ] = None
+    state_dir: Annotated[
+        str | None,
+        Key(
+            "Directory of state that outlives a reboot (the disk tier by default).",
+            AbsPath(),
+            default_text="$STATE_DIRECTORY (systemd), else $XDG_STATE_HOME/llamad, "
+            "else ~/.local/state/llamad",
+            example="/var/lib/llamad",
+        ),
+    ] = None
+    log_format: Annotated[
+        str,
+        Key(
+            "Log lines on stderr: json, console, or auto (console on a terminal, else json).",
+            OneOf(("auto", "json", "console")),
+        ),
+    ] = "auto"
+    log_level: Annotated[
+        str, Key("Least severe level logged.", OneOf(("debug", "info", "warning", "error")))
+    ] = "info"
+    serve_default_model: Annotated[
+        bool,
+        Key(
+            f'With no [models] table, serve the default model as "{DEFAULT_MODEL_ID}" '
+            "(false: start with no model; load them at run time).",
+            Boolean(),
+        ),
+    ] = True
+    threads: Annotated[ThreadsSection, Section("The thread budget and governor.")] = msgspec.field(
+        default_factory=ThreadsSection
+    )
+
+
+class RamTier(Table, frozen=True, kw_only=True):
+    """The ``ram`` tier: shared memory, gone when the daemon stops."""
+
+    quota: Annotated[int, Key("Bytes this tier may hold (0 turns it off).", Size())] = 2 * GIB
+
+
+class RamFileTier(Table, frozen=True, kw_only=True):
+    """The ``ram_file`` tier: files on tmpfs, survive a daemon restart."""
+
+    quota: Annotated[int, Key("Bytes this tier may hold (0 turns it off).", Size())] = 4 * GIB
+    root: Annotated[
+        str | None,
+        Key(
+            "Its directory (on tmpfs, so that it survives the daemon, unlike a systemd "
+            "RuntimeDirectory).",
+            AbsPath(),
+            default_text="/dev/shm/llamad-<uid>/<cache.instance>",
+            example="/dev/shm/llamad",
+        ),
+    ] = None
+
+
+class DiskTier(Table, frozen=True, kw_only=True):
+    """The ``disk`` tier: files that survive a reboot."""
+
+    quota: Annotated[int, Key("Bytes this tier may hold (0 turns it off).", Size())] = 64 * GIB
+    root: Annotated[
+        str | None,
+        Key(
+            "Its directory.",
+            AbsPath(),
+            default_text="<state_dir>/kvc",
+            example="/var/lib/llamad/kvc",
+        ),
+    ] = None
+
+
+_POLICY = CachePolicy()
+
+
+class PolicySection(Table, frozen=True, kw_only=True):
+    """When a model saves, and at which length (SPEC C7); ``[models.<id>.cache.policy]``
+    overrides any key for one model."""
+
+    min_tokens: Annotated[
+        int, Key("No save of fewer tokens (a short prefill beats a restore).", Integer(ge=0))
+    ] = _POLICY.min_tokens
+    cold_min_tokens: Annotated[
+        int, Key("A cold prefill is saved only if at least this long.", Integer(ge=0))
+    ] = _POLICY.cold_min_tokens
+    cold_max_tokens: Annotated[
+        int, Key("... and saved at most this long (>= cold_min_tokens).", Integer(ge=0))
+    ] = _POLICY.cold_max_tokens
+    continued_interval: Annotated[int, Key("Tokens generated between continued saves.", _count)] = (
+        _POLICY.continued_interval
+    )
+    boundary_trim_tokens: Annotated[
+        int, Key("Tail tokens a cold save leaves out.", Integer(ge=0))
+    ] = _POLICY.boundary_trim_tokens
+    boundary_align_tokens: Annotated[
+        int, Key("A cold save's length is rounded down to a multiple of this.", _count)
+    ] = _POLICY.boundary_align_tokens
+    session_resume_wait_ms: Annotated[
+        int,
+        Key(
+            "How long a lookup with a parent key waits for an in-flight finish save.",
+            Duration(unit="ms"),
+        ),
+    ] = _POLICY.session_resume_wait_ms
+    evict_save_timeout_ms: Annotated[
+        int, Key("Cap of a synchronous evict or shutdown save.", Duration(unit="ms"))
+    ] = _POLICY.evict_save_timeout_ms
+
+
+class LookupSection(Table, frozen=True, kw_only=True):
+    """When restoring a diverging row and truncating it beats a shorter prefix."""
+
+    common_min_tokens: Annotated[
+        int, Key("A diverging row is used only if it covers this many prompt tokens.", _count)
+    ] = 256
+    restore_cost: Annotated[
+        float,
+        Key("Cost of restoring one token relative to prefilling one.", Number(ge=0, le=1)),
+    ] = 0.05
+    allow_common: Annotated[
+        bool, Key("Restore diverging rows at all (false: exact prefixes only).", Boolean())
+    ] = True
+
+
+class PressureSection(Table, frozen=True, kw_only=True):
+    """The memory-pressure scheduler (SPEC C9): evicts when memory runs short."""
+
+    enabled: Annotated[bool, Key("Run it (off by default).", Boolean())] = False
+    source: Annotated[
+        str,
+        Key(
+            "What is sampled: system memory, GPU memory (nvidia_smi), or nothing (noop).",
+            OneOf(tuple(s for s in SOURCES if s != "callable")),
+        ),
+    ] = "system"
+    interval_s: Annotated[float, Key("Seconds between checks.", _seconds)] = 5.0
+    high_watermark: Annotated[
+        float, Key("Evict when the used share exceeds this.", Number(gt=0, le=1))
+    ] = 0.85
+    low_watermark: Annotated[
+        float, Key("... down to this share (< high_watermark).", Number(ge=0, lt=1))
+    ] = 0.75
+    min_evict_bytes: Annotated[int, Key("Smallest eviction worth doing.", Size())] = MIB
+    evict_tiers: Annotated[
+        tuple[str, ...], Key("The tiers it evicts from.", ManyOf(TIER_NAMES))
+    ] = ("ram", "ram_file")
+
+
+class CacheSection(Table, frozen=True, kw_only=True):
+    """The KV cache: tiers and quotas, policy, lookup, pressure, writers."""
+
+    instance: Annotated[
+        str,
+        Key(
+            "Names this daemon's cache on the host: ram segments and the default ram_file "
+            "directory carry it, so two daemons on one host need different instances.",
+            Text(pattern=r"[A-Za-z0-9_-]{1,64}", hint="[A-Za-z0-9_-], 1 to 64 characters"),
+        ),
+    ] = "default"
+    ram: Annotated[RamTier, Section("The ram tier.")] = msgspec.field(default_factory=RamTier)
+    ram_file: Annotated[RamFileTier, Section("The ram_file tier.")] = msgspec.field(
+        default_factory=RamFileTier
+    )
+    disk: Annotated[DiskTier, Section("The disk tier.")] = msgspec.field(default_factory=DiskTier)
+    save_permits: Annotated[
+        int, Key("Saves written at once, daemon-wide.", Integer(ge=1, le=MAX_PERMITS))
+    ] = 4
+    reservation_ttl_s: Annotated[
+        float, Key("A save reservation not completed in this time is reaped.", _seconds)
+    ] = 60.0
+    max_wait_s: Annotated[
+        float, Key("Longest a lookup may wait for an in-flight save.", _seconds)
+    ] = 60.0
+    stats_flush_s: Annotated[
+        float, Key("How often hit counts are written back into file headers.", _seconds)
+    ] = 10.0
+    policy: Annotated[PolicySection, Section("The save policy (SPEC C7).")] = msgspec.field(
+        default_factory=PolicySection
+    )
+    lookup: Annotated[LookupSection, Section("Prefix lookup.")] = msgspec.field(
+        default_factory=LookupSection
+    )
+    pressure: Annotated[PressureSection, Section("The memory-pressure scheduler.")] = msgspec.field(
+        default_factory=PressureSection
+    )
+
+
+class SecuritySection(Table, frozen=True, kw_only=True):
+    """What a client may make the daemon read, and how much it may send (SPEC D5)."""
+
+    model_dirs: Annotated[
+        tuple[str, ...] | None,
+        Key(
+            "Directories model files may come from, in the config and in load_model; "
+            "a path is checked after resolving symlinks and `..`.",
+            PathList(),
+            default_text="<llamad cache>/models and the default model's directory",
+            example=["/srv/models"],
+        ),
+    ] = None
+    max_message_bytes: Annotated[
+        int, Key("Largest message frame a peer may send (ZeroMQ MAXMSGSIZE).", Size(ge=1))
+    ] = 64 * MIB
+    max_header_bytes: Annotated[
+        int, Key("Largest msgpack header (<= max_message_bytes).", Size(ge=1))
+    ] = MIB
+
+
+class LlamadConfig(Table, frozen=True, kw_only=True):
+    """The whole configuration, validated and resolved.
+
+    ``source``: the file it was read from (``None``: defaults only).
+    ``overrides``: the environment variables that set keys.
+    """
+
+    daemon: Annotated[DaemonSection, Section("The daemon process.")] = msgspec.field(
+        default_factory=DaemonSection
+    )
+    cache: Annotated[CacheSection, Section("The KV cache.")] = msgspec.field(
+        default_factory=CacheSection
+    )
+    security: Annotated[SecuritySection, Section("Security limits.")] = msgspec.field(
+        default_factory=SecuritySection
+    )
+    models: Annotated[
+        dict[str, ModelConfig],
+        Tables("One table per model, keyed by the model id clients use.", name_hint="<id>"),
+    ] = msgspec.field(default_factory=dict)
+    source: str | None = None
+    overrides: tuple[str, ...] = ()
+
+    # -- resolved places ------------------------------------------------------
+
+    @property
+    def endpoint(self) -> str:
+        """The client-facing endpoint the daemon binds and clients connect to."""
+        assert self.daemon.endpoint is not None, "resolved by load_config"
+        return self.daemon.endpoint
+
+    @property
+    def runtime_dir(self) -> Path:
+        assert self.daemon.runtime_dir is not None, "resolved by load_config"
+        return Path(self.daemon.runtime_dir)
+
+    @property
+    def state_dir(self) -> Path:
+        assert self.daemon.state_dir is not None, "resolved by load_config"
+        return Path(self.daemon.state_dir)
+
+    @property
+    def registry_root(self) -> Path:
+        """The actor registry every process of this daemon registers in."""
+        return self.runtime_dir / "actors"
+
+    @property
+    def model_dirs(self) -> tuple[Path, ...]:
+        return tuple(Path(d) for d in self.security.model_dirs or ())
+
+    def model(self, model_id: str) -> ModelConfig:
+        """The table of ``model_id``; :class:`~llamad.errors.ModelNotFound` if none."""
+        found = self.models.get(model_id)
+        if found is None:
+            raise ModelNotFound(
+                f"no model {model_id!r} in the configuration", details={"model_id": model_id}
+            )
+        return found
+
+    # -- what the daemon's parts are started with (llamad.config.convert) -----
+
+    def _convert(self) -> Any:
+        return importlib.import_module("llamad.config.convert")
+
+    def cache_settings(self) -> CacheSettings:
+        """Everything cache-meta needs to start."""
+        settings: CacheSettings = self._convert().cache_settings(self)
+        return settings
+
+    def worker_spec(self, model_id: str) -> WorkerSpec:
+        """What ``model_id``'s worker process is started with."""
+        spec: WorkerSpec = self._convert().worker_spec(self, model_id)
+        return spec
+
+    def cache_view_config(self, model_id: str) -> CacheViewConfig:
+        """Which tiers ``model_id`` saves to and restores from."""
+        view: CacheViewConfig = self._convert().cache_view_config(self, model_id)
+        return view
+
+    def thread_policy(self, model_id: str) -> ThreadPolicy | None:
+        """``model_id``'s thread governor policy (``None``: the worker's default)."""
+        policy: ThreadPolicy | None = self._convert().thread_policy(self, model_id)
+        return policy
+
+    def limits(self) -> Limits:
+        """Message size limits for the daemon's sockets."""
+        limits: Limits = self._convert().limits(self)
+        return limits

@@ -1,0 +1,82 @@
+"""What the configuration may point the daemon at (SPEC D5).
+
+- A model file must lie in one of ``security.model_dirs`` once every symlink
+  and ``..`` is resolved: a link inside an allowed directory that points
+  outside it is refused, as is ``/srv/models/../../etc/x``. The containment
+  check comes before any existence check, so a refusal never says whether a
+  file outside the allowed directories exists. The daemon calls
+  :func:`resolve_model_path` again for every ``load_model`` and loads the
+  resolved path it returns.
+- The client-facing endpoint is ``ipc://`` or ``tcp://`` on a loopback
+  address: CURVE keys are not supported yet, and without them a TCP socket
+  on another interface would serve anyone who can reach it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from llamad.actors.errors import ActorConfigError
+from llamad.actors.sockets import validate_endpoint
+from llamad.errors import ConfigError
+
+__all__ = ["check_endpoint", "resolve_model_path"]
+
+
+def _refuse(field: str, problem: str) -> ConfigError:
+    return ConfigError(f"{field}: {problem}", details={"field": field, "problem": problem})
+
+
+def resolve_model_path(
+    path: str | os.PathLike[str], model_dirs: Sequence[str | os.PathLike[str]], field: str = "path"
+) -> Path:
+    """The real path of model file ``path`` if it lies in one of ``model_dirs``.
+
+    Raises :class:`~llamad.errors.ConfigError` (``details["field"]`` is
+    ``field``, ``details["problem"]`` the reason without it): not absolute,
+    outside every allowed directory, missing, or not a regular file.
+    """
+    text = os.fspath(path)
+    if not os.path.isabs(text) or "\0" in text:
+        raise _refuse(field, f"{text!r} is not an absolute path")
+    real = Path(os.path.realpath(text))
+    allowed = [Path(os.path.realpath(d)) for d in model_dirs]
+    if not any(real.is_relative_to(d) for d in allowed):
+        dirs = ", ".join(str(d) for d in model_dirs) or "none configured"
+        shown = text if real == Path(text) else f"{text} (which resolves to {real})"
+        raise _refuse(field, f"{shown} is outside the allowed model directories ({dirs})")
+    if not real.exists():
+        raise _refuse(field, f"{text} does not exist")
+    if not real.is_file():
+        raise _refuse(field, f"{text} is not a regular file")
+    return real
+
+
+def _loopback(host: str) -> bool:
+    host = host.removeprefix("[").removesuffix("]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_endpoint(endpoint: str, field: str = "endpoint") -> str:
+    """``endpoint`` if the daemon may bind it, else :class:`ConfigError` naming ``field``."""
+    try:
+        validate_endpoint(endpoint, field)
+    except ActorConfigError as exc:
+        raise _refuse(field, exc.message.removeprefix(f"{field}: ")) from None
+    if endpoint.startswith("tcp://"):
+        host = endpoint[len("tcp://") :].rpartition(":")[0]
+        if not _loopback(host):
+            raise _refuse(
+                field,
+                f"{endpoint} is not on a loopback address; TCP is served on loopback only "
+                "(127.0.0.1, ::1, localhost) until CURVE keys are supported",
+            )
+    return endpoint
