@@ -90,8 +90,12 @@ class Kind:
         """A value of this kind as TOML (the default in the example)."""
         return toml_literal(value)
 
-    def fail(self, value: object, expected: str | None = None) -> ValueError:
-        return ValueError(f"expected {expected or self.type_text()}, got {_got(value)}")
+    def expected(self) -> str:
+        """What a refusal says was expected (by default the reference's type)."""
+        return self.type_text()
+
+    def fail(self, value: object) -> ValueError:
+        return ValueError(f"expected {self.expected()}, got {_got(value)}")
 
 
 def _bounds(ge: float | None, gt: float | None, le: float | None, lt: float | None) -> str:
@@ -250,14 +254,14 @@ def _abs_path(value: object) -> str | None:
     if any("\ud800" <= c <= "\udfff" for c in value):
         return None
     expanded = os.path.expanduser(value)
-    if not os.path.isabs(expanded):
-        return None
-    return os.path.normpath(expanded)
+    # Not normalised: "link/.." means what the kernel says once the link is
+    # resolved (llamad.config.security), not what a string operation says.
+    return expanded if os.path.isabs(expanded) else None
 
 
 @dataclass(frozen=True)
 class AbsPath(Kind):
-    """An absolute path (``~`` expanded, normalised); ``keywords`` are taken as they are."""
+    """An absolute path (``~`` expanded); ``keywords`` are taken as they are."""
 
     keywords: tuple[str, ...] = ()
 
@@ -316,6 +320,14 @@ class Duration(Kind):
         return seconds
 
     def type_text(self) -> str:
+        text = f"duration ({self.unit})"
+        if self.positive:
+            text += ", > 0"
+        if self.never:
+            text += ', or "never"'
+        return text
+
+    def expected(self) -> str:
         unit = "milliseconds" if self.unit == "ms" else "seconds"
         text = f"a number of {unit} or {DURATION_HINT}"
         if self.positive:
@@ -346,6 +358,9 @@ class Size(Kind):
         return size
 
     def type_text(self) -> str:
+        return f"size, >= {format_size(self.ge)}" if self.ge else "size"
+
+    def expected(self) -> str:
         text = f"a number of bytes or {SIZE_HINT}"
         return f"{text} (>= {format_size(self.ge)})" if self.ge else text
 

@@ -170,8 +170,10 @@ def _default_cell(table: Table, f: FieldInfo) -> str:
         return f"`{inherited[1]}`"
     if f.key.required:
         return "required"
-    if f.key.default_text is not None:
-        return f.key.default_text
+    text = f.key.default_text
+    if text is not None:
+        # Placeholders like <runtime_dir> would read as HTML tags outside code.
+        return f"`{text}`" if "<" in text or "$" in text else text
     return f"`{f.key.kind.render(f.default_value())}`"
 
 
@@ -179,7 +181,7 @@ def reference_markdown() -> str:
     """The reference of every table and key, as Markdown."""
     out: list[str] = []
     for table in sections():
-        out.append(f"### `[{format_key(table.path)}]`")
+        out.append(f"### `[{'.'.join(table.path)}]`")
         out.append("")
         note = " Optional: absent unless written." if table.optional else ""
         out.append(f"{table.doc}{note}")

@@ -66,18 +66,20 @@ def parse_size(value: object) -> int:
     if isinstance(value, bool):
         raise ValueError(f"expected {SIZE_HINT}, got {value!r}")
     if isinstance(value, int):
-        size = float(value)
+        size = value
     elif isinstance(value, str):
         match = _SIZE.fullmatch(value.strip())
         factor = _SIZE_UNITS.get(match.group(2).lower()) if match else None
         if match is None or factor is None:
             raise ValueError(f"expected {SIZE_HINT}, got {value!r}")
-        size = float(match.group(1)) * factor
+        number, _, fraction = match.group(1).partition(".")
+        # Exact arithmetic: a float would misread "1000TiB"-sized counts.
+        size = int(number) * factor + int(fraction or "0") * factor // 10 ** len(fraction)
     else:
         raise ValueError(f"expected {SIZE_HINT}, got {value!r}")
-    if not math.isfinite(size) or size < 0:
+    if size < 0:
         raise ValueError(f"expected a size >= 0, got {value!r}")
-    return int(size)
+    return size
 
 
 def format_size(n: int) -> str:

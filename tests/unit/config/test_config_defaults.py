@@ -1,0 +1,129 @@
+"""With no config at all the daemon serves the default model as "smollm2" on the default
+ipc endpoint; directories follow the environment the daemon runs in."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from config_helpers import Workspace, write_config
+
+from llamad.config import (
+    CONFIG_ENV,
+    DEFAULT_MODEL_ID,
+    ConfigError,
+    client_endpoint,
+    load_config,
+)
+from llamad.paths import AssetMissing, default_model_path
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_no_config_serves_the_default_model_on_the_default_endpoint(
+    ws: Workspace, default_model: Path
+) -> None:
+    config = load_config(None, env=ws.env)
+    run = ws.env["LLAMAD_RUNTIME_DIR"]
+    assert config.source is None
+    assert list(config.models) == [DEFAULT_MODEL_ID] == ["smollm2"]
+    assert config.models["smollm2"].path == str(default_model)
+    assert config.endpoint == f"ipc://{run}/llamad.sock"
+    assert config.runtime_dir == Path(run)
+    assert config.state_dir == Path(ws.env["XDG_STATE_HOME"]) / "llamad"
+    spec = config.worker_spec("smollm2")
+    assert spec.model_path == str(default_model)
+    assert spec.context.kv_unified is True
+    assert [t.root for t in config.cache_settings().tiers][2] == config.state_dir / "kvc"
+
+
+def test_a_config_without_models_still_serves_the_default_model(ws: Workspace) -> None:
+    config = ws.loaded({"daemon": {"log_level": "debug"}})
+    assert list(config.models) == ["smollm2"]
+
+
+def test_serve_default_model_false_starts_with_no_model(ws: Workspace) -> None:
+    config = ws.loaded({"daemon": {"serve_default_model": False}})
+    assert config.models == {}
+
+
+def test_configured_models_replace_the_default_model(ws: Workspace) -> None:
+    assert list(ws.loaded(ws.data()).models) == ["smol"]
+
+
+def test_path_default_names_the_default_model(ws: Workspace, default_model: Path) -> None:
+    config = ws.loaded({"models": {"chat": {"path": "default"}}})
+    assert config.models["chat"].path == str(default_model)
+
+
+def test_a_missing_default_model_is_refused_naming_the_key(
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("LLAMAD_DEFAULT_MODEL", str(tmp_path / "not-fetched.gguf"))
+    with pytest.raises(ConfigError) as info:
+        load_config(None, env=ws.env)
+    (error,) = info.value.details["errors"]
+    assert error["key"] == "models.smollm2.path"
+    assert "make setup" in error["problem"]
+
+
+def test_the_config_file_can_come_from_llamad_config(ws: Workspace) -> None:
+    path = write_config(ws.dir, ws.data())
+    config = load_config(None, env={**ws.env, CONFIG_ENV: str(path)})
+    assert config.source == str(path)
+    assert list(config.models) == ["smol"]
+
+
+@pytest.mark.parametrize(
+    ("env", "runtime", "state"),
+    [
+        (
+            {"XDG_RUNTIME_DIR": "/run/user/7", "XDG_STATE_HOME": "/home/u/.st"},
+            "/run/user/7/llamad",
+            "/home/u/.st/llamad",
+        ),
+        (
+            {"LLAMAD_RUNTIME_DIR": "/run/llamad", "STATE_DIRECTORY": "/var/lib/llamad:/var/x"},
+            "/run/llamad",
+            "/var/lib/llamad",
+        ),
+        ({"HOME": "/home/u"}, f"/tmp/llamad-{os.getuid()}", "/home/u/.local/state/llamad"),
+    ],
+)
+def test_default_directories_follow_the_environment(
+    default_model: Path, env: dict[str, str], runtime: str, state: str
+) -> None:
+    config = load_config(None, env=env)
+    assert (str(config.runtime_dir), str(config.state_dir)) == (runtime, state)
+    assert config.endpoint == f"ipc://{runtime}/llamad.sock"
+
+
+def test_client_endpoint_reads_only_the_daemon_table(ws: Workspace) -> None:
+    # A client needs the endpoint, not the models: a bad model does not stop it.
+    data = ws.data({("daemon", "endpoint"): "tcp://127.0.0.1:9999"})
+    data["models"]["smol"]["n_ctx"] = "bad"
+    path = write_config(ws.dir, data)
+    assert client_endpoint(path, env=ws.env) == "tcp://127.0.0.1:9999"
+    env = {**ws.env, "LLAMAD_DAEMON__ENDPOINT": "tcp://127.0.0.1:1234"}
+    assert client_endpoint(path, env=env) == "tcp://127.0.0.1:1234"
+    assert client_endpoint(None, env=ws.env) == f"ipc://{ws.env['LLAMAD_RUNTIME_DIR']}/llamad.sock"
+
+
+def test_client_endpoint_refuses_a_bad_endpoint(ws: Workspace) -> None:
+    with pytest.raises(ConfigError, match=r"daemon\.endpoint"):
+        client_endpoint(None, env={**ws.env, "LLAMAD_DAEMON__ENDPOINT": "tcp://0.0.0.0:1"})
+
+
+@pytest.mark.model
+def test_the_real_default_model_is_served_with_no_config(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("LLAMAD_DEFAULT_MODEL", raising=False)
+    try:
+        real = default_model_path()
+    except AssetMissing:
+        pytest.skip("default model not fetched (make setup)")
+    config = load_config(None, env={"HOME": str(tmp_path), "LLAMAD_RUNTIME_DIR": "/tmp/lcfg-real"})
+    assert config.models["smollm2"].path == str(real.resolve())
+    assert config.worker_spec("smollm2").model_path == str(real.resolve())
