@@ -23,6 +23,7 @@ BENCHES: dict[str, tuple[str, list[str]]] = {
     "cache-io": ("bench.cache_io_bench", ["--record"]),
     "cache-lookup": ("bench.cache_lookup_bench", ["--record"]),
     "threads": ("bench.threads_bench", []),  # records unless --no-record
+    "worker": ("bench.worker_bench", []),  # records unless --no-record
 }
 
 
