@@ -35,7 +35,7 @@ from llamad.cache.pressure import PressureConfig
 from llamad.cache.sup import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import SHM_ROOT, TierConfig
-from llamad.config.kinds import fields_of
+from llamad.config.keys import fields_of
 from llamad.config.model_schema import ModelConfig, ModelPolicy, ModelThreads
 from llamad.config.problems import KeyPath, Problems, format_key
 from llamad.config.schema import LlamadConfig

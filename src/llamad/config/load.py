@@ -200,8 +200,10 @@ def load_config(
     ``path``: the TOML file (``None``: ``$LLAMAD_CONFIG``, else defaults only).
     ``env``: the environment whose ``LLAMAD_*__*`` variables override keys
     and whose ``XDG_*``/``LLAMAD_RUNTIME_DIR``/``STATE_DIRECTORY`` give the
-    default directories (default: ``os.environ``). Raises one
-    :class:`~llamad.errors.ConfigError` listing every problem.
+    default directories (default: ``os.environ``). The default model and
+    llamad's cache folder come from :mod:`llamad.paths`, which reads the
+    process's own environment (``LLAMAD_DEFAULT_MODEL``, ``LLAMAD_CACHE_DIR``).
+    Raises one :class:`~llamad.errors.ConfigError` listing every problem.
     """
     env = os.environ if env is None else env
     problems = Problems()

@@ -21,17 +21,16 @@ import msgspec
 
 from llamad.cache.key import FingerprintMode
 from llamad.cache.tier_kind import TierKind
+from llamad.config.keys import Key, Section
 from llamad.config.kinds import (
     AbsPath,
     Boolean,
     Duration,
     Integer,
-    Key,
     ManyOf,
     Number,
     NumberList,
     OneOf,
-    Section,
     Text,
 )
 from llamad.model.strategies import DEFAULT_STRATEGY, STRATEGIES

@@ -17,7 +17,8 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from llamad.config.kinds import FieldInfo, Key, Section, Tables, fields_of, toml_literal
+from llamad.config.keys import FieldInfo, Key, Section, Tables, fields_of
+from llamad.config.kinds import toml_literal
 from llamad.config.problems import KeyPath, Problems
 
 __all__ = ["read_table"]

@@ -21,7 +21,7 @@ from typing import Any, Final
 import msgspec
 
 from llamad.config.env import env_name
-from llamad.config.kinds import FieldInfo, Key, Section, Tables, fields_of
+from llamad.config.keys import FieldInfo, Key, Section, Tables, fields_of
 from llamad.config.model_schema import DEFAULT_MODEL_PATH, ModelPolicy, ModelThreads
 from llamad.config.problems import KeyPath, format_key
 from llamad.config.schema import DEFAULT_MODEL_ID, LlamadConfig, PolicySection, ThreadsSection

@@ -1,7 +1,7 @@
 """The configuration's shape: ``[daemon]``, ``[cache]``, ``[security]``, ``[models.<id>]``.
 
 Frozen msgspec Structs, one per table. Each key is declared once, with its
-meaning and kind (:mod:`llamad.config.kinds`); the reader
+meaning and kind (:mod:`llamad.config.keys`, :mod:`llamad.config.kinds`); the reader
 (:mod:`llamad.config.reader`), the reference in ``docs/internals/config.md``
 and the example (:mod:`llamad.config.reference`) are all derived from these
 declarations. A :class:`LlamadConfig` returned by
@@ -21,19 +21,17 @@ import msgspec
 from llamad.cache.policy import CachePolicy
 from llamad.cache.pressure import SOURCES
 from llamad.cache.writer import MAX_PERMITS
+from llamad.config.keys import Key, Section, Tables
 from llamad.config.kinds import (
     AbsPath,
     Boolean,
     Duration,
     Integer,
-    Key,
     ManyOf,
     Number,
     OneOf,
     PathList,
-    Section,
     Size,
-    Tables,
     Text,
 )
 from llamad.config.model_schema import TIER_NAMES, ModelConfig, Table
@@ -159,7 +157,11 @@ class DaemonSection(Table, frozen=True, kw_only=True):
         ),
     ] = "auto"
     log_level: Annotated[
-        str, Key("Least severe level logged.", OneOf(("debug", "info", "warning", "error")))
+        str,
+        Key(
+            "Least severe level logged.",
+            OneOf(("debug", "info", "warning", "error", "critical")),
+        ),
     ] = "info"
     serve_default_model: Annotated[
         bool,

@@ -21,7 +21,7 @@ from llamad.cache.pressure import PressureConfig
 from llamad.cache.sup import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.config import LlamadConfig
-from llamad.config.kinds import fields_of
+from llamad.config.keys import fields_of
 from llamad.config.model_schema import ModelCache, ModelConfig, ModelPolicy, ModelThreads
 from llamad.config.schema import (
     CacheSection,
