@@ -4,6 +4,8 @@ ipc endpoint; directories follow the environment the daemon runs in."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -127,3 +129,16 @@ def test_the_real_default_model_is_served_with_no_config(
     config = load_config(None, env={"HOME": str(tmp_path), "LLAMAD_RUNTIME_DIR": "/tmp/lcfg-real"})
     assert config.models["smollm2"].path == str(real.resolve())
     assert config.worker_spec("smollm2").model_path == str(real.resolve())
+
+
+def test_importing_the_config_never_loads_libllama() -> None:
+    # A client reads the endpoint from the config; it must not need libllama.
+    code = (
+        "import sys, llamad.config, llamad.config.cli\n"
+        "from llamad.config.model_schema import ModelConfig\n"
+        "from llamad.config.keys import fields_of\n"
+        "fields_of(ModelConfig)\n"
+        "loaded = [m for m in sys.modules if m.startswith('llamad.llama_ffi.')]\n"
+        "assert loaded == ['llamad.llama_ffi.errors'], loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
