@@ -203,9 +203,14 @@ class Tree:
         from llamad.cache.client import CacheClient  # noqa: PLC0415
 
         assert key is not None, "the request saved no row"
+        deadline = time.monotonic() + timeout
         with CacheClient.from_settings(self.settings, timeout=timeout + 5) as cache:
-            ref = cache.lookup_exact_or_wait(key, timeout)
-            assert ref is not None, f"row {key.hex()} was never published"
+            # The writer reserves the save on its own thread: until it has,
+            # cache-meta knows no save to wait for and answers a miss at once.
+            while (ref := cache.lookup_exact_or_wait(key, 1.0)) is None:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"row {key.hex()} was never published")
+                time.sleep(0.005)
             cache.checkin(ref.pin)
             return str(ref.location)
 
