@@ -228,7 +228,8 @@ def report(rounds: list[Round], settings: str) -> str:
         "path the held-back last prompt token decoded alone, on the cold path the whole "
         "prefill) are the worker's own `stats`; the first token's decode is the last "
         "`llama_decode` of the request, read from the worker's status board; rest = client "
-        "TTFT less the three stats (sending, admission, sampling, delivering the event):\n\n"
+        "TTFT less the three stats (sending, admission, sampling, delivering the event); each "
+        "column is its own median over rounds, so a row need not add up exactly:\n\n"
         f"{where_table}\n\n### Decode\n\n{decode_table}\n\n### Bars\n\n{bar_table}\n"
     )
 
