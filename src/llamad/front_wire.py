@@ -1,0 +1,171 @@
+"""The front's ops and their wire schemas: the contract between daemon and client.
+
+The front (actor ``llamad.front``, bound on the daemon's client endpoint) is
+the control plane: it routes a model id to the worker actor that serves it,
+loads and unloads models, and answers status and cache operations. It does
+not relay token streams: a client asks ``route`` once per model and then
+talks to the worker actor directly (``llamad.model.wire`` has those ops).
+
+=====================  ======  =====================  ===========================================
+op                     kind    body                   answer
+=====================  ======  =====================  ===========================================
+``route``              call    :class:`ModelRef`      :class:`Route` (a configured model that is
+                                                      unloaded is loaded first: deferred reply)
+``load_model``         stream  :class:`LoadModel`     events :class:`LoadProgress`; END
+                                                      :class:`ModelInfo`
+``unload``             call    :class:`ModelRef`      ``None``
+``list_models``        call    :class:`NoArgs`        ``list[ModelInfo]``
+``model_info``         call    :class:`ModelRef`      :class:`ModelInfo`
+``status``             call    :class:`NoArgs`        :class:`DaemonStatus`
+``counters``           call    :class:`NoArgs`        ``dict[str, int]`` (the cache's counters)
+``evict_bytes``        call    :class:`EvictBytes`    ``int``: bytes evicted
+``gc``                 call    :class:`NoArgs`        :class:`llamad.cache.meta.GcReport`
+=====================  ======  =====================  ===========================================
+
+Errors are typed (``model_not_found``, ``bad_request`` naming the option,
+``config_error`` for a path outside the allowed directories, ``not_gguf``,
+``model_load_failed``, ...). This module imports no libllama: clients use it.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Final
+
+import msgspec
+
+from llamad.actors.ops import OpKind, OpSpec
+from llamad.model.status_board import WorkerSnapshot
+
+__all__ = [
+    "FRONT_ACTOR",
+    "OPS",
+    "DaemonStatus",
+    "EvictBytes",
+    "LoadModel",
+    "LoadProgress",
+    "ModelInfo",
+    "ModelRef",
+    "ModelState",
+    "ModelStatus",
+    "NoArgs",
+    "Route",
+    "TierUsage",
+]
+
+FRONT_ACTOR: Final = "llamad.front"
+"""The front's actor name in the daemon's registry."""
+
+ModelId = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+]
+"""A model id is part of its worker's actor name (``model.<id>``)."""
+
+
+class ModelState(StrEnum):
+    LOADING = "loading"
+    READY = "ready"
+    UNLOADED = "unloaded"
+    """Configured, not running (keep_alive expired, or unloaded): the next ``route`` loads it."""
+    FAILED = "failed"
+    """Its worker gave up (restart intensity exceeded, or the load failed): see ``error``."""
+
+
+class NoArgs(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """An op without arguments."""
+
+
+class ModelRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    model_id: ModelId
+
+
+class Route(msgspec.Struct, frozen=True):
+    """Where a model is served: its worker's actor name in the registry at
+    ``registry_root``, and that actor's ``instance`` when the route was given."""
+
+    model_id: str
+    actor: str
+    registry_root: str
+    instance: str
+
+
+class LoadModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``load_model``: ``options`` are the keys of a ``[models.<id>]`` table
+    (validated by the config's rules; an error names the key). ``path``
+    ``None``: the configured model's own path."""
+
+    model_id: ModelId
+    path: str | None = None
+    options: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class LoadProgress(msgspec.Struct, frozen=True):
+    """A ``load_model`` stream event: the share of the model file loaded."""
+
+    fraction: float
+
+
+class ModelInfo(msgspec.Struct, frozen=True):
+    """One model as the front knows it."""
+
+    model_id: str
+    path: str
+    state: ModelState
+    n_ctx: int = 0
+    n_seq_max: int = 0
+    keep_alive_s: float | None = None
+    loaded_at: float | None = None
+    """Wall clock (``time.time()``) of the last successful load."""
+    restarts: int = 0
+    last_exit: str | None = None
+    error: str | None = None
+
+
+class TierUsage(msgspec.Struct, frozen=True):
+    bytes: int
+    quota: int
+
+
+class ModelStatus(msgspec.Struct, frozen=True):
+    info: ModelInfo
+    worker: WorkerSnapshot | None = None
+    """From the worker's status board (never waiting on a busy worker)."""
+
+
+class DaemonStatus(msgspec.Struct, frozen=True):
+    pid: int
+    uptime_s: float
+    models: list[ModelStatus] = msgspec.field(default_factory=list)
+    tiers: dict[str, TierUsage] = msgspec.field(default_factory=dict)
+    restarts: int = 0
+    """Restarts the daemon's supervisors carried out since it started."""
+
+
+class EvictBytes(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    n: Annotated[int, msgspec.Meta(ge=0, le=2**62)]
+    tiers: list[str] | None = None
+
+
+def _call(name: str, body: Any, doc: str) -> OpSpec:
+    return OpSpec(name, OpKind.CALL, body=body, doc=doc)
+
+
+OPS: Final[dict[str, OpSpec]] = {
+    spec.name: spec
+    for spec in (
+        _call("route", ModelRef, "the worker actor serving a model (loading it if needed)"),
+        OpSpec(
+            "load_model",
+            OpKind.STREAM,
+            body=LoadModel,
+            doc="load a model: progress events, END with its ModelInfo",
+        ),
+        _call("unload", ModelRef, "stop a model's worker (its shutdown saves run)"),
+        _call("list_models", NoArgs, "every model the front knows"),
+        _call("model_info", ModelRef, "one model"),
+        _call("status", NoArgs, "models, workers, supervisors, cache tiers"),
+        _call("counters", NoArgs, "the cache's counters"),
+        _call("evict_bytes", EvictBytes, "free at least n bytes of the cache; bytes freed"),
+        _call("gc", NoArgs, "the cache's gc; a GcReport"),
+    )
+}
