@@ -22,9 +22,14 @@ op                     kind    body                   answer
 ``gc``                 call    :class:`NoArgs`        :class:`llamad.cache.meta.GcReport`
 =====================  ======  =====================  ===========================================
 
-Errors are typed (``model_not_found``, ``bad_request`` naming the option,
-``config_error`` for a path outside the allowed directories, ``not_gguf``,
-``model_load_failed``, ...). This module imports no libllama: clients use it.
+Errors are typed, each its own code: ``model_not_found`` (no such model),
+:class:`ModelFailed` (its worker gave up: a failed load, or more crashes than
+the restart intensity allows; ``details`` say why), :class:`PathNotAllowed`
+(a path outside ``[security].model_dirs`` once symlinks are resolved),
+``config_error`` (a bad option, naming the key as ``models.<id>.<key>``;
+``details["errors"]`` lists every problem), ``not_gguf`` / ``truncated_gguf``
+/ ``model_file_error`` (the file), ``model_load_failed`` (the worker died or
+timed out while loading). This module imports no libllama: clients use it.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from typing import Annotated, Any, Final
 import msgspec
 
 from llamad.actors.ops import OpKind, OpSpec
+from llamad.errors import ConfigError, LlamadError
 from llamad.model.status_board import WorkerSnapshot
 
 __all__ = [
@@ -44,12 +50,16 @@ __all__ = [
     "EvictBytes",
     "LoadModel",
     "LoadProgress",
+    "ModelFailed",
     "ModelInfo",
     "ModelRef",
     "ModelState",
     "ModelStatus",
     "NoArgs",
+    "PathNotAllowed",
     "Route",
+    "SupervisedChild",
+    "SupervisorStatus",
     "TierUsage",
 ]
 
@@ -57,14 +67,35 @@ FRONT_ACTOR: Final = "llamad.front"
 """The front's actor name in the daemon's registry."""
 
 ModelId = Annotated[
-    str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    str, msgspec.Meta(min_length=1, max_length=58, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 ]
-"""A model id is part of its worker's actor name (``model.<id>``)."""
+"""A model id is part of its worker's actor name (``model.<id>``, at most 64 characters)."""
+
+
+class ModelFailed(LlamadError):
+    """The model has no worker and none will be started on its own: its load
+    failed, or its worker crashed more often than the restart intensity allows.
+
+    ``details``: ``model_id``, ``error`` (why), ``last_exit`` (the worker's
+    last exit in words, if it ran). ``load_model`` tries again.
+    """
+
+    code = "model_failed"
+
+
+class PathNotAllowed(ConfigError):
+    """A model path outside ``[security].model_dirs`` once symlinks and ``..``
+    are resolved (``details``: ``field``, ``problem``)."""
+
+    code = "path_not_allowed"
 
 
 class ModelState(StrEnum):
     LOADING = "loading"
+    """Its worker is starting: a load, a reload, or a restart after a crash."""
     READY = "ready"
+    UNLOADING = "unloading"
+    """Its worker is stopping (its shutdown saves run)."""
     UNLOADED = "unloaded"
     """Configured, not running (keep_alive expired, or unloaded): the next ``route`` loads it."""
     FAILED = "failed"
@@ -117,8 +148,13 @@ class ModelInfo(msgspec.Struct, frozen=True):
     loaded_at: float | None = None
     """Wall clock (``time.time()``) of the last successful load."""
     restarts: int = 0
+    """Times its worker was restarted after a crash since it was loaded."""
     last_exit: str | None = None
+    """Its worker's last exit in words (``"signal SIGKILL"``), if it ended once."""
     error: str | None = None
+    """Why it failed (state ``failed``)."""
+    pid: int | None = None
+    """Its worker's pid while it runs."""
 
 
 class TierUsage(msgspec.Struct, frozen=True):
@@ -132,6 +168,25 @@ class ModelStatus(msgspec.Struct, frozen=True):
     """From the worker's status board (never waiting on a busy worker)."""
 
 
+class SupervisedChild(msgspec.Struct, frozen=True):
+    """One child of a supervisor of the daemon's tree (``which_children``)."""
+
+    id: str
+    pid: int | None
+    state: str
+    restarts: int = 0
+    last_exit: str | None = None
+
+
+class SupervisorStatus(msgspec.Struct, frozen=True):
+    """A supervisor and its children; ``error``: it did not answer in time
+    (busy starting or restarting a child)."""
+
+    name: str
+    children: list[SupervisedChild] = msgspec.field(default_factory=list)
+    error: str | None = None
+
+
 class DaemonStatus(msgspec.Struct, frozen=True):
     pid: int
     uptime_s: float
@@ -139,6 +194,11 @@ class DaemonStatus(msgspec.Struct, frozen=True):
     tiers: dict[str, TierUsage] = msgspec.field(default_factory=dict)
     restarts: int = 0
     """Restarts the daemon's supervisors carried out since it started."""
+    supervisors: list[SupervisorStatus] = msgspec.field(default_factory=list)
+    """``llamad`` (the root), ``cache_sup`` and ``model_sup`` with their children."""
+    endpoint: str = ""
+    started_at: float = 0.0
+    """Wall clock (``time.time()``) when the daemon started."""
 
 
 class EvictBytes(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
