@@ -13,7 +13,7 @@ the namespace) and ``n_seq_max`` sequences:
   that the logits rows it asked for are exactly the plan's. With a
   :class:`~llamad.model.threads.ThreadGovernor` (SPEC M14) each decode runs
   on the thread count the governor chooses, and the governor is told how
-  long the ``llama_decode`` call took.
+  long the ``llama_decode`` call took and how many KV cells it attended over.
 - ``sample``: the request's sampler chain (:mod:`llamad.model.sampler_factory`)
   through ``Context.sample``; with ``logprobs`` the log-softmax of the raw
   logits row in C (:mod:`llamad.llama_ffi.logprobs`).
@@ -66,12 +66,16 @@ class LlamaBackend:
     buffers packed states go into (a private one by default).
 
     ``governor`` (optional) chooses each decode's thread count: before the
-    decode, ``threads_for(rows)``; the count is applied with
+    decode, ``threads_for(rows, kv_cells)``; the count is applied with
     ``ctx.set_threads`` (only when it changes), capped by each of the counts
     the context was created with, so a context made with fewer batch threads
     than single-row threads keeps that split. After it, ``record(rows,
-    seconds)`` with the time of the ``llama_decode`` call alone (on
-    ``clock``), not the batch building. A decode that raises is not recorded.
+    seconds, kv_cells)`` with the time of the ``llama_decode`` call alone (on
+    ``clock``), not the batch building. ``kv_cells`` is the cells every
+    sequence holds once the batch is in (:meth:`kv_cells`): with
+    ``kv_unified`` llama.cpp attends over every used cell, masked per
+    sequence, so a one-row decode beside a 2,048-token session costs what
+    one over 2,048 cells does. A decode that raises is not recorded.
     Without a governor the context's own counts are used.
     """
 
@@ -97,6 +101,7 @@ class LlamaBackend:
         self._eog = self.model.eog_tokens
         self._pieces: dict[int, bytes] = {}
         self._n_vocab = self.model.n_vocab
+        self._n_seq = ctx.n_seq_max
         self.samplers_open = 0
         self.governor = governor
         self._clock = clock
@@ -149,7 +154,8 @@ class LlamaBackend:
             self.ctx.decode(batch)
             return
         rows = batch.n_tokens
-        n = governor.threads_for(rows)
+        cells = self.kv_cells() + rows
+        n = governor.threads_for(rows, cells)
         single, several = self._configured
         threads = (min(n, single), min(n, several))
         if threads != self._threads:
@@ -157,7 +163,17 @@ class LlamaBackend:
             self._threads = threads
         started = self._clock()
         self.ctx.decode(batch)
-        governor.record(rows, self._clock() - started)
+        governor.record(rows, self._clock() - started, cells)
+
+    def kv_cells(self) -> int:
+        """KV cells the sequences hold now (positions ``0..pos_max`` each).
+
+        What a decode attends over, give or take llama.cpp's padding to 256
+        and holes left by freed cells; cells a forked session shares with
+        its source count twice (the governor only needs the order of size).
+        """
+        ctx = self.ctx
+        return sum(ctx.seq_pos_max(seq) + 1 for seq in range(self._n_seq))
 
     def sample(self, sampler: SamplerHandle, row: int, logprobs: int | None) -> Sampled:
         if not isinstance(sampler, Sampler):

@@ -12,9 +12,11 @@ The governor keeps a worker out of that state three ways:
   ``cores // busy_workers`` threads, so busy workers together never ask for
   more threads than there are cores.
 * **Collapse detection.** Each step's time is compared with the recent
-  median of healthy steps of the same thread count and batch shape (rows,
-  bucketed by powers of two; the first ``settle_steps`` steps after the
-  count changes are judged but not learnt from). A step ``collapse_factor`` times slower (and
+  median of healthy steps of the same thread count and the same shape: rows
+  and KV cells attended over, each bucketed by powers of two
+  (:func:`step_shape`; a one-row decode over 2,048 cells costs 2-4x one over
+  16, and is no collapse of it). The first ``settle_steps`` steps after the
+  count changes are judged but not learnt from. A step ``collapse_factor`` times slower (and
   ``collapse_min_s`` slower in absolute terms) is a collapse: the worker
   halves its thread ceiling (down to 1) for a cool-down, then *probes*:
   ``probe_steps`` steps at the higher count, kept only if they beat the
@@ -31,12 +33,18 @@ The governor keeps a worker out of that state three ways:
 
 The backend calls it around every decode (``docs/internals/threads.md``)::
 
-    n = governor.threads_for(rows)        # before: marks this worker busy
+    n = governor.threads_for(rows, kv_cells)   # before: marks this worker busy
     if n != ctx.threads[0]:
-        ctx.set_threads(n)                # both single-row and batch counts
+        ctx.set_threads(n)                     # both single-row and batch counts
     t0 = time.perf_counter()
     ctx.decode(batch)
-    governor.record(rows, time.perf_counter() - t0)   # after: judges the step
+    governor.record(rows, time.perf_counter() - t0, kv_cells)   # after: judges it
+
+``kv_cells`` is the number of KV cells the decode attends over, as the
+caller can tell it (:class:`~llamad.model.llama_backend.LlamaBackend`: the
+cells every sequence holds after the batch, since with ``kv_unified``
+llama.cpp attends over every used cell, masked per sequence); ``0`` when
+unknown, which judges by rows alone.
 
 Pure logic: the clock and the board are injected, so unit tests step it
 without processes or a model. :meth:`ThreadGovernor.status` returns an
@@ -52,7 +60,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Final, Protocol
 
 import msgspec
 import structlog
@@ -67,7 +75,9 @@ __all__ = [
     "ThreadPolicy",
     "ThreadStatus",
     "available_cores",
+    "kv_bucket",
     "rows_bucket",
+    "step_shape",
 ]
 
 log = structlog.get_logger("llamad.model.threads")
@@ -86,6 +96,27 @@ def available_cores() -> int:
 def rows_bucket(rows: int) -> int:
     """Batch shapes that cost about the same: 1, 2, 3-4, 5-8, 9-16, ... rows."""
     return max(0, rows - 1).bit_length()
+
+
+KV_BUCKET_CELLS: Final = 256
+"""KV extents below this cost the same: llama.cpp pads the cells a decode
+attends over to a multiple of 256."""
+
+
+def kv_bucket(cells: int) -> int:
+    """KV extents that cost about the same: 0-255, 256-511, 512-1023, ... cells.
+
+    Within one bucket the attended cells differ by at most 2x, so a step's
+    attention does too, and the whole step by less: under ``collapse_factor``.
+    """
+    return (max(0, cells) // KV_BUCKET_CELLS).bit_length()
+
+
+def step_shape(rows: int, kv_cells: int) -> tuple[int, int]:
+    """The key a step is judged under besides its thread count: steps of one
+    shape cost about the same on a quiet machine (:func:`rows_bucket`,
+    :func:`kv_bucket`)."""
+    return rows_bucket(rows), kv_bucket(kv_cells)
 
 
 class BusyBoard(Protocol):
@@ -196,14 +227,15 @@ class ThreadPolicy:
 
 
 class CollapseReport(msgspec.Struct, frozen=True):
-    """The last collapsing step: its thread count, rows, time and the
-    median it was judged against, and how long ago it happened."""
+    """The last collapsing step: its thread count, rows, KV cells, time and
+    the median it was judged against, and how long ago it happened."""
 
     threads: int
     rows: int
     step_ms: float
     median_ms: float
     age_s: float
+    kv_cells: int = 0
 
 
 class ThreadStatus(msgspec.Struct, frozen=True):
@@ -239,10 +271,14 @@ class ThreadStatus(msgspec.Struct, frozen=True):
     last_collapse: CollapseReport | None
 
 
+_Shape = tuple[int, int]  # step_shape(rows, kv_cells)
+
+
 @dataclass
 class _Collapse:
     threads: int
     rows: int
+    kv_cells: int
     seconds: float
     median: float
     at: float
@@ -255,7 +291,7 @@ class _Probe:
 
     threads: int
     against: int
-    samples: list[tuple[int, float]] = field(default_factory=list)
+    samples: list[tuple[_Shape, float]] = field(default_factory=list)
 
     @property
     def up(self) -> bool:
@@ -279,7 +315,7 @@ class ThreadGovernor:
         self.policy = policy
         self._board: BusyBoard = board if board is not None else SoloBoard()
         self._clock = clock
-        self._history: dict[tuple[int, int], deque[float]] = {}
+        self._history: dict[tuple[int, _Shape], deque[float]] = {}
         self._ceiling = policy.max_threads
         self._cooldown = policy.cooldown_s
         self._retry_at: float | None = None
@@ -288,7 +324,7 @@ class ThreadGovernor:
         # explores fewer threads as soon as it has a baseline to compare with.
         self._explore_at = clock() + policy.explore_first_s
         self._probe: _Probe | None = None
-        self._pending: tuple[int, int] | None = None  # (threads, rows) of the step under way
+        self._pending: int | None = None  # threads of the step under way
         self._threads = policy.max_threads
         self._since_switch = 0  # steps at the current count since it last changed
         self._busy = 1
@@ -304,12 +340,13 @@ class ThreadGovernor:
 
     # -- the two calls around a decode ------------------------------------------
 
-    def threads_for(self, rows: int) -> int:
-        """Threads for the next decode of ``rows`` rows; marks this worker busy."""
-        self._check_rows(rows)
+    def threads_for(self, rows: int, kv_cells: int = 0) -> int:
+        """Threads for the next decode of ``rows`` rows attending over
+        ``kv_cells`` KV cells (0: unknown); marks this worker busy."""
+        self._check_step(rows, kv_cells)
         now = self._clock()
-        bucket = rows_bucket(rows)
-        expected = self._median(self._threads, bucket) or 0.0
+        shape = step_shape(rows, kv_cells)
+        expected = self._median(self._threads, shape) or 0.0
         # Busy through the step itself, however long it runs, then a linger.
         self._board.mark_busy(now + self.policy.busy_linger_s + 2 * expected)
         self._busy = max(1, self._board.busy_workers(now))
@@ -321,42 +358,43 @@ class ThreadGovernor:
             self._probe = probe = None
             self._retry_at = now + self._cooldown
         if probe is None:
-            probe = self._probe = self._maybe_probe(now, limit, bucket)
+            probe = self._probe = self._maybe_probe(now, limit, shape)
         threads = probe.threads if probe is not None else limit
         if threads != self._threads:
             self._since_switch = 0
-        self._pending = (threads, rows)
+        self._pending = threads
         self._threads = threads
         self._snapshot = self._build_snapshot()
         return threads
 
-    def record(self, rows: int, seconds: float) -> None:
-        """Judge the step :meth:`threads_for` was asked about: it took ``seconds``."""
-        self._check_rows(rows)
+    def record(self, rows: int, seconds: float, kv_cells: int = 0) -> None:
+        """Judge the step :meth:`threads_for` was asked about (the same ``rows``
+        and ``kv_cells``): it took ``seconds``."""
+        self._check_step(rows, kv_cells)
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
             raise ValueError(f"a step's time must be a number >= 0, not {seconds!r}")
-        threads = self._pending[0] if self._pending is not None else self._threads
+        threads = self._pending if self._pending is not None else self._threads
         self._pending = None
         now = self._clock()
         self._board.mark_busy(now + self.policy.busy_linger_s)
-        bucket = rows_bucket(rows)
+        shape = step_shape(rows, kv_cells)
         probe = self._probe
         if probe is not None and threads == probe.threads:
-            probe.samples.append((bucket, float(seconds)))
+            probe.samples.append((shape, float(seconds)))
             # A step that collapses against the count it is compared with
             # settles the probe at once: more such steps would only cost.
-            base = self._median(probe.against, bucket)
+            base = self._median(probe.against, shape)
             hopeless = base is not None and self._collapsed(float(seconds), base)
             if hopeless or len(probe.samples) >= self.policy.probe_steps:
                 self._judge_probe(probe, now)
         else:
-            median = self._median(threads, bucket)
+            median = self._median(threads, shape)
             if median is not None and self._collapsed(float(seconds), median):
-                self._on_collapse(threads, rows, float(seconds), median, now)
+                self._on_collapse(_Collapse(threads, rows, kv_cells, float(seconds), median, now))
             elif self._since_switch >= self.policy.settle_steps:
                 # The first steps at a new count (a new context's page faults,
                 # threads starting) would make it look slower than it is.
-                self._samples(threads, bucket).append(float(seconds))
+                self._samples(threads, shape).append(float(seconds))
         self._since_switch += 1
         self._snapshot = self._build_snapshot()
 
@@ -374,6 +412,7 @@ class ThreadGovernor:
                 step_ms=round(last.seconds * 1e3, 3),
                 median_ms=round(last.median * 1e3, 3),
                 age_s=round(max(0.0, now - last.at), 3),
+                kv_cells=last.kv_cells,
             )
         )
         retry = self._retry_at
@@ -383,19 +422,21 @@ class ThreadGovernor:
     # -- internals ------------------------------------------------------------------
 
     @staticmethod
-    def _check_rows(rows: int) -> None:
+    def _check_step(rows: int, kv_cells: int) -> None:
         if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
             raise ValueError(f"a step decodes at least one row, not {rows!r}")
+        if isinstance(kv_cells, bool) or not isinstance(kv_cells, int) or kv_cells < 0:
+            raise ValueError(f"a step's KV cells must be an integer >= 0, not {kv_cells!r}")
 
     def _budget_for(self, busy: int) -> int:
         return max(1, min(self.policy.max_threads, self.policy.cores // busy))
 
-    def _maybe_probe(self, now: float, limit: int, bucket: int) -> _Probe | None:
+    def _maybe_probe(self, now: float, limit: int, shape: _Shape) -> _Probe | None:
         retry = self._retry_at
         if self._ceiling < self._budget and retry is not None and now >= retry:
             self._probes += 1
             probe = _Probe(threads=min(self._ceiling * 2, self._budget), against=self._ceiling)
-        elif limit > 1 and now >= self._explore_at and self._median(limit, bucket) is not None:
+        elif limit > 1 and now >= self._explore_at and self._median(limit, shape) is not None:
             self._explorations += 1
             probe = _Probe(threads=limit // 2, against=limit)
         else:
@@ -403,15 +444,15 @@ class ThreadGovernor:
         log.info("threads.probe", threads=probe.threads, against=probe.against)
         return probe
 
-    def _samples(self, threads: int, bucket: int) -> deque[float]:
-        key = (threads, bucket)
+    def _samples(self, threads: int, shape: _Shape) -> deque[float]:
+        key = (threads, shape)
         found = self._history.get(key)
         if found is None:
             found = self._history[key] = deque(maxlen=self.policy.window)
         return found
 
-    def _median(self, threads: int, bucket: int) -> float | None:
-        found = self._history.get((threads, bucket))
+    def _median(self, threads: int, shape: _Shape) -> float | None:
+        found = self._history.get((threads, shape))
         if found is None or len(found) < self.policy.min_samples:
             return None
         return statistics.median(found)
@@ -420,11 +461,11 @@ class ThreadGovernor:
         p = self.policy
         return seconds > median * p.collapse_factor and seconds - median > p.collapse_min_s
 
-    def _on_collapse(
-        self, threads: int, rows: int, seconds: float, median: float, now: float
-    ) -> None:
+    def _on_collapse(self, collapse: _Collapse) -> None:
+        threads, rows, kv_cells = collapse.threads, collapse.rows, collapse.kv_cells
+        seconds, median, now = collapse.seconds, collapse.median, collapse.at
         self._collapses += 1
-        self._last = _Collapse(threads, rows, seconds, median, now)
+        self._last = collapse
         lowered = max(1, threads // 2)
         # A collapse at one thread (or below a ceiling the budget already
         # undercuts) says nothing about the ceiling: there is less to give back.
@@ -434,6 +475,7 @@ class ThreadGovernor:
             "threads.collapse",
             threads=threads,
             rows=rows,
+            kv_cells=kv_cells,
             step_ms=round(seconds * 1e3, 2),
             median_ms=round(median * 1e3, 2),
             ceiling=self._ceiling,
@@ -449,11 +491,11 @@ class ThreadGovernor:
         self._probe = None
         ratios = []
         collapsed = False
-        for bucket, seconds in probe.samples:
-            base = self._median(probe.against, bucket)
+        for shape, seconds in probe.samples:
+            base = self._median(probe.against, shape)
             if base is not None:
                 ratios.append(seconds / base)
-            own = self._median(probe.threads, bucket)
+            own = self._median(probe.threads, shape)
             collapsed = collapsed or (own is not None and self._collapsed(seconds, own))
         if ratios:
             kept = statistics.median(ratios) <= self.policy.probe_gain
@@ -462,11 +504,11 @@ class ThreadGovernor:
         # A kept probe's steps are the new baseline of its count (the old one
         # may have been learnt on a quieter or busier machine); a dropped
         # probe's steps still measured its count, as it runs now.
-        for bucket in {b for b, _ in probe.samples}:
-            samples = self._samples(probe.threads, bucket)
+        for shape in {b for b, _ in probe.samples}:
+            samples = self._samples(probe.threads, shape)
             if kept:
                 samples.clear()
-            samples.extend(s for b, s in probe.samples if b == bucket)
+            samples.extend(s for b, s in probe.samples if b == shape)
         if probe.up:
             if kept:
                 self._probes_kept += 1

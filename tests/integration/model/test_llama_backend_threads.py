@@ -50,6 +50,7 @@ class ScriptedBoard:
 @dataclass
 class Step:
     rows: int
+    kv_cells: int
     asked_at: float
     recorded_at: float | None = None
     seconds: float | None = None
@@ -62,17 +63,18 @@ class SpyGovernor(ThreadGovernor):
         super().__init__(policy, board=board)
         self.steps: list[Step] = []
 
-    def threads_for(self, rows: int) -> int:
-        n = super().threads_for(rows)
-        self.steps.append(Step(rows, time.perf_counter()))
+    def threads_for(self, rows: int, kv_cells: int = 0) -> int:
+        n = super().threads_for(rows, kv_cells)
+        self.steps.append(Step(rows, kv_cells, time.perf_counter()))
         return n
 
-    def record(self, rows: int, seconds: float) -> None:
+    def record(self, rows: int, seconds: float, kv_cells: int = 0) -> None:
         step = self.steps[-1]
         step.recorded_at = time.perf_counter()
         assert rows == step.rows, "record must name the rows threads_for was asked about"
+        assert kv_cells == step.kv_cells, "record must name the cells threads_for was told"
         step.seconds = seconds
-        super().record(rows, seconds)
+        super().record(rows, seconds, kv_cells)
 
 
 def governed(ctx: Context, board: ScriptedBoard) -> tuple[LlamaBackend, SpyGovernor]:
@@ -196,6 +198,32 @@ def test_record_is_told_the_time_of_the_decode(
     # The governor learnt from those steps (nothing was a collapse).
     status = governor.status()
     assert status.collapses == 0 and status.threads == 1
+
+
+def test_the_governor_is_told_the_cells_every_sequence_holds_after_the_batch(
+    make_ctx: Callable[..., Context], feeder: Feeder, closing: list[Any]
+) -> None:
+    # kv_unified: a decode attends over every sequence's cells (masked), so a
+    # short sequence beside a long one costs like the long one (issue 8: the
+    # governor took such steps for collapses when it judged by rows alone).
+    ctx = make_ctx(n_ctx=512, n_seq_max=2, kv_unified=True, n_threads=2, n_threads_batch=2)
+    backend, governor = governed(ctx, ScriptedBoard(busy=1))
+    closing.append(backend)
+    backend.decode(feeder.plan(40))  # sequence 0: 40 cells
+    backend.decode(feeder.plan(1))  # 41
+    tokens = tuple(feeder.tokens[:3])
+    backend.decode(BatchPlan((Span(seq=1, pos=0, tokens=tokens, want_logits=True),)))
+    both = BatchPlan(
+        (
+            Span(seq=0, pos=41, tokens=tokens[:1], want_logits=True),
+            Span(seq=1, pos=3, tokens=tokens[:1], want_logits=True),
+        )
+    )
+    backend.decode(both)
+    assert [(s.rows, s.kv_cells) for s in governor.steps] == [(40, 40), (1, 41), (3, 44), (2, 46)]
+    assert backend.kv_cells() == 46
+    backend.seq_truncate(0, 0)
+    assert backend.kv_cells() == 4
 
 
 def test_a_backend_without_a_governor_keeps_the_contexts_counts(

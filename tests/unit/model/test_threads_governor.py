@@ -15,7 +15,9 @@ from llamad.model.threads import (
     ThreadGovernor,
     ThreadPolicy,
     ThreadStatus,
+    kv_bucket,
     rows_bucket,
+    step_shape,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -72,17 +74,27 @@ def governor(clock: Clock, **kwargs: object) -> ThreadGovernor:
     return ThreadGovernor(policy(**kwargs), clock=clock)
 
 
-def step(gov: ThreadGovernor, clock: Clock, seconds: float, rows: int = 1) -> int:
+def step(
+    gov: ThreadGovernor, clock: Clock, seconds: float, rows: int = 1, kv_cells: int = 0
+) -> int:
     """One decode: ask, 'run' for ``seconds``, record. Returns the threads used."""
-    threads = gov.threads_for(rows)
+    threads = gov.threads_for(rows, kv_cells)
     clock.advance(seconds)
-    gov.record(rows, seconds)
+    gov.record(rows, seconds, kv_cells)
     return threads
 
 
-def warm(gov: ThreadGovernor, clock: Clock, seconds: float, n: int = 8, rows: int = 1) -> None:
+def warm(
+    gov: ThreadGovernor,
+    clock: Clock,
+    seconds: float,
+    n: int = 8,
+    *,
+    rows: int = 1,
+    kv_cells: int = 0,
+) -> None:
     for _ in range(n):
-        step(gov, clock, seconds, rows)
+        step(gov, clock, seconds, rows, kv_cells)
 
 
 def collapse(gov: ThreadGovernor, clock: Clock) -> None:
@@ -227,6 +239,48 @@ def test_each_batch_shape_is_judged_against_its_own_median() -> None:
 
 def test_rows_bucket_groups_powers_of_two() -> None:
     assert [rows_bucket(r) for r in (1, 2, 3, 4, 5, 8, 9, 16, 17)] == [0, 1, 2, 2, 3, 3, 4, 4, 5]
+
+
+def test_kv_bucket_groups_powers_of_two_above_llamas_256_cell_padding() -> None:
+    cells = (0, 16, 255, 256, 511, 512, 1023, 1024, 2047, 2048, 4095, 4096)
+    assert [kv_bucket(c) for c in cells] == [0, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5]
+    assert step_shape(1, 2048) == (0, 4)
+
+
+# The bench's false collapses (issue 8): a one-row decode over 2,048 cells
+# takes 17-35 ms at 2 threads where one over a few cells takes 10 ms.
+
+
+def test_a_one_row_step_over_a_long_kv_after_short_ones_is_not_a_collapse() -> None:
+    clock = Clock()
+    gov = governor(clock)
+    warm(gov, clock, 10 * MS, kv_cells=16)
+    for _ in range(6):  # a warm hit's held-back token, then its reply
+        assert step(gov, clock, 35 * MS, kv_cells=2048) == 2
+    assert step(gov, clock, 10 * MS, kv_cells=20) == 2
+    status = gov.status()
+    assert (status.collapses, status.fallbacks, status.ceiling) == (0, 0, 2)
+
+
+def test_a_ten_times_slower_step_over_a_long_kv_is_still_a_collapse() -> None:
+    clock = Clock()
+    gov = governor(clock)
+    warm(gov, clock, 10 * MS, kv_cells=16)
+    warm(gov, clock, 35 * MS, kv_cells=2048)
+    assert step(gov, clock, 350 * MS, kv_cells=2100) == 2
+    assert gov.threads_for(1, 2101) == 1
+    last = gov.status().last_collapse
+    assert last is not None
+    assert (last.rows, last.kv_cells, last.step_ms, last.median_ms) == (1, 2100, 350.0, 35.0)
+
+
+def test_a_short_kv_step_is_judged_against_short_kv_steps() -> None:
+    clock = Clock()
+    gov = governor(clock)
+    warm(gov, clock, 35 * MS, n=16, kv_cells=2048)
+    warm(gov, clock, 10 * MS, n=4, kv_cells=16)
+    step(gov, clock, 100 * MS, kv_cells=16)  # under 3x a median of both, 10x of 16 cells
+    assert gov.status().collapses == 1
 
 
 def test_a_collapse_at_one_thread_is_counted_but_there_is_nothing_to_give_back() -> None:
@@ -505,14 +559,18 @@ def test_policy_refuses_bad_values_naming_the_field(kwargs: dict[str, object], f
     assert err.value.details["field"] == f"threads.{field}"
 
 
-@pytest.mark.parametrize(("rows", "seconds"), [(0, 0.01), (True, 0.01), (1, -0.5), (1, "x")])
-def test_record_refuses_nonsense(rows: object, seconds: object) -> None:
+@pytest.mark.parametrize(
+    ("rows", "seconds", "kv_cells"),
+    [(0, 0.01, 0), (True, 0.01, 0), (1, -0.5, 0), (1, "x", 0), (1, 0.01, -1), (1, 0.01, 2.0)],
+)
+def test_record_refuses_nonsense(rows: object, seconds: object, kv_cells: object) -> None:
     gov = governor(Clock())
     gov.threads_for(1)
     with pytest.raises(ValueError):
-        gov.record(rows, seconds)  # type: ignore[arg-type]
+        gov.record(rows, seconds, kv_cells)  # type: ignore[arg-type]
 
 
-def test_threads_for_refuses_an_empty_step() -> None:
+@pytest.mark.parametrize(("rows", "kv_cells"), [(0, 0), (1, -1), (1, True)])
+def test_threads_for_refuses_an_empty_step_or_negative_cells(rows: int, kv_cells: int) -> None:
     with pytest.raises(ValueError):
-        governor(Clock()).threads_for(0)
+        governor(Clock()).threads_for(rows, kv_cells)
