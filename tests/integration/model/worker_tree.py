@@ -210,9 +210,13 @@ class WorkerTree:
     def wait_saved(self, key: bytes | None, timeout: float = EVENTUALLY) -> None:
         """Until the row ``key`` is published (the writer pool saves off the loop)."""
         assert key is not None
+        deadline = time.monotonic() + timeout
         with self.cache() as cache:
-            ref = cache.lookup_exact_or_wait(key, timeout)
-            assert ref is not None, f"row {key.hex()} was never published"
+            # The writer reserves the save on its own thread: until it has,
+            # cache-meta knows no save to wait for and answers a miss at once.
+            while (ref := cache.lookup_exact_or_wait(key, 1.0)) is None:
+                assert time.monotonic() < deadline, f"row {key.hex()} was never published"
+                time.sleep(0.005)
             cache.checkin(ref.pin)
 
     def wait_idle(self, timeout: float = EVENTUALLY, model_id: str | None = None) -> WorkerSnapshot:
