@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -86,18 +85,20 @@ def test_adapter_change_waits_for_running_requests_and_holds_later_ones(
     tree: WorkerTree, worker: WorkerClient, tmp_path: Path
 ) -> None:
     lora = str(write_lora(tmp_path / "w.gguf", seed=4))
-    finished: dict[str, float] = {}
+    finished: set[str] = set()
+    results: dict[str, Any] = {}
     errors: list[BaseException] = []
 
     def call(name: str, fn: Any) -> None:
         try:
             with tree.client() as c:
-                fn(c)
-            finished[name] = time.monotonic()
+                results[name] = fn(c)
+            finished.add(name)
         except BaseException as exc:
             errors.append(exc)
 
-    stream = worker.infer(prompt_text(41), max_tokens=30, grammar=ENDLESS, **GREEDY)
+    later_prompt = prompt_text(42)
+    stream = worker.infer(prompt_text(41), max_tokens=60, grammar=ENDLESS, **GREEDY)
     events = iter(stream)
     assert isinstance(next(events), TokenEvent)  # running: the change must wait
     watcher = tree.client()
@@ -106,25 +107,33 @@ def test_adapter_change_waits_for_running_requests_and_holds_later_ones(
         args=("change", lambda c: c.actor.call("load_adapter", {"path": lora, "name": "w"})),
     )
     change.start()
-    wait_until(lambda: "change" not in finished and _change_waits(watcher), "the change to wait")
+    wait_until(lambda: _open_requests(watcher) >= 2, "the change to wait beside the stream")
     later = threading.Thread(
-        target=call, args=("later", lambda c: c.complete(prompt_text(42), max_tokens=2))
+        target=call,
+        args=("later", lambda c: c.complete(later_prompt, max_tokens=2, **GREEDY)),
     )
     later.start()
+    # The stream, the deferred change and the held request are all open at
+    # once: the change did not go ahead of the running stream.
+    wait_until(lambda: _open_requests(watcher) >= 3, "the later request to be held")
+    assert not finished & {"change", "later"}
     for _ in events:
         pass
-    stream_done = time.monotonic()
     change.join(120)
     later.join(120)
     assert not errors, errors
-    # The change waited for the running stream, and the request that came after
-    # it waited for the change (admitted at once, it would have run beside the
-    # stream and the change would have waited for it too).
-    assert stream_done <= finished["change"] <= finished["later"]
+    assert finished == {"change", "later"}
+    # The held request ran under the adapter, so after the change: without the
+    # adapter its prompt has no row of its own (admitted at once, it would have
+    # run beside the stream in the base namespace and this would be an exact
+    # hit). Judged by the worker's own namespaces, not by thread wake-up times.
+    tree.wait_saved(results["later"].finish_key)
     worker.actor.call("unload_adapter", {"name": "w"})
+    base = worker.complete(later_prompt, max_tokens=2, **GREEDY)
+    assert base.cache_hit_kind is not CacheHitKind.EXACT
 
 
-def _change_waits(watcher: WorkerClient) -> bool:
-    """A deferred adapter change is visible as an open request on the actor."""
+def _open_requests(watcher: WorkerClient) -> int:
+    """Requests open on the worker's actor (streams and deferred replies)."""
     info: Any = watcher.actor.call("$info", {})
-    return bool(info["open"] >= 2)  # the stream and the deferred change
+    return int(info["open"])
