@@ -9,7 +9,7 @@ the default cache policy); the bench drives them through
 :class:`~llamad.model.worker_client.WorkerClient` over the actors runtime,
 from this process. Worker ``ram`` saves to the ``ram`` tier (the default);
 worker ``disk`` is the same model with its cache view saving to, and
-restoring from, the ``disk`` tier only (:func:`disk_parts`).
+restoring from, the ``disk`` tier only (``WorkerSpec.cache_view``).
 
 **TTFT** is the time from the client sending an ``infer`` request (token
 ids, greedy, ``max_tokens=1``) to the first ``token`` event arriving at the
@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import os
 import random
 import subprocess
@@ -76,8 +75,6 @@ from bench.worker_bench_report import (
 if TYPE_CHECKING:
     from llamad.model.status_board import WorkerSnapshot
     from llamad.model.worker_client import WorkerClient
-    from llamad.model.worker_parts import WorkerParts
-    from llamad.model.worker_spec import WorkerSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 MIN_ROUNDS = 5
@@ -96,36 +93,6 @@ def prompt_text(nonce: str, words: int) -> str:
     return f"Record {nonce}: " + " ".join(rng.choice(WORDS) for _ in range(words))
 
 
-# -- the disk worker's parts (imported by the worker process) --------------------------
-
-
-def disk_parts(spec: WorkerSpec) -> WorkerParts:
-    """The real parts (``llama_parts``) with a cache view that saves to and
-    restores from the ``disk`` tier only."""
-    from llamad.cache.tier_kind import TierKind  # noqa: PLC0415
-    from llamad.model.cache_view import ClientCacheView  # noqa: PLC0415
-    from llamad.model.cache_view_config import CacheViewConfig  # noqa: PLC0415
-    from llamad.model.llama_backend import LlamaBackend  # noqa: PLC0415
-    from llamad.model.worker_parts import llama_parts  # noqa: PLC0415
-
-    assert spec.cache is not None, "the disk worker needs a cache"
-    parts = llama_parts(dataclasses.replace(spec, cache=None))
-    try:
-        assert isinstance(parts.backend, LlamaBackend)
-        disk = CacheViewConfig(save_tier=TierKind.DISK, restore_tiers=frozenset({TierKind.DISK}))
-        view = ClientCacheView.from_settings(spec.cache, parts.backend.ctx, config=disk)
-    except BaseException:
-        parts.close()
-        raise
-
-    def close_view() -> None:
-        view.close()  # waits for accepted saves; the loop has ended, nobody hears them
-
-    parts.closers.append(close_view)
-    parts.cache, parts.completions = view, view.completions
-    return parts
-
-
 # -- the tree --------------------------------------------------------------------------
 
 
@@ -136,7 +103,9 @@ class Tree:
         from llamad import paths  # noqa: PLC0415
         from llamad.actors import Registry  # noqa: PLC0415
         from llamad.cache.sup import CacheSettings, meta_child_spec  # noqa: PLC0415
+        from llamad.cache.tier_kind import TierKind  # noqa: PLC0415
         from llamad.llama_ffi import ContextOptions, FlashAttn  # noqa: PLC0415
+        from llamad.model.cache_view_config import CacheViewConfig  # noqa: PLC0415
         from llamad.model.config import WorkerConfig  # noqa: PLC0415
         from llamad.model.worker_spec import WorkerSpec, worker_child_spec  # noqa: PLC0415
         from llamad.supervisor import Supervisor, SupervisorSpec, SupFlags  # noqa: PLC0415
@@ -152,6 +121,7 @@ class Tree:
             n_threads_batch=cores,
             flash_attn=FlashAttn[flash_attn.upper()],
         )
+        disk = CacheViewConfig(save_tier=TierKind.DISK, restore_tiers=frozenset({TierKind.DISK}))
         self.specs = {
             name: WorkerSpec(
                 model_id=name,
@@ -159,16 +129,12 @@ class Tree:
                 context=context,
                 worker=WorkerConfig(n_ctx=N_CTX, n_batch=N_BATCH, n_seq_max=N_SEQ, max_queue=16),
                 cache=self.settings,
-                parts=parts,
+                cache_view=view,
             )
-            for name, parts in (
-                ("ram", "llamad.model.worker_parts:llama_parts"),
-                ("disk", "bench.worker_bench:disk_parts"),
-            )
+            for name, view in (("ram", CacheViewConfig()), ("disk", disk))
         }
         children = [meta_child_spec(self.settings)]
-        for spec in self.specs.values():  # the disk worker imports this module
-            children.append(dataclasses.replace(worker_child_spec(spec), cwd=str(ROOT)))
+        children += [worker_child_spec(spec) for spec in self.specs.values()]
         assert self.settings.registry_root is not None
         self.registry = Registry(self.settings.registry_root)
         self.sup = Supervisor(

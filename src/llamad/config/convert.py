@@ -4,7 +4,8 @@
   above 0, counters and permits in the runtime directory, the registry).
 - :func:`worker_spec`: one model worker's ``WorkerSpec`` (``ContextOptions``,
   ``ModelOptions``, ``WorkerConfig`` with the model's merged ``CachePolicy``,
-  the ``ThreadPolicy``, the cache settings, timeouts).
+  the ``ThreadPolicy``, the cache settings and the model's ``CacheViewConfig``,
+  timeouts).
 - :func:`cache_view_config`: the model's ``CacheViewConfig``, checked against
   the cache's tiers.
 - :func:`limits`: the sockets' message size ``Limits``.
@@ -349,14 +350,12 @@ def thread_policy(
 
 
 def worker_spec(config: LlamadConfig, model_id: str) -> WorkerSpec:
-    """What ``model_id``'s worker process is started with.
-
-    The spec does not carry the :class:`CacheViewConfig` (the worker builds
-    the default one); :func:`cache_view_config` gives the configured one.
-    """
+    """What ``model_id``'s worker process is started with, its
+    :class:`CacheViewConfig` (:func:`cache_view_config`) included."""
     m = config.model(model_id)
     context = context_options(config, model_id)
     settings = cache_settings(config)
+    view = cache_view_config(config, model_id, settings)
     return _built(
         lambda: WorkerSpec(
             model_id=model_id,
@@ -370,6 +369,7 @@ def worker_spec(config: LlamadConfig, model_id: str) -> WorkerSpec:
             liveness_s=m.liveness_s,
             load_timeout_s=m.load_timeout_s,
             threads=thread_policy(config, model_id, context),
+            cache_view=view,
         ),
         _under(
             _model_key(model_id),

@@ -206,7 +206,7 @@ def llama_parts(spec: WorkerSpec) -> WorkerParts:
         cache: CacheView
         completions: Completions | None = None
         if spec.cache is not None:
-            view = ClientCacheView.from_settings(spec.cache, ctx)
+            view = ClientCacheView.from_settings(spec.cache, ctx, config=spec.cache_view)
             closers.append(_closer(view.close))
             cache, completions = view, view.completions
         else:

@@ -29,6 +29,7 @@ from llamad.cache.policy import CachePolicy
 from llamad.cache.sup import CacheSettings
 from llamad.errors import ConfigError, LlamadError
 from llamad.llama_ffi.options import ContextOptions, ModelOptions
+from llamad.model.cache_view_config import CacheViewConfig
 from llamad.model.config import MarkerPair, WorkerConfig
 from llamad.model.threads import ThreadPolicy
 from llamad.supervisor.spec import ChildSpec, Restart, Start
@@ -109,6 +110,13 @@ class WorkerSpec:
     the context's ``n_threads`` and ``n_threads_batch``. ``None`` (the
     default): :meth:`thread_policy` makes one where the worker runs, from the
     context's counts and the worker's own CPUs.
+
+    ``cache_view``: which tiers the worker saves to and restores from, how it
+    fingerprints the model, its lookup bounds and writer threads
+    (:class:`~llamad.model.cache_view_config.CacheViewConfig`; default: save
+    to ``ram``, restore from any tier). With a ``cache``, it is checked
+    against the cache's tiers here (a save tier the cache lacks or holds 0
+    bytes in is refused naming ``cache_view.save_tier``).
     """
 
     model_id: str
@@ -123,6 +131,7 @@ class WorkerSpec:
     load_timeout_s: float = 120.0
     parts: str = DEFAULT_PARTS
     threads: ThreadPolicy | None = None
+    cache_view: CacheViewConfig = field(default_factory=CacheViewConfig)
 
     def __post_init__(self) -> None:
         worker_actor_name(self.model_id)
@@ -146,6 +155,11 @@ class WorkerSpec:
                 raise _bad(f"worker.{name}", f"is {ours} but the context's {name} is {theirs}")
         if self.cache is not None and not isinstance(self.cache, CacheSettings):
             raise _bad("cache", "must be CacheSettings or None")
+        if not isinstance(self.cache_view, CacheViewConfig):
+            raise _bad("cache_view", "must be a CacheViewConfig")
+        if self.cache is not None:
+            quotas = {t.kind: t.quota for t in self.cache.tiers}
+            _nested("cache_view", self.cache_view.check_against, quotas)
         if self.threads is not None:
             if not isinstance(self.threads, ThreadPolicy):
                 raise _bad("threads", "must be a ThreadPolicy or None")
@@ -222,6 +236,7 @@ class WorkerSpec:
             "load_timeout_s": self.load_timeout_s,
             "parts": self.parts,
             "threads": None if self.threads is None else dataclasses.asdict(self.threads),
+            "cache_view": _cache_view_to_wire(self.cache_view),
         }
 
     @classmethod
@@ -244,6 +259,8 @@ class WorkerSpec:
             fields_["cache"] = _nested("cache", CacheSettings.from_wire, data["cache"])
         if data.get("threads") is not None:
             fields_["threads"] = _policy_from_wire(data["threads"])
+        if "cache_view" in data:
+            fields_["cache_view"] = _nested("cache_view", _cache_view_from_wire, data["cache_view"])
         return cls(**fields_)
 
 
@@ -280,6 +297,23 @@ def _policy_from_wire(data: object) -> ThreadPolicy:
     if "max_threads" not in data:
         raise _bad("threads.max_threads", "missing")
     return ThreadPolicy(**data)
+
+
+def _cache_view_to_wire(config: CacheViewConfig) -> dict[str, Any]:
+    out = {f.name: _plain(getattr(config, f.name)) for f in dataclasses.fields(config)}
+    out["restore_tiers"] = sorted(t.value for t in config.restore_tiers)
+    return out
+
+
+def _cache_view_from_wire(data: object) -> CacheViewConfig:
+    # CacheViewConfig takes tiers and modes by value and names a bad field itself.
+    if not isinstance(data, Mapping):
+        raise ConfigError("must be a mapping")
+    known = {f.name for f in dataclasses.fields(CacheViewConfig)}
+    for key in data:
+        if key not in known:
+            raise ConfigError(f"{key}: unknown field", details={"field": str(key)})
+    return CacheViewConfig(**data)
 
 
 def _worker_to_wire(config: WorkerConfig) -> dict[str, Any]:

@@ -341,6 +341,13 @@ def test_the_cache_view_carries_the_model_cache_keys(full: LlamadConfig) -> None
     )
 
 
+def test_the_worker_spec_carries_the_model_cache_view(full: LlamadConfig) -> None:
+    spec = full.worker_spec("smol")
+    assert spec.cache_view == full.cache_view_config("smol")
+    assert spec.cache_view.save_tier is TierKind.DISK  # not the default ram
+    assert WorkerSpec.from_wire(spec.to_wire()).cache_view == spec.cache_view
+
+
 def test_limits_carry_the_message_sizes(full: LlamadConfig) -> None:
     assert full.limits() == Limits(max_frame_bytes=32 << 20, max_header_bytes=512 << 10)
 

@@ -7,10 +7,13 @@ from typing import Any
 import msgpack
 import pytest
 
+from llamad.cache.key import FingerprintMode
 from llamad.cache.policy import CachePolicy
 from llamad.cache.sup import CacheSettings, discard
+from llamad.cache.tier_kind import TierKind
 from llamad.errors import ConfigError
 from llamad.llama_ffi.options import ContextOptions, FlashAttn, KVType
+from llamad.model.cache_view_config import CacheViewConfig
 from llamad.model.config import MarkerPair, WorkerConfig
 from llamad.model.worker_spec import (
     WORKER_ENTRY,
@@ -69,9 +72,38 @@ def test_spec_round_trips_through_msgpack_unchanged() -> None:
             cache=settings,
             decode_timeout_ms=1234,
             liveness_s=0.5,
+            cache_view=CacheViewConfig(
+                save_tier=TierKind.DISK,
+                restore_tiers=frozenset({TierKind.DISK, TierKind.RAM_FILE}),
+                fingerprint_mode=FingerprintMode.FAST_UNSAFE,
+                supplied_fingerprint=b"\xab" * 32,
+                lookup_timeout_s=0.75,
+                cooldown_s=0.0,
+                sync_save_timeout_s=9.0,
+                writer_threads=3,
+            ),
         )
         wire = msgpack.unpackb(msgpack.packb(original.to_wire(), use_bin_type=True), raw=False)
         assert WorkerSpec.from_wire(wire) == original
+    finally:
+        discard(settings)
+
+
+def test_the_cache_view_defaults_to_saving_to_ram_and_restoring_from_any_tier() -> None:
+    assert spec().cache_view == CacheViewConfig()
+    wire = spec().to_wire()
+    del wire["cache_view"]  # a spec from before the field
+    assert WorkerSpec.from_wire(wire).cache_view == CacheViewConfig()
+
+
+def test_a_cache_view_the_cache_cannot_serve_is_refused_naming_the_field() -> None:
+    settings = CacheSettings.scratch(disk_quota=0)
+    try:
+        with pytest.raises(ConfigError) as exc:
+            spec(cache=settings, cache_view=CacheViewConfig(save_tier=TierKind.DISK))
+        assert field_of(exc) == "cache_view.save_tier"
+        # The same view without a cache: nothing to check it against yet.
+        assert spec(cache_view=CacheViewConfig(save_tier=TierKind.DISK)).cache is None
     finally:
         discard(settings)
 
@@ -89,6 +121,7 @@ def test_spec_round_trips_through_msgpack_unchanged() -> None:
         ("load_timeout_s", {"load_timeout_s": -1}),
         ("registry_root", {"registry_root": "relative"}),
         ("parts", {"parts": "not a target"}),
+        ("cache_view", {"cache_view": {"save_tier": "disk"}}),
     ],
 )
 def test_bad_spec_is_refused_naming_the_field(expected: str, kwargs: dict[str, Any]) -> None:
@@ -104,6 +137,11 @@ def test_bad_spec_is_refused_naming_the_field(expected: str, kwargs: dict[str, A
         ("context.nonsense", {"context": {"nonsense": 1}}),
         ("worker.max_queue", {"worker": {"max_queue": -1}}),
         ("worker.policy", {"worker": {"policy": {"min_tokens": -1}}}),
+        ("cache_view.save_tier", {"cache_view": {"save_tier": "nowhere"}}),
+        ("cache_view.restore_tiers", {"cache_view": {"restore_tiers": []}}),
+        ("cache_view.writer_threads", {"cache_view": {"writer_threads": 0}}),
+        ("cache_view.bogus", {"cache_view": {"bogus": 1}}),
+        ("cache_view", {"cache_view": [1, 2]}),
         ("extra", {"extra": 1}),
     ],
 )
