@@ -47,9 +47,13 @@ from llamad.model.threads import ThreadStatus
 
 __all__ = [
     "SLOT_BYTES",
+    "LoadProgress",
+    "LoadProgressWriter",
     "StatusBoard",
     "Throughput",
     "WorkerSnapshot",
+    "load_progress_path",
+    "read_load_progress",
     "read_status",
     "status_path",
 ]
@@ -70,6 +74,11 @@ class WorkerSnapshot(msgspec.Struct, frozen=True):
     tokens per second, ``rows_per_s``: tokens decoded per second (prompt and
     generated), both over the last few seconds; ``last_tick_ms``: the last
     decode's duration; ``requests_total``: requests admitted since start.
+
+    ``last_request_at``: when the worker last had a request (an op other than
+    ``status`` handled, or a tick with a request admitted or queued), on the
+    same monotonic clock; ``None`` before the first. The daemon's front
+    unloads a model idle for its ``keep_alive`` from it (SPEC D7).
 
     ``threads`` (SPEC M14): the thread governor's
     :class:`~llamad.model.threads.ThreadStatus` (the last step's count, the
@@ -93,6 +102,7 @@ class WorkerSnapshot(msgspec.Struct, frozen=True):
     requests_total: int = 0
     threads: ThreadStatus | None = None
     spin: SpinSetting = SpinSetting.NOT_YET
+    last_request_at: float | None = None
 
 
 _ENCODER: Final = msgspec.msgpack.Encoder()
@@ -212,3 +222,67 @@ class Throughput:
             return 0.0, 0.0
         span = max(now - self._ticks[0][0], 1e-3)
         return self._generated / span, self._decoded / span
+
+
+# -- while loading: the model-load progress ------------------------------------------
+
+
+class LoadProgress(msgspec.Struct, frozen=True):
+    """How far a worker's model load has got (``fraction`` in [0, 1])."""
+
+    pid: int
+    fraction: float
+
+
+_PROGRESS_DECODER: Final = msgspec.msgpack.Decoder(LoadProgress)
+_PROGRESS_STEP: Final = 0.01
+
+
+def load_progress_path(registry_root: Path | str, actor_name: str) -> Path:
+    """Where ``actor_name``'s worker reports its model load in the registry at ``registry_root``."""
+    return Path(registry_root) / f"{actor_name}.load"
+
+
+class LoadProgressWriter:
+    """The model-load progress callback of a worker that is loading.
+
+    The worker has no loop (and no status board) until its model is loaded,
+    so the load reports here: each step of at least 1 % replaces a tiny file
+    (written aside, then renamed over: a reader never sees half of one). The
+    daemon's front reads it while the worker starts and streams the
+    fractions to ``load_model``'s caller. :meth:`close` removes the file.
+    A failed write never fails the load.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._last = -1.0
+        self._pid = os.getpid()
+
+    def __call__(self, fraction: float) -> bool:
+        if fraction - self._last >= _PROGRESS_STEP or (fraction >= 1.0 > self._last):
+            self._last = fraction
+            tmp = self.path.with_name(f".{self.path.name}.{self._pid}.tmp")
+            try:
+                tmp.write_bytes(_ENCODER.encode(LoadProgress(self._pid, fraction)))
+                os.replace(tmp, self.path)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+        return True
+
+    def close(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+
+def read_load_progress(path: Path | str) -> LoadProgress | None:
+    """The last progress a loading worker reported at ``path``, if any."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        return _PROGRESS_DECODER.decode(data)
+    except msgspec.DecodeError:
+        return None

@@ -90,6 +90,8 @@ class WorkerOps:
         self.mark = mark
         self.snapshot = snapshot
         self.requests_total = 0
+        #: When an op other than ``status`` last ran (the board's ``last_request_at``).
+        self.last_request_at: float | None = None
         self._ids = itertools.count(1)
         self._changes: deque[tuple[Callable[[Adapters], Any], PendingReply]] = deque()
         self._held: deque[_Held] = deque()
@@ -125,6 +127,7 @@ class WorkerOps:
         mark = self.mark
 
         def run(req: Request[Any]) -> Any:
+            self.last_request_at = mark.clock()
             with mark.busy():
                 return handler(req)
 

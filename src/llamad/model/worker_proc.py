@@ -127,6 +127,7 @@ class WorkerProcess:
             requests_total=self.ops.requests_total,
             threads=None if governor is None else governor.status(),
             spin=spin_setting(),
+            last_request_at=self.ops.last_request_at,
         )
 
     def _publish(self) -> None:
@@ -177,6 +178,10 @@ class WorkerProcess:
         handled = self.actor.poll(timeout)
         with self.mark.busy():
             report = self.core.step()
+        if self.core.requests or not report.idle:
+            # A request in flight (running, queued or waiting) is not idle
+            # time: keep_alive counts from the last of these.
+            self.ops.last_request_at = self.clock()
         self._deliver(report)
         self.ops.settle()
         if handled or not report.idle:
