@@ -34,6 +34,7 @@ from llamad.errors import ConfigError
 from llamad.model.backend import Backend, PackedState
 from llamad.model.cacheview import CacheView
 from llamad.model.savepoints import SaveJob
+from llamad.model.status_board import LoadProgressWriter, load_progress_path
 from llamad.model.stub import StubBackend
 from llamad.model.stub_cache import MemoryCache
 from llamad.model.threads import ThreadGovernor
@@ -161,21 +162,30 @@ def llama_parts(spec: WorkerSpec) -> WorkerParts:
     chat template, a lazily made embedding context, adapters."""
     # Imported here: loading libllama is this factory's business, not the shell's.
     from llamad.llama_ffi import Model  # noqa: PLC0415
+    from llamad.llama_ffi.build_info import compute_backend  # noqa: PLC0415
     from llamad.llama_ffi.spin import spin_setting  # noqa: PLC0415
     from llamad.llama_ffi.threadpool import worker_threadpool  # noqa: PLC0415
     from llamad.model.adapters import AdapterSet  # noqa: PLC0415
     from llamad.model.cache_view import ClientCacheView  # noqa: PLC0415
     from llamad.model.embedder import Embedder, EmbedderOptions  # noqa: PLC0415
+    from llamad.model.flash_attention import serving_context  # noqa: PLC0415
     from llamad.model.llama_backend import LlamaBackend  # noqa: PLC0415
     from llamad.model.thread_board import ThreadBoard  # noqa: PLC0415
     from llamad.model.tokenizer import Tokenizer  # noqa: PLC0415
 
     closers: list[Callable[[], None]] = []
     parts: WorkerParts | None = None
+    # The load reports its progress beside the worker's status board, for the
+    # daemon's front to stream to load_model's caller.
+    progress = LoadProgressWriter(load_progress_path(Registry(spec.registry).root, spec.actor_name))
     try:
-        model = Model(spec.model_path, spec.model)
+        try:
+            model = Model(spec.model_path, spec.model, progress=progress)
+        finally:
+            progress.close()
         closers.append(model.close)
-        ctx = model.context(spec.context)
+        # `auto` flash attention is off on a CPU build (model/flash_attention.py).
+        ctx = model.context(serving_context(spec.context, compute_backend()))
         closers.append(ctx.close)
         policy = spec.thread_policy()
         # None under OpenMP (the pinned CPU build), where a pool measured no
