@@ -1,0 +1,160 @@
+"""A running ``infer`` request as an iterator of typed events (SPEC D3, M7).
+
+Iterating a :class:`Stream` yields, in order, the request's ``token``,
+``thinking`` and ``tool_call`` events (:mod:`llamad.model.results`), then
+exactly one :class:`~llamad.model.results.DoneEvent` carrying the
+:class:`~llamad.model.results.Completion`; the iteration stops after it. A
+request that fails raises its typed error from the iteration instead (and
+keeps it in :attr:`Stream.error`): every stream ends with exactly one
+terminal, the ``done`` event or the exception.
+
+Leaving early cancels the request on the worker, which frees its sequence:
+``break`` (the loop's iterator is closed), an exception out of the loop, the
+``with`` block's end, :meth:`Stream.close`, or the stream being garbage
+collected. :meth:`Stream.cancel` instead asks the worker to stop and lets the
+iteration run on to a ``done`` whose ``finish_reason`` is ``cancelled`` (the
+partial reply included).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from llamad.actors.client import StreamCall
+from llamad.errors import LlamadError
+from llamad.model.results import Completion, DoneEvent, ThinkingEvent, TokenEvent, ToolCallEvent
+
+if TYPE_CHECKING:
+    from llamad.client import Client
+
+__all__ = ["Stream", "StreamEvent"]
+
+StreamEvent = TokenEvent | ThinkingEvent | ToolCallEvent | DoneEvent
+"""What iterating a stream yields (``done`` last)."""
+
+
+class Stream:
+    """A running ``infer`` request; iterate it for events (see the module doc).
+
+    ``request_id`` names it for :meth:`Client.cancel` from any thread;
+    ``model_id`` is the model serving it. :attr:`result` is the
+    :class:`Completion` once the ``done`` event has arrived.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        call: StreamCall,
+        *,
+        model_id: str,
+        request_id: str,
+        idle_timeout: float | None,
+        on_end: Callable[[str], None],
+    ) -> None:
+        self._client = client
+        self._call: StreamCall | None = call
+        self._thread = threading.get_ident()
+        self.model_id = model_id
+        self.request_id = request_id
+        self._idle_timeout = idle_timeout
+        self._on_end: Callable[[str], None] | None = on_end
+        self._events_seen = 0
+        self._own: Iterator[StreamEvent] | None = None
+        self.result: Completion | None = None
+        self.error: LlamadError | None = None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the terminal (``done`` or an error) arrived, or the stream was closed."""
+        return self._on_end is None
+
+    def __iter__(self) -> Iterator[StreamEvent]:
+        return self._events()
+
+    def __next__(self) -> StreamEvent:
+        if self._own is None:
+            self._own = self._events()
+        return next(self._own)
+
+    def completion(self) -> Completion:
+        """Consume the remaining events; the :class:`Completion` (or raise the error)."""
+        for _ in self._events():
+            pass
+        if self.result is None:
+            assert self.error is not None, "a stream ends with a result or an error"
+            raise self.error
+        return self.result
+
+    def cancel(self) -> bool:
+        """Ask the worker to stop the request; keep iterating for the ``done``
+        event (``finish_reason`` ``cancelled``). False when it had already ended."""
+        if self.finished:
+            return False
+        return self._client.cancel(self.request_id, model_id=self.model_id)
+
+    def close(self) -> None:
+        """Stop consuming: the worker cancels the request. Idempotent."""
+        if self.finished:
+            return
+        call, self._call = self._call, None
+        if call is not None and threading.get_ident() == self._thread:
+            call.cancel()
+        # Elsewhere (a collection on another thread) the socket is not ours to
+        # touch: dropping the StreamCall makes the actor client cancel it at
+        # its owner thread's next operation.
+        self._ended()
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # The StreamCall cancels itself on the worker when it is collected;
+        # only the client's note of the running request is left to drop.
+        if self._on_end is not None:
+            self._ended()
+
+    def _events(self) -> Iterator[StreamEvent]:
+        try:
+            while not self.finished:
+                event = self._pull()
+                yield event
+                if isinstance(event, DoneEvent):
+                    return
+        finally:
+            # A consumer that left the loop (break, an exception, the
+            # iterator collected) abandons the request.
+            self.close()
+
+    def _pull(self) -> StreamEvent:
+        call = self._call
+        assert call is not None, "an open stream holds its call"
+        try:
+            message = next(call)
+        except StopIteration:
+            raw = call.result
+            self.result = msgspec.convert(raw, Completion)
+            self._ended()
+            return DoneEvent(result=self.result)
+        except LlamadError as exc:
+            self.error = exc
+            self._ended()
+            raise
+        if self._events_seen == 0:
+            # The first event came within the first-token timeout; from
+            # now on each must come within the idle timeout.
+            call.timeout = self._idle_timeout
+        self._events_seen += 1
+        event: StreamEvent = message.body
+        return event
+
+    def _ended(self) -> None:
+        on_end, self._on_end = self._on_end, None
+        if on_end is not None:
+            on_end(self.request_id)

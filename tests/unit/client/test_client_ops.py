@@ -1,0 +1,101 @@
+"""Request bodies built by the client: the wire's own validation, before sending."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from llamad import client_ops as ops
+from llamad.errors import BadRequest
+from llamad.model.requests import RequestParams
+from llamad.model.wire import InferBody
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _infer(prompt: object = "hi", **options: object) -> InferBody:
+    return ops.infer_body(
+        prompt,  # type: ignore[arg-type]
+        messages=None,
+        request_id="r-1",
+        add_special=True,
+        chat=None,
+        options=options,
+    )
+
+
+def test_options_split_into_request_parameters_and_chat_options() -> None:
+    body = _infer(max_tokens=3, stop=["x", "y"], session_id="s", enable_thinking=False)
+    assert body.params.max_tokens == 3
+    assert body.params.stop == ("x", "y")
+    assert body.params.session_id == "s"
+    assert body.chat.enable_thinking is False
+    assert body.request_id == "r-1"
+
+
+def test_one_stop_string_is_one_stop_sequence() -> None:
+    assert _infer(stop="END").params.stop == ("END",)
+
+
+def test_continue_is_accepted_under_both_spellings() -> None:
+    assert _infer(session_id="s", continue_=True).params.continue_ is True
+    assert _infer(session_id="s", **{"continue": True}).params.continue_ is True
+
+
+def test_token_prompts_travel_as_a_list_of_ints() -> None:
+    assert _infer((1, 2, 3)).prompt == [1, 2, 3]
+    with pytest.raises(BadRequest) as info:
+        _infer([1, "2"])
+    assert info.value.details["field"] == "prompt"
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"max_tokens": -1}, "max_tokens"),
+        ({"max_tokens": 1 << 40}, "max_tokens"),
+        ({"temperature": "hot"}, "params.temperature"),
+        ({"parent_key": b"short"}, "parent_key"),
+        ({"expect_committed": 3}, "expect_committed"),
+    ],
+)
+def test_a_bad_option_is_refused_naming_its_field(options: dict[str, object], field: str) -> None:
+    with pytest.raises(BadRequest) as info:
+        _infer(**options)
+    assert info.value.details["field"] == field
+
+
+def test_an_unknown_option_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="bogus"):
+        _infer(bogus=1)
+
+
+def test_prompt_and_messages_are_exclusive() -> None:
+    with pytest.raises(BadRequest):
+        _infer(None)
+
+
+def test_bodies_encode_as_the_worker_decodes_them() -> None:
+    body = _infer("hello", max_tokens=2, parent_key=bytes(32), temperature=0.0)
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(body), type=InferBody) == body
+    assert isinstance(body.params, RequestParams)
+
+
+def test_model_ids_follow_the_front_contract() -> None:
+    assert ops.model_ref("smol-2.q4").model_id == "smol-2.q4"
+    with pytest.raises(BadRequest):
+        ops.model_ref("bad id")
+    with pytest.raises(BadRequest):
+        ops.model_ref("x" * 59)
+
+
+def test_request_ids_are_unique() -> None:
+    assert len({ops.new_request_id() for _ in range(1000)}) == 1000
+
+
+def test_adapter_info_has_the_workers_fields() -> None:
+    from llamad.model.adapters import AdapterInfo as WorkerAdapterInfo
+
+    ours = [(f.name, f.type) for f in msgspec.structs.fields(ops.AdapterInfo)]
+    theirs = [(f.name, f.type) for f in msgspec.structs.fields(WorkerAdapterInfo)]
+    assert ours == theirs
