@@ -7,6 +7,7 @@ import pytest
 
 from llamad import client_ops as ops
 from llamad.errors import BadRequest
+from llamad.model.adapters import AdapterInfo as WorkerAdapterInfo
 from llamad.model.requests import RequestParams
 from llamad.model.wire import InferBody
 
@@ -94,8 +95,6 @@ def test_request_ids_are_unique() -> None:
 
 
 def test_adapter_info_has_the_workers_fields() -> None:
-    from llamad.model.adapters import AdapterInfo as WorkerAdapterInfo
-
     ours = [(f.name, f.type) for f in msgspec.structs.fields(ops.AdapterInfo)]
     theirs = [(f.name, f.type) for f in msgspec.structs.fields(WorkerAdapterInfo)]
     assert ours == theirs

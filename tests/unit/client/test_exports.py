@@ -42,7 +42,7 @@ def test_an_unknown_name_is_an_attribute_error() -> None:
 
 
 def test_the_public_api_names_are_exported() -> None:
-    from llamad import AsyncClient, Client, Completion, StickyBusy, WorkerCrashed
+    from llamad import AsyncClient, Client, Completion, StickyBusy, WorkerCrashed  # noqa: PLC0415 (the lazy import is the point)
 
     assert Client.__module__ == "llamad.client"
     assert AsyncClient.__module__ == "llamad.client_async"

@@ -1,0 +1,98 @@
+"""What the client tests need from the daemon besides the public client.
+
+Observations and faults a user of the client cannot cause through it: the
+worker's pid, SIGKILL, waiting for a finish save to be published, reading a
+worker's status board. :class:`Served` is built over either the real daemon
+(``daemon_proc.py``) or the stand-in front (``standin_front.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from llamad.actors import Registry
+from llamad.cache.client import CacheClient
+from llamad.model.status_board import WorkerSnapshot, read_status, status_path
+
+T = TypeVar("T")
+
+#: "Eventually" on a 2-core machine shared with other test runs.
+EVENTUALLY = 60.0
+
+
+def wait_until(predicate: Callable[[], T | None], what: str, timeout: float = EVENTUALLY) -> T:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.01)
+
+
+def prompt_text(i: int, words: int = 40) -> str:
+    """A distinct prompt of about ``words`` words (no prefix shared between ``i``)."""
+    vocab = ["river", "stone", "lamp", "cloud", "paper", "garden", "mirror", "copper"]
+    body = " ".join(vocab[(i * 7 + j * 3) % len(vocab)] for j in range(words))
+    return f"Story {i}: {body}."
+
+
+class Served:
+    """A running daemon (or stand-in) at ``endpoint`` whose actors register in
+    ``registry_root``."""
+
+    def __init__(self, endpoint: str, registry_root: Path, model_id: str) -> None:
+        self.endpoint = endpoint
+        self.registry = Registry(registry_root)
+        self.model_id = model_id
+
+    def worker_pid(self, model_id: str | None = None) -> int | None:
+        entry = self.registry.lookup(f"model.{model_id or self.model_id}")
+        return entry.pid if entry is not None else None
+
+    def kill_worker(self, model_id: str | None = None) -> int:
+        pid = self.worker_pid(model_id)
+        assert pid is not None, "no live worker to kill"
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def wait_worker_back(self, old_pid: int, model_id: str | None = None) -> int:
+        def new_pid() -> int | None:
+            pid = self.worker_pid(model_id)
+            return pid if pid is not None and pid != old_pid else None
+
+        return wait_until(new_pid, "the worker to come back")
+
+    def board(self, model_id: str | None = None) -> WorkerSnapshot | None:
+        """The worker's published status (read without asking it)."""
+        return read_status(status_path(self.registry.root, f"model.{model_id or self.model_id}"))
+
+    def wait_idle(self, model_id: str | None = None, timeout: float = EVENTUALLY) -> WorkerSnapshot:
+        """Until the worker holds no request (every sequence free, none queued)."""
+
+        def idle() -> WorkerSnapshot | None:
+            snap = self.board(model_id)
+            if snap is None or snap.busy_since is not None or snap.status.pending_len:
+                return None
+            return snap
+
+        return wait_until(idle, "the worker to be idle", timeout)
+
+    def wait_saved(self, key: bytes | None, timeout: float = EVENTUALLY) -> None:
+        """Until the row ``key`` is published (finish saves are written off the loop)."""
+        assert key is not None
+        with CacheClient(registry_root=self.registry.root, timeout=30.0) as cache:
+            deadline = time.monotonic() + timeout
+            while True:
+                ref = cache.lookup_exact_or_wait(key, 1.0)
+                if ref is not None:
+                    cache.checkin(ref.pin)
+                    return
+                assert time.monotonic() < deadline, f"row {key.hex()} was never published"
