@@ -250,8 +250,10 @@ class LoadProgressWriter:
     so the load reports here: each step of at least 1 % replaces a tiny file
     (written aside, then renamed over: a reader never sees half of one). The
     daemon's front reads it while the worker starts and streams the
-    fractions to ``load_model``'s caller. :meth:`close` removes the file.
-    A failed write never fails the load.
+    fractions to ``load_model``'s caller. :meth:`close` removes the file
+    (after a failed load; a complete one leaves its last report, which the
+    front removes before it starts the model again). A failed write never
+    fails the load.
     """
 
     def __init__(self, path: Path) -> None:

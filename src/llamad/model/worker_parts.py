@@ -176,13 +176,15 @@ def llama_parts(spec: WorkerSpec) -> WorkerParts:
     closers: list[Callable[[], None]] = []
     parts: WorkerParts | None = None
     # The load reports its progress beside the worker's status board, for the
-    # daemon's front to stream to load_model's caller.
+    # daemon's front to stream to load_model's caller; a complete load leaves
+    # its last report (1.0, this pid) until the front's next load.
     progress = LoadProgressWriter(load_progress_path(Registry(spec.registry).root, spec.actor_name))
     try:
         try:
             model = Model(spec.model_path, spec.model, progress=progress)
-        finally:
+        except BaseException:
             progress.close()
+            raise
         closers.append(model.close)
         # `auto` flash attention is off on a CPU build (model/flash_attention.py).
         ctx = model.context(serving_context(spec.context, compute_backend()))
