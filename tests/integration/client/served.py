@@ -9,6 +9,7 @@ worker's status board. :class:`Served` is built over either the real daemon
 from __future__ import annotations
 
 import os
+import select
 import signal
 import time
 from collections.abc import Callable
@@ -58,9 +59,15 @@ class Served:
         return entry.pid if entry is not None else None
 
     def kill_worker(self, model_id: str | None = None) -> int:
+        """SIGKILL the worker; return once it has exited (its pid is returned)."""
         pid = self.worker_pid(model_id)
         assert pid is not None, "no live worker to kill"
-        os.kill(pid, signal.SIGKILL)
+        fd = os.pidfd_open(pid)
+        try:
+            os.kill(pid, signal.SIGKILL)
+            assert select.select([fd], [], [], 10)[0], f"worker {pid} survived SIGKILL"
+        finally:
+            os.close(fd)
         return pid
 
     def wait_worker_back(self, old_pid: int, model_id: str | None = None) -> int:
@@ -84,6 +91,17 @@ class Served:
             return snap
 
         return wait_until(idle, "the worker to be idle", timeout)
+
+    def wait_until_busy(self, model_id: str | None = None) -> WorkerSnapshot:
+        """Until the worker holds a request that is generating."""
+
+        def busy() -> WorkerSnapshot | None:
+            snap = self.board(model_id)
+            if snap is None or snap.status.phase != "generating":
+                return None
+            return snap
+
+        return wait_until(busy, "the worker to be generating")
 
     def wait_saved(self, key: bytes | None, timeout: float = EVENTUALLY) -> None:
         """Until the row ``key`` is published (finish saves are written off the loop)."""
