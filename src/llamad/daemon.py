@@ -1,0 +1,148 @@
+"""``llamad daemon [--config FILE]`` (also ``python -m llamad.daemon``): the daemon's root process.
+
+In order, before any child starts:
+
+1. the configuration is loaded and validated as a whole
+   (:func:`llamad.config.load_config`: the file, ``LLAMAD_*`` overrides, every
+   model file's header); a bad one exits with :data:`EXIT_CONFIG` and every
+   problem on stderr, each naming its key;
+2. the runtime and state directories are created private (0700); a runtime
+   directory another user owns is refused;
+3. the environment every child inherits is set: ``LLAMAD_RUNTIME_DIR`` (so
+   every process finds the same registry), ``LLAMAD_LOG_FORMAT`` and
+   ``LLAMAD_LOG_LEVEL`` (``auto`` is json unless stderr is a terminal);
+4. the ``ram`` tier's segments of a previous run and the front's table file
+   are removed (both describe one run).
+
+Then the root supervisor (:func:`llamad.daemon_tree.daemon_spec`) runs in the
+main thread: ``cache_sup``, ``model_sup``, ``front`` in that order; the front
+loads the configured models. The root serves its own ``which_children`` as
+actor ``llamad.root`` (for ``status``). SIGTERM or SIGINT stops the tree in
+reverse order (the front, then every worker's shutdown saves, then
+cache-meta) and exits 0; an escalation exits non-zero for systemd to act.
+Every child dies with the root (``PR_SET_PDEATHSIG``), SIGKILL included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import stat
+import sys
+import time
+from collections.abc import Sequence
+from typing import Final
+
+import structlog
+
+from llamad import logs
+from llamad.actors import Registry
+from llamad.cache.errors import TierLocked
+from llamad.cache.sup import purge_ram
+from llamad.config import LlamadConfig, load_config
+from llamad.daemon_tree import ROOT_SERVICE, daemon_spec
+from llamad.errors import ConfigError
+from llamad.front.persist import table_path
+from llamad.supervisor.runtime import Supervisor
+from llamad.supervisor.service import SupervisorService
+
+__all__ = ["EXIT_CONFIG", "EXIT_IN_USE", "main", "prepare_dirs"]
+
+log = structlog.get_logger("llamad.daemon")
+
+EXIT_CONFIG: Final = 78
+"""A configuration refused before anything started (sysexits' ``EX_CONFIG``:
+``RestartPreventExitStatus=78`` keeps systemd from retrying it)."""
+EXIT_IN_USE: Final = 75
+"""Another daemon runs on the same cache or runtime directory."""
+
+
+def prepare_dirs(config: LlamadConfig) -> None:
+    """Create the runtime and state directories, private to this user (0700)."""
+    for path, name in (
+        (config.runtime_dir, "daemon.runtime_dir"),
+        (config.state_dir, "daemon.state_dir"),
+    ):
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = path.stat()
+        if st.st_uid != os.getuid():
+            raise ConfigError(
+                f"{name}: {path} belongs to another user (uid {st.st_uid})",
+                details={"field": name},
+            )
+        if stat.S_IMODE(st.st_mode) != 0o700:
+            path.chmod(0o700)
+
+
+def _log_setting(name: str, configured: str) -> str:
+    # LLAMAD_LOG_FORMAT / LLAMAD_LOG_LEVEL win, as in every llamad process.
+    value = os.environ.get(name) or configured
+    if name == "LLAMAD_LOG_FORMAT" and value == "auto":
+        value = "console" if sys.stderr.isatty() else "json"
+    os.environ[name] = value
+    return value
+
+
+def _forget_run(config: LlamadConfig) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        table_path(config.runtime_dir).unlink()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the daemon until it is stopped; its exit status."""
+    parser = argparse.ArgumentParser(prog="llamad daemon", description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--config", metavar="FILE", help="TOML configuration (default: $LLAMAD_CONFIG, else none)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config)
+        prepare_dirs(config)
+    except ConfigError as exc:
+        sys.stderr.write(exc.message + "\n")
+        return EXIT_CONFIG
+    os.environ["LLAMAD_RUNTIME_DIR"] = str(config.runtime_dir)
+    fmt = _log_setting("LLAMAD_LOG_FORMAT", config.daemon.log_format)
+    level = _log_setting("LLAMAD_LOG_LEVEL", config.daemon.log_level)
+    logs.configure(level, fmt)
+    settings = config.cache_settings()
+    try:
+        purge_ram(settings)
+    except TierLocked as exc:
+        log.error("daemon.cache_in_use", error=exc.message)
+        return EXIT_IN_USE
+    _forget_run(config)
+    started_at = time.time()
+    supervisor = Supervisor(daemon_spec(config, started_at=started_at))
+    service: SupervisorService | None = None
+
+    def on_ready() -> None:
+        nonlocal service
+        service = SupervisorService(
+            supervisor, ROOT_SERVICE, registry=Registry(config.registry_root)
+        )
+        service.start()
+        log.info(
+            "daemon.started",
+            endpoint=config.endpoint,
+            models=sorted(config.models),
+            config=config.source,
+            pid=os.getpid(),
+        )
+
+    log.info("daemon.starting", config=config.source, runtime_dir=str(config.runtime_dir))
+    try:
+        code = supervisor.run(install_signal_handlers=True, on_ready=on_ready)
+    finally:
+        if service is not None:
+            service.stop()
+        with contextlib.suppress(TierLocked):
+            purge_ram(settings)
+        _forget_run(config)
+    log.info("daemon.stopped", exit_code=code, uptime_s=round(time.time() - started_at, 3))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
