@@ -87,22 +87,23 @@ def test_cancelling_the_consuming_task_cancels_the_request(served: Served) -> No
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
+            # With the client still open (closing it would cancel everything).
+            await asyncio.to_thread(served.wait_idle, timeout=5)
 
     asyncio.run(main())
-    served.wait_idle(timeout=20)
 
 
 def test_cancelling_a_task_awaiting_complete_cancels_the_request(served: Served) -> None:
     async def main() -> None:
         async with AsyncClient(served.endpoint, timeout=120) as client:
             task = asyncio.ensure_future(client.complete(served.model_id, prompt_text(421)))
-            await asyncio.sleep(0.5)
+            await asyncio.to_thread(served.wait_until_busy)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
+            await asyncio.to_thread(served.wait_idle, timeout=5)
 
     asyncio.run(main())
-    served.wait_idle(timeout=20)
 
 
 def test_breaking_out_of_an_async_stream_cancels_it(served: Served) -> None:
@@ -116,9 +117,9 @@ def test_breaking_out_of_an_async_stream_cancels_it(served: Served) -> None:
             while not stream.finished and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
             assert stream.finished
+            await asyncio.to_thread(served.wait_idle, timeout=5)
 
     asyncio.run(main())
-    served.wait_idle(timeout=20)
 
 
 def test_async_methods_mirror_the_blocking_client(served: Served) -> None:

@@ -143,7 +143,7 @@ def test_a_call_past_its_timeout_raises_and_the_worker_drops_it(
 ) -> None:
     with pytest.raises(RequestTimeout):
         client.complete(served.model_id, prompt_text(320), max_tokens=500, timeout=0.3)
-    served.wait_idle(timeout=20)  # cancelled, not generating 500 tokens
+    served.wait_idle(timeout=5)  # cancelled, not generating 500 tokens
 
 
 def test_a_stream_past_its_first_token_timeout_raises(served: Served, client: Client) -> None:
@@ -153,7 +153,7 @@ def test_a_stream_past_its_first_token_timeout_raises(served: Served, client: Cl
     with pytest.raises(RequestTimeout):
         next(stream)
     assert stream.finished
-    served.wait_idle(timeout=30)
+    served.wait_idle(timeout=10)
 
 
 def test_a_stream_past_its_idle_timeout_raises(served: Served, client: Client) -> None:
@@ -161,7 +161,7 @@ def test_a_stream_past_its_idle_timeout_raises(served: Served, client: Client) -
     with pytest.raises(RequestTimeout):
         for event in stream:
             assert isinstance(event, TokenEvent)
-    served.wait_idle(timeout=20)
+    served.wait_idle(timeout=5)
 
 
 def test_a_closed_client_refuses_calls(served: Served) -> None:

@@ -251,10 +251,10 @@ def test_breaking_out_of_a_stream_cancels_the_request(served: Served, client: Cl
     for _ in stream:
         break
     assert stream.finished
-    served.wait_idle(timeout=20)
+    served.wait_idle(timeout=5)
     for _ in client.infer(served.model_id, prompt_text(110)):
         break
-    served.wait_idle(timeout=20)
+    served.wait_idle(timeout=5)
 
 
 def test_embeddings_are_unit_vectors_that_tell_texts_apart(served: Served, client: Client) -> None:
