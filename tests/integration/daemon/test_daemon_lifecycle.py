@@ -1,0 +1,107 @@
+"""The daemon's life: defaults, SIGTERM (shutdown saves, exit 0, nothing left), a restart
+over the same disk tier (the first request is a warm hit)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import psutil
+import pytest
+from daemon_harness import EVENTUALLY, GREEDY, Daemon, prompt_text, wait_until
+
+from llamad.actors import Client, Registry
+from llamad.cache.kvc import SaveReason, read_meta
+from llamad.front_wire import Route
+from llamad.model.results import CacheHitKind, FinishReason, TokenEvent
+from llamad.model.worker_client import WorkerClient
+
+pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
+
+
+def _reasons(kvc_dir: Path) -> list[SaveReason]:
+    reasons = []
+    for path in sorted(kvc_dir.rglob("*.kvc")):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            reasons.append(read_meta(fd).reason)
+        finally:
+            os.close(fd)
+    return reasons
+
+
+ENDLESS = 'root ::= "la " root'
+
+
+def test_sigterm_saves_what_workers_hold_exits_0_and_a_restart_hits_warm_from_disk() -> None:
+    d = Daemon({"m": {"cache": {"save_tier": "disk"}}})
+    try:
+        d.start(wait_for=["m"])
+        route = d.route("m")
+        tree = d.tree()
+        assert len(tree) >= 5  # cache_sup, cache-meta, model_sup, the worker, front
+        with WorkerClient("m", registry=Registry(route.registry_root)) as worker:
+            stream = worker.infer(prompt_text(11), max_tokens=100_000, grammar=ENDLESS, **GREEDY)
+            events = iter(stream)
+            for _ in range(3):
+                assert isinstance(next(events), TokenEvent)
+            assert d.proc is not None
+            d.proc.send_signal(signal.SIGTERM)
+            list(events)  # the worker ends it when its turn to stop comes
+            result = stream.result
+        assert result is not None and result.finish_reason is FinishReason.CANCELLED
+        assert d.stop() == 0
+        assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert SaveReason.SHUTDOWN in _reasons(d.state / "kvc")
+
+        d.start(wait_for=["m"])  # the same config, state dir and disk tier
+        held = result.context_tokens[: result.committed_tokens]
+        warm = d.worker("m").complete(held, max_tokens=1, **GREEDY)
+        assert warm.cache_hit_kind is CacheHitKind.EXACT
+        assert d.stop() == 0
+    finally:
+        d.cleanup()
+
+
+def test_with_no_config_the_default_model_is_served_on_the_default_endpoint() -> None:
+    base = Path(tempfile.mkdtemp(prefix="lld-", dir="/tmp"))
+    keep = ("LLAMAD_CACHE_DIR", "LLAMAD_DEFAULT_MODEL")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMAD_") or k in keep}
+    # No file, no overrides: only the directories a service manager would give.
+    env.update(
+        LLAMAD_RUNTIME_DIR=str(base / "run"),
+        STATE_DIRECTORY=str(base / "state"),
+        LLAMAD_DAEMON__THREADS__CORES="1",
+        LLAMAD_CACHE__RAM_FILE__QUOTA="0",  # nothing left in /dev/shm
+        LLAMAD_CACHE__INSTANCE=f"d{base.name[-8:].replace('_', 'x')}",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llamad.daemon"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=(base / "daemon.log").open("wb"),
+    )
+    client = Client(f"ipc://{base}/run/llamad.sock", timeout=EVENTUALLY, connect_timeout=5.0)
+    try:
+
+        def route() -> Route | None:
+            try:
+                r: Route = client.call("route", {"model_id": "smollm2"}, reply_type=Route)
+                return r
+            except Exception:
+                assert proc.poll() is None, (base / "daemon.log").read_text()[-2000:]
+                return None
+
+        assert wait_until(route, "the default model").actor == "model.smollm2"
+        assert (base / "run").stat().st_mode & 0o777 == 0o700
+        assert (base / "state").stat().st_mode & 0o777 == 0o700
+    finally:
+        client.close()
+        proc.terminate()
+        assert proc.wait(60) == 0
+        subprocess.run(["rm", "-rf", str(base)], check=False)
