@@ -1,39 +1,28 @@
-"""Fixtures for the client tests: a served model and clients of it.
+"""Fixtures for the client tests: one real daemon per module, serving the default model.
 
-``start_served`` runs the real daemon when ``llamad.daemon`` exists and
-otherwise the stand-in front over a real worker tree.
+``start_served(**options)`` starts ``python -m llamad.daemon`` with the
+model table's ``options`` (``max_queue=0``, ...) and stops it with SIGTERM.
 """
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+from daemon_proc import DaemonProc
 from served import Served
-from standin_front import StandInFront
 
 __all__ = ["start_served"]
 
 
-class _StandIn(Served):
-    def __init__(self, **tree: Any) -> None:
-        self._dir = Path(tempfile.mkdtemp(prefix="lmc-", dir="/tmp"))
-        self.front = StandInFront(f"ipc://{self._dir}/llamad.sock", **tree).start()
-        super().__init__(self.front.endpoint, self.front.tree.registry.root, "smol")
-
-    def close(self) -> None:
-        self.front.close()
-
-
-def start_served(**tree: Any) -> Iterator[Served]:
-    served = _StandIn(**tree)
+def start_served(**options: Any) -> Iterator[DaemonProc]:
+    daemon = DaemonProc(**options)
     try:
-        yield served
+        daemon.start()
+        yield daemon
     finally:
-        served.close()
+        daemon.close()
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ from llamad import (
     ModelNotFound,
     StickyBusy,
     TokenEvent,
+    WorkerCrashed,
 )
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.model]
@@ -154,3 +155,23 @@ def test_async_methods_mirror_the_blocking_client(served: Served) -> None:
             assert status.info.model_id == model
 
     asyncio.run(main())
+
+
+def test_the_async_client_sees_a_crash_within_a_second_and_then_serves_again(
+    served: Served,
+) -> None:
+    async def main() -> float:
+        async with AsyncClient(served.endpoint, timeout=120, connect_timeout=60) as client:
+            stream = await client.infer(served.model_id, prompt_text(440), max_tokens=400)
+            await anext(stream)
+            killed = time.monotonic()
+            served.kill_worker()
+            with pytest.raises(WorkerCrashed):
+                async for _ in stream:
+                    pass
+            noticed = time.monotonic() - killed
+            again = await client.complete(served.model_id, prompt_text(441), max_tokens=2)
+            assert again.stats.completion_tokens == 2
+            return noticed
+
+    assert asyncio.run(main()) < 1.0
