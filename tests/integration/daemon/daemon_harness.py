@@ -106,6 +106,28 @@ def _toml(value: Any) -> str:
     return str(value)
 
 
+def still_running(procs: Iterable[psutil.Process]) -> list[int]:
+    """The pids of ``procs`` that still run. A dead orphan is a zombie until
+    the container's init reaps it, which is not ours to wait for."""
+    out = []
+    for p in procs:
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def wait_gone(procs: Iterable[psutil.Process], timeout: float) -> list[int]:
+    """Poll until none of ``procs`` runs; those still running after ``timeout``."""
+    procs = list(procs)
+    deadline = time.monotonic() + timeout
+    while (left := still_running(procs)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return left
+
+
 def descendants(pid: int) -> list[psutil.Process]:
     try:
         return psutil.Process(pid).children(recursive=True)
@@ -226,8 +248,8 @@ model_dirs = [{", ".join(f'"{d}"' for d in dirs)}]
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         code = self.proc.wait(timeout)
-        _, alive = psutil.wait_procs(tree, timeout=5)
-        assert not alive, f"left behind after the root exited: {[p.pid for p in alive]}"
+        alive = wait_gone(tree, timeout=5)
+        assert not alive, f"left behind after the root exited: {alive}"
         self.log.close()
         return code
 

@@ -10,9 +10,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-import psutil
 import pytest
-from daemon_harness import EVENTUALLY, GREEDY, Daemon, prompt_text, wait_until
+from daemon_harness import EVENTUALLY, GREEDY, Daemon, prompt_text, still_running, wait_until
 
 from llamad.actors import Client, Registry
 from llamad.cache.kvc import SaveReason, read_meta
@@ -55,7 +54,7 @@ def test_sigterm_saves_what_workers_hold_exits_0_and_a_restart_hits_warm_from_di
             result = stream.result
         assert result is not None and result.finish_reason is FinishReason.CANCELLED
         assert d.stop() == 0
-        assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert still_running(tree) == []
         assert SaveReason.SHUTDOWN in _reasons(d.state / "kvc")
 
         d.start(wait_for=["m"])  # the same config, state dir and disk tier

@@ -8,6 +8,7 @@ actors client and workers through :class:`WorkerClient`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -17,10 +18,13 @@ from llamad.actors import Registry
 from llamad.errors import ConfigError, ModelNotFound
 from llamad.front_wire import ModelInfo, ModelState, PathNotAllowed
 from llamad.llama_ffi.errors import NotGGUF
-from llamad.model.results import CacheHitKind
+from llamad.model.results import CacheHitKind, TokenEvent
 from llamad.model.status_board import load_progress_path, read_load_progress
+from llamad.model.worker_client import WorkerClient
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(240)]
+
+ENDLESS = 'root ::= "la " root'
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +122,19 @@ def test_keep_alive_unloads_an_idle_model_and_the_next_route_reloads_it_warm(
     warm = daemon.worker("idle").complete(prompt, max_tokens=6, **GREEDY)
     assert warm.cache_hit_kind is CacheHitKind.EXACT
     assert warm.reply == cold.reply
+
+
+def test_keep_alive_never_unloads_a_model_while_a_request_runs(daemon: Daemon) -> None:
+    route = daemon.route("idle")
+    with WorkerClient("idle", registry=Registry(route.registry_root)) as worker:
+        stream = worker.infer(prompt_text(6), max_tokens=100_000, grammar=ENDLESS, **GREEDY)
+        events = iter(stream)
+        started = time.monotonic()
+        while time.monotonic() - started < 5.0:  # longer than its keep_alive of 3 s
+            assert isinstance(next(events), TokenEvent)
+        assert daemon.info("idle").state is ModelState.READY
+        stream.cancel()
+    daemon.wait_state("idle", ModelState.UNLOADED, timeout=30)
 
 
 def test_refused_loads_are_typed_and_the_daemon_keeps_serving(daemon: Daemon) -> None:
