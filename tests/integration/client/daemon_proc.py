@@ -68,6 +68,9 @@ class DaemonProc(Served):
     def __init__(self, model_id: str = "smol", **model: Any) -> None:
         self.base = Path(tempfile.mkdtemp(prefix="lmc-", dir="/tmp"))
         runtime = self.base / "run"
+        self.models_dir = self.base / "models"
+        """An allowed model directory (empty: tests put files there)."""
+        self.models_dir.mkdir()
         options: Mapping[str, Any] = {**_MODEL, **model}
         table = "\n".join(f"{k} = {_toml(v)}" for k, v in options.items())
         self.config = self.base / "llamad.toml"
@@ -88,7 +91,7 @@ quota = 0
 quota = "256MiB"
 {_POLICY}
 [security]
-model_dirs = ["{paths.default_model_path().parent}"]
+model_dirs = ["{paths.default_model_path().parent}", "{self.models_dir}"]
 
 [models.{model_id}]
 {table}
