@@ -150,6 +150,7 @@ class Daemon:
         base: Path | None = None,
         disk_quota: str = "512MiB",
         model_dirs: Iterable[Path] = (),
+        max_message_bytes: str = "64MiB",
     ) -> None:
         self.base = base or Path(tempfile.mkdtemp(prefix="lld-", dir="/tmp"))
         self.runtime = self.base / "run"
@@ -177,6 +178,8 @@ quota = "{disk_quota}"
 {POLICY}
 [security]
 model_dirs = [{", ".join(f'"{d}"' for d in dirs)}]
+max_message_bytes = "{max_message_bytes}"
+max_header_bytes = "{max_message_bytes}"
 
 {extra}
 """

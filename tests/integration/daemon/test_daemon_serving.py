@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import zmq
 from daemon_harness import GREEDY, Daemon, prompt_text, wait_until
 
 from llamad.actors import Registry
@@ -34,7 +35,8 @@ def daemon() -> Iterator[Daemon]:
             "smol": {},
             "other": {"n_ctx": 768},
             "idle": {"n_ctx": 512, "keep_alive": "3s"},
-        }
+        },
+        max_message_bytes="1MiB",
     )
     try:
         d.start(wait_for=["smol", "other"])
@@ -179,3 +181,22 @@ def test_status_reports_models_workers_supervisors_and_tiers(daemon: Daemon) -> 
     assert set(gc) == {"evicted", "bytes_freed", "missing", "reaped"}
     assert daemon.front.call("evict_bytes", {"n": 0, "tiers": ["disk"]}) == 0
     wait_until(lambda: daemon.board("smol") is not None, "smol's board")
+
+
+def test_the_front_drops_frames_over_the_configured_size_and_keeps_serving(
+    daemon: Daemon,
+) -> None:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(daemon.endpoint)
+        # Under the actors' default limits (64 MiB frames, 1 MiB headers) this
+        # would be read and answered too_large; over [security]'s 1 MiB, ZeroMQ
+        # drops the connection before allocating it, and nothing answers.
+        sock.send(b"\x95" + b"x" * (2 << 20))
+        assert sock.poll(1000) == 0
+    finally:
+        sock.close()
+        ctx.term()
+    assert daemon.route("smol").actor == "model.smol"
