@@ -47,9 +47,7 @@ here: "met" only when every round clears the bar, "within noise" when the bar
 lies inside the rounds' spread, else below (or above) bar (tables and
 verdicts: :mod:`bench.worker_bench_report`). Results are written only by this
 script, with the load average at start and end; ``--flash-attn off|on`` runs
-the workers with flash attention forced (recorded as ``worker-fa-<value>``);
-the default ``auto`` is what a worker makes of it (off on a CPU build,
-:mod:`llamad.model.flash_attention`).
+the workers with flash attention forced (recorded as ``worker-fa-<value>``).
 """
 
 from __future__ import annotations
@@ -349,21 +347,6 @@ def decode_round(tree: Tree, i: int, cores: int, max_tokens: int) -> dict[str, D
     return {s: runs[s]() for s in order}
 
 
-def _flash_attn_note(flash_attn: str) -> str:
-    from llamad.llama_ffi.build_info import compute_backend  # noqa: PLC0415
-    from llamad.llama_ffi.options import ContextOptions, FlashAttn  # noqa: PLC0415
-    from llamad.model.flash_attention import serving_context  # noqa: PLC0415
-
-    backend = compute_backend()
-    opts = serving_context(ContextOptions(flash_attn=FlashAttn[flash_attn.upper()]), backend)
-    made = opts.flash_attn.name.lower()
-    return (
-        flash_attn
-        if made == flash_attn
-        else f"{flash_attn} (the worker makes it {made} on {backend})"
-    )
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=None, help=f"recorded rounds ({MIN_ROUNDS})")
@@ -374,7 +357,7 @@ def main() -> None:
         "--flash-attn",
         choices=("auto", "off", "on"),
         default="auto",
-        help="the workers' flash attention (auto: the worker's default, off on a CPU build); "
+        help="the workers' flash attention (auto: the binding's default); "
         "other than auto records worker-fa-<value>-<date>.md",
     )
     args = ap.parse_args()
@@ -417,7 +400,7 @@ def main() -> None:
         f"Model `default`, {cores} cores; two workers (`ram`, `disk`) under a real "
         f"supervisor with cache-meta, each n_threads = n_threads_batch = {cores}, "
         f"n_ctx {N_CTX}, n_seq_max {N_SEQ}, n_batch = n_ubatch {N_BATCH}, flash attention "
-        f"{_flash_attn_note(args.flash_attn)}, prefill chunk "
+        f"{args.flash_attn}, prefill chunk "
         f"{max(64, N_BATCH // 4)} (default), default cache policy; driven by `WorkerClient` "
         f"from the bench process. {n_rounds} rounds after one unrecorded warm-up round, "
         "orders alternating between rounds. TTFT: client send to first token event, "

@@ -3,7 +3,7 @@
     python -m bench.worker_bench_restore [--rounds 9] [--no-record]
 
 The model worker's context (``n_ctx`` 4096, ``n_seq_max`` 4, ``kv_unified``,
-flash attention as the worker resolves ``auto``) prefills a 2,048-token
+flash attention ``auto`` as the worker's default, or ``--flash-attn``) prefills a 2,048-token
 prompt; its state is saved to ``ram`` through
 :class:`~llamad.model.cache_view.ClientCacheView` against a real cache-meta.
 Each round then times, in alternating order:
@@ -48,12 +48,11 @@ from llamad.cache.meta_proc import MetaProcess
 from llamad.cache.sup import CacheSettings, discard
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import SEGMENTS
-from llamad.llama_ffi import ContextOptions, Model, StateBuffer
+from llamad.llama_ffi import ContextOptions, FlashAttn, Model, StateBuffer
 from llamad.llama_ffi.build_info import compute_backend
 from llamad.model.cache_view import ClientCacheView
 from llamad.model.config import WorkerConfig
 from llamad.model.core import WorkerCore
-from llamad.model.flash_attention import serving_context
 from llamad.model.llama_backend import LlamaBackend
 from llamad.model.requests import RequestParams
 from llamad.model.results import DoneEvent, TokenEvent
@@ -82,22 +81,21 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--no-record", action="store_true")
+    ap.add_argument("--flash-attn", choices=("auto", "off", "on"), default="auto")
     args = ap.parse_args()
     load_start = os.getloadavg()
     settings = CacheSettings.scratch(prefix="lwr", ram_quota=512 << 20)
     meta = MetaProcess(settings).start()
     model = Model(paths.default_model_path())
-    opts = serving_context(
-        ContextOptions(
-            n_ctx=N_CTX,
-            n_batch=512,
-            n_ubatch=512,
-            n_seq_max=N_SEQ,
-            kv_unified=True,
-            n_threads=2,
-            n_threads_batch=2,
-        ),
-        compute_backend(),
+    opts = ContextOptions(
+        n_ctx=N_CTX,
+        n_batch=512,
+        n_ubatch=512,
+        n_seq_max=N_SEQ,
+        kv_unified=True,
+        n_threads=2,
+        n_threads_batch=2,
+        flash_attn=FlashAttn[args.flash_attn.upper()],
     )
     ctx = model.context(opts)
     view = ClientCacheView.from_settings(settings, ctx)
@@ -313,7 +311,12 @@ def main() -> int:
     print(body)
     if not args.no_record:
         title = "A warm hit's restore, part by part (issue 8)"
-        print(f"recorded {record('worker-restore', title, body)}")
+        name = (
+            "worker-restore"
+            if args.flash_attn == "auto"
+            else f"worker-restore-fa-{args.flash_attn}"
+        )
+        print(f"recorded {record(name, title, body)}")
     return 0
 
 

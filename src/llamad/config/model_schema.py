@@ -229,8 +229,9 @@ class ModelConfig(Table, frozen=True, kw_only=True):
     flash_attn: Annotated[
         str,
         Key(
-            "Flash attention; auto is off on a CPU build (one-row decodes are 2-4x faster"
-            " without it), llama.cpp's choice on a GPU build.",
+            "Flash attention; auto is llama.cpp's choice (on, on a CPU build). off makes"
+            " CPU one-row decodes 2-4x faster, but replies then change with the KV"
+            " cells' history: an exact hit or a batched request may not reproduce a reply.",
             OneOf(_binding_names("FlashAttn")),
         ),
     ] = "auto"

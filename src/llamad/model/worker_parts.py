@@ -162,13 +162,11 @@ def llama_parts(spec: WorkerSpec) -> WorkerParts:
     chat template, a lazily made embedding context, adapters."""
     # Imported here: loading libllama is this factory's business, not the shell's.
     from llamad.llama_ffi import Model  # noqa: PLC0415
-    from llamad.llama_ffi.build_info import compute_backend  # noqa: PLC0415
     from llamad.llama_ffi.spin import spin_setting  # noqa: PLC0415
     from llamad.llama_ffi.threadpool import worker_threadpool  # noqa: PLC0415
     from llamad.model.adapters import AdapterSet  # noqa: PLC0415
     from llamad.model.cache_view import ClientCacheView  # noqa: PLC0415
     from llamad.model.embedder import Embedder, EmbedderOptions  # noqa: PLC0415
-    from llamad.model.flash_attention import serving_context  # noqa: PLC0415
     from llamad.model.llama_backend import LlamaBackend  # noqa: PLC0415
     from llamad.model.thread_board import ThreadBoard  # noqa: PLC0415
     from llamad.model.tokenizer import Tokenizer  # noqa: PLC0415
@@ -186,8 +184,7 @@ def llama_parts(spec: WorkerSpec) -> WorkerParts:
             progress.close()
             raise
         closers.append(model.close)
-        # `auto` flash attention is off on a CPU build (model/flash_attention.py).
-        ctx = model.context(serving_context(spec.context, compute_backend()))
+        ctx = model.context(spec.context)
         closers.append(ctx.close)
         policy = spec.thread_policy()
         # None under OpenMP (the pinned CPU build), where a pool measured no

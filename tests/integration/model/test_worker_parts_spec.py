@@ -1,7 +1,5 @@
 """The real worker parts take what the spec says (issue 8): the cache view's
-tiers come from ``WorkerSpec.cache_view``; ``flash_attn = auto`` makes a
-context with flash attention off on a CPU build, in the namespace of an
-explicit ``off``."""
+tiers come from ``WorkerSpec.cache_view``."""
 
 from __future__ import annotations
 
@@ -13,12 +11,10 @@ import pytest
 from llamad.cache.meta_proc import MetaProcess
 from llamad.cache.sup import CacheSettings, discard
 from llamad.cache.tier_kind import TierKind
-from llamad.llama_ffi import ContextOptions, FlashAttn
-from llamad.llama_ffi.build_info import compute_backend
+from llamad.llama_ffi import ContextOptions
 from llamad.model.cache_view import ClientCacheView
 from llamad.model.cache_view_config import CacheViewConfig
 from llamad.model.config import WorkerConfig
-from llamad.model.llama_backend import LlamaBackend
 from llamad.model.threads import ThreadPolicy
 from llamad.model.worker_parts import llama_parts
 from llamad.model.worker_spec import WorkerSpec
@@ -28,22 +24,12 @@ pytestmark = [pytest.mark.model, pytest.mark.timeout(120)]
 SIZES = {"n_ctx": 256, "n_batch": 32, "n_seq_max": 1}
 
 
-def spec(
-    model_path: Path,
-    settings: CacheSettings | None,
-    flash_attn: FlashAttn = FlashAttn.AUTO,
-    **kw: object,
-) -> WorkerSpec:
+def spec(model_path: Path, settings: CacheSettings | None, **kw: object) -> WorkerSpec:
     fields: dict[str, object] = {
         "model_id": "parts",
         "model_path": str(model_path),
         "context": ContextOptions(
-            **SIZES,
-            n_ubatch=32,
-            kv_unified=True,
-            n_threads=1,
-            n_threads_batch=1,
-            flash_attn=flash_attn,
+            **SIZES, n_ubatch=32, kv_unified=True, n_threads=1, n_threads_batch=1
         ),
         "worker": WorkerConfig(**SIZES),
         "cache": settings,
@@ -76,22 +62,3 @@ def test_the_cache_view_saves_and_restores_where_the_spec_says(
         assert view.restore_tiers == frozenset({TierKind.DISK})
     finally:
         parts.close()
-
-
-@pytest.mark.skipif(compute_backend() != "cpu", reason="auto is llama.cpp's choice on a GPU")
-def test_auto_flash_attention_is_off_on_the_cpu_and_hashes_like_off(
-    model_path: Path, settings: CacheSettings
-) -> None:
-    namespaces = {}
-    for fa in (FlashAttn.AUTO, FlashAttn.OFF, FlashAttn.ON):
-        parts = llama_parts(spec(model_path, settings, fa))
-        try:
-            backend, view = parts.backend, parts.cache
-            assert isinstance(backend, LlamaBackend) and isinstance(view, ClientCacheView)
-            made = backend.ctx.options.flash_attn
-            assert made is (FlashAttn.ON if fa is FlashAttn.ON else FlashAttn.OFF), fa
-            namespaces[fa] = view.namespace(None)
-        finally:
-            parts.close()
-    assert namespaces[FlashAttn.AUTO] == namespaces[FlashAttn.OFF]
-    assert namespaces[FlashAttn.ON] != namespaces[FlashAttn.OFF]
