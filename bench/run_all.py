@@ -24,6 +24,7 @@ BENCHES: dict[str, tuple[str, list[str]]] = {
     "cache-lookup": ("bench.cache_lookup_bench", ["--record"]),
     "threads": ("bench.threads_bench", []),  # records unless --no-record
     "worker": ("bench.worker_bench", []),  # records unless --no-record
+    "client": ("bench.client_bench", []),  # records unless --no-record
 }
 
 
