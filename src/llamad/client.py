@@ -36,14 +36,14 @@ import msgspec
 from llamad import client_ops as ops
 from llamad.actors.client import Client as ActorClient
 from llamad.actors.errors import ClientClosed
-from llamad.actors.registry import Registry
 from llamad.actors.sockets import FORKS
 from llamad.cache.meta import GcReport
 from llamad.client_ops import AdapterInfo, Prompt
+from llamad.client_routes import Links
 from llamad.client_stream import Stream
 from llamad.config import client_endpoint
-from llamad.errors import ModelNotFound, Unavailable, WorkerCrashed
-from llamad.front_wire import DaemonStatus, LoadProgress, ModelInfo, ModelStatus, NoArgs, Route
+from llamad.errors import ModelNotFound
+from llamad.front_wire import DaemonStatus, LoadProgress, ModelInfo, ModelStatus, NoArgs
 from llamad.model.results import Completion, Event
 from llamad.model.wire import (
     CancelReply,
@@ -67,34 +67,6 @@ DEFAULT_IDLE_TIMEOUT: Final = 60.0
 
 _DEFAULT: Final[Any] = object()
 _NO_ARGS: Final = NoArgs()
-
-
-class _WorkerConn:
-    """One thread's connection to the worker a route names."""
-
-    __slots__ = ("actor", "registry", "route")
-
-    def __init__(self, route: Route, actor: ActorClient, registry: Registry) -> None:
-        self.route = route
-        self.actor = actor
-        self.registry = registry
-
-
-class _Conns:
-    """One thread's sockets: the front, and each routed worker."""
-
-    def __init__(self) -> None:
-        self.front: ActorClient | None = None
-        self.workers: dict[str, _WorkerConn] = {}
-        self.forks = FORKS[0]
-
-    def close(self) -> None:
-        for conn in self.workers.values():
-            conn.actor.close()
-        self.workers.clear()
-        if self.front is not None:
-            self.front.close()
-            self.front = None
 
 
 class Client:
@@ -127,7 +99,7 @@ class Client:
         self.name = name or f"llamad-client-{os.getpid()}"
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._all_conns: weakref.WeakSet[_Conns] = weakref.WeakSet()
+        self._all_links: weakref.WeakSet[Links] = weakref.WeakSet()
         self._running: dict[str, str] = {}  # request id -> model id, for cancel()
         self._closed = False
 
@@ -139,10 +111,10 @@ class Client:
             return
         self._closed = True
         with self._lock:
-            conns = list(self._all_conns)
-        for c in conns:
-            if c.forks == FORKS[0]:
-                c.close()
+            every = list(self._all_links)
+        for links in every:
+            if links.forks == FORKS[0]:
+                links.close()
 
     def __enter__(self) -> Client:
         return self
@@ -165,8 +137,9 @@ class Client:
         ``options`` (the keys of a ``[models.<id>]`` config table); returns
         once it serves. ``progress`` is called with the fraction loaded."""
         body = ops.load_model_body(model_id, path, options)
-        front = self._front()
-        call = front.stream("load_model", body, timeout=self._t(timeout), event_type=LoadProgress)
+        call = self._links().front.stream(
+            "load_model", body, timeout=self._t(timeout), event_type=LoadProgress
+        )
         for message in call:
             if progress is not None:
                 progress(message.body.fraction)
@@ -512,105 +485,33 @@ class Client:
         with self._lock:
             self._running.pop(request_id, None)
 
-    def _conns(self) -> _Conns:
+    def _links(self) -> Links:
+        """This thread's connections (made on first use)."""
         if self._closed:
             raise ClientClosed("the llamad client is closed")
-        conns: _Conns | None = getattr(self._local, "conns", None)
-        if conns is None or conns.forks != FORKS[0]:
+        links: Links | None = getattr(self._local, "links", None)
+        if links is None or links.forks != FORKS[0]:
             # First use on this thread, or in a forked child (whose copies
             # of the parent's sockets must not be touched).
-            conns = _Conns()
-            self._local.conns = conns
-            with self._lock:
-                self._all_conns.add(conns)
-        return conns
-
-    def _front(self) -> ActorClient:
-        conns = self._conns()
-        if conns.front is None:
-            conns.front = ActorClient(
+            links = Links(
                 self.endpoint,
                 timeout=self.timeout,
                 connect_timeout=self.connect_timeout,
-                client_name=self.name,
+                name=self.name,
             )
-        return conns.front
+            self._local.links = links
+            with self._lock:
+                self._all_links.add(links)
+        return links
 
     def _front_call(self, op: str, body: Any, reply_type: Any, timeout: float | None) -> Any:
-        """A front op; when the daemon is down (restarting), wait for it once."""
-        front = self._front()
-        limit = self._t(timeout)
-        rtype = Any if reply_type is None else reply_type
-        try:
-            return front.call(op, body, timeout=limit, reply_type=rtype)
-        except Unavailable:
-            if front.connected:
-                raise  # the front itself answered (it is stopping)
-        front.connect(timeout=self.connect_timeout)
-        return front.call(op, body, timeout=limit, reply_type=rtype)
-
-    def _route(self, model_id: str) -> Route:
-        """Ask the front where ``model_id`` is served (it loads an unloaded model
-        first). Idempotent, so a front that died during it is asked again."""
-        try:
-            route: Route = self._front_call("route", ops.model_ref(model_id), Route, None)
-        except WorkerCrashed:
-            route = self._front_call("route", ops.model_ref(model_id), Route, None)
-        return route
-
-    def _worker(self, model_id: str) -> _WorkerConn:
-        conns = self._conns()
-        conn = conns.workers.get(model_id)
-        if conn is not None:
-            return conn
-        route = self._route(model_id)
-        registry = Registry(route.registry_root)
-        actor = ActorClient(
-            name=route.actor,
-            registry=registry,
-            timeout=self.timeout,
-            connect_timeout=self.connect_timeout,
-            client_name=self.name,
-        )
-        conn = conns.workers[model_id] = _WorkerConn(route, actor, registry)
-        return conn
+        return self._links().front_call(op, body, reply_type, self._t(timeout))
 
     def _forget_route(self, model_id: str) -> None:
-        conns = self._conns()
-        conn = conns.workers.pop(model_id, None)
-        if conn is not None:
-            conn.actor.close()
+        self._links().forget(model_id)
 
     def _on_worker(self, model_id: str, send: Callable[[ActorClient], T]) -> T:
-        """Run ``send`` against the worker of ``model_id``.
-
-        Refused *before* the request was sent (the worker unloaded,
-        restarting, the daemon restarted): route again and retry once, the
-        second time waiting up to ``connect_timeout`` for the worker. Once
-        sent, whatever happens (``WorkerCrashed`` included) is the caller's.
-        """
-        for attempt in (1, 2):
-            conn = self._worker(model_id)
-            actor = conn.actor
-            if not actor.connected:
-                try:
-                    if attempt == 1 and conn.registry.lookup(conn.route.actor) is None:
-                        raise Unavailable(f"model {model_id!r} has no live worker")
-                    actor.connect(timeout=self.connect_timeout)
-                except (Unavailable, WorkerCrashed):
-                    if attempt == 2:
-                        raise
-                    self._forget_route(model_id)
-                    continue
-            try:
-                return send(actor)
-            except Unavailable:
-                # Connected means the worker itself answered (it is stopping):
-                # the request reached it, so it is not sent again.
-                if attempt == 2 or actor.connected:
-                    raise
-                self._forget_route(model_id)
-        raise AssertionError("unreachable: the second attempt returns or raises")
+        return self._links().on_worker(model_id, send)
 
 
 def _convert(raw: Any, typ: type[T]) -> T:

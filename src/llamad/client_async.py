@@ -15,23 +15,22 @@ One ``AsyncClient`` serves any number of concurrent tasks of one event loop.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, TypeVar, overload
 
 import msgspec
-import zmq
 
 from llamad import client_ops as ops
 from llamad.actors.errors import ClientClosed
-from llamad.actors.registry import Registry
 from llamad.cache.meta import GcReport
 from llamad.client import DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_TIMEOUT
 from llamad.client_async_actor import AsyncActorClient, AsyncStreamCall
 from llamad.client_async_stream import AsyncStream
 from llamad.client_ops import AdapterInfo, Prompt
+from llamad.client_routes import AsyncLinks
 from llamad.config import client_endpoint
-from llamad.errors import ModelNotFound, Unavailable, WorkerCrashed
-from llamad.front_wire import DaemonStatus, LoadProgress, ModelInfo, ModelStatus, NoArgs, Route
+from llamad.errors import ModelNotFound
+from llamad.front_wire import DaemonStatus, LoadProgress, ModelInfo, ModelStatus, NoArgs
 from llamad.model.results import Completion, Event
 from llamad.model.wire import (
     CancelReply,
@@ -48,15 +47,6 @@ T = TypeVar("T")
 
 _DEFAULT: Final[Any] = object()
 _NO_ARGS: Final = NoArgs()
-
-
-class _WorkerConn:
-    __slots__ = ("actor", "registry", "route")
-
-    def __init__(self, route: Route, actor: AsyncActorClient, registry: Registry) -> None:
-        self.route = route
-        self.actor = actor
-        self.registry = registry
 
 
 class AsyncClient:
@@ -79,9 +69,9 @@ class AsyncClient:
         self.connect_timeout = connect_timeout
         self.idle_timeout = idle_timeout
         self.name = name or f"llamad-async-client-{os.getpid()}"
-        self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
-        self._front_client: AsyncActorClient | None = None
-        self._workers: dict[str, _WorkerConn] = {}
+        self._links = AsyncLinks(
+            endpoint, timeout=timeout, connect_timeout=connect_timeout, name=self.name
+        )
         self._running: dict[str, str] = {}
         self._closed = False
 
@@ -92,15 +82,7 @@ class AsyncClient:
         if self._closed:
             return
         self._closed = True
-        for conn in self._workers.values():
-            conn.actor.close()
-        self._workers.clear()
-        if self._front_client is not None:
-            self._front_client.close()
-            self._front_client = None
-        if self._ctx is not None:
-            self._ctx.term()
-            self._ctx = None
+        self._links.close()
 
     async def aclose(self) -> None:
         self.close()
@@ -124,7 +106,7 @@ class AsyncClient:
     ) -> ModelInfo:
         """As :meth:`llamad.Client.load_model`."""
         body = ops.load_model_body(model_id, path, options)
-        call = await self._front().stream(
+        call = await self._usable().front.stream(
             "load_model", body, timeout=self._t(timeout), event_type=LoadProgress
         )
         async for event in call:
@@ -404,93 +386,21 @@ class AsyncClient:
     def _t(self, timeout: float | None) -> float | None:
         return self.timeout if timeout is _DEFAULT else timeout
 
-    def _context(self) -> zmq.Context[zmq.Socket[bytes]]:
+    def _usable(self) -> AsyncLinks:
         if self._closed:
             raise ClientClosed("the llamad client is closed")
-        if self._ctx is None:
-            # One ZeroMQ context (one I/O thread) for every socket of this client.
-            self._ctx = zmq.Context()
-        return self._ctx
-
-    def _front(self) -> AsyncActorClient:
-        ctx = self._context()
-        if self._front_client is None:
-            self._front_client = AsyncActorClient(
-                self.endpoint,
-                timeout=self.timeout,
-                connect_timeout=self.connect_timeout,
-                client_name=self.name,
-                context=ctx,
-            )
-        return self._front_client
+        return self._links
 
     async def _front_call(self, op: str, body: Any, reply_type: Any, timeout: float | None) -> Any:
-        front = self._front()
-        limit = self._t(timeout)
-        rtype = Any if reply_type is None else reply_type
-        try:
-            return await front.call(op, body, timeout=limit, reply_type=rtype)
-        except Unavailable:
-            if front.connected:
-                raise
-        await front.connect(timeout=self.connect_timeout)
-        return await front.call(op, body, timeout=limit, reply_type=rtype)
+        return await self._usable().front_call(op, body, reply_type, self._t(timeout))
 
-    async def _route(self, model_id: str) -> Route:
-        try:
-            route: Route = await self._front_call("route", ops.model_ref(model_id), Route, None)
-        except WorkerCrashed:
-            route = await self._front_call("route", ops.model_ref(model_id), Route, None)
-        return route
+    def _forget_route(self, model_id: str) -> None:
+        self._links.forget(model_id)
 
-    async def _worker(self, model_id: str) -> _WorkerConn:
-        conn = self._workers.get(model_id)
-        if conn is not None:
-            return conn
-        route = await self._route(model_id)
-        conn = self._workers.get(model_id)  # another task may have routed meanwhile
-        if conn is not None:
-            return conn
-        registry = Registry(route.registry_root)
-        actor = AsyncActorClient(
-            name=route.actor,
-            registry=registry,
-            timeout=self.timeout,
-            connect_timeout=self.connect_timeout,
-            client_name=self.name,
-            context=self._context(),
-        )
-        conn = self._workers[model_id] = _WorkerConn(route, actor, registry)
-        return conn
-
-    def _forget_route(self, model_id: str, conn: _WorkerConn | None = None) -> None:
-        current = self._workers.get(model_id)
-        if current is not None and (conn is None or current is conn):
-            del self._workers[model_id]
-            current.actor.close()
-
-    async def _on_worker(self, model_id: str, send: Callable[[AsyncActorClient], Any]) -> Any:
-        """As ``Client._on_worker``: re-route and retry once when refused before sending."""
-        for attempt in (1, 2):
-            conn = await self._worker(model_id)
-            actor = conn.actor
-            if not actor.connected:
-                try:
-                    if attempt == 1 and conn.registry.lookup(conn.route.actor) is None:
-                        raise Unavailable(f"model {model_id!r} has no live worker")
-                    await actor.connect(timeout=self.connect_timeout)
-                except (Unavailable, WorkerCrashed):
-                    if attempt == 2:
-                        raise
-                    self._forget_route(model_id, conn)
-                    continue
-            try:
-                return await send(actor)
-            except Unavailable:
-                if attempt == 2 or actor.connected:
-                    raise
-                self._forget_route(model_id, conn)
-        raise AssertionError("unreachable: the second attempt returns or raises")
+    async def _on_worker(
+        self, model_id: str, send: Callable[[AsyncActorClient], Awaitable[T]]
+    ) -> T:
+        return await self._usable().on_worker(model_id, send)
 
     async def _worker_call(
         self, model_id: str, op: str, body: Any, reply_type: Any, timeout: float | None

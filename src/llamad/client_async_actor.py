@@ -4,26 +4,20 @@ The blocking :class:`llamad.actors.Client` waits in ``recv`` on its own
 thread; an asyncio program must never do that. This client speaks the same
 protocol (``docs/internals/actors.md``: HELLO, CALL, STREAM, CANCEL, BYE,
 the same envelope codec from :mod:`llamad.actors.wire`) with every wait on
-the event loop:
+the event loop. Its connection (:class:`~llamad.client_async_link.AsyncLink`)
+is a socket whose descriptor, and the actor's pidfd, are registered with
+``loop.add_reader``; this module multiplexes requests over it:
 
-- **Readiness, not threads.** The DEALER socket's ``ZMQ_FD`` is registered
-  with ``loop.add_reader``. That descriptor is edge-triggered (it says "the
-  socket's events may have changed"), so each wake drains the socket while
-  ``ZMQ_EVENTS`` says POLLIN, and every send schedules one more drain (a send
-  may consume the edge a pending message would have raised).
-- **Crash detection.** The actor's pidfd (learned in the handshake, as the
-  blocking client does) is registered with ``add_reader`` too: its death fails
-  every open call and stream with ``WorkerCrashed`` at once, with no polling
-  interval (the blocking client checks every 0.1 s). Answers the actor sent
-  just before dying are drained for 10 ms first. Without a pidfd (a remote
-  actor), a socket monitor's disconnect event does the same.
-- **Cancellation.** A call whose task is cancelled, or that times out, sends
-  CANCEL, so the actor drops the request (a model worker frees the sequence).
-  A stream left unfinished (``aclose``, garbage collection) is cancelled the
-  same way.
-- **Reconnect.** After a death the client is down; the next request resolves
-  the actor again (by registry name, or probing the ipc endpoint) and
-  handshakes, so a restarted actor is used with no action from the caller.
+- answers are routed by correlation id to each request's queue; a waiting
+  task awaits a future, and a deadline is a ``loop.call_at`` timer;
+- the actor's death (noticed at once through its pidfd) fails every open
+  call and stream with ``WorkerCrashed``;
+- a call whose task is cancelled, or that times out, sends CANCEL, so the
+  actor drops the request (a model worker frees the sequence); so does a
+  stream left unfinished (``cancel``, garbage collection);
+- after a death the client is down; the next request resolves the actor
+  again (by registry name, or probing the ipc endpoint) and handshakes, so a
+  restarted actor is used with no action from the caller.
 
 One instance belongs to one event loop (the loop that first connects it); if
 it is used from another loop it drops the old connection and reconnects. It
@@ -46,9 +40,9 @@ import structlog
 import zmq
 
 from llamad.actors.errors import ClientClosed, WrongProcess
-from llamad.actors.monitor import ProcessRef, ProcessWatch
+from llamad.actors.monitor import ProcessRef
 from llamad.actors.registry import Registry, check_name
-from llamad.actors.sockets import NOBLOCK, POLLIN, configure, ipc_listening, validate_endpoint
+from llamad.actors.sockets import ipc_listening, validate_endpoint
 from llamad.actors.wire import (
     DECODE_ERRORS,
     HANDSHAKE_REQUIRED,
@@ -62,6 +56,7 @@ from llamad.actors.wire import (
     decode_envelope,
     encode_envelope,
 )
+from llamad.client_async_link import AsyncLink
 from llamad.errors import (
     Cancelled,
     LlamadError,
@@ -80,7 +75,6 @@ _EMPTY: Final[Any] = object()
 _ANY: Final = msgspec.msgpack.Decoder()
 _WELCOME: Final = msgspec.msgpack.Decoder(Welcome)
 _DECODERS: dict[Any, msgspec.msgpack.Decoder[Any]] = {}
-_LATE_REPLY_GRACE_S: Final = 0.01
 _CLIENT_LIMITS: Final = Limits(linger_s=0.0)
 _CALL: Final = int(Kind.CALL)
 _STREAM: Final = int(Kind.STREAM)
@@ -149,15 +143,9 @@ class AsyncActorClient:
         self._ctx = context
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = 0
-        self._sock: zmq.Socket[bytes] | None = None
-        self._sock_fd = -1
-        self._monitor: zmq.Socket[bytes] | None = None
-        self._watch = ProcessWatch()
-        self._watched_fds: list[int] = []
-        self._poll_timer: asyncio.TimerHandle | None = None
+        self._link: AsyncLink | None = None
         self._server: Welcome | None = None
         self._connecting: asyncio.Future[Welcome] | None = None
-        self._going_down: asyncio.Future[None] | None = None
         self._slots: dict[int, _Slot] = {}
         self._next_cid = 0
         self._closed = False
@@ -198,9 +186,8 @@ class AsyncActorClient:
         self._closed = True
         if os.getpid() != self._pid:
             return  # a forked copy must not touch the parent's ZeroMQ state
-        if self._sock is not None and self._server is not None:
-            with contextlib.suppress(zmq.ZMQError):
-                self._sock.send(encode_envelope(Kind.BYE, 0, "", None), NOBLOCK)
+        if self._link is not None and self._server is not None:
+            self._link.send_quietly(encode_envelope(Kind.BYE, 0, "", None))
         self._disconnect()
         self._fail_all(ClientClosed(f"client of {self.target!r} is closed"))
         if self._own_ctx and self._ctx is not None:
@@ -295,21 +282,13 @@ class AsyncActorClient:
         return cid
 
     def _send(self, header: bytes) -> None:
-        sock = self._sock
-        assert sock is not None
-        try:
-            sock.send(header, NOBLOCK)
-        except zmq.Again:
-            raise Unavailable(f"actor {self.target!r} is not reading (send queue full)") from None
-        # A send can swallow the edge of ZMQ_FD that a message arriving
-        # meanwhile raised: look again once the loop is free.
-        assert self._loop is not None
-        self._loop.call_soon(self._on_readable)
+        if self._link is None:
+            raise Unavailable(f"actor {self.target!r} is not connected")
+        self._link.send(header)
 
     def _send_cancel(self, cid: int) -> None:
-        if self._sock is not None and self._server is not None and not self._closed:
-            with contextlib.suppress(zmq.ZMQError):
-                self._sock.send(encode_envelope(Kind.CANCEL, cid, "", None), NOBLOCK)
+        if self._link is not None and self._server is not None and not self._closed:
+            self._link.send_quietly(encode_envelope(Kind.CANCEL, cid, "", None))
 
     def _abandon(self, cid: int) -> None:
         """A stream was dropped unfinished (possibly from a GC on another thread)."""
@@ -334,7 +313,7 @@ class AsyncActorClient:
         while not arrivals:
             loop = self._loop
             assert loop is not None
-            if self._sock is None:
+            if self._link is None:
                 raise Unavailable(f"actor {self.target!r} is not connected")
             waiter: asyncio.Future[None] = loop.create_future()
             slot.waiter = waiter
@@ -352,20 +331,6 @@ class AsyncActorClient:
             if not arrivals and deadline is not None and loop.time() >= deadline:
                 raise RequestTimeout(f"no answer from {self.target!r} in time")
         return arrivals.popleft()
-
-    def _on_readable(self) -> None:
-        """Drain the socket; ZMQ_FD is edge-triggered, so read until EVENTS says empty."""
-        sock = self._sock
-        if sock is None:
-            return
-        try:
-            while _events(sock) & POLLIN:
-                frames = sock.recv_multipart(NOBLOCK, copy=True)
-                self._route(frames[0])
-        except zmq.Again:
-            return
-        except zmq.ZMQError as exc:  # the socket was closed under us
-            log.debug("actor.client.recv_failed", target=self.target, error=str(exc))
 
     def _route(self, header: bytes) -> None:
         try:
@@ -405,8 +370,9 @@ class AsyncActorClient:
         return loop
 
     async def _ensure_connected(self, deadline: float) -> Welcome:
-        if self._going_down is not None:
-            await asyncio.shield(self._going_down)
+        link = self._link
+        if link is not None and link.going_down is not None:
+            await asyncio.shield(link.going_down)
         if self._server is not None:
             return self._server
         if self._connecting is not None:
@@ -435,27 +401,27 @@ class AsyncActorClient:
         endpoint, expected = self._resolve()
         if self._ctx is None:
             self._ctx = zmq.Context()
-        sock = self._ctx.socket(zmq.DEALER)
-        configure(sock, self.limits, linger_s=0.0, tcp=endpoint.startswith("tcp://"))
-        sock.setsockopt(zmq.ROUTING_ID, os.urandom(12))
-        sock.setsockopt(zmq.RECONNECT_IVL, 20)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
-        self._sock = sock
-        self._sock_fd = _fd(sock)
-        loop.add_reader(self._sock_fd, self._on_readable)
-        if expected is None or not expected.is_local():
-            self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-            loop.add_reader(_fd(self._monitor), self._on_monitor)
-        sock.connect(endpoint)
-        if expected is not None:
-            self._watch.watch(expected)
+
+        def down(reason: str) -> None:
+            if self._link is link:
+                self._server_down(reason)
+
+        link = self._link = AsyncLink(
+            loop,
+            self._ctx,
+            endpoint,
+            self.limits,
+            target=self.target,
+            expected=expected,
+            on_message=self._route,
+            on_down=down,
+        )
         me = ProcessRef.current()
         hello = Hello(me.pid, me.start_ticks, me.boot_id, me.pidns, self.client_name)
         cid = self._next_cid = self._next_cid + 1 if self._next_cid < MAX_CID else 1
         slot = self._slots[cid] = _Slot()
         try:
             self._send(encode_envelope(Kind.HELLO, cid, "", hello))
-            self._rewatch()
             try:
                 arrival = await self._next_arrival(slot, deadline)
             except RequestTimeout:
@@ -471,17 +437,9 @@ class AsyncActorClient:
         assert arrival.body is not None
         welcome = _WELCOME.decode(arrival.body)
         ref = ProcessRef(welcome.pid, welcome.start_ticks, welcome.boot_id, welcome.pidns)
-        if expected is not None and ref != expected:
-            self._watch.unwatch(expected)
-        if ref.is_local():
-            if not self._watch.watch(ref):
-                self._disconnect()
-                raise Unavailable(f"actor {self.target!r} exited during the handshake")
-            self._close_monitor()  # the pidfd is authoritative
-        elif self._monitor is None:
+        if not link.watch(ref, expected):
             self._disconnect()
-            raise Unavailable(f"actor {self.target!r} is not on this host")
-        self._rewatch()
+            raise Unavailable(f"actor {self.target!r} exited during the handshake")
         self._server = welcome
         log.debug("actor.client.connected", target=self.target, pid=welcome.pid)
         return welcome
@@ -502,58 +460,8 @@ class AsyncActorClient:
             )
         return self._endpoint, None
 
-    def _rewatch(self) -> None:
-        """Register the watched pidfds with the loop (and a poll timer without one)."""
-        loop = self._loop
-        assert loop is not None
-        for fd in self._watched_fds:
-            loop.remove_reader(fd)
-        self._watched_fds = self._watch.fds()
-        for fd in self._watched_fds:
-            loop.add_reader(fd, self._on_exit)
-        if self._poll_timer is not None:
-            self._poll_timer.cancel()
-            self._poll_timer = None
-        interval = self._watch.poll_interval()
-        if interval is not None:
-            self._poll_timer = loop.call_later(interval, self._on_poll_timer)
-
-    def _on_poll_timer(self) -> None:
-        self._poll_timer = None
-        self._on_exit()
-        if self._sock is not None and self._going_down is None:
-            self._rewatch()
-
-    def _on_exit(self) -> None:
-        if self._watch.exited():
-            self._server_down("process exited")
-
-    def _on_monitor(self) -> None:
-        monitor = self._monitor
-        if monitor is None:
-            return
-        lost = False
-        with contextlib.suppress(zmq.Again, zmq.ZMQError):
-            while _events(monitor) & POLLIN:
-                frames = monitor.recv_multipart(NOBLOCK)
-                if int.from_bytes(frames[0][:2], "little") == zmq.EVENT_DISCONNECTED:
-                    lost = True
-        if lost:
-            self._server_down("connection lost")
-
     def _server_down(self, reason: str) -> None:
-        """The actor died: drain what it sent just before, then fail what is open."""
-        if self._going_down is not None or self._loop is None:
-            return
-        for fd in self._watched_fds:
-            self._loop.remove_reader(fd)
-        self._watched_fds = []
-        self._on_readable()
-        self._going_down = self._loop.create_future()
-        self._loop.call_later(_LATE_REPLY_GRACE_S, self._finish_down, reason)
-
-    def _finish_down(self, reason: str) -> None:
-        self._on_readable()
+        """The actor died (its link drained what it sent first): fail what is open."""
         server = self._server
         pid = server.pid if server is not None else None
         self._disconnect()
@@ -564,9 +472,6 @@ class AsyncActorClient:
                 details={"actor": self.target, "pid": pid, "reason": reason},
             )
         )
-        down, self._going_down = self._going_down, None
-        if down is not None and not down.done():
-            down.set_result(None)
 
     def _fail_all(self, error: LlamadError) -> None:
         for slot in self._slots.values():
@@ -574,37 +479,10 @@ class AsyncActorClient:
                 slot.push(_Arrival(_ERROR, None, error))
 
     def _disconnect(self) -> None:
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            for fd in self._watched_fds:
-                loop.remove_reader(fd)
-            if self._sock is not None:
-                loop.remove_reader(self._sock_fd)
-        self._watched_fds = []
-        if self._poll_timer is not None:
-            self._poll_timer.cancel()
-            self._poll_timer = None
-        self._close_monitor()
-        if self._sock is not None:
-            self._sock.close(linger=0)
-            self._sock = None
-            self._sock_fd = -1
-        self._watch.close()
+        link, self._link = self._link, None
+        if link is not None:
+            link.close()
         self._server = None
-
-    def _close_monitor(self) -> None:
-        monitor = self._monitor
-        if monitor is None:
-            return
-        loop = self._loop
-        with contextlib.suppress(zmq.ZMQError, ValueError):
-            if loop is not None and not loop.is_closed():
-                loop.remove_reader(_fd(monitor))
-        if self._sock is not None:
-            with contextlib.suppress(zmq.ZMQError):
-                self._sock.disable_monitor()
-        monitor.close(linger=0)
-        self._monitor = None
 
 
 class AsyncStreamCall:
@@ -674,19 +552,6 @@ class AsyncStreamCall:
         if not self.finished:
             with contextlib.suppress(Exception):
                 self._client._abandon(self.cid)
-
-
-def _fd(sock: zmq.Socket[bytes]) -> int:
-    """The socket's ZMQ_FD: readable when its events may have changed (edge-triggered)."""
-    fd = sock.getsockopt(zmq.FD)
-    assert isinstance(fd, int)
-    return fd
-
-
-def _events(sock: zmq.Socket[bytes]) -> int:
-    events = sock.getsockopt(zmq.EVENTS)
-    assert isinstance(events, int)
-    return events
 
 
 def _expire(waiter: asyncio.Future[None]) -> None:
