@@ -76,6 +76,7 @@ class Stream:
         return self._events()
 
     def __next__(self) -> StreamEvent:
+        self._check_thread()
         if self._own is None:
             self._own = self._events()
         return next(self._own)
@@ -121,6 +122,7 @@ class Stream:
             self._ended()
 
     def _events(self) -> Iterator[StreamEvent]:
+        self._check_thread()
         try:
             while not self.finished:
                 event = self._pull()
@@ -153,6 +155,13 @@ class Stream:
         self._events_seen += 1
         event: StreamEvent = message.body
         return event
+
+    def _check_thread(self) -> None:
+        if threading.get_ident() != self._thread:
+            # Its socket belongs to the opening thread's connection, which is
+            # not thread-safe; cancel() and Client.cancel() work from anywhere.
+            # Refused before the iteration starts, so the stream stays usable.
+            raise RuntimeError("a Stream is consumed on the thread that opened it")
 
     def _ended(self) -> None:
         on_end, self._on_end = self._on_end, None

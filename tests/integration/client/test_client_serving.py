@@ -244,6 +244,27 @@ def test_cancel_by_request_id_from_another_thread(served: Served, client: Client
     assert stream.completion().finish_reason is FinishReason.CANCELLED
 
 
+def test_a_stream_is_consumed_on_the_thread_that_opened_it(served: Served, client: Client) -> None:
+    stream = client.infer(served.model_id, prompt_text(111), max_tokens=200)
+    failures: list[BaseException] = []
+
+    def consume() -> None:
+        try:
+            next(stream)
+        except BaseException as exc:
+            failures.append(exc)
+
+    other = threading.Thread(target=consume)
+    other.start()
+    other.join(60)
+    assert len(failures) == 1
+    assert isinstance(failures[0], RuntimeError)
+    # The opening thread still can, and leaving cancels it.
+    with stream:
+        assert isinstance(next(stream), TokenEvent)
+    served.wait_idle(timeout=5)
+
+
 def test_breaking_out_of_a_stream_cancels_the_request(served: Served, client: Client) -> None:
     """Unbounded generation (until the context is full: many seconds) stops
     as soon as the consumer leaves the loop."""
