@@ -278,6 +278,13 @@ def test_breaking_out_of_a_stream_cancels_the_request(served: Served, client: Cl
     served.wait_idle(timeout=5)
 
 
+def test_a_stream_dropped_unread_is_cancelled(served: Served, client: Client) -> None:
+    stream = client.infer(served.model_id, prompt_text(112))  # unbounded
+    served.wait_until_busy()
+    del stream  # collected: the request is abandoned
+    served.wait_idle(timeout=5)
+
+
 def test_embeddings_are_unit_vectors_that_tell_texts_apart(served: Served, client: Client) -> None:
     a = client.embed(served.model_id, "The sea is salty.")
     b = client.embed(served.model_id, "The sea is salty.")
