@@ -34,6 +34,7 @@ from typing import Any, Final, TypeVar, overload
 import msgspec
 
 from llamad import client_ops as ops
+from llamad import logs
 from llamad.actors.client import Client as ActorClient
 from llamad.actors.errors import ClientClosed
 from llamad.actors.sockets import FORKS
@@ -90,6 +91,9 @@ class Client:
         idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
         name: str = "",
     ) -> None:
+        # A library user's program never sees llamad's debug lines unless it
+        # configured logging itself (llamad/logs.py says how).
+        logs.library_default()
         if endpoint is None:
             endpoint = client_endpoint(config)
         self.endpoint = endpoint

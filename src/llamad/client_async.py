@@ -21,6 +21,7 @@ from typing import Any, Final, TypeVar, overload
 import msgspec
 
 from llamad import client_ops as ops
+from llamad import logs
 from llamad.actors.errors import ClientClosed
 from llamad.cache.meta import GcReport
 from llamad.client import DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_TIMEOUT
@@ -62,6 +63,9 @@ class AsyncClient:
         idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
         name: str = "",
     ) -> None:
+        # A library user's program never sees llamad's debug lines unless it
+        # configured logging itself (llamad/logs.py says how).
+        logs.library_default()
         if endpoint is None:
             endpoint = client_endpoint(config)
         self.endpoint = endpoint
