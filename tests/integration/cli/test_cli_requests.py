@@ -1,0 +1,150 @@
+"""``llamad complete | chat | embed | tokenize`` against a real daemon, and their errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import select
+import subprocess
+import time
+
+import pytest
+from cli_run import cli_env, llamad, llamad_command
+from daemon_proc import DaemonProc
+
+from llamad import Client
+from llamad.cli_errors import EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_UNAVAILABLE
+
+pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
+
+COUNTING = "Count from 1 to 60, separated by commas: 1, 2, 3, 4,"
+
+
+def test_complete_streams_the_reply_while_the_request_runs(daemon: DaemonProc) -> None:
+    proc = subprocess.Popen(
+        llamad_command(
+            daemon.endpoint, "complete", COUNTING, "--max-tokens", "48", "--temperature", "0"
+        ),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=cli_env(),
+    )
+    try:
+        assert proc.stdout is not None
+        fd = proc.stdout.fileno()
+        deadline = time.monotonic() + 120
+        first = b""
+        while not first:
+            assert time.monotonic() < deadline, "no reply text within 120 s"
+            if select.select([fd], [], [], 0.5)[0]:
+                first = os.read(fd, 4096)
+                assert first, f"stdout closed before any text: {proc.stderr.read()!r}"  # type: ignore[union-attr]
+        # The first text is out while the worker still holds the request:
+        # tokens are printed as they arrive, not once the reply is complete.
+        board = daemon.board()
+        assert board is not None and board.status.pending_len == 1, board
+        rest, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    reply = (first + rest).decode()
+    assert re.search(r"\d+, \d+", reply), reply
+    summary = err.decode()
+    assert "[cold: " in summary and "48 generated" in summary, summary
+
+
+def test_complete_json_is_the_final_completion_and_a_repeat_hits_exact(
+    daemon: DaemonProc,
+) -> None:
+    prompt = "Write one sentence about a lighthouse keeper who collects old maps."
+    args = ("complete", prompt, "--max-tokens", "8", "-t", "0", "--json")
+    cold = llamad(daemon.endpoint, *args)
+    assert cold.returncode == 0, cold.stderr
+    first = json.loads(cold.stdout)
+    assert first["cache_hit_kind"] == "cold"
+    assert first["finish_reason"] in ("length", "stop")
+    assert len(first["generated"]) == first["stats"]["completion_tokens"] > 0
+    assert re.fullmatch(r"[0-9a-f]{64}", first["finish_key"]), first["finish_key"]
+    daemon.wait_saved(bytes.fromhex(first["finish_key"]))
+    warm = llamad(daemon.endpoint, *args)
+    assert warm.returncode == 0, warm.stderr
+    second = json.loads(warm.stdout)
+    assert second["cache_hit_kind"] == "exact"
+    assert second["reply"] == first["reply"]
+    assert second["cache_delta"]["read"] == second["stats"]["prompt_tokens"]
+
+
+def test_chat_over_a_pipe_resumes_the_second_turn_from_the_first(daemon: DaemonProc) -> None:
+    turns = "Hello! Name three colours of the sea.\nNow name three colours of the sky.\n"
+    run = llamad(daemon.endpoint, "chat", "--max-tokens", "24", "-t", "0", input=turns)
+    assert run.returncode == 0, run.stderr
+    summaries = [line for line in run.stderr.splitlines() if line.startswith("[turn ")]
+    assert len(summaries) == 2, run.stderr
+    assert summaries[0].startswith("[turn 1: cache cold"), summaries[0]
+    second = re.match(r"\[turn 2: cache (\w+), (\d+) of (\d+) prompt tokens reused", summaries[1])
+    assert second is not None, summaries[1]
+    kind, reused, prompt = second.group(1), int(second.group(2)), int(second.group(3))
+    assert kind in ("exact", "partial"), summaries[1]
+    # Turn 2 restored turn 1's prompt and reply: most of its own prompt.
+    assert reused > prompt // 2, summaries[1]
+    assert run.stdout.strip(), "the replies go to stdout"
+    assert "[turn" not in run.stdout
+
+
+def test_tokenize_json_matches_the_client(daemon: DaemonProc) -> None:
+    text = "The quick brown fox"
+    run = llamad(daemon.endpoint, "tokenize", text, "--json")
+    assert run.returncode == 0, run.stderr
+    body = json.loads(run.stdout)
+    with Client(daemon.endpoint) as client:
+        expected = client.tokenize(daemon.model_id, text)
+    assert body["tokens"] == expected
+    assert body["count"] == len(expected)
+    plain = llamad(daemon.endpoint, "tokenize", text)
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.split() == [str(t) for t in expected]
+
+
+def test_embed_json_is_a_normalised_vector(daemon: DaemonProc) -> None:
+    run = llamad(daemon.endpoint, "embed", "a quiet harbour at dawn", "--json")
+    assert run.returncode == 0, run.stderr
+    body = json.loads(run.stdout)
+    vector = body["embedding"]
+    assert body["dimensions"] == len(vector) > 100
+    assert math.isclose(math.sqrt(sum(v * v for v in vector)), 1.0, abs_tol=1e-3)
+
+
+def test_a_refused_request_exits_with_its_code(daemon: DaemonProc) -> None:
+    bad = llamad(daemon.endpoint, "complete", "hi", "--max-tokens", "-1")
+    assert bad.returncode == EXIT_REFUSED, bad.stderr
+    assert bad.stderr.startswith("llamad: bad_request: "), bad.stderr
+    assert "max_tokens" in bad.stderr
+    assert bad.stdout == ""
+    long_prompt = " ".join(["river stone lamp"] * 1200)  # past n_ctx 2048
+    overflow = llamad(daemon.endpoint, "complete", long_prompt, "--max-tokens", "4")
+    assert overflow.returncode == EXIT_REFUSED, overflow.stderr
+    assert overflow.stderr.startswith("llamad: context_overflow: "), overflow.stderr
+
+
+def test_an_unknown_model_exits_not_found(daemon: DaemonProc) -> None:
+    run = llamad(daemon.endpoint, "complete", "-m", "nosuch", "hi")
+    assert run.returncode == EXIT_NOT_FOUND, run.stderr
+    assert run.stderr.startswith("llamad: model_not_found: "), run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1
+
+
+def test_no_daemon_gives_the_hint_to_start_one() -> None:
+    endpoint = f"ipc:///tmp/llamad-cli-none-{os.getpid()}/llamad.sock"
+    started = time.monotonic()
+    run = llamad(endpoint, "models", timeout=60)
+    assert run.returncode == EXIT_UNAVAILABLE, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr
+    assert lines[0].startswith("llamad: unavailable: "), lines[0]
+    assert endpoint in lines[0] and "start it with `llamad daemon`" in lines[0]
+    assert time.monotonic() - started < 30
