@@ -143,6 +143,21 @@ def test_a_model_failing_on_every_load_is_given_up_reported_and_others_serve(
     assert {c.id: c.restarts for c in root.children}["model_sup"] == 0
 
 
+def test_a_killed_model_sup_is_restarted_and_the_front_loads_its_models_again(
+    daemon: Daemon,
+) -> None:
+    old = daemon.info("a").pid
+    sup = daemon.child_pid("llamad.model_sup")
+    _kill(sup)  # its workers die with it
+    wait_until(lambda: daemon.info("a").pid not in (None, old), "a's worker to be loaded again")
+    reply = daemon.worker("a").complete(prompt_text(26), max_tokens=2, **GREEDY)
+    assert reply.stats.completion_tokens == 2
+    daemon.wait_state("rt", ModelState.READY)  # a run-time load comes back too
+    assert daemon.info("victim").state is ModelState.FAILED  # given up stays given up
+    (root,) = [s for s in daemon.status().supervisors if s.name == "llamad"]
+    assert {c.id: c.restarts for c in root.children}["model_sup"] == 1
+
+
 def test_a_killed_root_leaves_no_process_within_two_seconds(daemon: Daemon) -> None:
     tree = daemon.tree()
     assert len(tree) >= 6
