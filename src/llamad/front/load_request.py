@@ -93,8 +93,9 @@ def load_request(
     options: Mapping[str, Any],
     limits: TemplateLimits | None = None,
 ) -> LoadRequest:
-    """Check ``load_model(model_id, path, **options)`` (``path`` ``None``: the
-    configured model's own); raise the first refusal (module doc)."""
+    """Check ``load_model(model_id, path, **options)``; raise the first refusal
+    (module doc). ``path`` ``None``: the configured model's table (its path and
+    keys), with ``options`` over it."""
     key = ("models", model_id)
     problems = Problems()
     if "path" in options:
@@ -107,6 +108,12 @@ def load_request(
                 f"no model {model_id!r} in the configuration: load_model needs a path",
                 details={"model_id": model_id},
             )
+        # The configured table (the keys it sets), with the options over it.
+        written = _written(
+            msgspec.to_builtins(configured),
+            msgspec.to_builtins(ModelConfig(path=configured.path)),
+        )
+        raw = {**written, **raw}
         path = configured.path
     raw["path"] = path
     model = read_table(ModelConfig, raw, key, problems)
@@ -123,6 +130,21 @@ def load_request(
     if limits is not None:
         _check_limits(model_id, spec, limits)
     return LoadRequest(model, spec)
+
+
+def _written(values: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """The keys of a table (as read back from its struct) that differ from the
+    defaults: what its file set, in the file's terms."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        default = defaults.get(key)
+        if isinstance(value, dict) and isinstance(default, dict):
+            nested = _written(value, default)
+            if nested:
+                out[key] = nested
+        elif value != default:
+            out[key] = value
+    return out
 
 
 def _check_limits(model_id: str, spec: WorkerSpec, limits: TemplateLimits) -> None:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
+import msgspec
 import pytest
 import zmq
 from daemon_harness import GREEDY, Daemon, prompt_text, wait_until
 
 from llamad.actors import Registry
 from llamad.errors import ConfigError, ModelNotFound
-from llamad.front_wire import ModelInfo, ModelState, PathNotAllowed
+from llamad.front_wire import LoadProgress, ModelInfo, ModelState, PathNotAllowed
 from llamad.llama_ffi.errors import NotGGUF
 from llamad.model.results import CacheHitKind, TokenEvent
 from llamad.model.status_board import load_progress_path, read_load_progress
@@ -200,3 +201,17 @@ def test_the_front_drops_frames_over_the_configured_size_and_keeps_serving(
         sock.close()
         ctx.term()
     assert daemon.route("smol").actor == "model.smol"
+
+
+def test_a_configured_model_stays_known_after_unload_and_reloads_its_own_table(
+    daemon: Daemon,
+) -> None:
+    assert daemon.front.call("unload", {"model_id": "other"}) is None
+    info = daemon.info("other")
+    assert info.state is ModelState.UNLOADED and info.pid is None
+    # No path: the configured table (n_ctx 768, not the default 4096).
+    stream = daemon.front.stream("load_model", {"model_id": "other"}, event_type=LoadProgress)
+    list(stream)
+    reloaded = msgspec.convert(stream.result, ModelInfo)
+    assert reloaded.state is ModelState.READY and reloaded.n_ctx == 768
+    assert daemon.route("other").actor == "model.other"
