@@ -1,104 +1,331 @@
-"""``make run`` for now: the default model, in process, cold then warm.
+"""``make run``: the daemon serves the default model, cold then warm, through the public client.
 
-Loads SmolLM2 through :mod:`llamad.llama_ffi`, renders a fixed chat prompt,
-and completes it twice with greedy sampling:
+What it does, as a user would:
 
-* **cold**: the prompt is prefilled from scratch;
-* **warm**: the prompt's KV state, packed after the cold prefill into a
-  pre-faulted buffer, is restored into a fresh context instead — what the
-  cache will do across requests and restarts.
+1. starts ``python -m llamad.daemon`` with **no configuration file**, so it
+   serves the default model (SmolLM2-135M-Instruct) as ``smollm2``. The
+   daemon is kept apart from anything else on the machine: a private 0700
+   directory under ``/tmp`` holds its runtime directory (the endpoint and the
+   actor registry), its state (the disk tier) and its log; the cache gets an
+   instance name of its own (``ram`` segments and ``ram_file`` files are named
+   by it). Environment settings (``LLAMAD_RUNTIME_DIR``, ``STATE_DIRECTORY``,
+   two ``LLAMAD_CACHE__*`` overrides) do this; a user's ``LLAMAD_*`` settings
+   are not passed on, so a daemon of theirs is never reached nor disturbed;
+2. waits until the model is ready (``list_models`` through :class:`llamad.Client`);
+3. sends a chat of ~1,500 tokens (notes about a city, then a question) with
+   greedy sampling: **cold**, the whole prompt is prefilled; waits until its
+   finish save is published (the ``saves_finish`` counter);
+4. sends the same chat again: **warm**, an exact hit restored from the
+   ``ram`` tier, only a one-token primer decoded;
+5. prints each ``cache_hit_kind``, the worker's restore and prefill times,
+   the client's time to the first token, the speed-up, and checks that both
+   replies are identical;
+6. stops the daemon with SIGTERM (its shutdown saves run), checks that it
+   exited 0 and that no process of its tree is left, and removes the
+   directory — also after Ctrl-C or an error.
 
-Both completions must be identical (greedy and token-exact). Timings are
-printed for load, prefill, restore and decode. The daemon takes this over in
-a later stage.
+Exit status 0 when all of that held.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
 import time
+import uuid
+from pathlib import Path
+from typing import Final
 
-from llamad import logs, paths
-from llamad.llama_ffi import (
-    Context,
-    ContextOptions,
-    Model,
-    Sampler,
-    SamplerParams,
-    StateBuffer,
-    builtin_chat_template,
-)
+import psutil
 
-PROMPT = "Explain in two sentences why caching a prompt's KV state makes replies faster."
+from llamad import logs
+from llamad.client import Client
+from llamad.config import DEFAULT_MODEL_ID
+from llamad.config.model_schema import DEFAULT_MODEL_PATH
+from llamad.errors import LlamadError
+from llamad.front_wire import ModelState
+from llamad.model.results import Completion, DoneEvent, TokenEvent
+
+__all__ = ["main", "notes_prompt"]
+
+READY_TIMEOUT_S: Final = 180.0
+SAVE_TIMEOUT_S: Final = 60.0
+STOP_TIMEOUT_S: Final = 60.0
+GONE_TIMEOUT_S: Final = 10.0
+
+_PLACES: Final = ("river", "bridge", "market", "library", "tower", "harbour", "garden", "mill")
 
 
-def _complete(ctx: Context, sampler: Sampler, max_tokens: int) -> tuple[list[int], float]:
-    t0 = time.perf_counter()
-    tokens = ctx.generate(sampler, max_tokens)
-    return tokens, time.perf_counter() - t0
+def notes_prompt(facts: int) -> list[dict[str, str]]:
+    """A chat whose user message is ``facts`` notes about a city and a question
+    (about 27 tokens a note with the default model's template)."""
+    notes = " ".join(
+        f"Note {i + 1}: the {_PLACES[i % len(_PLACES)]} of district {i // 8 + 1} "
+        f"was built in {1500 + i * 3} and repaired {i % 5 + 1} times."
+        for i in range(facts)
+    )
+    question = "In one sentence, what do these notes describe?"
+    return [{"role": "user", "content": f"Notes about an old city.\n{notes}\n{question}"}]
+
+
+class _Daemon:
+    """The daemon subprocess and its private directory."""
+
+    def __init__(self, threads: int | None) -> None:
+        self.base = Path(tempfile.mkdtemp(prefix="llamad-run-", dir="/tmp"))
+        self.runtime = self.base / "run"
+        self.endpoint = f"ipc://{self.runtime}/llamad.sock"
+        self.log_path = self.base / "daemon.log"
+        keep = ("LLAMAD_CACHE_DIR", "LLAMAD_DEFAULT_MODEL")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMAD_") or k in keep}
+        env.update(
+            LLAMAD_RUNTIME_DIR=str(self.runtime),
+            STATE_DIRECTORY=str(self.base / "state"),
+            LLAMAD_CACHE__INSTANCE=f"run-{uuid.uuid4().hex[:12]}",
+            LLAMAD_CACHE__RAM_FILE__ROOT=str(self.base / "ram_file"),
+            LLAMAD_LOG_FORMAT="console",
+        )
+        if threads is not None:
+            # Overriding a key of the default model defines its table, which
+            # then needs its path ("default": the model make setup installed).
+            model = DEFAULT_MODEL_ID.upper()
+            env[f"LLAMAD_MODELS__{model}__PATH"] = DEFAULT_MODEL_PATH
+            env[f"LLAMAD_MODELS__{model}__N_THREADS"] = str(threads)
+            env[f"LLAMAD_MODELS__{model}__N_THREADS_BATCH"] = str(threads)
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.tree: set[int] = set()
+
+    def start(self) -> None:
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "llamad.daemon"],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env=self.env,
+                # Ctrl-C reaches this process only; it stops the daemon itself
+                # with SIGTERM, the one shutdown path.
+                start_new_session=True,
+                preexec_fn=_term_with_parent,  # noqa: PLW1509  (no threads yet)
+            )
+
+    def check_running(self) -> None:
+        assert self.proc is not None
+        code = self.proc.poll()
+        if code is not None:
+            raise RuntimeError(f"the daemon exited with status {code}:\n{self.log_tail()}")
+
+    def remember_tree(self) -> None:
+        """Note every process of the daemon's tree (checked gone after the stop)."""
+        assert self.proc is not None
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(self.proc.pid)
+            self.tree = {root.pid, *(p.pid for p in root.children(recursive=True))}
+
+    def stop(self) -> tuple[int | None, list[int]]:
+        """SIGTERM, wait; the exit status (None: it had to be killed) and the
+        pids of its tree still running afterwards."""
+        if self.proc is None:
+            return 0, []
+        self.remember_tree()
+        code: int | None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            code = None
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        deadline = time.monotonic() + GONE_TIMEOUT_S
+        left = _alive(self.tree)
+        while left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left = _alive(self.tree)
+        return code, left
+
+    def log_tail(self, lines: int = 30) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def remove(self) -> None:
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+def _term_with_parent() -> None:
+    # In the child before exec: a demo killed outright (SIGKILL) still stops
+    # its daemon cleanly. Nothing else runs in the demo yet (no threads).
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+def _alive(pids: set[int]) -> list[int]:
+    left = []
+    for pid in sorted(pids):
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                left.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return left
+
+
+def _wait_ready(client: Client, daemon: _Daemon) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while True:
+        daemon.check_running()
+        try:
+            states = {m.model_id: m.state for m in client.list_models(timeout=5.0)}
+        except LlamadError:
+            states = {}
+        if states.get(DEFAULT_MODEL_ID) is ModelState.READY:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the daemon was not ready in {READY_TIMEOUT_S:.0f} s")
+        time.sleep(0.1)
+
+
+def _timed(
+    client: Client, messages: list[dict[str, str]], max_tokens: int
+) -> tuple[Completion, float]:
+    """One request through a stream: its Completion and the client's time to the first token."""
+    started = time.perf_counter()
+    first: float | None = None
+    result: Completion | None = None
+    for event in client.infer(
+        DEFAULT_MODEL_ID, messages=messages, max_tokens=max_tokens, temperature=0.0
+    ):
+        if isinstance(event, TokenEvent) and first is None:
+            first = time.perf_counter() - started
+        elif isinstance(event, DoneEvent):
+            result = event.result
+    assert result is not None
+    return result, (first if first is not None else time.perf_counter() - started)
+
+
+def _wait_saved(client: Client, before: int) -> None:
+    deadline = time.monotonic() + SAVE_TIMEOUT_S
+    while client.counters().get("saves_finish", 0) <= before:
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"the cold request's finish save was not published in {SAVE_TIMEOUT_S:.0f} s"
+            )
+        time.sleep(0.05)
+
+
+def _line(kind: str, c: Completion, ttft_s: float) -> str:
+    s = c.stats
+    rate = s.completion_tokens / (s.generation_ms / 1e3) if s.generation_ms else 0.0
+    prefilled = f"{s.prefill_tokens} token{'s' if s.prefill_tokens != 1 else ''}"
+    return (
+        f"{kind:<8} cache_hit_kind={c.cache_hit_kind.value:<6} restore {s.restore_ms:7.1f} ms"
+        f"  prefill {s.prefill_ms:7.1f} ms  first token {ttft_s * 1e3:7.1f} ms"
+        f"  | {prefilled} prefilled, {s.completion_tokens} generated at {rate:.0f} tok/s"
+    )
+
+
+def _demo(client: Client, daemon: _Daemon, args: argparse.Namespace) -> bool:
+    """The cold and warm requests and their report; whether the warm one was an
+    exact hit with the cold one's reply."""
+    started = time.monotonic()
+    _wait_ready(client, daemon)
+    info = client.model_info(DEFAULT_MODEL_ID)
+    daemon.remember_tree()
+    print(
+        f"daemon   pid {daemon.proc.pid if daemon.proc else '-'}, serving {info.model_id} "
+        f"(n_ctx {info.n_ctx}) on {daemon.endpoint}, ready in {time.monotonic() - started:.1f} s"
+    )
+    print(f"model    {info.path}")
+    messages = notes_prompt(args.facts)
+    prompt = client.apply_chat_template(DEFAULT_MODEL_ID, messages, add_generation_prompt=True)
+    print(f"prompt   {len(prompt)} tokens: {args.facts} notes about a city and a question\n")
+
+    saved_before = client.counters().get("saves_finish", 0)
+    cold, cold_ttft = _timed(client, messages, args.max_tokens)
+    print(_line("cold", cold, cold_ttft))
+    _wait_saved(client, saved_before)
+    warm, warm_ttft = _timed(client, messages, args.max_tokens)
+    print(_line("warm", warm, warm_ttft))
+
+    def worker_ttft(c: Completion) -> float:
+        return c.stats.restore_ms + c.stats.prefill_ms
+
+    cold_ms, warm_ms = worker_ttft(cold), worker_ttft(warm)
+    print(
+        f"\nspeed-up {cold_ms / max(warm_ms, 1e-3):.0f}x to the first token in the worker"
+        f" (restore + prefill: {cold_ms:.0f} ms cold, {warm_ms:.1f} ms warm);"
+        f" {cold_ttft / max(warm_ttft, 1e-6):.0f}x through the client"
+    )
+    print(f"cache    {warm.cache_delta.read} of {warm.stats.prompt_tokens} prompt tokens restored")
+    print(f"reply    {cold.reply.strip()!r}")
+    same = warm.reply == cold.reply and warm.generated == cold.generated
+    exact = warm.cache_hit_kind.value == "exact"
+    print(
+        f"check    warm reply {'identical to' if same else 'DIFFERS from'} the cold one; "
+        f"warm hit {'exact' if exact else 'NOT exact: ' + warm.cache_hit_kind.value}"
+    )
+    return same and exact
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Cold then warm completion with the default model")
-    ap.add_argument("--prompt", default=PROMPT)
-    ap.add_argument("--max-tokens", type=int, default=48)
+    ap = argparse.ArgumentParser(
+        prog="python -m llamad.demo",
+        description="make run: the default model through the daemon, cold then warm",
+    )
+    ap.add_argument(
+        "--facts",
+        type=int,
+        default=56,
+        help="notes in the prompt (~27 tokens each; default 56, ~1,500 tokens)",
+    )
+    ap.add_argument("--max-tokens", type=int, default=24, help="tokens to generate (default 24)")
+    ap.add_argument(
+        "--threads", type=int, default=None, help="the model's threads (default: every CPU)"
+    )
     args = ap.parse_args(argv)
     logs.configure(level="warning")
 
-    path = paths.default_model_path()
-    t0 = time.perf_counter()
-    model = Model(path)
-    load_s = time.perf_counter() - t0
-    print(f"model    {path.name}: {model.description}, loaded in {load_s * 1e3:.0f} ms")
-
-    text = builtin_chat_template(
-        [{"role": "user", "content": args.prompt}],
-        model.chat_template(),
-        add_generation_prompt=True,
-    )
-    prompt = model.tokenize(text, add_special=True, parse_special=True)
-    opts = ContextOptions(n_ctx=2048)
-    greedy = SamplerParams(greedy=True)
-    print(f"prompt   {len(prompt)} tokens: {args.prompt!r}")
-
-    with model.context(opts) as cold:
-        t0 = time.perf_counter()
-        cold.prefill(prompt)
-        prefill_s = time.perf_counter() - t0
-        state = StateBuffer(cold.seq_state_size(0))
-        nbytes = cold.pack_seq(0, state.memory)
-        reply_cold, decode_cold_s = _complete(cold, Sampler(model, greedy), args.max_tokens)
-
-    with model.context(opts) as warm:
-        t0 = time.perf_counter()
-        warm.unpack_seq(0, state.memory, nbytes)
-        # The restored KV has no logits: decode the last prompt token again on
-        # top of it (positions stay exact) to get fresh logits to sample from.
-        warm.seq_remove(0, len(prompt) - 1)
-        warm.prefill(prompt[-1:], start_pos=len(prompt) - 1)
-        restore_s = time.perf_counter() - t0
-        reply_warm, decode_warm_s = _complete(warm, Sampler(model, greedy), args.max_tokens)
-
-    def report(kind: str, ttft_s: float, reply: list[int], decode_s: float) -> None:
-        rate = len(reply) / decode_s if decode_s > 0 else float("inf")
+    daemon = _Daemon(args.threads)
+    print(f"llamad   starting the daemon with no configuration (private directory {daemon.base})")
+    ok = False
+    code = 1
+    try:
+        daemon.start()
+        with Client(daemon.endpoint, connect_timeout=5.0, timeout=600.0) as client:
+            ok = _demo(client, daemon, args)
+    except KeyboardInterrupt:
+        print("\ninterrupted: stopping the daemon", file=sys.stderr)
+        code = 130
+    except (LlamadError, RuntimeError) as exc:
         print(
-            f"{kind:<8} time to first token {ttft_s * 1e3:7.1f} ms | "
-            f"{len(reply)} tokens at {rate:.0f} tok/s"
+            f"error: {exc}\n--- daemon log (last lines) ---\n{daemon.log_tail()}", file=sys.stderr
         )
-
-    print()
-    report("cold", prefill_s, reply_cold, decode_cold_s)
-    report("warm", restore_s, reply_warm, decode_warm_s)
-    print(f"\nstate    {nbytes / 1e6:.1f} MB for {len(prompt)} tokens")
-    print(f"reply    {model.detokenize(reply_cold)!r}")
-    state.close()
-    model.close()
-    if reply_cold != reply_warm:
-        print("error: the warm reply differs from the cold one", file=sys.stderr)
-        return 1
-    print("warm reply is token-identical to the cold one")
-    return 0
+    finally:
+        # A second Ctrl-C must not leave the daemon running half stopped.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        exit_status, left = daemon.stop()
+        if exit_status == 0 and not left:
+            print("daemon   stopped with SIGTERM: exit 0, no llamad process left")
+        else:
+            ok = False
+            print(
+                f"error: the daemon's stop went wrong: exit status {exit_status}, "
+                f"processes left {left}\n{daemon.log_tail()}",
+                file=sys.stderr,
+            )
+        daemon.remove()
+    if code == 130:
+        return code
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
