@@ -371,6 +371,11 @@ class Models:
         if now - self._last_keep_alive >= KEEP_ALIVE_CHECK_S:
             self._last_keep_alive = now
             self._keep_alive()
+            # Routes wait for an event (a load's end, child.restarted); should
+            # the worker be serving without one reaching us, look again.
+            for model_id in list(self.routes):
+                if model_id not in self.running:
+                    self._settle(model_id)
         return wait
 
     def _keep_alive(self) -> None:

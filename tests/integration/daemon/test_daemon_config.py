@@ -62,17 +62,3 @@ def test_a_missing_model_file_is_refused_at_start_naming_the_key(tmp_path: Path)
     err = _refused(tmp_path, f'[models.smol]\npath = "{missing}"\n')
     assert "models.smol.path" in err
     assert "does not exist" in err
-
-
-def test_cli_config_check_refuses_what_the_daemon_refuses(tmp_path: Path) -> None:
-    config = tmp_path / "bad.toml"
-    config.write_text("[daemon]\nlog_fromat = 'json'\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "llamad.cli", "config", "check", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=100,
-        check=False,
-    )
-    assert proc.returncode == 1
-    assert "daemon.log_fromat" in proc.stderr
