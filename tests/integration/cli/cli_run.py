@@ -26,15 +26,17 @@ def llamad(
     *args: str,
     input: str | None = None,
     timeout: float = 120.0,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``llamad --endpoint ENDPOINT ARGS...``, its output captured."""
+    """``llamad --endpoint ENDPOINT ARGS...``, its output captured (``env``: added
+    to the environment)."""
     return subprocess.run(
         llamad_command(endpoint, *args),
         input=input,
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=cli_env(),
+        env={**cli_env(), **(env or {})},
         check=False,
         stdin=None if input is not None else subprocess.DEVNULL,
     )

@@ -79,19 +79,35 @@ def test_complete_json_is_the_final_completion_and_a_repeat_hits_exact(
     assert second["cache_delta"]["read"] == second["stats"]["prompt_tokens"]
 
 
+def _resumed_hits(daemon: DaemonProc) -> int:
+    with Client(daemon.endpoint) as client:
+        counters = client.counters()
+    return counters["hits_exact"] + counters["hits_resume"]
+
+
 def test_chat_over_a_pipe_resumes_the_second_turn_from_the_first(daemon: DaemonProc) -> None:
     turns = "Hello! Name three colours of the sea.\nNow name three colours of the sky.\n"
+    resumed_before = _resumed_hits(daemon)
     run = llamad(daemon.endpoint, "chat", "--max-tokens", "24", "-t", "0", input=turns)
     assert run.returncode == 0, run.stderr
     summaries = [line for line in run.stderr.splitlines() if line.startswith("[turn ")]
     assert len(summaries) == 2, run.stderr
-    assert summaries[0].startswith("[turn 1: cache cold"), summaries[0]
-    second = re.match(r"\[turn 2: cache (\w+), (\d+) of (\d+) prompt tokens reused", summaries[1])
-    assert second is not None, summaries[1]
-    kind, reused, prompt = second.group(1), int(second.group(2)), int(second.group(3))
+    pattern = (
+        r"\[turn (\d): cache (\w+), (\d+) of (\d+) prompt tokens reused .*"
+        r"\| (\d+) tokens generated\]"
+    )
+    first, second = (re.fullmatch(pattern, line) for line in summaries)
+    assert first is not None and second is not None, summaries
+    assert first.group(2) == "cold", summaries[0]
+    prompt1, generated1 = int(first.group(4)), int(first.group(5))
+    kind, reused, prompt2 = second.group(2), int(second.group(3)), int(second.group(4))
     assert kind in ("exact", "partial"), summaries[1]
-    # Turn 2 restored turn 1's prompt and reply: most of its own prompt.
-    assert reused > prompt // 2, summaries[1]
+    # Turn 2 sends the whole chat (turn 1's prompt and reply, then the new
+    # message) and restores turn 1's state for all of turn 1's prompt at least.
+    assert prompt2 > prompt1 + generated1, summaries
+    assert reused >= prompt1, summaries
+    # ... found through turn 1's finish_key (parent_key), not a prefix walk.
+    assert _resumed_hits(daemon) == resumed_before + 1
     assert run.stdout.strip(), "the replies go to stdout"
     assert "[turn" not in run.stdout
 
@@ -108,6 +124,13 @@ def test_tokenize_json_matches_the_client(daemon: DaemonProc) -> None:
     plain = llamad(daemon.endpoint, "tokenize", text)
     assert plain.returncode == 0, plain.stderr
     assert plain.stdout.split() == [str(t) for t in expected]
+
+
+def test_logs_go_to_stderr_and_stdout_holds_only_the_result(daemon: DaemonProc) -> None:
+    run = llamad(daemon.endpoint, "tokenize", "hello", env={"LLAMAD_LOG_LEVEL": "debug"})
+    assert run.returncode == 0, run.stderr
+    assert "actor.client.connected" in run.stderr, run.stderr
+    assert re.fullmatch(r"\d+( \d+)*\n", run.stdout), run.stdout
 
 
 def test_embed_json_is_a_normalised_vector(daemon: DaemonProc) -> None:
