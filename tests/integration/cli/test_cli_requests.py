@@ -7,6 +7,7 @@ import math
 import os
 import re
 import select
+import signal
 import subprocess
 import time
 
@@ -15,11 +16,17 @@ from cli_run import cli_env, llamad, llamad_command
 from daemon_proc import DaemonProc
 
 from llamad import Client
-from llamad.cli_errors import EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_UNAVAILABLE
+from llamad.cli_errors import (
+    EXIT_INTERRUPTED,
+    EXIT_NOT_FOUND,
+    EXIT_REFUSED,
+    EXIT_UNAVAILABLE,
+)
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
 
 COUNTING = "Count from 1 to 60, separated by commas: 1, 2, 3, 4,"
+ENDLESS = ("--grammar", "root ::= [a-z ] root")  # no end of generation: max_tokens ends it
 
 
 def test_complete_streams_the_reply_while_the_request_runs(daemon: DaemonProc) -> None:
@@ -56,6 +63,30 @@ def test_complete_streams_the_reply_while_the_request_runs(daemon: DaemonProc) -
     assert re.search(r"\d+, \d+", reply), reply
     summary = err.decode()
     assert "[cold: " in summary and "48 generated" in summary, summary
+
+
+def test_ctrl_c_during_complete_cancels_the_request_and_exits_130(daemon: DaemonProc) -> None:
+    proc = subprocess.Popen(
+        llamad_command(daemon.endpoint, "complete", "Say", "--max-tokens", "1000", *ENDLESS),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=cli_env(),
+    )
+    try:
+        assert proc.stdout is not None
+        assert select.select([proc.stdout.fileno()], [], [], 120)[0], "no reply text in 120 s"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == EXIT_INTERRUPTED, err
+    assert err.decode().endswith("llamad: interrupted\n"), err
+    # 1,000 tokens (the grammar never lets the model stop) take far longer:
+    # the worker is free because the request was cancelled.
+    daemon.wait_idle(timeout=10)
 
 
 def test_complete_json_is_the_final_completion_and_a_repeat_hits_exact(
