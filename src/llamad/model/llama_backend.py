@@ -39,6 +39,7 @@ from llamad.llama_ffi.context import Context
 from llamad.llama_ffi.errors import StateError, Unsupported
 from llamad.llama_ffi.logprobs import token_logprobs
 from llamad.llama_ffi.model import Model
+from llamad.llama_ffi.options import FlashAttn
 from llamad.llama_ffi.sampling import Sampler
 from llamad.model.backend import Backend, Sampled, SamplerHandle
 from llamad.model.planner import BatchPlan
@@ -71,11 +72,10 @@ class LlamaBackend:
     the context was created with, so a context made with fewer batch threads
     than single-row threads keeps that split. After it, ``record(rows,
     seconds, kv_cells)`` with the time of the ``llama_decode`` call alone (on
-    ``clock``), not the batch building. ``kv_cells`` is the cells every
-    sequence holds once the batch is in (:meth:`kv_cells`): with
-    ``kv_unified`` llama.cpp attends over every used cell, masked per
-    sequence, so a one-row decode beside a 2,048-token session costs what
-    one over 2,048 cells does. A decode that raises is not recorded.
+    ``clock``), not the batch building. ``kv_cells`` is what the batch
+    attends over (:meth:`attended_cells`), so that the governor judges a
+    step against steps of comparable cost. A decode that raises is not
+    recorded.
     Without a governor the context's own counts are used.
     """
 
@@ -102,6 +102,7 @@ class LlamaBackend:
         self._pieces: dict[int, bytes] = {}
         self._n_vocab = self.model.n_vocab
         self._n_seq = ctx.n_seq_max
+        self._masks_whole_pool = ctx.options.flash_attn is FlashAttn.OFF
         self.samplers_open = 0
         self.governor = governor
         self._clock = clock
@@ -154,7 +155,7 @@ class LlamaBackend:
             self.ctx.decode(batch)
             return
         rows = batch.n_tokens
-        cells = self.kv_cells() + rows
+        cells = self.attended_cells(plan)
         n = governor.threads_for(rows, cells)
         single, several = self._configured
         threads = (min(n, single), min(n, several))
@@ -165,15 +166,24 @@ class LlamaBackend:
         self.ctx.decode(batch)
         governor.record(rows, self._clock() - started, cells)
 
-    def kv_cells(self) -> int:
-        """KV cells the sequences hold now (positions ``0..pos_max`` each).
+    def attended_cells(self, plan: BatchPlan) -> int:
+        """The KV cells a decode of ``plan`` attends over, per row, as the
+        thread governor keys its steps (measured, ``bench/worker_bench_attention.py``).
 
-        What a decode attends over, give or take llama.cpp's padding to 256
-        and holes left by freed cells; cells a forked session shares with
-        its source count twice (the governor only needs the order of size).
+        With flash attention (``on``, and ``auto``, which is on here) llama.cpp
+        skips the cells other sequences hold: a row costs what its own
+        sequence's length does (one row of a 16-token sequence beside a
+        2,048-token one: 10.0 ms; over 2,048 cells of its own: 35.5 ms), so
+        the plan's furthest position. Without it, every row attends over
+        every used cell of the pool, masked (17.4 and 17.1 ms): the cells
+        all sequences hold once the batch is in (a forked session's shared
+        cells count twice; the governor only needs the order of size).
         """
+        if not self._masks_whole_pool:
+            return max((span.pos + len(span.tokens) for span in plan.spans), default=0)
         ctx = self.ctx
-        return sum(ctx.seq_pos_max(seq) + 1 for seq in range(self._n_seq))
+        held = sum(ctx.seq_pos_max(seq) + 1 for seq in range(self._n_seq))
+        return held + plan.n_rows
 
     def sample(self, sampler: SamplerHandle, row: int, logprobs: int | None) -> Sampled:
         if not isinstance(sampler, Sampler):

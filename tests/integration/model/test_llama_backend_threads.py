@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from llamad.llama_ffi import Context, Model
+from llamad.llama_ffi import Context, FlashAttn, Model
 from llamad.model.llama_backend import LlamaBackend
 from llamad.model.planner import BatchPlan, Span
 from llamad.model.threads import ThreadGovernor, ThreadPolicy
@@ -200,13 +200,33 @@ def test_record_is_told_the_time_of_the_decode(
     assert status.collapses == 0 and status.threads == 1
 
 
-def test_the_governor_is_told_the_cells_every_sequence_holds_after_the_batch(
-    make_ctx: Callable[..., Context], feeder: Feeder, closing: list[Any]
+@pytest.mark.parametrize(
+    ("flash_attn", "cells"),
+    [
+        # Flash attention skips other sequences' cells: the plan's furthest position.
+        (FlashAttn.AUTO, [(40, 40), (1, 41), (3, 3), (2, 42)]),
+        (FlashAttn.ON, [(40, 40), (1, 41), (3, 3), (2, 42)]),
+        # Without it every row attends over every used cell: all sequences' cells.
+        (FlashAttn.OFF, [(40, 40), (1, 41), (3, 44), (2, 46)]),
+    ],
+)
+def test_the_governor_is_told_the_cells_the_batch_attends_over(
+    make_ctx: Callable[..., Context],
+    feeder: Feeder,
+    closing: list[Any],
+    flash_attn: FlashAttn,
+    cells: list[tuple[int, int]],
 ) -> None:
-    # kv_unified: a decode attends over every sequence's cells (masked), so a
-    # short sequence beside a long one costs like the long one (issue 8: the
-    # governor took such steps for collapses when it judged by rows alone).
-    ctx = make_ctx(n_ctx=512, n_seq_max=2, kv_unified=True, n_threads=2, n_threads_batch=2)
+    # Judged by rows alone, a one-row decode over 2,048 cells looked like a
+    # collapse of one-row decodes over a few (issue 8).
+    ctx = make_ctx(
+        n_ctx=512,
+        n_seq_max=2,
+        kv_unified=True,
+        n_threads=2,
+        n_threads_batch=2,
+        flash_attn=flash_attn,
+    )
     backend, governor = governed(ctx, ScriptedBoard(busy=1))
     closing.append(backend)
     backend.decode(feeder.plan(40))  # sequence 0: 40 cells
@@ -220,10 +240,7 @@ def test_the_governor_is_told_the_cells_every_sequence_holds_after_the_batch(
         )
     )
     backend.decode(both)
-    assert [(s.rows, s.kv_cells) for s in governor.steps] == [(40, 40), (1, 41), (3, 44), (2, 46)]
-    assert backend.kv_cells() == 46
-    backend.seq_truncate(0, 0)
-    assert backend.kv_cells() == 4
+    assert [(s.rows, s.kv_cells) for s in governor.steps] == cells
 
 
 def test_a_backend_without_a_governor_keeps_the_contexts_counts(
