@@ -17,7 +17,10 @@ Each round then times, in alternating order:
 - ``restore (as the worker)``: resolve, read, unpack, truncate, checkin;
 - ``restore, crc beside unpack``: the same with the CRC32C computed on
   another thread while the unpack runs (a prototype reading the segment
-  through the tier's internals: what checking concurrently could save);
+  through the tier's internals: what checking concurrently would save; not
+  what the worker does, since it hands unchecked bytes to llama.cpp, whose
+  state reader crashed on a damaged payload:
+  ``test_cache_view_backend.py::test_a_ram_payload_damaged_under_its_mapping_is_never_served``);
 - ``exact hit through WorkerCore``: the same prompt submitted to a
   :class:`~llamad.model.core.WorkerCore` over :class:`LlamaBackend` (its
   thread governor on) and this view, in this process, greedy, one token:
