@@ -40,11 +40,10 @@ The backend calls it around every decode (``docs/internals/threads.md``)::
     ctx.decode(batch)
     governor.record(rows, time.perf_counter() - t0, kv_cells)   # after: judges it
 
-``kv_cells`` is the number of KV cells the decode attends over, as the
-caller can tell it (:class:`~llamad.model.llama_backend.LlamaBackend`: the
-cells every sequence holds after the batch, since with ``kv_unified``
-llama.cpp attends over every used cell, masked per sequence); ``0`` when
-unknown, which judges by rows alone.
+``kv_cells`` is the number of KV cells the decode attends over per row, as
+the caller can tell it (:meth:`~llamad.model.llama_backend.LlamaBackend.attended_cells`:
+the plan's furthest position with flash attention, every sequence's cells
+without it); ``0`` when unknown, which judges by rows alone.
 
 Pure logic: the clock and the board are injected, so unit tests step it
 without processes or a model. :meth:`ThreadGovernor.status` returns an
