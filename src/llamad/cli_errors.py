@@ -18,7 +18,8 @@ status  family               codes
                              ``too_large``, ``unknown_op``
 66      not found            ``model_not_found``, ``no_session``, ``asset_missing``
 69      unavailable          ``unavailable``: no daemon at the endpoint (the line says how to
-                             start one), or a worker that is not serving
+                             start one), or a worker that is not serving; ``permission_denied``:
+                             another user's socket, or a CURVE key the daemon refuses
 70      the model failed     ``worker_crashed``, ``model_failed``, ``model_load_failed`` and
                              other failures inside llama.cpp
 75      try again            ``overloaded``, ``sticky_busy``, ``timeout``, ``cancelled``
@@ -79,6 +80,7 @@ _BY_CODE: Final[dict[str, int]] = {
     "no_session": EXIT_NOT_FOUND,
     "asset_missing": EXIT_NOT_FOUND,
     "unavailable": EXIT_UNAVAILABLE,
+    "permission_denied": EXIT_UNAVAILABLE,
     "worker_crashed": EXIT_MODEL_FAILED,
     "model_failed": EXIT_MODEL_FAILED,
     "overloaded": EXIT_TRY_AGAIN,

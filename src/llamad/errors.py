@@ -108,6 +108,16 @@ class Unavailable(LlamadError):
     code = "unavailable"
 
 
+class PermissionDenied(LlamadError):
+    """The target refused this client: the ipc socket or its directory belongs
+    to another user, or the security handshake failed (a CURVE key it does not
+    allow, no CURVE key where it requires one, the wrong server key).
+
+    Not an :class:`Unavailable`: retrying cannot help, so nothing waits for it."""
+
+    code = "permission_denied"
+
+
 class RequestTimeout(LlamadError):
     code = "timeout"
 
