@@ -39,6 +39,7 @@ import msgspec
 import structlog
 import zmq
 
+from llamad.actors.curve import CurveClient
 from llamad.actors.errors import ClientClosed, WrongProcess
 from llamad.actors.monitor import ProcessRef
 from llamad.actors.registry import Registry, check_name
@@ -115,7 +116,8 @@ class AsyncActorClient:
     ``timeout`` is the default bound of :meth:`call` (``None``: none);
     ``connect_timeout`` bounds each (re)connect handshake. ``context`` is a
     ZeroMQ context to share with other clients (the caller terminates it);
-    without one the client makes and terminates its own.
+    without one the client makes and terminates its own. ``curve``: CURVE
+    keys for a ``tcp://`` actor that requires them.
     """
 
     def __init__(
@@ -129,6 +131,7 @@ class AsyncActorClient:
         limits: Limits | None = None,
         client_name: str = "",
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        curve: CurveClient | None = None,
     ) -> None:
         if (endpoint is None) == (name is None):
             raise ValueError("give exactly one of endpoint or name")
@@ -139,6 +142,7 @@ class AsyncActorClient:
         self.connect_timeout = connect_timeout
         self.limits = limits or _CLIENT_LIMITS
         self.client_name = client_name
+        self.curve = curve
         self._own_ctx = context is None
         self._ctx = context
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -404,7 +408,11 @@ class AsyncActorClient:
 
         def down(reason: str) -> None:
             if self._link is link:
-                self._server_down(reason)
+                if link.refusal is not None:
+                    self._disconnect()
+                    self._fail_all(link.refusal)  # refused, not crashed
+                else:
+                    self._server_down(reason)
 
         link = self._link = AsyncLink(
             loop,
@@ -415,6 +423,7 @@ class AsyncActorClient:
             expected=expected,
             on_message=self._route,
             on_down=down,
+            curve=self.curve,
         )
         me = ProcessRef.current()
         hello = Hello(me.pid, me.start_ticks, me.boot_id, me.pidns, self.client_name)

@@ -12,6 +12,10 @@ its actor's process, both driven by the event loop's readiness callbacks.
   local is watched through a socket monitor's disconnect event. Answers the
   actor sent just before dying are drained for 10 ms before the link reports
   the death (the actors client's grace, for the same reason).
+- **Refusal.** Over tcp the socket monitor also reports a handshake the
+  actor refused (CURVE: :mod:`llamad.actors.curve`); the link then reports
+  itself down with :attr:`AsyncLink.refusal` set, which the client raises
+  as it is (``PermissionDenied``) instead of a crash.
 
 The link knows nothing of requests: it hands every header frame to
 ``on_message`` and reports a death once to ``on_down``.
@@ -28,10 +32,11 @@ from typing import Final
 import structlog
 import zmq
 
+from llamad.actors.curve import HANDSHAKE_FAILED, CurveClient, handshake_refusal, secure_client
 from llamad.actors.monitor import ProcessRef, ProcessWatch
 from llamad.actors.sockets import NOBLOCK, POLLIN, configure
 from llamad.actors.wire import Limits
-from llamad.errors import Unavailable
+from llamad.errors import PermissionDenied, Unavailable
 
 __all__ = ["AsyncLink"]
 
@@ -54,6 +59,7 @@ class AsyncLink:
         expected: ProcessRef | None,
         on_message: Callable[[bytes], None],
         on_down: Callable[[str], None],
+        curve: CurveClient | None = None,
     ) -> None:
         self.loop = loop
         self.target = target
@@ -62,21 +68,31 @@ class AsyncLink:
         self.going_down: asyncio.Future[None] | None = None
         """Set while a death is being reported (the 10 ms grace)."""
         self.closed = False
+        self.refusal: PermissionDenied | None = None
+        """Why the actor refused the handshake, once it did."""
         self._watch = ProcessWatch()
         self._watched_fds: list[int] = []
         self._poll_timer: asyncio.TimerHandle | None = None
         self._monitor: zmq.Socket[bytes] | None = None
         sock = ctx.socket(zmq.DEALER)
-        configure(sock, limits, linger_s=0.0, tcp=endpoint.startswith("tcp://"))
+        tcp = endpoint.startswith("tcp://")
+        configure(sock, limits, linger_s=0.0, endpoint=endpoint)
+        if tcp and curve is not None:
+            secure_client(sock, curve)
         sock.setsockopt(zmq.ROUTING_ID, os.urandom(12))
         sock.setsockopt(zmq.RECONNECT_IVL, 20)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
         self._sock = sock
         self._sock_fd = _fd(sock)
         loop.add_reader(self._sock_fd, self._drain)
-        if expected is None or not expected.is_local():
-            self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        if tcp or expected is None or not expected.is_local():
+            # Over tcp the handshake itself may be refused (CURVE).
+            events = zmq.EVENT_DISCONNECTED | (HANDSHAKE_FAILED if tcp else 0)
+            self._monitor = sock.get_monitor_socket(events)
             loop.add_reader(_fd(self._monitor), self._on_monitor)
+            # ZMQ_FD only signals a pipe its reader found empty once: read it
+            # now, or no event would ever wake the loop.
+            loop.call_soon(self._on_monitor)
         sock.connect(endpoint)
         if expected is not None:
             self._watch.watch(expected)
@@ -178,10 +194,18 @@ class AsyncLink:
         with contextlib.suppress(zmq.Again, zmq.ZMQError):
             while _events(monitor) & POLLIN:
                 frames = monitor.recv_multipart(NOBLOCK)
-                if int.from_bytes(frames[0][:2], "little") == zmq.EVENT_DISCONNECTED:
+                event = int.from_bytes(frames[0][:2], "little")
+                if event == zmq.EVENT_DISCONNECTED:
+                    lost = True
+                elif event & HANDSHAKE_FAILED:
+                    # The first event says why; retries that follow may say less.
+                    if self.refusal is None:
+                        value = int.from_bytes(frames[0][2:6], "little")
+                        endpoint = frames[1].decode(errors="replace")
+                        self.refusal = handshake_refusal(event, value, endpoint)
                     lost = True
         if lost:
-            self._down("connection lost")
+            self._down("refused" if self.refusal is not None else "connection lost")
 
     def _down(self, reason: str) -> None:
         """The actor died: drain what it sent just before, then report it once."""

@@ -40,6 +40,7 @@ import msgspec
 import structlog
 import zmq
 
+from llamad.actors.curve import CurveServer, ZapHandler, secure_server
 from llamad.actors.errors import ActorConfigError, WrongProcess
 from llamad.actors.handles import Peer, PendingReply, Request, StreamSender, _internal
 from llamad.actors.monitor import ProcessRef, ProcessWatch
@@ -52,7 +53,9 @@ from llamad.actors.sockets import (
     SNDMORE,
     SNDMORE_NOBLOCK,
     configure,
+    restrict_ipc,
     send_frame,
+    tcp_options,
     validate_endpoint,
 )
 from llamad.actors.wire import (
@@ -131,6 +134,13 @@ class Actor:
     after :meth:`start`). With ``register=True`` (default) the actor claims
     ``name`` in ``registry`` (default :class:`Registry`) so clients can find
     it by name and follow its restarts.
+
+    ``curve`` makes every ``tcp://`` endpoint of the actor a CURVE server that
+    lets in only ``curve.allowed`` client keys (:mod:`llamad.actors.curve`);
+    an ``ipc://`` endpoint never uses it. ``tcp_host`` binds a second endpoint,
+    ``tcp://<tcp_host>:<ephemeral port>``, beside the first (read
+    :attr:`tcp_endpoint` after :meth:`start`; it is in the registry record
+    too): how clients on other hosts reach an actor whose own endpoint is ipc.
     """
 
     def __init__(
@@ -141,12 +151,22 @@ class Actor:
         registry: Registry | None = None,
         register: bool = True,
         limits: Limits | None = None,
+        curve: CurveServer | None = None,
+        tcp_host: str | None = None,
     ) -> None:
         self.name = check_name(name)
         if endpoint is not None:
             validate_endpoint(endpoint)
         elif not register:
             raise ActorConfigError("endpoint", "required when the actor is not registered")
+        if tcp_host is not None:
+            validate_endpoint(f"tcp://{tcp_host}:0", "tcp_host")
+        if curve is not None and not isinstance(curve, CurveServer):
+            raise ActorConfigError("curve", "must be a CurveServer")
+        self._curve = curve
+        self._tcp_host = tcp_host
+        self._zap: ZapHandler | None = None
+        self.tcp_endpoint = ""
         self.limits = limits or Limits()
         self._endpoint_arg = endpoint
         self._registry = registry
@@ -250,14 +270,25 @@ class Actor:
             self._registration = registry.claim(self.name)
         try:
             self._ctx = zmq.Context()
+            curve = self._curve
+            if curve is not None and (_is_tcp(endpoint) or self._tcp_host is not None):
+                # Before any CURVE endpoint exists: without a ZAP handler
+                # libzmq would let in every client that knows our public key.
+                self._zap = ZapHandler(self._ctx, curve, self.name)
+                self._zap.start()
             sock = self._ctx.socket(zmq.ROUTER)
             self._sock = sock
-            configure(sock, self.limits, linger_s=self.limits.linger_s, tcp=_is_tcp(endpoint))
+            configure(sock, self.limits, linger_s=self.limits.linger_s, endpoint=endpoint)
+            if curve is not None and _is_tcp(endpoint):
+                secure_server(sock, curve)
             sock.bind(endpoint)
             self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            restrict_ipc(self.endpoint)
+            if self._tcp_host is not None:
+                self.tcp_endpoint = self._bind_tcp(sock, self._tcp_host)
             self._wake_fd, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
             if self._registration is not None:
-                self._registration.publish(self.endpoint, self.instance)
+                self._registration.publish(self.endpoint, self.instance, self.tcp_endpoint)
         except BaseException:
             self._teardown()
             raise
@@ -266,10 +297,22 @@ class Actor:
             "actor.started",
             actor=self.name,
             endpoint=self.endpoint,
+            tcp_endpoint=self.tcp_endpoint or None,
+            curve=self._zap is not None,
             pid=self._pid,
             instance=self.instance,
         )
         return self.endpoint
+
+    def _bind_tcp(self, sock: zmq.Socket[bytes], host: str) -> str:
+        """Bind the second, tcp, endpoint; its options apply to it alone, as
+        libzmq copies them into each endpoint when it binds."""
+        endpoint = f"tcp://{host}:0"
+        tcp_options(sock, endpoint)
+        if self._curve is not None:
+            secure_server(sock, self._curve)
+        sock.bind(endpoint)
+        return sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
     def request_stop(self) -> None:
         """Ask :meth:`serve_forever` to return (thread- and signal-safe)."""
@@ -943,6 +986,7 @@ class Actor:
             "instance": self.instance,
             "pid": self._pid,
             "endpoint": self.endpoint,
+            "tcp_endpoint": self.tcp_endpoint,
             "peers": len(self._peers),
             "open": sum(len(p.open) for p in self._peers.values()),
             "ops": {n: str(r.spec.kind) for n, r in self._routes.items()},
@@ -974,6 +1018,9 @@ class Actor:
         if self._sock is not None:
             self._sock.close(linger=round(self.limits.linger_s * 1000))
             self._sock = None
+        if self._zap is not None:
+            self._zap.stop()  # its socket closes first: term() waits for every socket
+            self._zap = None
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None

@@ -23,6 +23,13 @@ ZeroMQ's own (the poll costs several syscalls and a Python-level item list
 per wait). For a remote actor (or ``watch="connection"``) a ZeroMQ socket
 monitor's disconnect event is polled with the socket instead.
 
+**Security.** A client of a ``tcp://`` endpoint served with CURVE passes
+``curve`` (its keypair and the server's public key,
+:class:`~llamad.actors.curve.CurveClient`). A handshake the actor refuses (a
+key it does not allow, CURVE on one side only, the wrong server key) fails
+the connect at once with :class:`~llamad.errors.PermissionDenied`, as does
+an ipc socket this user may not open; ZeroMQ alone would retry them forever.
+
 **Reconnect.** After a crash the client is *down*: the next call reconnects
 first. While the actor is not back, calls fail fast with
 :class:`~llamad.errors.Unavailable` (a registered actor with no live record,
@@ -53,6 +60,7 @@ import msgspec
 import structlog
 import zmq
 
+from llamad.actors.curve import HANDSHAKE_FAILED, CurveClient, handshake_refusal, secure_client
 from llamad.actors.errors import ClientClosed, WrongProcess
 from llamad.actors.monitor import ProcessRef, ProcessWatch
 from llamad.actors.registry import Registry, check_name
@@ -88,6 +96,7 @@ from llamad.actors.wire import (
 from llamad.errors import (
     Cancelled,
     LlamadError,
+    PermissionDenied,
     RequestTimeout,
     TooLarge,
     Unavailable,
@@ -142,7 +151,8 @@ class Client:
     ``timeout`` is the default for :meth:`call`; ``connect_timeout`` bounds
     each (re)connect handshake. ``watch`` picks crash detection: ``auto``
     (pidfd when the actor is local, else connection events), ``process`` or
-    ``connection``.
+    ``connection``. ``curve``: CURVE keys for a ``tcp://`` actor that requires
+    them (see the module doc).
     """
 
     def __init__(
@@ -156,6 +166,7 @@ class Client:
         limits: Limits | None = None,
         client_name: str = "",
         watch: Watch = "auto",
+        curve: CurveClient | None = None,
     ) -> None:
         if (endpoint is None) == (name is None):
             raise ValueError("give exactly one of endpoint or name")
@@ -167,6 +178,10 @@ class Client:
         self.limits = limits or _CLIENT_LIMITS
         self.client_name = client_name
         self.watch_mode: Watch = watch
+        if curve is not None and not isinstance(curve, CurveClient):
+            raise ValueError("curve must be a CurveClient")
+        self.curve = curve
+        self._refusal: PermissionDenied | None = None
         self._pid = os.getpid()
         self._forks = FORKS[0]
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
@@ -552,6 +567,12 @@ class Client:
             else:
                 fds.append(item)
         if monitor_ready and self._disconnected():
+            refusal, self._refusal = self._refusal, None
+            if refusal is not None:
+                # Refused, not crashed: whatever waits fails with the reason now.
+                self._disconnect()
+                self._fail_all(refusal)
+                return
             self._server_down("connection lost")
             return
         if (fds or interval is not None) and self._watch.exited(fds):
@@ -641,6 +662,13 @@ class Client:
             event = int.from_bytes(frames[0][:2], "little")
             if event == zmq.EVENT_DISCONNECTED:
                 lost = True
+            elif event & HANDSHAKE_FAILED:
+                # The first event says why; retries that follow may say less.
+                if self._refusal is None:
+                    value = int.from_bytes(frames[0][2:6], "little")
+                    endpoint = frames[1].decode(errors="replace")
+                    self._refusal = handshake_refusal(event, value, endpoint)
+                lost = True
         return lost
 
     # -- internals: connection state -----------------------------------------
@@ -662,14 +690,22 @@ class Client:
         if self._ctx is None:
             self._ctx = zmq.Context()
         sock = self._ctx.socket(zmq.DEALER)
-        configure(sock, self.limits, linger_s=0.0, tcp=endpoint.startswith("tcp://"))
+        tcp = endpoint.startswith("tcp://")
+        configure(sock, self.limits, linger_s=0.0, endpoint=endpoint)
+        if tcp and self.curve is not None:
+            secure_client(sock, self.curve)
         sock.setsockopt(zmq.ROUTING_ID, os.urandom(12))
         sock.setsockopt(zmq.RECONNECT_IVL, 20)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
         sock.setsockopt(zmq.RCVTIMEO, _CRASH_CHECK_MS)
         self._rcvtimeo = _CRASH_CHECK_MS
         self._sock = sock
-        if self.watch_mode == "connection" or (
+        self._refusal = None
+        if tcp:
+            # Over tcp the handshake itself may be refused (CURVE): watched
+            # until it completes, then kept only if the actor is not local.
+            self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | HANDSHAKE_FAILED)
+        elif self.watch_mode == "connection" or (
             self.watch_mode == "auto" and (expected is None or not expected.is_local())
         ):
             self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
@@ -711,7 +747,7 @@ class Client:
             # The pidfd is authoritative; a socket monitor on top would only
             # cost an extra poll item and a probe per request.
             self._close_monitor()
-        elif self._monitor is None:
+        elif self._monitor is None or self.watch_mode == "process":
             self._disconnect()
             raise Unavailable(
                 f"actor {self.target!r} is not on this host; use watch='connection' or 'auto'"

@@ -15,7 +15,9 @@ during and after any single process's life. For an actor named ``cache-meta``:
 - ``cache-meta.sock`` is the default ``ipc://`` endpoint. The path is
   deterministic, so a restarted actor binds the same path and clients that
   kept the endpoint reconnect to it; actors on ``tcp://`` (possibly an
-  ephemeral port) are found through the record instead.
+  ephemeral port) are found through the record instead. An actor that also
+  listens on tcp for other hosts (``Actor(tcp_host=...)``) records that
+  endpoint as ``tcp_endpoint``.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ class RegistryEntry(msgspec.Struct, frozen=True):
     pidns: int
     instance: str
     started_at: float
+    tcp_endpoint: str = ""
 
     @property
     def process(self) -> ProcessRef:
@@ -111,7 +114,7 @@ class Registration:
         self._lock_fd: int | None = lock_fd
         self.entry: RegistryEntry | None = None
 
-    def publish(self, endpoint: str, instance: str) -> RegistryEntry:
+    def publish(self, endpoint: str, instance: str, tcp_endpoint: str = "") -> RegistryEntry:
         """Record where the actor listens; call after the socket is bound."""
         me = ProcessRef.current()
         entry = RegistryEntry(
@@ -123,6 +126,7 @@ class Registration:
             pidns=me.pidns,
             instance=instance,
             started_at=time.time(),
+            tcp_endpoint=tcp_endpoint,
         )
         final = self.registry.root / f"{self.name}.json"
         tmp = final.with_name(f".{self.name}.json.{me.pid}.tmp")

@@ -13,12 +13,22 @@ Every option is set on purpose:
   remote client is gone; a full queue raises ``EAGAIN`` instead of silently
   dropping.
 - ``HEARTBEAT_*`` on tcp: ZMTP pings close a connection to a host that went
-  away without a FIN, which ipc never needs.
+  away without a FIN, which ipc never needs. ``IPV6`` for a bracketed host
+  only (``tcp://[::1]:P`` fails without it; with it, ``localhost`` would bind
+  a dual-stack ``[::ffff:127.0.0.1]``).
+
+An actor's ``ipc://`` socket file is made 0600 once bound
+(:func:`restrict_ipc`): the 0700 runtime directory already keeps other
+users out, and the file's own mode still does if that directory is ever
+opened up. A client refused by either gets
+:class:`~llamad.errors.PermissionDenied` at once (:func:`ipc_listening`).
+CURVE for ``tcp://`` is in :mod:`llamad.actors.curve`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
 from collections.abc import Callable
@@ -29,6 +39,7 @@ import zmq.backend
 
 from llamad.actors.errors import ActorConfigError
 from llamad.actors.wire import Limits
+from llamad.errors import PermissionDenied
 
 __all__ = [
     "FORKS",
@@ -37,7 +48,9 @@ __all__ = [
     "SNDMORE_NOBLOCK",
     "configure",
     "ipc_listening",
+    "restrict_ipc",
     "send_frame",
+    "tcp_options",
     "validate_endpoint",
 ]
 
@@ -92,18 +105,32 @@ def validate_endpoint(endpoint: str, field: str = "endpoint") -> str:
     raise ActorConfigError(field, f"{endpoint!r} is neither ipc:// nor tcp://")
 
 
-def configure(sock: zmq.Socket[bytes], limits: Limits, *, linger_s: float, tcp: bool) -> None:
-    """Apply the runtime's options to a fresh socket (before bind/connect)."""
+def configure(sock: zmq.Socket[bytes], limits: Limits, *, linger_s: float, endpoint: str) -> None:
+    """Apply the runtime's options to a fresh socket (before bind/connect to ``endpoint``)."""
     sock.setsockopt(zmq.LINGER, round(linger_s * 1000))
     sock.setsockopt(zmq.MAXMSGSIZE, limits.max_frame_bytes)
     sock.setsockopt(zmq.SNDHWM, limits.sndhwm)
     sock.setsockopt(zmq.RCVHWM, limits.rcvhwm)
     if sock.type == zmq.ROUTER:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-    if tcp:
-        sock.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_IVL_MS)
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
-        sock.setsockopt(zmq.HEARTBEAT_TTL, _HEARTBEAT_TIMEOUT_MS)
+    if endpoint.startswith("tcp://"):
+        tcp_options(sock, endpoint)
+
+
+def tcp_options(sock: zmq.Socket[bytes], endpoint: str) -> None:
+    """The tcp-only options, for the endpoints ``sock`` binds or connects from
+    now on (libzmq copies options into each endpoint when it is created)."""
+    if endpoint.startswith("tcp://["):
+        sock.setsockopt(zmq.IPV6, 1)
+    sock.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_IVL_MS)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
+    sock.setsockopt(zmq.HEARTBEAT_TTL, _HEARTBEAT_TIMEOUT_MS)
+
+
+def restrict_ipc(endpoint: str) -> None:
+    """Make the socket file of a bound ``ipc://`` endpoint 0600 (no-op for tcp)."""
+    if endpoint.startswith("ipc://"):
+        os.chmod(endpoint[len("ipc://") :], 0o600)
 
 
 def ipc_listening(endpoint: str) -> bool:
@@ -113,13 +140,21 @@ def ipc_listening(endpoint: str) -> bool:
     file of a SIGKILLed actor stays behind), whereas ZeroMQ would retry
     silently: this is what lets a client fail fast while an actor is down.
     ``True`` for non-ipc endpoints, which cannot be probed this way.
+    Raises :class:`~llamad.errors.PermissionDenied` when the socket or a
+    directory above it refuses this user: ZeroMQ would retry that forever.
     """
     if not endpoint.startswith("ipc://"):
         return True
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.connect(endpoint[len("ipc://") :])
-    except OSError:
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            raise PermissionDenied(
+                f"{endpoint}: permission denied (the daemon's runtime directory and sockets "
+                f"are private to the user it runs as; this is uid {os.getuid()})",
+                details={"endpoint": endpoint, "reason": "ipc_permission"},
+            ) from None
         return False
     finally:
         with contextlib.suppress(OSError):
