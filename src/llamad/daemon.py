@@ -21,6 +21,12 @@ actor ``llamad.root`` (for ``status``). SIGTERM or SIGINT stops the tree in
 reverse order (the front, then every worker's shutdown saves, then
 cache-meta) and exits 0; an escalation exits non-zero for systemd to act.
 Every child dies with the root (``PR_SET_PDEATHSIG``), SIGKILL included.
+
+Under systemd (``Type=notify``: ``$NOTIFY_SOCKET``, taken out of the
+environment before any child starts) the root reports its start, its
+readiness once the configured models have loaded, its status and its stop,
+and pings the watchdog from its supervisor loop
+(:mod:`llamad.daemon_notify`).
 """
 
 from __future__ import annotations
@@ -41,9 +47,11 @@ from llamad.actors import Registry
 from llamad.cache.errors import TierLocked
 from llamad.cache.sup import purge_ram
 from llamad.config import LlamadConfig, load_config
+from llamad.daemon_notify import SystemdReporter, Watchdog
 from llamad.daemon_tree import ROOT_SERVICE, daemon_spec
 from llamad.errors import ConfigError
 from llamad.front.persist import table_path
+from llamad.notify import Notifier
 from llamad.supervisor.runtime import Supervisor
 from llamad.supervisor.service import SupervisorService
 
@@ -96,11 +104,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--config", metavar="FILE", help="TOML configuration (default: $LLAMAD_CONFIG, else none)"
     )
     args = parser.parse_args(argv)
+    # First: no child may inherit systemd's socket and report as the service.
+    notifier = Notifier.from_environ()
     try:
-        config = load_config(args.config)
+        return _run(args.config, notifier)
+    finally:
+        notifier.close()
+
+
+def _run(config_path: str | None, notifier: Notifier) -> int:
+    try:
+        config = load_config(config_path)
         prepare_dirs(config)
     except ConfigError as exc:
         sys.stderr.write(exc.message + "\n")
+        notifier.status("Configuration refused: " + exc.message.splitlines()[0])
         return EXIT_CONFIG
     os.environ["LLAMAD_RUNTIME_DIR"] = str(config.runtime_dir)
     fmt = _log_setting("LLAMAD_LOG_FORMAT", config.daemon.log_format)
@@ -111,11 +129,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         purge_ram(settings)
     except TierLocked as exc:
         log.error("daemon.cache_in_use", error=exc.message)
+        notifier.status("Refused: " + exc.message)
         return EXIT_IN_USE
     _forget_run(config)
     started_at = time.time()
-    supervisor = Supervisor(daemon_spec(config, started_at=started_at))
+    watchdog = None if notifier.watchdog_s is None else Watchdog(notifier, notifier.watchdog_s)
+    supervisor = Supervisor(daemon_spec(config, started_at=started_at), own_beat=watchdog)
     service: SupervisorService | None = None
+    reporter: SystemdReporter | None = None
+    if notifier.enabled:
+        reporter = SystemdReporter(
+            notifier,
+            supervisor.events,
+            configured=sorted(config.models),
+            runtime_dir=config.runtime_dir,
+            registry_root=config.registry_root,
+        )
+        reporter.start()
 
     def on_ready() -> None:
         nonlocal service
@@ -137,6 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if service is not None:
             service.stop()
+        if reporter is not None:
+            reporter.stop()
         with contextlib.suppress(TierLocked):
             purge_ram(settings)
         _forget_run(config)

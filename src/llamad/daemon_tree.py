@@ -3,9 +3,9 @@
 ::
 
     llamad (root, one_for_one, 5 restarts in 60 s)        service llamad.root
-    ├── cache_sup (rest_for_one, 5 in 30 s)               service llamad.cache_sup
+    ├── cache_sup (rest_for_one, 5 in 30 s, liveness 30 s) service llamad.cache_sup
     │   └── cache-meta
-    ├── model_sup (simple_one_for_one, 25 in 60 s)        service llamad.model_sup
+    ├── model_sup (simple_one_for_one, 25 in 60 s, liveness 30 s) service llamad.model_sup
     │   └── model.<id> ...   one worker per model, permanent, started by the front
     └── front (permanent)                                 actor llamad.front on config.endpoint
 
@@ -31,6 +31,12 @@ Restart decisions (``docs/internals/daemon.md``):
 - **The root** restarts ``cache_sup``, ``model_sup`` or the front on their
   own (``one_for_one``: a front crash leaves every worker serving); more than
   5 restarts in 60 s and the daemon exits non-zero for systemd to act.
+- **Every child of the root heartbeats**, the two supervisors included
+  (:data:`SUPERVISOR_LIVENESS_S`): a supervisor beats from its loop and while
+  it waits on a start or a stop, so its beat says that its own liveness
+  checks run. The root kills and restarts a silent one like any hung child,
+  and pings systemd's watchdog only while all of them are on time
+  (``docs/internals/operations.md``).
 """
 
 from __future__ import annotations
@@ -77,6 +83,11 @@ MODEL_SUP_PERIOD_S: Final = 60.0
 
 FRONT_SHUTDOWN_S: Final = 10.0
 FRONT_LIVENESS_S: Final = 15.0
+SUPERVISOR_LIVENESS_S: Final = 30.0
+"""``cache_sup``'s and ``model_sup``'s heartbeat window: well above the time
+their loop may be busy between two beats (a beat goes out at least every
+quarter of it, waits included), and the largest liveness window of the root's
+children, which the unit's ``WatchdogSec`` must exceed."""
 
 # The worker template's floor: what a model with default settings needs, so
 # a model loaded at run time with defaults is always accepted.
@@ -121,7 +132,11 @@ def front_args(config: LlamadConfig, started_at: float) -> dict[str, Any]:
 def daemon_spec(config: LlamadConfig, *, started_at: float) -> SupervisorSpec:
     """The root supervisor of a daemon running ``config``."""
     limits = template_limits(config)
-    cache = supervisor_child(cache_sup_spec(config.cache_settings()), service=CACHE_SUP_SERVICE)
+    cache = supervisor_child(
+        cache_sup_spec(config.cache_settings()),
+        service=CACHE_SUP_SERVICE,
+        liveness_timeout=SUPERVISOR_LIVENESS_S,
+    )
     models = supervisor_child(
         SupervisorSpec(
             "model_sup",
@@ -140,6 +155,7 @@ def daemon_spec(config: LlamadConfig, *, started_at: float) -> SupervisorSpec:
             ),
         ),
         service=MODEL_SUP_SERVICE,
+        liveness_timeout=SUPERVISOR_LIVENESS_S,
     )
     front = ChildSpec(
         id="front",

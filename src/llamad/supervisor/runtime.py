@@ -42,8 +42,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 from types import FrameType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
@@ -97,7 +98,7 @@ from llamad.supervisor.exits import (
 from llamad.supervisor.process import ChildProcess, Interrupt, ReadyOutcome, shutdown_processes
 from llamad.supervisor.spec import ChildSpec, Shutdown, SupervisorSpec
 
-__all__ = ["Supervisor"]
+__all__ = ["ChildBeat", "OwnBeat", "ParentBeat", "Supervisor"]
 
 log = structlog.get_logger("llamad.supervisor")
 
@@ -106,11 +107,51 @@ _T = TypeVar("_T")
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+class OwnBeat(Protocol):
+    """How a supervisor shows whoever watches it that its loop turns.
+
+    Called on the loop thread at every turn of the loop and while it waits on
+    a child's start or stop; :meth:`interval` caps how long the loop sleeps
+    between two calls. By default (:class:`ParentBeat`) the beat is a
+    heartbeat on the parent supervisor's status pipe; the daemon's root,
+    watched by systemd, pings systemd's watchdog instead
+    (:mod:`llamad.daemon_notify`).
+    """
+
+    def interval(self) -> float | None: ...
+
+    def beat(self, sup: Supervisor) -> None: ...
+
+
+class ParentBeat:
+    """A heartbeat to the parent supervisor (none when this process has none)."""
+
+    def interval(self) -> float | None:
+        return child_side.heartbeat_interval()
+
+    def beat(self, sup: Supervisor) -> None:
+        child_side.heartbeat()
+
+
+@dataclass(frozen=True)
+class ChildBeat:
+    """When a running child last proved it is alive (:meth:`Supervisor.child_beats`)."""
+
+    child_id: str
+    pid: int
+    silent_s: float
+    """Seconds since its last heartbeat (or its ready report)."""
+    liveness_timeout: float | None
+    killed_for: str | None
+    """Set once this supervisor has SIGKILLed it and has not reaped it yet."""
+
+
 class Supervisor:
     """A running supervisor: OTP semantics over real OS processes."""
 
-    def __init__(self, spec: SupervisorSpec) -> None:
+    def __init__(self, spec: SupervisorSpec, *, own_beat: OwnBeat | None = None) -> None:
         self.spec = spec
+        self._own_beat: OwnBeat = own_beat if own_beat is not None else ParentBeat()
         self.name = spec.name
         self._core = SupervisorCore(spec)
         self._log = log.bind(sup=spec.name)
@@ -277,6 +318,28 @@ class Supervisor:
     def count_children(self) -> ChildCounts:
         return self._call(self._core.count_children)
 
+    def child_beats(self) -> list[ChildBeat]:
+        """Every running child's last sign of life, for an :class:`OwnBeat`.
+
+        Loop thread only (where an ``OwnBeat`` runs). Each child's status pipe
+        is drained first, so beats count even while the loop itself waits on
+        another child's start or stop and does not read the pipes.
+        """
+        now = time.monotonic()
+        beats = []
+        for proc in self._procs.values():
+            proc.read_status()  # EOF is the loop's to handle, on its next turn
+            beats.append(
+                ChildBeat(
+                    child_id=proc.spec.id,
+                    pid=proc.pid,
+                    silent_s=max(0.0, now - proc.last_beat),
+                    liveness_timeout=proc.spec.liveness_timeout,
+                    killed_for=proc.killed_for,
+                )
+            )
+        return beats
+
     # ================================================================ loop
 
     def _loop(self) -> int:
@@ -310,7 +373,10 @@ class Supervisor:
                 if code is not None:
                     return code
             self._check_liveness()
-            child_side.heartbeat()
+            self._beat()
+
+    def _beat(self) -> None:
+        self._own_beat.beat(self)
 
     def _next_timeout(self) -> float | None:
         waits: list[float] = []
@@ -321,7 +387,7 @@ class Supervisor:
             limit = proc.spec.liveness_timeout
             if limit is not None:
                 waits.append(max(0.0, proc.last_beat + limit - now) + 0.001)
-        own = child_side.heartbeat_interval()
+        own = self._own_beat.interval()
         if own is not None:
             waits.append(own)
         return min(waits) if waits else None
@@ -462,8 +528,8 @@ class Supervisor:
         try:
             outcome = proc.wait_ready(
                 spec.start_timeout,
-                child_side.heartbeat,
-                child_side.heartbeat_interval(),
+                self._beat,
+                self._own_beat.interval(),
                 Interrupt(self._wake_r, self._stop_wanted),
             )
         except BaseException:
@@ -517,7 +583,7 @@ class Supervisor:
     def _terminate(self, procs: list[ChildProcess], policy: Shutdown) -> None:
         for proc in procs:
             self._forget(proc)
-        shutdown_processes(procs, policy, child_side.heartbeat, child_side.heartbeat_interval())
+        shutdown_processes(procs, policy, self._beat, self._own_beat.interval())
         for proc in procs:
             proc.close()
             rc = proc.returncode
