@@ -39,11 +39,12 @@ from llamad.actors.client import Client
 from llamad.actors.registry import Registry
 from llamad.cache import meta_wire as wire
 from llamad.cache.key import HEADER_LEN, Namespace, TokenSeq, tokens_to_bytes
+from llamad.cache.kvc import KvcMeta
 from llamad.cache.lookup import Lookup, RowRef
 from llamad.cache.meta import GcReport
 from llamad.cache.reservation import SaveIntent, check_bytes
 from llamad.cache.tier_kind import TierKind, check_tier
-from llamad.cache.tiers import Tier, TierConfig, load, load_mapped
+from llamad.cache.tiers import LoadedRow, Tier, TierConfig, load_mapped_row, load_row
 from llamad.errors import BadRequest
 
 if TYPE_CHECKING:
@@ -259,10 +260,16 @@ class CacheClient:
         Returns the payload length, or ``None`` on a miss (missing or corrupt:
         the row is then forgotten by cache-meta and never restored).
         """
-        n = load(self._tier(ref), ref.location, buffer, self.load_counters)
-        if n is None:
+        meta = self.load_row_into(ref, buffer)
+        return None if meta is None else meta.payload_len
+
+    def load_row_into(self, ref: RowRef, buffer: Buffer) -> KvcMeta | None:
+        """:meth:`load_into`, answering the row's validated meta: its
+        ``payload_len`` and the logits it keeps (``meta.logits``), if any."""
+        meta = load_row(self._tier(ref), ref.location, buffer, self.load_counters)
+        if meta is None:
             self.forget(ref.key)
-        return n
+        return meta
 
     @contextmanager
     def load_mapped(self, ref: RowRef) -> Iterator[memoryview | None]:
@@ -273,10 +280,17 @@ class CacheClient:
         :meth:`load_into`, deleted and counted a damaged row and made
         cache-meta forget it. The row must be pinned for the whole block.
         """
-        with load_mapped(self._tier(ref), ref.location, self.load_counters) as view:
-            if view is None:
+        with self.load_mapped_row(ref) as row:
+            yield None if row is None else row.payload
+
+    @contextmanager
+    def load_mapped_row(self, ref: RowRef) -> Iterator[LoadedRow | None]:
+        """:meth:`load_mapped` with the row's validated meta beside the payload
+        (``row.meta.logits``: the logits the row keeps, if any)."""
+        with load_mapped_row(self._tier(ref), ref.location, self.load_counters) as row:
+            if row is None:
                 self.forget(ref.key)
-            yield view
+            yield row
 
     def _tier(self, ref: RowRef) -> Tier:
         tier = self.tiers.get(ref.tier)

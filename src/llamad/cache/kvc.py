@@ -20,10 +20,22 @@ truncation is rejected, and the key is recomputed from the TLV (never trusted
 from a file name). The hit count and last-used time live in the header only, so
 cache-meta can persist them by rewriting 72 bytes (:func:`update_stats`).
 
-TLV tags (all required, each once, ascending): 1 fingerprint (32), 2 fingerprint
-mode (1: 0 safe, 1 gguf_chunked, 2 fast_unsafe), 3 quant byte (1), 4 ctx params
-hash (32), 5 hostname (UTF-8), 6 llamad version (UTF-8), 7 reason detail
-(UTF-8), 8 token ids (u32 LE, token count of them).
+TLV tags (each once, ascending): 1 fingerprint (32), 2 fingerprint mode (1: 0
+safe, 1 gguf_chunked, 2 fast_unsafe), 3 quant byte (1), 4 ctx params hash (32),
+5 hostname (UTF-8), 6 llamad version (UTF-8), 7 reason detail (UTF-8), 8 token
+ids (u32 LE, token count of them), all required; then 9 logits (u32 position,
+u32 count, ``count`` float32 LE), in version 2 files only and required there.
+
+Versions. A version 1 file is the format as first written: tags 1-8 and
+nothing after them. A file whose row keeps the logits of one of its positions
+(:class:`KvcLogits`: a finish save keeps those of its prompt's last token, so
+an exact repeat of the prompt samples its first token without decoding it
+again) is version 2, and only such a file is. A row without logits is
+therefore still written byte for byte as version 1, which an older llamad
+reads; one with logits is refused by it as an unknown version (its TLV would
+fail anyway), not misread. The logits lie in the TLV region, so the TLV CRC,
+the prefix re-check of a kept ``ram`` mapping and a quota's file size cover
+them like every other record; they are not part of the key.
 """
 
 from __future__ import annotations
@@ -31,7 +43,9 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import sys
 import time
+from array import array
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TYPE_CHECKING, Final, Protocol
@@ -58,7 +72,10 @@ if not crc32c.hardware_based:  # pragma: no cover - every CI host has SSE4.2 or 
     structlog.get_logger("llamad.cache.kvc").warning("cache.crc32c_software_fallback")
 
 MAGIC: Final = b"LLAMADKV"
-FORMAT_VERSION: Final = 1
+FORMAT_VERSION: Final = 2
+"""The newest version this code writes (a row with logits); see the module doc."""
+FORMAT_VERSION_NO_LOGITS: Final = 1
+_VERSIONS: Final = frozenset({FORMAT_VERSION_NO_LOGITS, FORMAT_VERSION})
 HEADER: Final = struct.Struct("<8sHBBIIIQQQQIIII")
 HEADER_LEN: Final = HEADER.size
 _HEADER_CRC_SPAN: Final = HEADER_LEN - 4
@@ -74,9 +91,12 @@ MAX_HOSTNAME: Final = 255
 MAX_VERSION: Final = 64
 MAX_REASON_DETAIL: Final = 1024
 MAX_PAYLOAD: Final = 1 << 40
+MAX_LOGITS: Final = 1 << 20
+"""Most logits a row keeps (a vocabulary of a million tokens, 4 MiB)."""
 _TLV_RECORD: Final = struct.Struct("<BI")
+_LOGITS_HEAD: Final = struct.Struct("<II")
 MAX_TLV: Final = (
-    8 * _TLV_RECORD.size
+    9 * _TLV_RECORD.size
     + FINGERPRINT_LEN
     + CTX_HASH_LEN
     + 2
@@ -84,6 +104,8 @@ MAX_TLV: Final = (
     + MAX_VERSION
     + MAX_REASON_DETAIL
     + MAX_TOKENS * TOKEN_BYTES
+    + _LOGITS_HEAD.size
+    + MAX_LOGITS * 4
 )
 # Bytes fed to CRC32C and to write(2) per step: small enough to stay in L2
 # between the checksum and the copy, large enough that syscalls don't show.
@@ -109,7 +131,10 @@ class _Tag(IntEnum):
     VERSION = 6
     REASON_DETAIL = 7
     TOKENS = 8
+    LOGITS = 9
 
+
+_REQUIRED_TAGS: Final = tuple(t for t in _Tag if t is not _Tag.LOGITS)
 
 _MODE_BYTES: Final = {
     FingerprintMode.SAFE: 0,
@@ -141,6 +166,67 @@ def _uint(field_name: str, value: int, bits: int) -> None:
         raise InvalidCacheValue(field_name, f"{value!r} is not a u{bits}")
 
 
+def _float32_le(values: Buffer) -> bytes:
+    """``values`` as float32 little-endian bytes (a float32 buffer in this host's
+    order, or raw bytes already in the file's order)."""
+    if isinstance(values, bytes):
+        data = values
+    else:
+        try:
+            view = memoryview(values)
+        except TypeError:
+            raise InvalidCacheValue("logits", "expected a float32 buffer") from None
+        with view:
+            if not view.contiguous or view.format not in ("f", "=f", "<f", "B", "b", "c"):
+                raise InvalidCacheValue("logits", f"expected float32 values, not {view.format!r}")
+            data = view.tobytes()
+            if view.format in ("f", "=f") and sys.byteorder == "big":
+                swapped = array("f", data)
+                swapped.byteswap()
+                data = swapped.tobytes()
+    if len(data) % 4:
+        raise InvalidCacheValue("logits", f"{len(data)} bytes, not whole float32s")
+    return data
+
+
+@dataclass(frozen=True, slots=True)
+class KvcLogits:
+    """The logits a row keeps for one of its positions (the LOGITS record).
+
+    ``position`` is the token position whose decode produced them: the row's
+    tokens ``0..position`` determine them, so they are the logits after that
+    prefix whatever the row holds beyond it. ``values`` is ``count`` float32
+    values, little-endian (a float32 buffer in this host's order, or the
+    file's bytes, is accepted and stored as an immutable copy).
+    """
+
+    position: int
+    values: bytes = field(repr=False)
+
+    def __post_init__(self) -> None:
+        _uint("logits.position", self.position, 32)
+        data = _float32_le(self.values)
+        if not 1 <= len(data) // 4 <= MAX_LOGITS:
+            raise InvalidCacheValue("logits", f"{len(data) // 4} values, expected 1..{MAX_LOGITS}")
+        object.__setattr__(self, "values", data)
+
+    @property
+    def count(self) -> int:
+        return len(self.values) // 4
+
+    def floats(self) -> array[float]:
+        """The values as this host's float32s (an aligned copy, for C code to read)."""
+        out = array("f")
+        out.frombytes(self.values)
+        if sys.byteorder == "big":
+            out.byteswap()
+        return out
+
+    def record(self) -> bytes:
+        """The LOGITS record's value: position, count, the values."""
+        return _LOGITS_HEAD.pack(self.position, self.count) + self.values
+
+
 @dataclass(frozen=True, slots=True)
 class KvcSpec:
     """Everything a writer knows about a row before it writes the payload."""
@@ -156,6 +242,9 @@ class KvcSpec:
     last_used_ns: int = 0
     hostname: str = field(default_factory=socket.gethostname)
     llamad_version: str = __version__
+    logits: KvcLogits | None = None
+    """Logits the row keeps (a finish save's: its prompt's last position); version 2."""
+    _tlv: bytes = field(init=False, repr=False, compare=False, default=b"")
 
     def __post_init__(self) -> None:
         if not isinstance(self.namespace, Namespace):
@@ -182,10 +271,26 @@ class KvcSpec:
         _text("hostname", self.hostname, MAX_HOSTNAME)
         _text("llamad_version", self.llamad_version, MAX_VERSION)
         _text("reason_detail", self.reason_detail, MAX_REASON_DETAIL)
+        if self.logits is not None:
+            if not isinstance(self.logits, KvcLogits):
+                raise InvalidCacheValue("logits", "expected KvcLogits")
+            if self.logits.position >= n_tokens:
+                raise InvalidCacheValue(
+                    "logits",
+                    f"position {self.logits.position} is not one of the row's {n_tokens} tokens",
+                )
+        # Built once: the writer asks for the offset, the size and the bytes,
+        # and a row's logits make the TLV a few hundred KiB.
+        object.__setattr__(self, "_tlv", self._encode_tlv())
 
     @property
     def n_tokens(self) -> int:
         return len(self.tokens) // TOKEN_BYTES
+
+    @property
+    def version(self) -> int:
+        """The format version this row is written as (2 exactly when it keeps logits)."""
+        return FORMAT_VERSION_NO_LOGITS if self.logits is None else FORMAT_VERSION
 
     @property
     def key(self) -> bytes:
@@ -194,8 +299,11 @@ class KvcSpec:
 
     def tlv(self) -> bytes:
         """The TLV records, in the canonical order :func:`parse` requires."""
+        return self._tlv
+
+    def _encode_tlv(self) -> bytes:
         ns = self.namespace
-        values = (
+        values: list[tuple[_Tag, bytes]] = [
             (_Tag.FINGERPRINT, ns.fingerprint),
             (_Tag.MODE, bytes((_MODE_BYTES[self.mode],))),
             (_Tag.QUANT, bytes((ns.quant,))),
@@ -204,7 +312,9 @@ class KvcSpec:
             (_Tag.VERSION, self.llamad_version.encode()),
             (_Tag.REASON_DETAIL, self.reason_detail.encode()),
             (_Tag.TOKENS, self.tokens),
-        )
+        ]
+        if self.logits is not None:
+            values.append((_Tag.LOGITS, self.logits.record()))
         return b"".join(_TLV_RECORD.pack(tag, len(value)) + value for tag, value in values)
 
     def payload_offset(self) -> int:
@@ -240,6 +350,8 @@ class KvcMeta:
     # kept mapped is re-checked against them on every load
     # (:func:`check_prefix_unchanged`).
     prefix: bytes = field(repr=False)
+    logits: KvcLogits | None = None
+    """The logits the row keeps (version 2 files), validated like every other record."""
 
 
 def encode_prefix(spec: KvcSpec, payload_len: int, payload_crc: int) -> bytes:
@@ -252,7 +364,7 @@ def encode_prefix(spec: KvcSpec, payload_len: int, payload_crc: int) -> bytes:
     region = tlv + bytes(offset - HEADER_LEN - len(tlv))
     head = HEADER.pack(
         MAGIC,
-        FORMAT_VERSION,
+        spec.version,
         spec.reason,
         0,
         spec.n_tokens,
@@ -327,6 +439,7 @@ def write_kvc(target: int | _HasFileno, spec: KvcSpec, payload: Buffer) -> int:
 
 @dataclass(frozen=True, slots=True)
 class _Header:
+    version: int
     reason: SaveReason
     n_tokens: int
     hit_count: int
@@ -351,15 +464,17 @@ def _decode_header(head: bytes | bytearray | memoryview) -> _Header:
     magic, version, reason, reserved = fields[:4]
     if magic != MAGIC:
         raise KvcCorrupt("magic", "not a .kvc file")
-    if version != FORMAT_VERSION:
-        raise KvcCorrupt("version", f"format version {version}, expected {FORMAT_VERSION}")
+    if version not in _VERSIONS:
+        raise KvcCorrupt(
+            "version", f"format version {version}, expected one of {sorted(_VERSIONS)}"
+        )
     if crc32c.crc32c(memoryview(head)[:_HEADER_CRC_SPAN]) != fields[-1]:
         raise KvcCorrupt("header_crc", "header checksum mismatch")
     # Past the checksum these can only fail for a file we did not write.
     if reserved != 0 or reason not in SaveReason._value2member_map_:
         raise KvcCorrupt("field", "bad reason or reserved byte")
     # Fields 4..13 are _Header's in order; the last one is the header CRC.
-    hdr = _Header(SaveReason(reason), *fields[4:-1])
+    hdr = _Header(version, SaveReason(reason), *fields[4:-1])
     if not 1 <= hdr.n_tokens <= MAX_TOKENS or hdr.tlv_len > MAX_TLV:
         raise KvcCorrupt("field", "token count or TLV length out of range")
     if hdr.payload_len > MAX_PAYLOAD:
@@ -401,7 +516,9 @@ def _decode_meta(
         raise KvcCorrupt("tlv", "non-zero padding before the payload")
     values: dict[_Tag, bytes] = {}
     pos = 0
-    for tag in _Tag:
+    # A version 2 file carries the logits record after the required ones.
+    tags = _REQUIRED_TAGS if hdr.version == FORMAT_VERSION_NO_LOGITS else tuple(_Tag)
+    for tag in tags:
         if pos + _TLV_RECORD.size > hdr.tlv_len:
             raise KvcCorrupt("tlv", f"missing {tag.name.lower()}")
         got, length = _TLV_RECORD.unpack_from(view, pos)
@@ -426,6 +543,7 @@ def _decode_meta(
         )
     except InvalidCacheValue as exc:
         raise KvcCorrupt("tlv", str(exc)) from None
+    logits = _decode_logits(values.get(_Tag.LOGITS), hdr.n_tokens)
     key = namespace.key(tokens)
     if expected_key is not None and key != expected_key:
         raise KvcCorrupt("key_mismatch", "file holds a different key", key=key.hex())
@@ -448,7 +566,21 @@ def _decode_meta(
         hostname=_utf8(_Tag.HOSTNAME, values[_Tag.HOSTNAME], MAX_HOSTNAME),
         llamad_version=_utf8(_Tag.VERSION, values[_Tag.VERSION], MAX_VERSION),
         prefix=bytes(head) + bytes(region),
+        logits=logits,
     )
+
+
+def _decode_logits(value: bytes | None, n_tokens: int) -> KvcLogits | None:
+    if value is None:
+        return None
+    if len(value) < _LOGITS_HEAD.size:
+        raise KvcCorrupt("tlv", "logits record is shorter than its position and count")
+    position, count = _LOGITS_HEAD.unpack_from(value)
+    if not 1 <= count <= MAX_LOGITS or len(value) != _LOGITS_HEAD.size + 4 * count:
+        raise KvcCorrupt("tlv", "logits count disagrees with the record's length")
+    if position >= n_tokens:
+        raise KvcCorrupt("tlv", f"logits of position {position}, the row has {n_tokens} tokens")
+    return KvcLogits(position, value[_LOGITS_HEAD.size :])
 
 
 def _meta_from_buffer(data: Buffer, expected_key: bytes | None) -> tuple[KvcMeta, memoryview]:

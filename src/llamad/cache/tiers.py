@@ -33,7 +33,7 @@ from collections import OrderedDict, deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 import crc32c
 import structlog
@@ -74,6 +74,14 @@ class RowMissing(CacheError):
     """The row's file is not there (evicted or deleted underneath)."""
 
     code = "row_missing"
+
+
+class LoadedRow(NamedTuple):
+    """A row validated whole: its meta (``meta.logits``: the logits it keeps, if
+    any) and its payload (in the caller's buffer, or in place in a mapping)."""
+
+    meta: KvcMeta
+    payload: memoryview
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +289,15 @@ class Tier:
             os.close(fd)
 
     def read_into(self, key_or_location: bytes | str | os.PathLike[str], buffer: Buffer) -> int:
-        """Validate a row completely and read its payload into ``buffer``; returns its length.
+        """:meth:`read_row_into`, answering the payload's length."""
+        return self.read_row_into(key_or_location, buffer).payload_len
+
+    def read_row_into(
+        self, key_or_location: bytes | str | os.PathLike[str], buffer: Buffer
+    ) -> KvcMeta:
+        """Validate a row completely and read its payload into ``buffer``; returns
+        the validated meta (its ``payload_len`` bytes are at the buffer's start,
+        its ``logits`` are the row's).
 
         Raises :class:`RowMissing` when the file is gone and :class:`KvcCorrupt`
         when any check fails. Damage found before the payload is read leaves
@@ -298,14 +314,16 @@ class Tier:
         if self.kind is TierKind.RAM:
             segment = SEGMENTS.get(path, key)
             try:
-                return copy_payload_into(segment.view, segment.meta, buffer)
+                copy_payload_into(segment.view, segment.meta, buffer)
             except KvcCorrupt:
                 SEGMENTS.drop(path)
                 raise
+            return segment.meta
         fd = self._open(path)
         try:
             meta = read_meta(fd, expected_key=key)
-            return read_payload_into(fd, meta, buffer)
+            read_payload_into(fd, meta, buffer)
+            return meta
         finally:
             os.close(fd)
 
@@ -327,13 +345,22 @@ class Tier:
     def mapped_payload(
         self, key_or_location: bytes | str | os.PathLike[str]
     ) -> Iterator[memoryview]:
+        """:meth:`mapped_row`'s payload alone."""
+        with self.mapped_row(key_or_location) as row:
+            yield row.payload
+
+    @contextlib.contextmanager
+    def mapped_row(self, key_or_location: bytes | str | os.PathLike[str]) -> Iterator[LoadedRow]:
         """A ``ram`` row's payload in place, fully validated: restore with no copy at all.
 
         Inside the block the view can go straight to
         ``llama_state_seq_set_data``, which copies it into the KV cache; that
         saves the copy into an intermediate buffer that :meth:`read_into`
         makes. Do not keep the view (or anything made from it) past the
-        block. Raises like :meth:`read_into`, after the same checks.
+        block. Raises like :meth:`read_into`, after the same checks. The
+        meta is the one validated when the segment was mapped, which the
+        mapping was just found equal to (its logits are bytes of this
+        process, valid after the block too).
         """
         if self.kind is not TierKind.RAM:
             raise InvalidCacheValue("tier", f"{self.name} rows are read with read_into, not mapped")
@@ -350,7 +377,7 @@ class Tier:
             if crc32c.crc32c(payload) != meta.payload_crc32c:
                 SEGMENTS.drop(path)
                 raise KvcCorrupt("payload_crc", "payload checksum mismatch")
-            yield payload
+            yield LoadedRow(meta, payload)
         finally:
             try:
                 payload.release()
@@ -652,16 +679,29 @@ def load(
     buffer: Buffer,
     counters: CounterAdd | None = None,
 ) -> int | None:
-    """A loader's read: the payload length in ``buffer``, or None for a miss.
+    """:func:`load_row`, answering the payload's length (or None for a miss)."""
+    meta = load_row(tier, key_or_location, buffer, counters)
+    return None if meta is None else meta.payload_len
 
-    A corrupt row is deleted and counted once (``corrupt_files``) and reads as
-    a miss, so its bytes can never reach ``llama_state_seq_set_data``; the
-    caller should also tell cache-meta to forget the row. ``load_total_ns``
-    accumulates the time of successful loads.
+
+def load_row(
+    tier: Tier,
+    key_or_location: bytes | str | os.PathLike[str],
+    buffer: Buffer,
+    counters: CounterAdd | None = None,
+) -> KvcMeta | None:
+    """A loader's read: the row's validated meta, its payload in ``buffer``
+    (``meta.payload_len`` bytes), or None for a miss.
+
+    A corrupt row (any record: the logits a row keeps included) is deleted
+    and counted once (``corrupt_files``) and reads as a miss, so its bytes can
+    never reach ``llama_state_seq_set_data``; the caller should also tell
+    cache-meta to forget the row. ``load_total_ns`` accumulates the time of
+    successful loads.
     """
     started = time.perf_counter_ns()
     try:
-        n = tier.read_into(key_or_location, buffer)
+        meta = tier.read_row_into(key_or_location, buffer)
     except RowMissing:
         return None
     except KvcCorrupt as exc:
@@ -672,7 +712,7 @@ def load(
         return None
     if counters is not None:
         counters.add("load_total_ns", time.perf_counter_ns() - started)
-    return n
+    return meta
 
 
 @contextlib.contextmanager
@@ -681,17 +721,29 @@ def load_mapped(
     key_or_location: bytes | str | os.PathLike[str],
     counters: CounterAdd | None = None,
 ) -> Iterator[memoryview | None]:
-    """:func:`load` without the copy, for a ``ram`` row: its validated payload in place.
+    """:func:`load_mapped_row`'s payload alone (or None for a miss)."""
+    with load_mapped_row(tier, key_or_location, counters) as row:
+        yield None if row is None else row.payload
 
-    Yields the payload view (see :meth:`Tier.mapped_payload` for how long it
-    may be used), or None for a miss; a damaged row is deleted and counted
-    once, as by :func:`load`.
+
+@contextlib.contextmanager
+def load_mapped_row(
+    tier: Tier,
+    key_or_location: bytes | str | os.PathLike[str],
+    counters: CounterAdd | None = None,
+) -> Iterator[LoadedRow | None]:
+    """:func:`load_row` without the copy, for a ``ram`` row: its validated payload
+    in place, with its meta.
+
+    Yields the row (see :meth:`Tier.mapped_row` for how long its payload may
+    be used), or None for a miss; a damaged row is deleted and counted once,
+    as by :func:`load_row`.
     """
     started = time.perf_counter_ns()
     with contextlib.ExitStack() as stack:
-        view: memoryview | None
+        view: LoadedRow | None
         try:
-            view = stack.enter_context(tier.mapped_payload(key_or_location))
+            view = stack.enter_context(tier.mapped_row(key_or_location))
         except RowMissing:
             view = None
         except KvcCorrupt as exc:

@@ -15,13 +15,19 @@ A refused load leaves the caller's buffer exactly as it was when the damage
 is before the payload; when it is in the payload, the copied span is zeroed
 (the checksum is known only once the payload is copied) and nothing else
 changes.
+
+Every test runs on two files: a version 1 row, and a version 2 row that keeps
+logits (its LOGITS record, between the token ids and the padding, is damaged
+bit by bit like the rest), and each loader hands the logits back.
 """
 
 from __future__ import annotations
 
 import os
+import struct
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -29,6 +35,7 @@ import pytest
 from llamad.cache.errors import KvcCorrupt
 from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import (
+    KvcLogits,
     KvcMeta,
     KvcSpec,
     SaveReason,
@@ -39,44 +46,67 @@ from llamad.cache.kvc import (
     read_payload_into,
 )
 from llamad.cache.tier_kind import TierKind
-from llamad.cache.tiers import SEGMENTS, SHM_ROOT, Tier, TierConfig
+from llamad.cache.tiers import SEGMENTS, SHM_ROOT, Tier, TierConfig, load_mapped_row, load_row
 
 pytestmark = pytest.mark.timeout(300)
 
 NS = Namespace(fingerprint=b"\x13" * 32, quant=7, ctx_hash=b"\x24" * 32)
-SPEC = KvcSpec(
-    NS,
-    tokens_to_bytes([5, 6, 7]),
-    FingerprintMode.GGUF_CHUNKED,
-    SaveReason.CONTINUED,
-    reason_detail="why",
-    context_size=4096,
-    hit_count=3,
-    created_ns=1_700_000_000_000_000_000,
-    hostname="h",
-    llamad_version="0.1.0",
-)
 PAYLOAD = bytes(range(256)) * 2
-DATA = encode_kvc(SPEC, PAYLOAD)
-META = parse_meta(DATA)
 SENTINEL = bytes((i * 7 + 0xA5) % 255 + 1 for i in range(len(PAYLOAD) + 64))
+# Few enough values that every bit of the file is still flipped in seconds.
+LOGITS = KvcLogits(1, struct.pack("<6f", 0.5, -1.0, 2.0, -3.5, 4.0, 0.0))
+
+
+@dataclass(frozen=True)
+class Row:
+    """One file under test: its spec, its bytes, the meta validated from them."""
+
+    spec: KvcSpec
+    data: bytes
+    meta: KvcMeta
+
+    @classmethod
+    def of(cls, logits: KvcLogits | None) -> Row:
+        spec = KvcSpec(
+            NS,
+            tokens_to_bytes([5, 6, 7]),
+            FingerprintMode.GGUF_CHUNKED,
+            SaveReason.CONTINUED,
+            reason_detail="why",
+            context_size=4096,
+            hit_count=3,
+            created_ns=1_700_000_000_000_000_000,
+            hostname="h",
+            llamad_version="0.1.0",
+            logits=logits,
+        )
+        data = encode_kvc(spec, PAYLOAD)
+        return cls(spec, data, parse_meta(data))
+
+    def expected_buffer(self, offset: int) -> bytes:
+        """The buffer after a refused load of this file damaged at ``offset``."""
+        if offset >= self.meta.payload_offset:
+            return bytes(len(PAYLOAD)) + SENTINEL[len(PAYLOAD) :]
+        return SENTINEL
+
+
+ROWS = {"v1": Row.of(None), "logits": Row.of(LOGITS)}
+assert ROWS["logits"].meta.logits == LOGITS
 
 # Loader under test: (file bytes as they are now) -> payload length, or raises.
 Loader = Callable[[bytearray], int]
 
 
-def expected_buffer(offset: int) -> bytes:
-    """The buffer after a refused load of a file damaged at ``offset``."""
-    if offset >= META.payload_offset:
-        return bytes(len(PAYLOAD)) + SENTINEL[len(PAYLOAD) :]
-    return SENTINEL
+@pytest.fixture(params=sorted(ROWS))
+def row(request: pytest.FixtureRequest) -> Row:
+    return ROWS[request.param]
 
 
-def every_flip_is_refused(load: Callable[[int, int], int], buf: bytearray) -> int:
+def every_flip_is_refused(row: Row, load: Callable[[int, int], int], buf: bytearray) -> int:
     """Flip each bit of the file in turn through ``load(offset, mask)``; returns flips tried."""
     tried = 0
-    for offset in range(len(DATA)):
-        want = expected_buffer(offset)
+    for offset in range(len(row.data)):
+        want = row.expected_buffer(offset)
         for bit in range(8):
             buf[:] = SENTINEL
             with pytest.raises(KvcCorrupt):
@@ -87,104 +117,106 @@ def every_flip_is_refused(load: Callable[[int, int], int], buf: bytearray) -> in
     return tried
 
 
-def every_truncation_is_refused(load: Callable[[int], int], buf: bytearray) -> int:
-    for cut in range(len(DATA)):
+def every_truncation_is_refused(row: Row, load: Callable[[int], int], buf: bytearray) -> int:
+    for cut in range(len(row.data)):
         buf[:] = SENTINEL
         with pytest.raises(KvcCorrupt):
             load(cut)
         if buf != SENTINEL:
             pytest.fail(f"cut at {cut}: a refused load wrote into the buffer")
-    return len(DATA)
+    return len(row.data)
 
 
 @pytest.fixture
-def row_file(tmp_path: Path) -> Iterator[int]:
-    """A descriptor of a ``disk``-style file holding DATA (restored between damages)."""
+def row_file(tmp_path: Path, row: Row) -> Iterator[int]:
+    """A descriptor of a ``disk``-style file holding the row (restored between damages)."""
     path = tmp_path / "row.kvc"
-    path.write_bytes(DATA)
+    path.write_bytes(row.data)
     fd = os.open(path, os.O_RDWR)
     yield fd
     os.close(fd)
 
 
-def _read_fd(fd: int, buf: bytearray) -> int:
+def _read_fd(row: Row, fd: int, buf: bytearray) -> int:
     # What Tier.read_into does for ram_file and disk rows.
-    return read_payload_into(fd, read_meta(fd, expected_key=SPEC.key), buf)
+    return read_payload_into(fd, read_meta(fd, expected_key=row.spec.key), buf)
 
 
-def test_read_meta_and_read_payload_into_refuse_every_flip(row_file: int) -> None:
+def test_read_meta_and_read_payload_into_refuse_every_flip(row: Row, row_file: int) -> None:
     buf = bytearray(len(SENTINEL))
-    assert _read_fd(row_file, buf) == len(PAYLOAD) and buf[: len(PAYLOAD)] == PAYLOAD
+    assert _read_fd(row, row_file, buf) == len(PAYLOAD) and buf[: len(PAYLOAD)] == PAYLOAD
 
     def flipped(offset: int, mask: int) -> int:
-        os.pwrite(row_file, bytes([DATA[offset] ^ mask]), offset)
+        os.pwrite(row_file, bytes([row.data[offset] ^ mask]), offset)
         try:
-            return _read_fd(row_file, buf)
+            return _read_fd(row, row_file, buf)
         finally:
-            os.pwrite(row_file, DATA[offset : offset + 1], offset)
+            os.pwrite(row_file, row.data[offset : offset + 1], offset)
 
-    assert every_flip_is_refused(flipped, buf) == 8 * len(DATA)
+    assert every_flip_is_refused(row, flipped, buf) == 8 * len(row.data)
 
 
-def test_read_meta_and_read_payload_into_refuse_every_truncation(row_file: int) -> None:
+def test_read_meta_and_read_payload_into_refuse_every_truncation(row: Row, row_file: int) -> None:
     buf = bytearray(len(SENTINEL))
 
     def truncated(cut: int) -> int:
         os.ftruncate(row_file, cut)
         try:
-            return _read_fd(row_file, buf)
+            return _read_fd(row, row_file, buf)
         finally:
-            os.pwrite(row_file, DATA[cut:], cut)
+            os.pwrite(row_file, row.data[cut:], cut)
 
-    assert every_truncation_is_refused(truncated, buf) == len(DATA)
-    assert _read_fd(row_file, buf) == len(PAYLOAD)
+    assert every_truncation_is_refused(row, truncated, buf) == len(row.data)
+    assert _read_fd(row, row_file, buf) == len(PAYLOAD)
 
 
-def test_copy_payload_into_refuses_every_flip_after_validation() -> None:
+def test_copy_payload_into_refuses_every_flip_after_validation(row: Row) -> None:
     # The meta is the one validated before the damage, as a kept mapping has.
     buf = bytearray(len(SENTINEL))
-    data = bytearray(DATA)
+    data = bytearray(row.data)
 
     def flipped(offset: int, mask: int) -> int:
         data[offset] ^= mask
         try:
-            return copy_payload_into(data, META, buf)
+            return copy_payload_into(data, row.meta, buf)
         finally:
             data[offset] ^= mask
 
-    assert every_flip_is_refused(flipped, buf) == 8 * len(DATA)
-    assert copy_payload_into(data, META, buf) == len(PAYLOAD)
+    assert every_flip_is_refused(row, flipped, buf) == 8 * len(row.data)
+    assert copy_payload_into(data, row.meta, buf) == len(PAYLOAD)
 
 
-def test_copy_payload_into_refuses_every_truncation_after_validation() -> None:
+def test_copy_payload_into_refuses_every_truncation_after_validation(row: Row) -> None:
     buf = bytearray(len(SENTINEL))
-    assert every_truncation_is_refused(lambda cut: copy_payload_into(DATA[:cut], META, buf), buf)
+    assert every_truncation_is_refused(
+        row, lambda cut: copy_payload_into(row.data[:cut], row.meta, buf), buf
+    )
 
 
 @pytest.fixture
-def ram_row() -> Iterator[tuple[Tier, Path]]:
+def ram_row(row: Row) -> Iterator[tuple[Tier, Path]]:
     tier = Tier(TierConfig(TierKind.RAM, SHM_ROOT, 1 << 20, f"ld{uuid.uuid4().hex[:12]}"))
-    path = tier.path_for(SPEC.key)
-    path.write_bytes(DATA)
+    path = tier.path_for(row.spec.key)
+    path.write_bytes(row.data)
     yield tier, path
     SEGMENTS.drop(path)
     tier.purge()
 
 
-def _mapped_copy(tier: Tier, buf: bytearray) -> int:
-    return tier.read_into(SPEC.key, buf)
+def _mapped_copy(row: Row, tier: Tier, buf: bytearray) -> int:
+    return tier.read_into(row.spec.key, buf)
 
 
-def _mapped_in_place(tier: Tier, buf: bytearray) -> int:
+def _mapped_in_place(row: Row, tier: Tier, buf: bytearray) -> int:
     # A restore with no copy: the view is what llama_state_seq_set_data reads.
-    with tier.mapped_payload(SPEC.key) as view:
+    with tier.mapped_payload(row.spec.key) as view:
         n = len(view)
     return n
 
 
 @pytest.mark.parametrize("read", [_mapped_copy, _mapped_in_place], ids=["copy", "in_place"])
 def test_a_kept_ram_mapping_refuses_every_flip_made_after_it_was_mapped(
-    ram_row: tuple[Tier, Path], read: Callable[[Tier, bytearray], int]
+    row: Row, ram_row: tuple[Tier, Path], read: Callable[[Row, Tier, bytearray], int]
 ) -> None:
     tier, path = ram_row
     fd = os.open(path, os.O_RDWR)
@@ -192,51 +224,72 @@ def test_a_kept_ram_mapping_refuses_every_flip_made_after_it_was_mapped(
     in_place = read is _mapped_in_place
 
     def flipped(offset: int, mask: int) -> int:
-        assert read(tier, buf) == len(PAYLOAD)  # mapped now (again), and valid
+        assert read(row, tier, buf) == len(PAYLOAD)  # mapped now (again), and valid
         assert path in SEGMENTS
         buf[:] = SENTINEL
-        os.pwrite(fd, bytes([DATA[offset] ^ mask]), offset)
+        os.pwrite(fd, bytes([row.data[offset] ^ mask]), offset)
         try:
-            return read(tier, buf)
+            return read(row, tier, buf)
         finally:
-            os.pwrite(fd, DATA[offset : offset + 1], offset)
+            os.pwrite(fd, row.data[offset : offset + 1], offset)
 
     try:
         if in_place:
             # Nothing is copied in place: the buffer only shows nothing was.
-            for offset in range(len(DATA)):
+            for offset in range(len(row.data)):
                 for bit in range(8):
                     with pytest.raises(KvcCorrupt):
                         flipped(offset, 1 << bit)
                     assert path not in SEGMENTS
             assert buf == SENTINEL
         else:
-            assert every_flip_is_refused(flipped, buf) == 8 * len(DATA)
+            assert every_flip_is_refused(row, flipped, buf) == 8 * len(row.data)
     finally:
         os.close(fd)
 
 
 def test_a_kept_ram_mapping_refuses_every_truncation_made_after_it_was_mapped(
-    ram_row: tuple[Tier, Path],
+    row: Row, ram_row: tuple[Tier, Path]
 ) -> None:
     tier, path = ram_row
     fd = os.open(path, os.O_RDWR)
     buf = bytearray(len(SENTINEL))
 
     def truncated(cut: int) -> int:
-        os.pwrite(fd, DATA, 0)
-        assert tier.read_into(SPEC.key, buf) == len(PAYLOAD)
+        os.pwrite(fd, row.data, 0)
+        assert tier.read_into(row.spec.key, buf) == len(PAYLOAD)
         buf[:] = SENTINEL
         os.ftruncate(fd, cut)
-        return tier.read_into(SPEC.key, buf)
+        return tier.read_into(row.spec.key, buf)
 
     try:
-        assert every_truncation_is_refused(truncated, buf) == len(DATA)
+        assert every_truncation_is_refused(row, truncated, buf) == len(row.data)
     finally:
         os.close(fd)
 
 
-def test_the_validated_meta_remembers_the_prefix_it_was_read_from() -> None:
+def test_the_validated_meta_remembers_the_prefix_it_was_read_from(row: Row) -> None:
     # What the kept-mapping checks compare against.
-    meta: KvcMeta = META
-    assert meta.prefix == DATA[: meta.payload_offset]
+    meta: KvcMeta = row.meta
+    assert meta.prefix == row.data[: meta.payload_offset]
+
+
+def test_every_loader_hands_back_the_logits_the_row_keeps(
+    row: Row, row_file: int, ram_row: tuple[Tier, Path], tmp_path: Path
+) -> None:
+    tier, _ = ram_row
+    buf = bytearray(len(SENTINEL))
+    want = row.spec.logits
+    assert read_meta(row_file, expected_key=row.spec.key).logits == want
+    assert tier.read_row_into(row.spec.key, buf).logits == want
+    with tier.mapped_row(row.spec.key) as loaded:
+        assert loaded.meta.logits == want and bytes(loaded.payload) == PAYLOAD
+    got = load_row(tier, row.spec.key, buf)
+    assert got is not None and got.logits == want and got.payload_len == len(PAYLOAD)
+    with load_mapped_row(tier, row.spec.key) as mapped:
+        assert mapped is not None and mapped.meta.logits == want
+    disk = Tier(TierConfig(TierKind.DISK, tmp_path / "disk", 1 << 20))
+    disk.prepare()
+    disk.path_for(row.spec.key).write_bytes(row.data)
+    got = load_row(disk, row.spec.key, buf)
+    assert got is not None and got.logits == want
