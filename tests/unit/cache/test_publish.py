@@ -6,6 +6,7 @@ import errno
 import os
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from llamad.cache.counters import DictCounters
 from llamad.cache.errors import TierFull
 from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
-from llamad.cache.kvc import KvcSpec, SaveReason, encode_kvc, parse
+from llamad.cache.kvc import KvcLogits, KvcSpec, SaveReason, encode_kvc, parse
 from llamad.cache.meta import CacheMeta, MetaConfig
 from llamad.cache.publish import (
     LocalMeta,
@@ -199,6 +200,27 @@ def test_a_save_larger_than_the_quota_is_refused_before_writing(tmp_path: Path) 
     assert result.outcome is PublishOutcome.REFUSED
     assert world.files() == []
     assert world.counters.get("saves_dropped") == 1
+
+
+def test_a_row_with_logits_asks_the_quota_for_its_whole_file(tmp_path: Path) -> None:
+    # The logits a row keeps (a vocabulary's float32s) lie before the payload:
+    # the reservation, the quota and the ledger count them like the rest.
+    logits = KvcLogits(1, bytes(4 * 20_000))
+    plain, kept = spec_for([1, 2]), replace(spec_for([1, 2]), logits=logits)
+    plain_size, kept_size = plain.file_size(len(PAYLOAD)), kept.file_size(len(PAYLOAD))
+    assert kept_size == kept.payload_offset() + len(PAYLOAD) > plain_size
+    assert kept.payload_offset() > len(logits.values)
+    tight = World(tmp_path / "tight", quota=kept_size - 1)
+    assert publish(tight.writer, tight.tier, kept, PAYLOAD).outcome is PublishOutcome.REFUSED
+    assert tight.files() == []
+    assert publish(tight.writer, tight.tier, plain, PAYLOAD).outcome is PublishOutcome.PUBLISHED
+    roomy = World(tmp_path / "roomy", quota=kept_size)
+    result = publish(roomy.writer, roomy.tier, kept, PAYLOAD)
+    assert result.outcome is PublishOutcome.PUBLISHED and result.size == kept_size
+    roomy.assert_row_is(kept, PAYLOAD)
+    assert roomy.tier.path_for(kept.key).stat().st_size == kept_size
+    assert roomy.meta.status()["tiers"][TierKind.DISK]["used"] == kept_size
+    assert roomy.tier.read_meta(kept.key).logits == logits
 
 
 def test_writer_ids_are_unique_and_file_safe() -> None:
