@@ -53,6 +53,7 @@ __all__ = [
     "CurveClient",
     "CurveFiles",
     "CurveServer",
+    "RemoteAccess",
     "ZapHandler",
     "generate_keypair",
     "handshake_refusal",
@@ -119,7 +120,11 @@ def read_key_file(path: str | os.PathLike[str], field_name: str, *, secret: bool
             f"{p} is readable by other users (mode {st.st_mode & 0o777:o}): chmod 600 it",
         )
     first = text.splitlines()[0] if text.strip() else ""
-    return parse_key(first, f"{field_name} ({p})")
+    try:
+        return parse_key(first, field_name)
+    except ActorConfigError as exc:
+        problem = exc.message.removeprefix(f"{field_name}: ")
+        raise ActorConfigError(field_name, f"{p} {problem}") from None
 
 
 def generate_keypair() -> tuple[str, str]:
@@ -255,6 +260,32 @@ class CurveFiles:
         if not isinstance(keys, Sequence) or isinstance(keys, str):
             raise ActorConfigError("client_keys", "must be a list of paths")
         return cls(data["secret_key"], tuple(keys))
+
+
+@dataclass(frozen=True)
+class RemoteAccess:
+    """How clients on other hosts reach a registered actor: a second endpoint,
+    ``tcp://<host>:<ephemeral port>``, with CURVE when ``curve`` is set
+    (``Actor(tcp_host=host, curve=curve.load())``)."""
+
+    host: str
+    curve: CurveFiles | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.host, str) or not self.host:
+            raise ActorConfigError("host", f"must be a host name or address, got {self.host!r}")
+        if self.curve is not None and not isinstance(self.curve, CurveFiles):
+            raise ActorConfigError("curve", "must be CurveFiles or None")
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"host": self.host, "curve": None if self.curve is None else self.curve.to_wire()}
+
+    @classmethod
+    def from_wire(cls, data: object) -> RemoteAccess:
+        if not isinstance(data, Mapping) or set(data) != {"host", "curve"}:
+            raise ActorConfigError("remote", "must be a mapping of host and curve")
+        curve = None if data["curve"] is None else CurveFiles.from_wire(data["curve"])
+        return cls(data["host"], curve)
 
 
 def secure_server(sock: zmq.Socket[bytes], server: CurveServer) -> None:

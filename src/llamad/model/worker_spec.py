@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from llamad.actors.curve import RemoteAccess
 from llamad.actors.registry import check_name
 from llamad.cache.policy import CachePolicy
 from llamad.cache.sup import CacheSettings
@@ -117,6 +118,10 @@ class WorkerSpec:
     to ``ram``, restore from any tier). With a ``cache``, it is checked
     against the cache's tiers here (a save tier the cache lacks or holds 0
     bytes in is refused naming ``cache_view.save_tier``).
+
+    ``remote``: when the daemon serves tcp, the worker listens there too
+    (same host, an ephemeral port, the daemon's CURVE keys), so clients on
+    other hosts can reach it (:class:`~llamad.actors.curve.RemoteAccess`).
     """
 
     model_id: str
@@ -132,6 +137,7 @@ class WorkerSpec:
     parts: str = DEFAULT_PARTS
     threads: ThreadPolicy | None = None
     cache_view: CacheViewConfig = field(default_factory=CacheViewConfig)
+    remote: RemoteAccess | None = None
 
     def __post_init__(self) -> None:
         worker_actor_name(self.model_id)
@@ -157,6 +163,8 @@ class WorkerSpec:
             raise _bad("cache", "must be CacheSettings or None")
         if not isinstance(self.cache_view, CacheViewConfig):
             raise _bad("cache_view", "must be a CacheViewConfig")
+        if self.remote is not None and not isinstance(self.remote, RemoteAccess):
+            raise _bad("remote", "must be a RemoteAccess or None")
         if self.cache is not None:
             quotas = {t.kind: t.quota for t in self.cache.tiers}
             _nested("cache_view", self.cache_view.check_against, quotas)
@@ -237,6 +245,7 @@ class WorkerSpec:
             "parts": self.parts,
             "threads": None if self.threads is None else dataclasses.asdict(self.threads),
             "cache_view": _cache_view_to_wire(self.cache_view),
+            "remote": None if self.remote is None else self.remote.to_wire(),
         }
 
     @classmethod
@@ -261,6 +270,8 @@ class WorkerSpec:
             fields_["threads"] = _policy_from_wire(data["threads"])
         if "cache_view" in data:
             fields_["cache_view"] = _nested("cache_view", _cache_view_from_wire, data["cache_view"])
+        if data.get("remote") is not None:
+            fields_["remote"] = _nested("remote", RemoteAccess.from_wire, data["remote"])
         return cls(**fields_)
 
 
