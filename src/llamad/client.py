@@ -36,13 +36,14 @@ import msgspec
 from llamad import client_ops as ops
 from llamad import logs
 from llamad.actors.client import Client as ActorClient
+from llamad.actors.curve import CurveClient
 from llamad.actors.errors import ClientClosed
 from llamad.actors.sockets import FORKS
 from llamad.cache.meta import GcReport
 from llamad.client_ops import AdapterInfo, Prompt
 from llamad.client_routes import Links
 from llamad.client_stream import Stream
-from llamad.config import client_endpoint
+from llamad.config import client_curve, client_endpoint
 from llamad.errors import ModelNotFound
 from llamad.front_wire import DaemonStatus, LoadProgress, ModelInfo, ModelStatus, NoArgs
 from llamad.model.results import Completion, Event
@@ -79,6 +80,9 @@ class Client:
     ``timeout`` bounds each call, and a stream's wait for its first event
     (``None``: no bound); ``idle_timeout`` bounds a stream's wait for each
     later event; every method takes ``timeout=`` to override it once.
+    ``curve``: the keys for a ``tcp://`` daemon that serves CURVE (``None``:
+    ``[client]`` of the configuration, if it names any); a daemon that
+    refuses them raises :class:`~llamad.errors.PermissionDenied` at once.
     """
 
     def __init__(
@@ -90,13 +94,17 @@ class Client:
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
         name: str = "",
+        curve: CurveClient | None = None,
     ) -> None:
         # A library user's program never sees llamad's debug lines unless it
         # configured logging itself (llamad/logs.py says how).
         logs.library_default()
         if endpoint is None:
             endpoint = client_endpoint(config)
+        if curve is None and endpoint.startswith("tcp://"):
+            curve = client_curve(config)
         self.endpoint = endpoint
+        self.curve = curve
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.idle_timeout = idle_timeout
@@ -502,6 +510,7 @@ class Client:
                 timeout=self.timeout,
                 connect_timeout=self.connect_timeout,
                 name=self.name,
+                curve=self.curve,
             )
             self._local.links = links
             with self._lock:

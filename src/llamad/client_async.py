@@ -22,6 +22,7 @@ import msgspec
 
 from llamad import client_ops as ops
 from llamad import logs
+from llamad.actors.curve import CurveClient
 from llamad.actors.errors import ClientClosed
 from llamad.cache.meta import GcReport
 from llamad.client import DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_TIMEOUT
@@ -29,7 +30,7 @@ from llamad.client_async_actor import AsyncActorClient, AsyncStreamCall
 from llamad.client_async_stream import AsyncStream
 from llamad.client_ops import AdapterInfo, Prompt
 from llamad.client_routes import AsyncLinks
-from llamad.config import client_endpoint
+from llamad.config import client_curve, client_endpoint
 from llamad.errors import ModelNotFound
 from llamad.front_wire import DaemonStatus, LoadProgress, ModelInfo, ModelStatus, NoArgs
 from llamad.model.results import Completion, Event
@@ -62,19 +63,27 @@ class AsyncClient:
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
         name: str = "",
+        curve: CurveClient | None = None,
     ) -> None:
         # A library user's program never sees llamad's debug lines unless it
         # configured logging itself (llamad/logs.py says how).
         logs.library_default()
         if endpoint is None:
             endpoint = client_endpoint(config)
+        if curve is None and endpoint.startswith("tcp://"):
+            curve = client_curve(config)
         self.endpoint = endpoint
+        self.curve = curve
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.idle_timeout = idle_timeout
         self.name = name or f"llamad-async-client-{os.getpid()}"
         self._links = AsyncLinks(
-            endpoint, timeout=timeout, connect_timeout=connect_timeout, name=self.name
+            endpoint,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            name=self.name,
+            curve=self.curve,
         )
         self._running: dict[str, str] = {}
         self._closed = False

@@ -43,7 +43,7 @@ from llamad.actors.curve import CurveClient
 from llamad.actors.errors import ClientClosed, WrongProcess
 from llamad.actors.monitor import ProcessRef
 from llamad.actors.registry import Registry, check_name
-from llamad.actors.sockets import ipc_listening, validate_endpoint
+from llamad.actors.sockets import listening, validate_endpoint
 from llamad.actors.wire import (
     DECODE_ERRORS,
     HANDSHAKE_REQUIRED,
@@ -463,7 +463,7 @@ class AsyncActorClient:
                 )
             return entry.endpoint, entry.process
         assert self._endpoint is not None
-        if not ipc_listening(self._endpoint):
+        if not listening(self._endpoint):
             raise Unavailable(
                 f"nothing listens on {self._endpoint}", details={"endpoint": self._endpoint}
             )

@@ -17,6 +17,13 @@ the same rule, side by side here so they cannot drift:
 - a front op refused before sending (the daemon down or restarting) waits
   up to ``connect_timeout`` for the front once; ``route`` is idempotent and
   is asked again after a front crash.
+
+The transport follows the front's: a client of an ``ipc://`` front reaches
+the worker by name in the registry (its ipc socket); a client of a
+``tcp://`` front, which may be on another host and cannot read the
+registry, connects to the worker's own tcp port (``Route.tcp_port``) on the
+host it reached the front through, with its CURVE keypair and the route's
+server key when the daemon serves CURVE.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import zmq
 
 from llamad import client_ops as ops
 from llamad.actors.client import Client as ActorClient
+from llamad.actors.curve import CurveClient
 from llamad.actors.registry import Registry
 from llamad.actors.sockets import FORKS
 from llamad.client_async_actor import AsyncActorClient
@@ -44,26 +52,50 @@ class _Worker:
 
     __slots__ = ("actor", "registry", "route")
 
-    def __init__(self, route: Route, actor: Any, registry: Registry) -> None:
+    def __init__(self, route: Route, actor: Any, registry: Registry | None) -> None:
         self.route = route
         self.actor = actor
         self.registry = registry
 
     def gone(self) -> bool:
-        """Not connected, and no live process is registered under the route's name."""
-        return self.registry.lookup(self.route.actor) is None
+        """Not connected, and no live process is registered under the route's
+        name (a worker reached over tcp is probed by its connect instead)."""
+        return self.registry is not None and self.registry.lookup(self.route.actor) is None
+
+
+def _worker_target(
+    front_endpoint: str, route: Route, curve: CurveClient | None
+) -> tuple[dict[str, Any], Registry | None]:
+    """How to reach the worker ``route`` names: the actors client's arguments
+    and, for a worker found by name, its registry (see the module doc)."""
+    if front_endpoint.startswith("tcp://") and route.tcp_port is not None:
+        host = front_endpoint[len("tcp://") :].rpartition(":")[0]
+        worker_curve = None
+        if curve is not None and route.server_key is not None:
+            # The route came over the front's authenticated channel.
+            worker_curve = curve.for_server(route.server_key)
+        return {"endpoint": f"tcp://{host}:{route.tcp_port}", "curve": worker_curve}, None
+    registry = Registry(route.registry_root)
+    return {"name": route.actor, "registry": registry}, registry
 
 
 class Links:
     """One thread's connections of a blocking client (see the module doc)."""
 
     def __init__(
-        self, endpoint: str, *, timeout: float | None, connect_timeout: float, name: str
+        self,
+        endpoint: str,
+        *,
+        timeout: float | None,
+        connect_timeout: float,
+        name: str,
+        curve: CurveClient | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.name = name
+        self.curve = curve
         self.forks = FORKS[0]
         self._front: ActorClient | None = None
         self._workers: dict[str, _Worker] = {}
@@ -84,6 +116,7 @@ class Links:
                 timeout=self.timeout,
                 connect_timeout=self.connect_timeout,
                 client_name=self.name,
+                curve=self.curve,
             )
         return self._front
 
@@ -141,10 +174,9 @@ class Links:
         w = self._workers.get(model_id)
         if w is None:
             route = self.route(model_id)
-            registry = Registry(route.registry_root)
+            target, registry = _worker_target(self.endpoint, route, self.curve)
             actor = ActorClient(
-                name=route.actor,
-                registry=registry,
+                **target,
                 timeout=self.timeout,
                 connect_timeout=self.connect_timeout,
                 client_name=self.name,
@@ -158,12 +190,19 @@ class AsyncLinks:
     context (one I/O thread) for all of them."""
 
     def __init__(
-        self, endpoint: str, *, timeout: float | None, connect_timeout: float, name: str
+        self,
+        endpoint: str,
+        *,
+        timeout: float | None,
+        connect_timeout: float,
+        name: str,
+        curve: CurveClient | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.name = name
+        self.curve = curve
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self._front: AsyncActorClient | None = None
         self._workers: dict[str, _Worker] = {}
@@ -194,6 +233,7 @@ class AsyncLinks:
                 connect_timeout=self.connect_timeout,
                 client_name=self.name,
                 context=self.context,
+                curve=self.curve,
             )
         return self._front
 
@@ -254,10 +294,9 @@ class AsyncLinks:
         route = await self.route(model_id)
         w = self._workers.get(model_id)  # another task may have routed it meanwhile
         if w is None:
-            registry = Registry(route.registry_root)
+            target, registry = _worker_target(self.endpoint, route, self.curve)
             actor = AsyncActorClient(
-                name=route.actor,
-                registry=registry,
+                **target,
                 timeout=self.timeout,
                 connect_timeout=self.connect_timeout,
                 client_name=self.name,

@@ -112,12 +112,20 @@ class ModelRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 class Route(msgspec.Struct, frozen=True):
     """Where a model is served: its worker's actor name in the registry at
-    ``registry_root``, and that actor's ``instance`` when the route was given."""
+    ``registry_root``, and that actor's ``instance`` when the route was given.
+
+    When the daemon serves tcp, ``tcp_port`` is the port the worker listens on
+    too (on the host the client reached the front through: a client that
+    cannot read the registry connects there), and ``server_key`` the CURVE
+    public key it serves with (``None``: no CURVE).
+    """
 
     model_id: str
     actor: str
     registry_root: str
     instance: str
+    tcp_port: int | None = None
+    server_key: str | None = None
 
 
 class LoadModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -71,7 +71,7 @@ from llamad.actors.sockets import (
     SNDMORE,
     SNDMORE_NOBLOCK,
     configure,
-    ipc_listening,
+    listening,
     send_frame,
     validate_endpoint,
 )
@@ -772,7 +772,7 @@ class Client:
                 )
             return entry.endpoint, entry.process
         assert self._endpoint is not None
-        if not ipc_listening(self._endpoint):
+        if not listening(self._endpoint):
             raise Unavailable(
                 f"nothing listens on {self._endpoint}", details={"endpoint": self._endpoint}
             )

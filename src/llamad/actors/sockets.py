@@ -21,7 +21,7 @@ An actor's ``ipc://`` socket file is made 0600 once bound
 (:func:`restrict_ipc`): the 0700 runtime directory already keeps other
 users out, and the file's own mode still does if that directory is ever
 opened up. A client refused by either gets
-:class:`~llamad.errors.PermissionDenied` at once (:func:`ipc_listening`).
+:class:`~llamad.errors.PermissionDenied` at once (:func:`listening`).
 CURVE for ``tcp://`` is in :mod:`llamad.actors.curve`.
 """
 
@@ -47,7 +47,7 @@ __all__ = [
     "SNDMORE",
     "SNDMORE_NOBLOCK",
     "configure",
-    "ipc_listening",
+    "listening",
     "restrict_ipc",
     "send_frame",
     "tcp_options",
@@ -81,6 +81,7 @@ os.register_at_fork(after_in_child=_count_fork)
 
 _HEARTBEAT_IVL_MS: Final = 1000
 _HEARTBEAT_TIMEOUT_MS: Final = 3000
+_TCP_PROBE_S: Final = 0.5
 
 
 def validate_endpoint(endpoint: str, field: str = "endpoint") -> str:
@@ -133,16 +134,31 @@ def restrict_ipc(endpoint: str) -> None:
         os.chmod(endpoint[len("ipc://") :], 0o600)
 
 
-def ipc_listening(endpoint: str) -> bool:
-    """Whether something accepts connections on an ``ipc://`` endpoint right now.
+def listening(endpoint: str) -> bool:
+    """Whether something accepts connections on ``endpoint`` right now.
 
     A plain ``connect(2)`` is refused at once when nobody listens (the socket
-    file of a SIGKILLed actor stays behind), whereas ZeroMQ would retry
-    silently: this is what lets a client fail fast while an actor is down.
-    ``True`` for non-ipc endpoints, which cannot be probed this way.
-    Raises :class:`~llamad.errors.PermissionDenied` when the socket or a
+    file of a SIGKILLed actor stays behind; a restarted worker's old tcp port
+    is closed), whereas ZeroMQ would retry silently: this is what lets a
+    client fail fast while an actor is down. A tcp probe that neither
+    connects nor is refused within :data:`_TCP_PROBE_S` says ``True``:
+    ZeroMQ's own connect then decides.
+    Raises :class:`~llamad.errors.PermissionDenied` when an ipc socket or a
     directory above it refuses this user: ZeroMQ would retry that forever.
     """
+    if endpoint.startswith("tcp://"):
+        host, _, port = endpoint[len("tcp://") :].rpartition(":")
+        try:
+            probe = socket.create_connection(
+                (host.removeprefix("[").removesuffix("]"), int(port)), timeout=_TCP_PROBE_S
+            )
+        except ConnectionRefusedError:
+            return False
+        except (OSError, ValueError):
+            return True
+        with contextlib.suppress(OSError):
+            probe.close()
+        return True
     if not endpoint.startswith("ipc://"):
         return True
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

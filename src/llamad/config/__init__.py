@@ -21,7 +21,7 @@ Importing this package never loads libllama; building a worker's spec (and
 
 from __future__ import annotations
 
-from llamad.config.load import CONFIG_ENV, client_endpoint, load_config
+from llamad.config.load import CONFIG_ENV, client_curve, client_endpoint, load_config
 from llamad.config.model_schema import DEFAULT_MODEL_PATH, ModelConfig
 from llamad.config.problems import Problem
 from llamad.config.schema import DEFAULT_MODEL_ID, LlamadConfig
@@ -38,6 +38,7 @@ __all__ = [
     "ModelConfig",
     "Problem",
     "check_endpoint",
+    "client_curve",
     "client_endpoint",
     "load_config",
     "parse_duration",

@@ -9,6 +9,8 @@
 - :func:`cache_view_config`: the model's ``CacheViewConfig``, checked against
   the cache's tiers.
 - :func:`limits`: the sockets' message size ``Limits``.
+- :func:`curve_server`: the daemon's CURVE keys, read from their files; a
+  worker spec carries the files (``RemoteAccess``), never the keys.
 
 Every class checks itself when built; a refusal is re-raised as a
 :class:`~llamad.errors.ConfigError` naming the *config key* that set the
@@ -29,6 +31,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
+from llamad.actors.curve import CurveServer, RemoteAccess
+from llamad.actors.errors import ActorConfigError
 from llamad.actors.wire import Limits
 from llamad.cache.lookup import LookupPolicy
 from llamad.cache.policy import CachePolicy
@@ -54,6 +58,7 @@ __all__ = [
     "cache_view_config",
     "context_options",
     "conversion_problems",
+    "curve_server",
     "limits",
     "model_options",
     "thread_policy",
@@ -201,6 +206,28 @@ def limits(config: LlamadConfig) -> Limits:
         lambda: Limits(max_frame_bytes=s.max_message_bytes, max_header_bytes=s.max_header_bytes),
         _under(("security",), {"max_frame_bytes": ("security", "max_message_bytes")}),
     )
+
+
+def curve_server(config: LlamadConfig) -> CurveServer | None:
+    """The daemon's CURVE keys (``None``: CURVE off), read and checked."""
+    files = config.security.curve_files()
+    if files is None:
+        return None
+    try:
+        return files.load()
+    except ActorConfigError as exc:
+        raise _refusal(
+            ("security", exc.field), exc.message.removeprefix(f"{exc.field}: ")
+        ) from None
+
+
+def remote_access(config: LlamadConfig) -> RemoteAccess | None:
+    """How a worker is reached from other hosts: on the endpoint's tcp host,
+    with the daemon's CURVE keys (``None``: the endpoint is ipc)."""
+    host = config.tcp_host
+    if host is None:
+        return None
+    return RemoteAccess(host, config.security.curve_files())
 
 
 # -- one model ----------------------------------------------------------------
@@ -370,6 +397,7 @@ def worker_spec(config: LlamadConfig, model_id: str) -> WorkerSpec:
             load_timeout_s=m.load_timeout_s,
             threads=thread_policy(config, model_id, context),
             cache_view=view,
+            remote=remote_access(config),
         ),
         _under(
             _model_key(model_id),

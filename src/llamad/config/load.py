@@ -10,8 +10,9 @@
    unknown keys, wrong types, bad choices, out-of-range values, missing
    required keys;
 4. resolution: directories, the endpoint, tier roots and model paths take
-   their defaults; the endpoint, the model directories and every model
-   path are checked (:mod:`llamad.config.security`); with no model at all
+   their defaults; the endpoint, the model directories, the CURVE key
+   files and every model path are checked (:mod:`llamad.config.security`,
+   :mod:`llamad.actors.curve`); with no model at all
    the default model is served as ``"smollm2"``;
 5. every part the daemon will build (cache settings, limits, each model's
    context, options, worker config, policy, cache view, thread policy and
@@ -33,6 +34,7 @@ from typing import Any, Final
 
 import msgspec
 
+from llamad.actors.curve import CurveClient
 from llamad.actors.errors import ActorConfigError
 from llamad.actors.registry import check_name
 from llamad.cache.meta_wire import ACTOR_NAME as CACHE_META
@@ -49,6 +51,7 @@ from llamad.config.reader import read_table
 from llamad.config.schema import (
     DEFAULT_MODEL_ID,
     CacheSection,
+    ClientSection,
     DaemonSection,
     LlamadConfig,
     SecuritySection,
@@ -57,7 +60,9 @@ from llamad.config.security import check_endpoint, resolve_model_path
 from llamad.errors import ConfigError, LlamadError
 from llamad.paths import default_model_path
 
-__all__ = ["CONFIG_ENV", "client_endpoint", "load_config"]
+__all__ = ["CONFIG_ENV", "client_curve", "client_endpoint", "load_config"]
+
+_CLIENT_CURVE_KEYS: Final = "client.curve_secret_key and client.curve_server_key"
 
 CONFIG_ENV: Final = "LLAMAD_CONFIG"
 """Names the config file when none is given."""
@@ -97,11 +102,21 @@ def _raw(
     return raw, source, overrides
 
 
-def _resolve_daemon(d: DaemonSection, env: Mapping[str, str], problems: Problems) -> DaemonSection:
+def _resolve_daemon(
+    d: DaemonSection,
+    env: Mapping[str, str],
+    problems: Problems,
+    *,
+    curve: bool,
+    curve_keys: str | None = None,
+) -> DaemonSection:
     runtime = d.runtime_dir or default_runtime_dir(env)
     endpoint = d.endpoint or default_endpoint(runtime)
     try:
-        check_endpoint(endpoint)
+        if curve_keys is None:
+            check_endpoint(endpoint, curve=curve)
+        else:
+            check_endpoint(endpoint, curve=curve, curve_keys=curve_keys)
     except ConfigError as exc:
         problems.add(
             ("daemon", "endpoint") if d.endpoint else ("daemon", "runtime_dir"),
@@ -130,7 +145,32 @@ def _resolve_cache(c: CacheSection, state_dir: str, problems: Problems) -> Cache
     )
 
 
+def _check_curve(s: SecuritySection, problems: Problems) -> None:
+    """The daemon's CURVE keys: readable, well-formed, the secret private, at
+    least one client allowed. Read again by each process that binds tcp."""
+    files = s.curve_files()
+    if files is None:
+        if s.curve_client_keys:
+            problems.add(
+                ("security", "curve_secret_key"),
+                "is not set, but curve_client_keys is: CURVE needs the daemon's secret key",
+            )
+        return
+    try:
+        files.load()
+    except ActorConfigError as exc:
+        problems.add(("security", exc.field), exc.message.removeprefix(f"{exc.field}: "))
+
+
+def _check_client(c: ClientSection, problems: Problems) -> None:
+    if (c.curve_secret_key is None) != (c.curve_server_key is None):
+        missing = "curve_server_key" if c.curve_server_key is None else "curve_secret_key"
+        other = "curve_secret_key" if missing == "curve_server_key" else "curve_server_key"
+        problems.add(("client", missing), f"is not set, but {other} is: CURVE needs both")
+
+
 def _resolve_security(s: SecuritySection, problems: Problems) -> SecuritySection:
+    _check_curve(s, problems)
     if s.model_dirs is None:
         return msgspec.structs.replace(s, model_dirs=default_model_dirs())
     for d in s.model_dirs:
@@ -175,7 +215,9 @@ def _resolve_model(
 
 
 def _resolve(config: LlamadConfig, env: Mapping[str, str], problems: Problems) -> LlamadConfig:
-    daemon = _resolve_daemon(config.daemon, env, problems)
+    curve = config.security.curve_secret_key is not None
+    daemon = _resolve_daemon(config.daemon, env, problems, curve=curve)
+    _check_client(config.client, problems)
     assert daemon.runtime_dir is not None and daemon.state_dir is not None
     if not _socket_fits(daemon.runtime_dir, CACHE_META):
         problems.add(("daemon", "runtime_dir"), "is too long for the sockets under it")
@@ -236,11 +278,47 @@ def client_endpoint(
     env = os.environ if env is None else env
     problems = Problems()
     raw, source, _ = _raw(path, env, problems)
-    table = raw.get("daemon", {})
-    if not isinstance(table, dict):
-        problems.add(("daemon",), "expected a table")
-        table = {}
-    daemon = _resolve_daemon(read_table(DaemonSection, table, ("daemon",), problems), env, problems)
+    client = _client_table(raw, problems)
+    daemon = _resolve_daemon(
+        read_table(DaemonSection, _table(raw, "daemon", problems), ("daemon",), problems),
+        env,
+        problems,
+        curve=client.curve_secret_key is not None and client.curve_server_key is not None,
+        curve_keys=_CLIENT_CURVE_KEYS,
+    )
     problems.raise_if_any(source or "no config file")
     assert daemon.endpoint is not None
     return daemon.endpoint
+
+
+def client_curve(
+    path: str | os.PathLike[str] | None = None, *, env: Mapping[str, str] | None = None
+) -> CurveClient | None:
+    """The CURVE keys a client connects with: ``[client]`` of the file (as
+    :func:`client_endpoint` finds it) with the environment's overrides, the key
+    files read and checked; ``None`` when none are configured."""
+    env = os.environ if env is None else env
+    problems = Problems()
+    raw, source, _ = _raw(path, env, problems)
+    client = _client_table(raw, problems)
+    problems.raise_if_any(source or "no config file")
+    try:
+        return client.curve()
+    except ActorConfigError as exc:
+        problems.add(("client", exc.field), exc.message.removeprefix(f"{exc.field}: "))
+        problems.raise_if_any(source or "no config file")
+        raise  # unreachable: a problem was just added
+
+
+def _table(raw: Mapping[str, Any], name: str, problems: Problems) -> dict[str, Any]:
+    table = raw.get(name, {})
+    if not isinstance(table, dict):
+        problems.add((name,), "expected a table")
+        return {}
+    return table
+
+
+def _client_table(raw: Mapping[str, Any], problems: Problems) -> ClientSection:
+    client = read_table(ClientSection, _table(raw, "client", problems), ("client",), problems)
+    _check_client(client, problems)
+    return client

@@ -38,6 +38,7 @@ from llamad.config.model_schema import TIER_NAMES, ModelConfig, Table
 from llamad.errors import ModelNotFound
 
 if TYPE_CHECKING:
+    from llamad.actors.curve import CurveClient, CurveFiles, CurveServer
     from llamad.actors.wire import Limits
     from llamad.cache.sup import CacheSettings
     from llamad.model.cache_view_config import CacheViewConfig
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_MODEL_ID",
     "CacheSection",
+    "ClientSection",
     "DaemonSection",
     "LlamadConfig",
     "SecuritySection",
@@ -123,7 +125,8 @@ class DaemonSection(Table, frozen=True, kw_only=True):
         str | None,
         Key(
             "The one client-facing endpoint: ipc://PATH, or tcp://HOST:PORT on a loopback "
-            "address (127.0.0.1, ::1, localhost).",
+            "address (127.0.0.1, ::1, localhost); any address once security.curve_secret_key "
+            "is set. With tcp every model worker listens on the same host too.",
             Text(hint="ipc://PATH or tcp://HOST:PORT"),
             default_text="ipc://<runtime_dir>/llamad.sock",
             example="ipc:///run/llamad/llamad.sock",
@@ -347,6 +350,69 @@ class SecuritySection(Table, frozen=True, kw_only=True):
     max_header_bytes: Annotated[
         int, Key("Largest msgpack header (<= max_message_bytes).", Size(ge=1))
     ] = MIB
+    curve_secret_key: Annotated[
+        str | None,
+        Key(
+            "The daemon's CURVE secret key file (Z85, mode 0600; `llamad keys generate`). "
+            "Set, every tcp endpoint (the front's and each worker's) is a CURVE server "
+            "that lets in only curve_client_keys, and may listen beyond loopback.",
+            AbsPath(),
+            default_text="none: tcp on loopback only, no CURVE",
+            example="/etc/llamad/server.key",
+        ),
+    ] = None
+    curve_client_keys: Annotated[
+        tuple[str, ...],
+        Key(
+            "Public key files of the clients allowed in over CURVE; a directory stands for "
+            "every *.pub file in it (read when the daemon starts).",
+            PathList(),
+            default_text="none",
+            example=["/etc/llamad/clients"],
+        ),
+    ] = ()
+
+    def curve_files(self) -> CurveFiles | None:
+        """Where the CURVE keys are (``None``: CURVE off)."""
+        from llamad.actors.curve import CurveFiles  # noqa: PLC0415 (zmq, only when asked)
+
+        if self.curve_secret_key is None:
+            return None
+        return CurveFiles(self.curve_secret_key, self.curve_client_keys)
+
+
+class ClientSection(Table, frozen=True, kw_only=True):
+    """How a client reaches a daemon served over tcp with CURVE (read by
+    ``llamad.Client`` and the ``llamad`` command, never by the daemon)."""
+
+    curve_secret_key: Annotated[
+        str | None,
+        Key(
+            "This client's CURVE secret key file (mode 0600; `llamad keys generate`); "
+            "its public key must be among the daemon's security.curve_client_keys.",
+            AbsPath(),
+            default_text="none: connect without CURVE",
+            example="~/.config/llamad/client.key",
+        ),
+    ] = None
+    curve_server_key: Annotated[
+        str | None,
+        Key(
+            "The daemon's CURVE public key file (the .pub beside its secret key).",
+            AbsPath(),
+            default_text="none",
+            example="~/.config/llamad/server.pub",
+        ),
+    ] = None
+
+    def curve(self) -> CurveClient | None:
+        """The keys these files hold (``None``: CURVE off); raises
+        :class:`~llamad.actors.errors.ActorConfigError` naming a bad file."""
+        from llamad.actors.curve import CurveClient  # noqa: PLC0415 (zmq, only when asked)
+
+        if self.curve_secret_key is None or self.curve_server_key is None:
+            return None
+        return CurveClient.from_files(self.curve_secret_key, self.curve_server_key)
 
 
 class LlamadConfig(Table, frozen=True, kw_only=True):
@@ -364,6 +430,9 @@ class LlamadConfig(Table, frozen=True, kw_only=True):
     )
     security: Annotated[SecuritySection, Section("Security limits.")] = msgspec.field(
         default_factory=SecuritySection
+    )
+    client: Annotated[ClientSection, Section("How clients connect.")] = msgspec.field(
+        default_factory=ClientSection
     )
     models: Annotated[
         dict[str, ModelConfig],
@@ -437,3 +506,15 @@ class LlamadConfig(Table, frozen=True, kw_only=True):
         """Message size limits for the daemon's sockets."""
         limits: Limits = self._convert().limits(self)
         return limits
+
+    def curve_server(self) -> CurveServer | None:
+        """The daemon's CURVE keys, read and checked (``None``: CURVE off)."""
+        server: CurveServer | None = self._convert().curve_server(self)
+        return server
+
+    @property
+    def tcp_host(self) -> str | None:
+        """The host of a ``tcp://`` endpoint (where the workers listen too), else ``None``."""
+        if not self.endpoint.startswith("tcp://"):
+            return None
+        return self.endpoint[len("tcp://") :].rpartition(":")[0]

@@ -8,8 +8,10 @@
   :func:`resolve_model_path` again for every ``load_model`` and loads the
   resolved path it returns.
 - The client-facing endpoint is ``ipc://`` or ``tcp://`` on a loopback
-  address: CURVE keys are not supported yet, and without them a TCP socket
-  on another interface would serve anyone who can reach it.
+  address, unless CURVE keys are configured (``security.curve_secret_key``
+  for the daemon, ``client.curve_secret_key`` and ``client.curve_server_key``
+  for a client): without them a TCP socket on another interface would serve
+  anyone who can reach it, in clear text.
 """
 
 from __future__ import annotations
@@ -23,7 +25,10 @@ from llamad.actors.errors import ActorConfigError
 from llamad.actors.sockets import validate_endpoint
 from llamad.errors import ConfigError
 
-__all__ = ["check_endpoint", "resolve_model_path"]
+__all__ = ["DAEMON_CURVE_KEYS", "check_endpoint", "resolve_model_path"]
+
+DAEMON_CURVE_KEYS = "security.curve_secret_key and security.curve_client_keys"
+"""The keys that let the daemon serve tcp beyond loopback."""
 
 
 def _refuse(field: str, problem: str) -> ConfigError:
@@ -65,18 +70,27 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def check_endpoint(endpoint: str, field: str = "endpoint") -> str:
-    """``endpoint`` if the daemon may bind it, else :class:`ConfigError` naming ``field``."""
+def check_endpoint(
+    endpoint: str,
+    field: str = "endpoint",
+    *,
+    curve: bool = False,
+    curve_keys: str = DAEMON_CURVE_KEYS,
+) -> str:
+    """``endpoint`` if the daemon may bind it (or a client connect to it), else
+    :class:`ConfigError` naming ``field``. ``curve``: CURVE keys are configured,
+    which alone allow tcp beyond loopback; ``curve_keys`` names them in the refusal."""
     try:
         validate_endpoint(endpoint, field)
     except ActorConfigError as exc:
         raise _refuse(field, exc.message.removeprefix(f"{field}: ")) from None
-    if endpoint.startswith("tcp://"):
+    if endpoint.startswith("tcp://") and not curve:
         host = endpoint[len("tcp://") :].rpartition(":")[0]
         if not _loopback(host):
             raise _refuse(
                 field,
-                f"{endpoint} is not on a loopback address; TCP is served on loopback only "
-                "(127.0.0.1, ::1, localhost) until CURVE keys are supported",
+                f"{endpoint} is not on a loopback address: without CURVE, tcp is served on "
+                f"loopback only (127.0.0.1, ::1, localhost); set {curve_keys} to serve it "
+                "beyond (`llamad keys generate` writes the keys)",
             )
     return endpoint

@@ -101,11 +101,13 @@ class Models:
         lane: SupLane,
         registry: Registry,
         table_file: Path,
+        server_key: str | None = None,
     ) -> None:
         self.table = table
         self.lane = lane
         self.registry = registry
         self.table_file = table_file
+        self.server_key = server_key
         self.routes: dict[str, list[PendingReply]] = {}
         self.queued: dict[str, deque[Op]] = {}
         self.running: dict[str, Op] = {}
@@ -125,11 +127,16 @@ class Models:
         if found is None or entry.pid is None or found.pid != entry.pid:
             return None
         entry.instance = found.instance
+        tcp_port = None
+        if found.tcp_endpoint:
+            tcp_port = int(found.tcp_endpoint.rpartition(":")[2])
         return Route(
             model_id=entry.model_id,
             actor=entry.child_id,
             registry_root=str(self.registry.root),
             instance=found.instance,
+            tcp_port=tcp_port,
+            server_key=self.server_key if tcp_port is not None else None,
         )
 
     def save(self) -> None:

@@ -2,7 +2,8 @@
 
 :func:`run_front` is the supervised entry point (the root's last child, see
 :mod:`llamad.daemon_tree`). It binds ``config.endpoint`` as actor
-``llamad.front`` (message limits from ``[security]``), rebuilds its table
+``llamad.front`` (message limits from ``[security]``; a tcp endpoint with the
+daemon's CURVE keys when they are set), rebuilds its table
 (the file a previous front of this daemon left, ``model_sup``'s
 ``which_children``), reports ready, loads the configured models, and serves
 :data:`llamad.front_wire.OPS` until SIGTERM:
@@ -133,8 +134,13 @@ class Front:
         self.started_at = started_at
         self.limits = limits
         self.registry = Registry(config.registry_root)
+        self.curve = config.curve_server()
         self.actor = Actor(
-            FRONT_ACTOR, endpoint=config.endpoint, registry=self.registry, limits=config.limits()
+            FRONT_ACTOR,
+            endpoint=config.endpoint,
+            registry=self.registry,
+            limits=config.limits(),
+            curve=self.curve,
         )
         handlers: dict[str, Handler] = {
             "route": self.route,
@@ -175,7 +181,11 @@ class Front:
             lambda c: c.close(),
         )
         self.models = Models(
-            self.table, self.sup_lane, self.registry, table_path(self.config.runtime_dir)
+            self.table,
+            self.sup_lane,
+            self.registry,
+            table_path(self.config.runtime_dir),
+            server_key=None if self.curve is None else self.curve.public_key,
         )
         self.watch = SupervisorWatch(
             MODEL_SUP_SERVICE, self.registry, self.mailbox, self.models.on_event, self._resync

@@ -85,7 +85,16 @@ class WorkerProcess:
             )
             self.core = WorkerCore(spec.worker, self.backend, self.parts.cache, clock=clock)
             self.registry = Registry(spec.registry)
-            self.actor = Actor(spec.actor_name, registry=self.registry, limits=_LIMITS)
+            remote = spec.remote
+            self.actor = Actor(
+                spec.actor_name,
+                registry=self.registry,
+                limits=_LIMITS,
+                # With a tcp daemon endpoint the worker listens there too, so
+                # a client on another host gets its tokens straight from here.
+                tcp_host=None if remote is None else remote.host,
+                curve=None if remote is None or remote.curve is None else remote.curve.load(),
+            )
             self.deliveries = Deliveries()
             self.ops = WorkerOps(self.core, self.parts, self.deliveries, self.mark, self.snapshot)
             self.ops.register(self.actor)

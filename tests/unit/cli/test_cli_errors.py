@@ -81,3 +81,9 @@ def test_an_absent_daemon_gets_the_hint_and_a_worker_does_not() -> None:
     assert "start it with `llamad daemon`" in error_line(front, endpoint=endpoint)
     worker = errors.Unavailable("model 'smol' has no live worker")
     assert "llamad daemon" not in error_line(worker, endpoint=endpoint)
+
+
+def test_permission_denied_is_in_the_unavailable_family() -> None:
+    from llamad.errors import PermissionDenied  # noqa: PLC0415
+
+    assert exit_code(PermissionDenied("another user's socket")) == 69

@@ -13,6 +13,7 @@ import msgspec
 import pytest
 from config_helpers import Workspace, write_config
 
+from llamad.actors.curve import write_keypair
 from llamad.config.cli import check, example
 from llamad.config.keys import Key, Section, Tables, fields_of
 from llamad.config.reference import (
@@ -117,11 +118,19 @@ def test_the_example_uncommented_sets_every_key_to_a_valid_value(ws: Workspace) 
     live = re.sub(r"(?m)^# (\[|[a-z_]+ = )", r"\1", example())
     doc = tomllib.loads(live)
     assert _leaf_keys(doc) == _schema_keys(LlamadConfig, ())
+    server_key, server_pub = write_keypair(ws.dir, "server")
+    clients = ws.dir / "clients"
+    clients.mkdir()
+    client_key, _ = write_keypair(clients, "alice")
     env = {
         **ws.env,
-        # The example's sample directories do not exist here.
+        # The example's sample directories and key files do not exist here.
         "LLAMAD_SECURITY__MODEL_DIRS": str([str(ws.models_dir), str(Path(ws.tiny).parent)]),
         "LLAMAD_MODELS__SMOLLM2__PATH": str(ws.tiny),
+        "LLAMAD_SECURITY__CURVE_SECRET_KEY": str(server_key),
+        "LLAMAD_SECURITY__CURVE_CLIENT_KEYS": str([str(clients)]),
+        "LLAMAD_CLIENT__CURVE_SECRET_KEY": str(client_key),
+        "LLAMAD_CLIENT__CURVE_SERVER_KEY": str(server_pub),
     }
     status, _, err = _check(write_config(ws.dir, live), env)
     assert (status, err) == (0, "")
