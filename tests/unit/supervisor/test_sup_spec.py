@@ -293,7 +293,11 @@ def child_specs(draw: st.DrawFn) -> ChildSpec:
         env=draw(
             st.dictionaries(
                 st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,10}", fullmatch=True),
-                st.text(st.characters(exclude_characters="\0"), max_size=8),
+                # ChildSpec refuses NUL and lone surrogates (neither can reach execve).
+                st.text(
+                    st.characters(exclude_characters="\0", exclude_categories=("Cs",)),
+                    max_size=8,
+                ),
                 max_size=3,
             )
         ),
