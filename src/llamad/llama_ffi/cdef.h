@@ -373,6 +373,8 @@ int32_t llamad_batch_check(const struct llama_batch * batch, int32_t n_vocab, in
 int32_t llamad_tokens_check(const llama_token * tokens, int32_t n_tokens, int32_t n_vocab);
 int32_t llamad_sample(struct llama_sampler * chain, struct llama_context * ctx, int32_t idx,
                       llama_token_data * scratch, int32_t n_vocab, llama_token * out);
+int32_t llamad_sample_logits(struct llama_sampler * chain, const float * logits,
+                             llama_token_data * scratch, int32_t n_vocab, llama_token * out);
 void llamad_prefault(uint8_t * data, size_t size, size_t page);
 int32_t llamad_logprobs(const float * logits, int32_t n_vocab, llama_token chosen, int32_t k,
                         llama_token * top_ids, float * top_logprobs, float * chosen_logprob);

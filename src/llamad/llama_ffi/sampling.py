@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from llamad.errors import ConfigError
-from llamad.llama_ffi.errors import GrammarError, InvalidToken
+from llamad.llama_ffi.errors import GrammarError, InvalidToken, NoLogits
 from llamad.llama_ffi.inputs import c_string
 from llamad.llama_ffi.lifetime import NativeHandle
 from llamad.llama_ffi.native import ffi, lib
@@ -225,6 +225,42 @@ class Sampler:
         """The seed in use (the random one if ``params.seed`` was None)."""
         with self._handle.lease() as chain:
             return int(lib.llama_sampler_get_seed(chain))
+
+    def sample_logits(self, logits: Any) -> int:
+        """Sample (and accept) a token from a logits row the caller holds: the
+        model's ``n_vocab`` float32 values in this host's order (e.g. a copy of
+        :meth:`Context.logits` kept from an earlier decode).
+
+        The candidates, the chain and its checks are those of
+        :meth:`Context.sample`, so the same logits give the same token and
+        leave the chain (grammar, penalties, the seeded draw) in the same
+        state. Raises :class:`NoLogits` for a row of another size or type,
+        and :class:`GrammarError` when the chain rules out every candidate.
+        """
+        try:
+            view = memoryview(logits)
+        except TypeError:
+            raise NoLogits(f"logits must be float32 values, not {type(logits).__name__}") from None
+        if view.itemsize != 4 or view.format not in ("f", "=f") or not view.contiguous:
+            raise NoLogits(f"logits must be contiguous float32 values, not {view.format!r}")
+        n_vocab = self.model.n_vocab
+        if view.nbytes != 4 * n_vocab:
+            raise NoLogits(
+                f"{view.nbytes // 4} logits, the model's vocabulary has {n_vocab}",
+                details={"n_vocab": n_vocab},
+            )
+        row = ffi.from_buffer("float[]", logits)
+        scratch = ffi.new("llama_token_data[]", n_vocab)
+        out = ffi.new("llama_token *")
+        with self._handle.lease() as chain:
+            rc = int(lib.llamad_sample_logits(chain, row, scratch, n_vocab, out))
+        if rc == 1:  # pragma: no cover - the size was checked above
+            raise NoLogits("llamad_sample_logits refused the row")
+        if rc == 2:
+            raise GrammarError(
+                "no token is allowed: the grammar (with the logit biases) rules out every candidate"
+            )
+        return int(out[0])
 
     def accept(self, tokens: Iterable[int]) -> None:
         """Feed tokens (e.g. the prompt) into the penalty history.

@@ -127,18 +127,13 @@ void llamad_prefault(uint8_t * data, size_t size, size_t page) {
     }
 }
 
-/* Sample one token from output row `idx`: what llama_sampler_sample does,
- * with two checks it lacks. A row without logits returns 1 instead of
- * tripping an assert, and when every candidate was ruled out (a grammar that
- * nothing satisfies once biases are applied) it returns 2 *before* accepting
- * the token: accepting it would make the grammar abort the process. `scratch`
- * holds n_vocab entries, reused across calls so sampling allocates nothing. */
-int32_t llamad_sample(struct llama_sampler * chain, struct llama_context * ctx, int32_t idx,
-                      llama_token_data * scratch, int32_t n_vocab, llama_token * out) {
-    const float * logits = llama_get_logits_ith(ctx, idx);
-    if (logits == NULL) {
-        return 1;
-    }
+/* Apply the chain to one row of logits and accept the token it picked, with a
+ * check llama_sampler_sample lacks: when every candidate was ruled out (a
+ * grammar that nothing satisfies once biases are applied) it returns 2
+ * *before* accepting the token, since accepting it would make the grammar
+ * abort the process. `scratch` holds n_vocab entries. */
+static int32_t llamad_sample_row(struct llama_sampler * chain, const float * logits,
+                                 llama_token_data * scratch, int32_t n_vocab, llama_token * out) {
     for (int32_t i = 0; i < n_vocab; i++) {
         scratch[i].id = i;
         scratch[i].logit = logits[i];
@@ -156,6 +151,32 @@ int32_t llamad_sample(struct llama_sampler * chain, struct llama_context * ctx, 
     llama_sampler_accept(chain, picked.id);
     *out = picked.id;
     return 0;
+}
+
+/* Sample one token from output row `idx`: what llama_sampler_sample does,
+ * with two checks it lacks. A row without logits returns 1 instead of
+ * tripping an assert; a chain that rules out every candidate returns 2 (see
+ * llamad_sample_row). `scratch` holds n_vocab entries, reused across calls so
+ * sampling allocates nothing. */
+int32_t llamad_sample(struct llama_sampler * chain, struct llama_context * ctx, int32_t idx,
+                      llama_token_data * scratch, int32_t n_vocab, llama_token * out) {
+    const float * logits = llama_get_logits_ith(ctx, idx);
+    if (logits == NULL) {
+        return 1;
+    }
+    return llamad_sample_row(chain, logits, scratch, n_vocab, out);
+}
+
+/* Sample one token from a logits row the caller holds (a row kept from an
+ * earlier decode, SPEC M3's memoised primer): the same candidates, the same
+ * chain and the same checks as llamad_sample, so the same token as that
+ * decode's row gives. Returns 1 for a missing row or a bad size, 2 as above. */
+int32_t llamad_sample_logits(struct llama_sampler * chain, const float * logits,
+                             llama_token_data * scratch, int32_t n_vocab, llama_token * out) {
+    if (logits == NULL || n_vocab <= 0) {
+        return 1;
+    }
+    return llamad_sample_row(chain, logits, scratch, n_vocab, out);
 }
 
 /* Log-probabilities of one logits row (SPEC M13): the log-softmax of `chosen`
