@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from llamad.cache.key import Namespace
+from llamad.cache.kvc import KvcLogits
 from llamad.model.backend import Sampled, SamplerHandle
 from llamad.model.planner import SeqState
 from llamad.model.requests import RequestParams
@@ -85,6 +86,13 @@ class ActiveRequest:
     schedule: SaveSchedule | None = None
     saved_max: int = 0
     """The longest row this request submitted for saving."""
+    keep_logits: bool = False
+    """Whether the target's last logits are kept for this request's saves
+    (set at resolution: only when its finish save may be taken)."""
+    prompt_logits: KvcLogits | None = None
+    """The logits of the target's last position: computed by this request's
+    decode of it, or read from the row it restored. Handed with every save
+    that reaches that position; dropped when the request ends."""
     finish_key: bytes | None = None
     finish_reason: FinishReason | None = None
     cancel_requested: bool = False
@@ -105,6 +113,12 @@ class ActiveRequest:
     @property
     def wants_logits(self) -> bool:
         return not self.params.prefill_only
+
+    @property
+    def logits_at_end(self) -> bool:
+        """Whether the target's last token is decoded alone, with logits: to
+        sample from, or (``prefill_only``) to keep in the row it saves."""
+        return self.wants_logits or self.keep_logits
 
     @property
     def remaining(self) -> int:
@@ -129,7 +143,7 @@ class ActiveRequest:
         limit = self.schedule.limit(pos) if self.schedule is not None else None
         # chunk + 1 tokens tell the planner all it can use (a chunk, held-back token).
         feed = self.next_feed(chunk + 1)
-        return SeqState(self.seq, self.order, pos, feed, self.wants_logits, limit)
+        return SeqState(self.seq, self.order, pos, feed, self.logits_at_end, limit)
 
     def consumed(self, n: int) -> None:
         if not self.generating:

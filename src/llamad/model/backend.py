@@ -82,6 +82,18 @@ class Backend(Protocol):
         decode (:meth:`BatchPlan.output_row`); ``logprobs`` is ``k`` or ``None``."""
         ...
 
+    def row_logits(self, row: int) -> bytes:
+        """A copy of batch row ``row``'s logits from the last decode: ``n_vocab``
+        float32 values, little-endian (what a row keeps, :class:`~llamad.cache.kvc.KvcLogits`)."""
+        ...
+
+    def sample_logits(self, sampler: SamplerHandle, logits: bytes, logprobs: int | None) -> Sampled:
+        """:meth:`sample` from given logits (``n_vocab`` float32 LE, as
+        :meth:`row_logits` gives them) instead of a decoded row: the same chain
+        (grammar, penalties, seeded draw) and the same logprobs, so logits kept
+        from a decode sample exactly as that decode's row would have."""
+        ...
+
     def is_eog(self, token: int) -> bool:
         """Whether ``token`` ends generation (EOS, EOT, …)."""
         ...

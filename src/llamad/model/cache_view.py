@@ -19,8 +19,9 @@ come back through :class:`~llamad.model.save_completions.SaveCompletions`.
   tier this model does not restore from is answered as a miss.
 - **read**: a ``ram`` row's payload in place (the shared-memory mapping,
   validated, no copy); any other tier's through plain reads into one reusable
-  pre-faulted buffer. A missing or damaged row is ``None`` (deleted and
-  counted once by the loader, forgotten by cache-meta).
+  pre-faulted buffer; with either, the logits the row keeps (validated with
+  its TLV). A missing or damaged row is ``None`` (deleted and counted once by
+  the loader, forgotten by cache-meta).
 - **save**: asynchronous reasons go to the writer pool and return at once
   (``False`` when the pool refuses: no permit, closed); synchronous ones
   (evict, shutdown) are written by a dedicated thread while the loop waits,
@@ -44,11 +45,11 @@ import structlog
 from llamad.cache.client import CacheClient
 from llamad.cache.counters import Counters, CountersUnavailable
 from llamad.cache.key import Namespace, tokens_to_bytes
-from llamad.cache.kvc import KvcSpec
+from llamad.cache.kvc import KvcLogits, KvcSpec
 from llamad.cache.lookup import Lookup, RowRef
 from llamad.cache.publish import PublishOutcome, PublishResult
 from llamad.cache.tier_kind import TierKind
-from llamad.cache.tiers import load, load_mapped
+from llamad.cache.tiers import load_mapped_row, load_row
 from llamad.cache.writer import WriterPool
 from llamad.errors import LlamadError, RequestTimeout, Unavailable
 from llamad.llama_ffi.errors import Closed
@@ -56,7 +57,7 @@ from llamad.llama_ffi.state import StateBuffer
 from llamad.model import identity
 from llamad.model.backend import PackedState
 from llamad.model.cache_view_config import CacheViewConfig
-from llamad.model.cacheview import CacheView
+from llamad.model.cacheview import CacheView, RowRead
 from llamad.model.save_completions import Completed, SaveCompletions
 from llamad.model.savepoints import SaveJob
 
@@ -78,6 +79,8 @@ class ViewStats:
     lookups_skipped: int = 0
     reads_mapped: int = 0
     reads_copied: int = 0
+    reads_with_logits: int = 0
+    """Rows read (mapped or copied) that keep logits."""
     read_misses: int = 0
     saves_async: int = 0
     saves_refused: int = 0
@@ -276,34 +279,42 @@ class ClientCacheView:
     # -- reading a row -------------------------------------------------------------------
 
     @contextmanager
-    def read(self, row: RowRef) -> Iterator[memoryview | None]:
-        """The row's validated payload for the block: in place for ``ram``,
-        else in the reusable buffer; ``None`` when missing or damaged."""
+    def read(self, row: RowRef) -> Iterator[RowRead | None]:
+        """The row's validated payload for the block (in place for ``ram``, else
+        in the reusable buffer) and the logits it keeps; ``None`` when missing
+        or damaged."""
         tier = self._client.tiers.get(row.tier)
         if tier is None or row.tier not in self.restore_tiers:
             self.stats.read_misses += 1
             yield None
             return
         if row.tier is TierKind.RAM:
-            with load_mapped(tier, row.location, self._counters) as mapped:
+            with load_mapped_row(tier, row.location, self._counters) as mapped:
                 if mapped is None:
                     self._missed(row)
-                else:
-                    self.stats.reads_mapped += 1
-                yield mapped
+                    yield None
+                    return
+                self.stats.reads_mapped += 1
+                self._count_logits(mapped.meta.logits)
+                yield RowRead(mapped.payload, mapped.meta.logits)
             return
         buffer = self._read_buffer(row.file_size)
-        n = load(tier, row.location, buffer.memory, self._counters)
-        if n is None:
+        meta = load_row(tier, row.location, buffer.memory, self._counters)
+        if meta is None:
             self._missed(row)
             yield None
             return
         self.stats.reads_copied += 1
-        payload = buffer.memory[:n]
+        self._count_logits(meta.logits)
+        payload = buffer.memory[: meta.payload_len]
         try:
-            yield payload
+            yield RowRead(payload, meta.logits)
         finally:
             payload.release()
+
+    def _count_logits(self, logits: KvcLogits | None) -> None:
+        if logits is not None:
+            self.stats.reads_with_logits += 1
 
     def _read_buffer(self, size: int) -> StateBuffer:
         if self._buffer is None:
@@ -336,6 +347,7 @@ class ClientCacheView:
                 reason=job.reason,
                 reason_detail=f"seq={job.seq}",
                 context_size=self._ctx.n_ctx,
+                logits=job.logits,
             )
             payload = state.view()
         except Exception as exc:

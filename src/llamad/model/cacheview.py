@@ -7,24 +7,41 @@ memory for tests. Calls happen between ticks on the loop thread.
 The mapping onto the client is direct: :meth:`CacheView.resolve` is
 ``CacheClient.resolve`` (one round trip: parent key, in-flight wait, longest
 prefix; the answered row is pinned), :meth:`CacheView.read` is
-``load_mapped`` for the ``ram`` tier and ``load_into`` a reusable pre-faulted
-buffer otherwise, :meth:`CacheView.checkin` returns the pin, and
-:meth:`CacheView.save` hands a packed state to the writer pool (async) or
-writes it before returning (evict, shutdown).
+``load_mapped_row`` for the ``ram`` tier and ``load_row`` into a reusable
+pre-faulted buffer otherwise (the payload, and the logits the row keeps),
+:meth:`CacheView.checkin` returns the pin, and :meth:`CacheView.save` hands
+a packed state to the writer pool (async) or writes it before returning
+(evict, shutdown).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Protocol
 
 from llamad.cache.key import Namespace
+from llamad.cache.kvc import KvcLogits
 from llamad.cache.lookup import Lookup, RowRef
 from llamad.model.backend import PackedState
 from llamad.model.savepoints import SaveJob
 
-__all__ = ["CacheView"]
+__all__ = ["CacheView", "RowRead"]
+
+
+@dataclass(frozen=True, slots=True)
+class RowRead:
+    """A row as :meth:`CacheView.read` hands it over, validated whole.
+
+    ``payload``: the packed state, valid only inside the ``read`` block (a
+    ``ram`` row's is the shared mapping itself). ``logits``: the logits the
+    row keeps for one of its positions (a finish save keeps its prompt's
+    last), or ``None``; immutable bytes, which may be kept past the block.
+    """
+
+    payload: memoryview
+    logits: KvcLogits | None = None
 
 
 class CacheView(Protocol):
@@ -53,9 +70,10 @@ class CacheView(Protocol):
         other sequence would be held up by the wait."""
         ...
 
-    def read(self, row: RowRef) -> AbstractContextManager[memoryview | None]:
-        """The row's validated payload for the duration of the block, or ``None``
-        when the row turned out missing or corrupt (it is then never served again)."""
+    def read(self, row: RowRef) -> AbstractContextManager[RowRead | None]:
+        """The row's validated payload and kept logits for the duration of the
+        block, or ``None`` when the row turned out missing or corrupt, in any
+        record, the logits' included (it is then never served again)."""
         ...
 
     def checkin(self, pin: int | None) -> None:

@@ -13,7 +13,10 @@ One :meth:`~WorkerCore.step` is one tick:
 1. requests cancelled since the last tick end (``done``, ``cancelled``);
 2. queued requests take free sequences, oldest first (the least recently
    used idle session is parked, after an evict save, when none is free);
-3. newly admitted requests resolve (:mod:`llamad.model.restore`);
+3. newly admitted requests resolve (:mod:`llamad.model.restore`); one
+   restored with the logits of its target's last position samples its first
+   token from them, and the tick ends here, with no decode, so that token
+   reaches its client now (it is decoded at the next tick);
 4. the planner builds one batch over every running sequence
    (:mod:`llamad.model.planner`), within ``n_batch`` and the free KV cells;
 5. one ``decode``; each logits row is sampled, its text matched against
@@ -38,7 +41,7 @@ from llamad.model.admission import AdmissionQueue, SequencePool
 from llamad.model.backend import Backend
 from llamad.model.cacheview import CacheView
 from llamad.model.config import WorkerConfig
-from llamad.model.decoding import run_batch
+from llamad.model.decoding import Outcome, run_batch, sample_stored
 from llamad.model.endings import Endings
 from llamad.model.observe import has_work, next_wakeup, status_of
 from llamad.model.planner import BatchPlan, plan_tick
@@ -105,8 +108,11 @@ class WorkerCore:
         self.endings = Endings(self.seqs, self.saver, backend)
         self.ticks = 0
         self.last_cache_hit: CacheHitKind | None = None
+        self.stored_logits_hits = 0
+        """First tokens sampled from a restored row's stored logits (status)."""
         self.closed = False
         self._orders = 0
+        self._sampled_stored = False
         self._outbox: list[tuple[str, Event]] = []
         self._finished: list[str] = []
 
@@ -268,9 +274,15 @@ class WorkerCore:
             if req.cancel_requested:
                 self._finish(req, FinishReason.CANCELLED, now)
         self._admit_from_queue(now)
+        self._sampled_stored = False
         for req in sorted(self.requests.values(), key=lambda r: r.order):
             if req.phase in (Phase.ADMITTED, Phase.WAITING):
                 self._resolve(req, now)
+        if self._sampled_stored:
+            # A first token sampled from stored logits goes out before any
+            # decode: the decode would put a whole step into its TTFT. The
+            # shell steps again at once (the token is its next feed).
+            return self._report(BatchPlan(()))
         plan = self._plan(now)
         if plan:
             self.ticks += 1
@@ -326,7 +338,19 @@ class WorkerCore:
         )
         res = self.restorer.resolve(req, self.slots[req.seq], may_wait=may_wait)
         self.last_cache_hit = res.kind
-        if req.remaining == 0:
+        if res.stored_logits:
+            self._sampled_stored = True
+            out = sample_stored(
+                req,
+                self.slots[req.seq],
+                backend=self.backend,
+                n_ctx=self.config.n_ctx,
+                clock=self.clock,
+            )
+            if out.error is None:
+                self.stored_logits_hits += 1
+            self._settle(out, self.clock())
+        elif req.remaining == 0:
             # prefill_only on a target the cache already held whole.
             self._finish(req, FinishReason.LENGTH, self.clock())
 
@@ -377,11 +401,14 @@ class WorkerCore:
         )
         now = self.clock()  # after the decode: what ends now ended after it
         for out in outcomes:
-            self._emit(out.req, out.events)
-            if out.error is not None:
-                self._fail(out.req, out.error, now)
-            elif out.finished is not None:
-                self._finish(out.req, out.finished, now)
+            self._settle(out, now)
+
+    def _settle(self, out: Outcome, now: float) -> None:
+        self._emit(out.req, out.events)
+        if out.error is not None:
+            self._fail(out.req, out.error, now)
+        elif out.finished is not None:
+            self._finish(out.req, out.finished, now)
 
     # -- endings ---------------------------------------------------------------------
 

@@ -6,22 +6,34 @@ row through the request's sampler, feeds the sampled token to the request
 (events, stop strings, endings), and takes the save points now due. It ends
 nothing itself: it answers, per request, the events to stream and whether the
 request finished or failed, and the core carries that out.
+
+When a request decodes its target's last token and keeps logits for its saves
+(:attr:`ActiveRequest.keep_logits`), the row's logits are copied before it is
+sampled; ``prefill_only`` decodes that token alone for this alone. A request
+restored with the logits of its target's last position samples its first
+token from them (:func:`sample_stored`), with no decode at all.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
+import structlog
+
+from llamad.cache.kvc import KvcLogits
 from llamad.errors import LlamadError
 from llamad.model.active import ActiveRequest
-from llamad.model.backend import Backend
+from llamad.model.backend import Backend, Sampled
 from llamad.model.planner import BatchPlan
 from llamad.model.results import Event, FinishReason
 from llamad.model.saver import Saver
 from llamad.model.slots import SequenceTable, Slot
 
-__all__ = ["Outcome", "run_batch"]
+__all__ = ["Outcome", "run_batch", "sample_stored"]
+
+log = structlog.get_logger("llamad.model")
 
 
 @dataclass(eq=False)
@@ -64,8 +76,19 @@ def run_batch(
         req.consumed(len(span.tokens))
         out = Outcome(req)
         outcomes.append(out)
-        if span.want_logits and not _sample(out, slot, plan, backend=backend, n_ctx=n_ctx, now=now):
-            continue
+        if span.want_logits:
+            row = plan.output_row(slot.seq)
+            if req.keep_logits and not req.generating and req.remaining == 0:
+                _keep_target_logits(req, row, backend)
+            if req.wants_logits and not _sample(
+                out,
+                slot,
+                partial(backend.sample, req.sampler, row, req.params.logprobs),
+                backend=backend,
+                n_ctx=n_ctx,
+                now=now,
+            ):
+                continue
         saver.save_due(req, slot)
         if req.finish_reason is not None:
             out.finished = req.finish_reason
@@ -74,20 +97,66 @@ def run_batch(
     return outcomes
 
 
+def sample_stored(
+    req: ActiveRequest, slot: Slot, *, backend: Backend, n_ctx: int, clock: Callable[[], float]
+) -> Outcome:
+    """The first token of a request restored with its target's last logits
+    (:attr:`ActiveRequest.prompt_logits`): sampled from them through the
+    request's chain, as the decode that computed them would have, and fed
+    back like any sampled token (decoded at the next tick). Nothing is decoded
+    here, so nothing is committed and no save falls due."""
+    out = Outcome(req)
+    logits = req.prompt_logits
+    assert logits is not None
+    _sample(
+        out,
+        slot,
+        partial(backend.sample_logits, req.sampler, logits.values, req.params.logprobs),
+        backend=backend,
+        n_ctx=n_ctx,
+        now=None,
+        clock=clock,
+    )
+    if not req.keep_logits:
+        req.prompt_logits = None  # no save of this request can keep them
+    if out.error is None and req.finish_reason is not None:
+        out.finished = req.finish_reason
+    return out
+
+
+def _keep_target_logits(req: ActiveRequest, row: int, backend: Backend) -> None:
+    try:
+        values = backend.row_logits(row)
+    except LlamadError as exc:
+        # The row only misses its logits: an exact repeat decodes the position again.
+        log.warning("model.logits_not_kept", request_id=req.request_id, error=repr(exc))
+        return
+    req.prompt_logits = KvcLogits(len(req.target) - 1, values)
+
+
 def _sample(
-    out: Outcome, slot: Slot, plan: BatchPlan, *, backend: Backend, n_ctx: int, now: float
+    out: Outcome,
+    slot: Slot,
+    draw: Callable[[], Sampled],
+    *,
+    backend: Backend,
+    n_ctx: int,
+    now: float | None,
+    clock: Callable[[], float] | None = None,
 ) -> bool:
     req = out.req
     if req.schedule is not None:
         req.schedule.generation_started(len(slot.kv))
     try:
-        row = plan.output_row(slot.seq)
-        sampled = backend.sample(req.sampler, row, req.params.logprobs)
+        sampled = draw()
         eog = backend.is_eog(sampled.token)
         piece = b"" if eog else backend.piece(sampled.token)
     except LlamadError as exc:
         out.error = exc
         return False
+    if now is None:
+        assert clock is not None
+        now = clock()  # a first token exists once it is sampled
     out.events = req.accept(
         sampled, eog=eog, piece=piece, kv_len=len(slot.kv), n_ctx=n_ctx, now=now
     )

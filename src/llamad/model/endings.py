@@ -40,6 +40,7 @@ class Endings:
         events = req.flush()
         if req.seq is not None and req.resolution is not None:
             self.saver.finish(req, self.seqs[req.seq], allowed=allow_save)
+        req.prompt_logits = None  # the finish save was the last that could keep them
         committed = self.seqs.release_finished(req, now)
         self._close_sampler(req)
         result = req.completion(committed=committed, now=now)
@@ -56,6 +57,7 @@ class Endings:
 
     def fail(self, req: ActiveRequest, exc: LlamadError, now: float) -> list[Event]:
         """End ``req`` with ``error``; its KV is dropped, a session keeps its transcript."""
+        req.prompt_logits = None
         self.seqs.release_failed(req, now)
         self._close_sampler(req)
         wire = exc.to_wire()

@@ -16,7 +16,9 @@ the namespace) and ``n_seq_max`` sequences:
   long the ``llama_decode`` call took and how many KV cells it attended over.
 - ``sample``: the request's sampler chain (:mod:`llamad.model.sampler_factory`)
   through ``Context.sample``; with ``logprobs`` the log-softmax of the raw
-  logits row in C (:mod:`llamad.llama_ffi.logprobs`).
+  logits row in C (:mod:`llamad.llama_ffi.logprobs`). ``row_logits`` copies a
+  row out (a row's kept logits), ``sample_logits`` samples such a copy
+  through the same chain (``Sampler.sample_logits``) with the same logprobs.
 - ``pack``: a lease on a pre-faulted buffer of a :class:`StatePool`; the cache
   writer releases it from its own thread. ``unpack`` reads the payload in
   place (a mapping of the ``ram`` tier, a pooled buffer).
@@ -27,7 +29,9 @@ Like the core, it is driven from the loop thread only; only a lease's
 
 from __future__ import annotations
 
+import sys
 import time
+from array import array
 from collections.abc import Callable
 from typing import Final
 
@@ -36,7 +40,7 @@ import structlog
 from llamad.errors import ConfigError, LlamadError
 from llamad.llama_ffi.batch import Batch
 from llamad.llama_ffi.context import Context
-from llamad.llama_ffi.errors import StateError, Unsupported
+from llamad.llama_ffi.errors import NoLogits, StateError, Unsupported
 from llamad.llama_ffi.logprobs import token_logprobs
 from llamad.llama_ffi.model import Model
 from llamad.llama_ffi.options import FlashAttn
@@ -192,6 +196,34 @@ class LlamaBackend:
         if logprobs is None:
             return Sampled(token)
         lp = token_logprobs(self.ctx.logits(row), token, logprobs)
+        return Sampled(token, lp.chosen, lp.top)
+
+    def row_logits(self, row: int) -> bytes:
+        """A copy of ``row``'s ``n_vocab`` logits, float32 little-endian."""
+        values = self.ctx.logits(row)
+        if sys.byteorder == "big":  # pragma: no cover - every CI host is little-endian
+            values.byteswap()
+        return values.tobytes()
+
+    def sample_logits(self, sampler: SamplerHandle, logits: bytes, logprobs: int | None) -> Sampled:
+        """:meth:`sample` from a row's kept logits (float32 LE, :meth:`row_logits`)."""
+        if not isinstance(sampler, Sampler):
+            raise _internal(f"not a sampler of this backend: {sampler!r}")
+        if len(logits) != 4 * self._n_vocab:
+            raise NoLogits(
+                f"{len(logits)} bytes of logits, the vocabulary has {self._n_vocab} values",
+                details={"n_vocab": self._n_vocab},
+            )
+        # An aligned copy in this host's order (the kept bytes lie at any
+        # offset of a file's TLV): what C reads as float[].
+        values = array("f")
+        values.frombytes(logits)
+        if sys.byteorder == "big":  # pragma: no cover - every CI host is little-endian
+            values.byteswap()
+        token = sampler.sample_logits(values)
+        if logprobs is None:
+            return Sampled(token)
+        lp = token_logprobs(values, token, logprobs)
         return Sampled(token, lp.chosen, lp.top)
 
     def is_eog(self, token: int) -> bool:

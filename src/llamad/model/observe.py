@@ -39,6 +39,7 @@ def status_of(core: WorkerCore) -> WorkerStatus:
         kv_cells_used=core.cells_used,
         ticks=core.ticks,
         last_cache_hit=core.last_cache_hit,
+        stored_logits_hits=core.stored_logits_hits,
     )
 
 

@@ -37,6 +37,10 @@ class ObservedBackend:
         self.open_sampler: Callable[[RequestParams], SamplerHandle] = inner.open_sampler
         self.close_sampler: Callable[[SamplerHandle], None] = inner.close_sampler
         self.sample: Callable[[SamplerHandle, int, int | None], Sampled] = inner.sample
+        self.row_logits: Callable[[int], bytes] = inner.row_logits
+        self.sample_logits: Callable[[SamplerHandle, bytes, int | None], Sampled] = (
+            inner.sample_logits
+        )
         self.is_eog: Callable[[int], bool] = inner.is_eog
         self.piece: Callable[[int], bytes] = inner.piece
         self.seq_truncate: Callable[[int, int], None] = inner.seq_truncate

@@ -18,7 +18,13 @@ already holds, or can get from the cache, and so what is left to prefill:
 
 Whatever the path, when the request will generate, the target's last token
 is never taken from the KV: it is decoded alone to give fresh logits, so a
-restored prompt and a prefilled one produce the same first token.
+restored prompt and a prefilled one produce the same first token. With one
+exception: a restored row that covers the whole target and keeps the logits
+of exactly its last position (the run that saved it decoded that position
+alone and kept what it computed, :mod:`llamad.model.savepoints`) is kept
+whole, and the first token is sampled from those logits
+(:func:`with_stored_logits`): the same logits, so the same token, without
+decoding the position again.
 """
 
 from __future__ import annotations
@@ -38,7 +44,9 @@ __all__ = [
     "decide_fresh",
     "decide_sticky",
     "explain_miss",
+    "keeps_target_logits",
     "sticky_needs_lookup",
+    "with_stored_logits",
 ]
 
 
@@ -49,12 +57,15 @@ class Resolution:
     With ``restore``, the row is unpacked into the sequence and then truncated
     to ``keep``; without, the sequence's current KV is truncated to ``keep``.
     ``read``: target tokens the restored row covered (``cache_delta.read``).
+    ``stored_logits``: the row keeps the logits of the target's last position;
+    ``keep`` is the whole target and the first token is sampled from them.
     """
 
     kind: CacheHitKind
     keep: int
     restore: RowRef | None = None
     read: int = 0
+    stored_logits: bool = False
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -115,6 +126,31 @@ def decide_continue(
         keep = _held_back(use, target_len, wants_logits)
         return Resolution(CacheHitKind.CONTINUATION, keep, lookup.row, use)
     return Resolution(CacheHitKind.CONTINUATION, _held_back(held, target_len, wants_logits))
+
+
+def keeps_target_logits(res: Resolution, target_len: int, logits_position: int | None) -> bool:
+    """Whether the row ``res`` restores keeps the target's own last logits: it
+    covers the whole target and its logits are those of exactly the target's
+    last position (``logits_position``; ``None`` when it keeps none). Logits of
+    another position belong to another prefix of the row."""
+    return (
+        res.restore is not None
+        and res.read == target_len
+        and logits_position is not None
+        and logits_position == target_len - 1
+    )
+
+
+def with_stored_logits(
+    res: Resolution, target_len: int, logits_position: int | None, *, wants_logits: bool
+) -> Resolution:
+    """``res`` once its row was read: a row keeping the target's own last logits
+    (:func:`keeps_target_logits`) is kept whole, nothing held back, and a
+    request that generates samples its first token from those logits. Any
+    other row keeps ``res`` as it was."""
+    if not wants_logits or not keeps_target_logits(res, target_len, logits_position):
+        return res
+    return Resolution(res.kind, target_len, res.restore, res.read, stored_logits=True)
 
 
 def _text(tokens: Sequence[int], piece: Callable[[int], bytes]) -> str:

@@ -3,7 +3,10 @@
 :mod:`llamad.model.resolution` decides from values; :class:`Restorer` asks
 the cache for those values, restores the chosen row into the request's
 sequence, truncates it to what the target shares, and leaves the request
-RUNNING with the rest of its target to feed. A cache that fails (cache-meta
+RUNNING with the rest of its target to feed. A row that covers the whole
+target and keeps the logits of its last position is kept whole instead, and
+the request leaves with those logits to sample its first token from
+(:attr:`Resolution.stored_logits`). A cache that fails (cache-meta
 restarting, a row gone corrupt) costs the request its warm start, never the
 request: it runs cold.
 """
@@ -14,6 +17,7 @@ from collections.abc import Callable
 
 import structlog
 
+from llamad.cache.kvc import KvcLogits
 from llamad.cache.lookup import Lookup, RowRef
 from llamad.errors import LlamadError
 from llamad.model.active import ActiveRequest, Phase
@@ -27,10 +31,12 @@ from llamad.model.resolution import (
     decide_fresh,
     decide_sticky,
     explain_miss,
+    keeps_target_logits,
     sticky_needs_lookup,
+    with_stored_logits,
 )
 from llamad.model.results import CacheHitKind
-from llamad.model.savepoints import SaveSchedule
+from llamad.model.savepoints import SaveSchedule, may_save_finish
 from llamad.model.slots import Slot
 
 __all__ = ["Restorer"]
@@ -104,21 +110,24 @@ class Restorer:
             log.warning("model.lookup_failed", request_id=req.request_id, error=repr(exc))
             return None
 
-    def _restore(self, slot: Slot, row: RowRef) -> bool:
+    def _restore(self, slot: Slot, row: RowRef) -> tuple[bool, KvcLogits | None]:
+        """Unpack ``row`` into the slot's sequence: whether it was, and the
+        logits the row keeps (immutable, usable after the read)."""
         if slot.kv:
             # Whatever happens next, the sequence no longer holds its old tokens.
             self.backend.seq_truncate(slot.seq, 0)
             slot.kv = []
         try:
-            with self.cache.read(row) as payload:
-                if payload is None:
-                    return False
-                self.backend.unpack(slot.seq, payload)
+            with self.cache.read(row) as got:
+                if got is None:
+                    return False, None
+                self.backend.unpack(slot.seq, got.payload)
+                logits = got.logits
         except (LlamadError, OSError) as exc:
             log.warning("model.restore_failed", seq=slot.seq, key=row.key.hex(), error=repr(exc))
             self.backend.seq_truncate(slot.seq, 0)
-            return False
-        return True
+            return False, None
+        return True, logits
 
     def _checkin(self, lookup: Lookup | None) -> None:
         if lookup is None or lookup.row is None or lookup.row.pin is None:
@@ -132,10 +141,26 @@ class Restorer:
 
     def _apply(self, req: ActiveRequest, slot: Slot, res: Resolution) -> Resolution:
         """Make the sequence hold ``req.target[:res.keep]``; a row that cannot be
-        read turns the request cold (a continuation stays one, from nothing)."""
-        if res.restore is not None and not self._restore(slot, res.restore):
-            kind = CacheHitKind.CONTINUATION if req.continuation else CacheHitKind.COLD
-            res = Resolution(kind, 0)
+        read turns the request cold (a continuation stays one, from nothing).
+        A row keeping the logits of the target's last position is kept whole,
+        and the request takes them (:func:`with_stored_logits`)."""
+        if res.restore is not None:
+            restored, logits = self._restore(slot, res.restore)
+            if not restored:
+                kind = CacheHitKind.CONTINUATION if req.continuation else CacheHitKind.COLD
+                res = Resolution(kind, 0)
+            elif (
+                logits is not None
+                and logits.count == self.backend.n_vocab
+                and keeps_target_logits(res, len(req.target), logits.position)
+            ):
+                # The row's logits are the target's own (it covers the whole
+                # target): kept for this request's saves, and sampled from
+                # when it generates.
+                req.prompt_logits = logits
+                res = with_stored_logits(
+                    res, len(req.target), logits.position, wants_logits=req.wants_logits
+                )
         if res.restore is not None or len(slot.kv) > res.keep:
             # A restored row may run past the target or diverge after `read` tokens.
             self.backend.seq_truncate(slot.seq, res.keep)
@@ -147,6 +172,13 @@ class Restorer:
         policy = self.config.policy
         cold = res.kind is CacheHitKind.COLD
         req.schedule = SaveSchedule.for_cold_prompt(n, policy) if cold else SaveSchedule(policy)
+        req.keep_logits = may_save_finish(
+            n,
+            max_tokens=req.params.max_tokens,
+            n_ctx=self.config.n_ctx,
+            prefill_only=req.params.prefill_only,
+            policy=policy,
+        )
         if res.restore is not None and res.restore.n_tokens == res.read:
             # The restored row is exactly the target's first `read` tokens.
             req.schedule.record(res.read)

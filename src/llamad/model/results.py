@@ -237,3 +237,7 @@ class WorkerStatus(msgspec.Struct, frozen=True):
     kv_cells_used: int
     ticks: int
     last_cache_hit: CacheHitKind | None = None
+    stored_logits_hits: int = 0
+    """Requests since start whose first token was sampled from the logits
+    their restored row keeps (SPEC M3's memoised primer): no prompt row was
+    decoded before it."""

@@ -20,6 +20,13 @@ The core decides; the shell packs and writes. Five reasons
 A sequence is saved whole (``llama_state_seq_get_data``), so a save at ``n``
 tokens is taken when the sequence holds exactly ``n``: between ticks, right
 after the decode that got it there.
+
+A row may also keep the logits of its target's last position
+(:class:`~llamad.cache.kvc.KvcLogits`): a request that computed them, and
+whose finish save may be taken (:func:`may_save_finish`), hands them with
+every save whose tokens reach that position. An exact repeat of the target
+then samples its first token from them instead of decoding that position
+again (:mod:`llamad.model.resolution`).
 """
 
 from __future__ import annotations
@@ -27,10 +34,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llamad.cache.key import Namespace
-from llamad.cache.kvc import SaveReason
+from llamad.cache.kvc import KvcLogits, SaveReason
 from llamad.cache.policy import CachePolicy, cold_save_split, should_continued_save
 
-__all__ = ["SYNC_REASONS", "SaveJob", "SaveSchedule"]
+__all__ = ["SYNC_REASONS", "SaveJob", "SaveSchedule", "may_save_finish"]
 
 SYNC_REASONS = frozenset({SaveReason.EVICT, SaveReason.SHUTDOWN})
 """Saves that must be written before the core goes on: the sequence is about to go."""
@@ -41,6 +48,7 @@ class SaveJob:
     """One save the core orders: the shell writes ``tokens``' row under ``key``.
 
     ``deadline`` (the core's clock) caps a synchronous save; ``None`` for async.
+    ``logits``: the logits of one of ``tokens``' positions, kept in the row.
     """
 
     reason: SaveReason
@@ -51,6 +59,7 @@ class SaveJob:
     request_id: str | None = None
     session_id: str | None = None
     deadline: float | None = None
+    logits: KvcLogits | None = None
 
     @property
     def sync(self) -> bool:
@@ -111,3 +120,24 @@ class SaveSchedule:
 
     def record(self, n_tokens: int) -> None:
         self.saved_at.add(n_tokens)
+
+
+def may_save_finish(
+    target_len: int,
+    *,
+    max_tokens: int | None,
+    n_ctx: int,
+    prefill_only: bool,
+    policy: CachePolicy,
+) -> bool:
+    """Whether a request's finish save can be taken at all (:meth:`SaveSchedule.finish_due`):
+    always for ``prefill_only``, else when the longest transcript it may commit
+    (its target and all but the last of ``max_tokens`` replies, within
+    ``n_ctx``) reaches ``min_tokens``. Only such a request keeps its target's
+    last logits: they are worth their memory (``n_vocab`` float32s) only to a
+    row that may be written.
+    """
+    if prefill_only:
+        return True
+    longest = n_ctx if max_tokens is None else min(n_ctx, target_len + max_tokens - 1)
+    return longest >= policy.min_tokens

@@ -7,7 +7,9 @@ the only part that holds up other sequences), builds the
 :class:`~llamad.model.cacheview.CacheView`, which writes synchronously
 (evict, shutdown) or through the writer pool. It keeps the keys of finish
 saves not yet reported published, so a next turn naming one as its
-``parent_key`` waits for it instead of missing it.
+``parent_key`` waits for it instead of missing it. A save by a request that
+kept its target's last logits (:attr:`ActiveRequest.prompt_logits`) carries
+them when its tokens reach that position.
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ class Saver:
         """Save ``slot`` whole; True when written (sync) or accepted (async)."""
         tokens = tuple(slot.kv)
         session = slot.session
+        logits = None if req is None else req.prompt_logits
+        if logits is not None and logits.position >= len(tokens):
+            logits = None
         job = SaveJob(
             reason=reason,
             key=namespace.key(tokens),
@@ -72,6 +77,7 @@ class Saver:
             request_id=None if req is None else req.request_id,
             session_id=None if session is None else session.session_id,
             deadline=deadline,
+            logits=logits,
         )
         try:
             state = self.backend.pack(slot.seq)

@@ -15,6 +15,10 @@ that has no logits. With ``batch_sensitive`` the logits also depend on how
 many rows the sequence had in that batch, as they do on a GPU where another
 batch shape runs other kernels: the core's held-back last token is what keeps
 warm and cold replies equal then.
+
+A row's logits (:meth:`StubBackend.row_logits`) are the candidates' scores in
+a float32 vector (every other token ``-inf``), and :meth:`StubBackend.sample`
+samples through them, so a row's kept logits sample exactly as its decode did.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import hashlib
 import math
 import random
 import struct
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -112,6 +117,8 @@ class StubBackend:
         self._chains: dict[int, list[bytes]] = {s: [] for s in range(n_seq_max)}
         self._outputs: dict[int, tuple[int, bytes]] = {}
         self.decoded: list[BatchPlan] = []
+        self.logits_sampled = 0
+        """Samples taken from given logits (:meth:`sample_logits`), not from a decode's row."""
         self.samplers_open = 0
         self.packs = 0
         self.unpacks = 0
@@ -180,8 +187,7 @@ class StubBackend:
             seen.setdefault(token, -float(i))
         return sorted(seen.items(), key=lambda kv: -kv[1])
 
-    def sample(self, sampler: SamplerHandle, row: int, logprobs: int | None) -> Sampled:
-        assert isinstance(sampler, StubSampler) and not sampler.closed
+    def row_logits(self, row: int) -> bytes:
         if row not in self._outputs:
             raise NoLogits(f"row {row} has no logits in the last decode")
         seq, digest = self._outputs[row]
@@ -189,6 +195,29 @@ class StubBackend:
         if self.rule is not None:
             forced = self.rule(self.tokens[seq]) % self._n_vocab
             cands = [(forced, 0.0)] + [(t, s - 1.0) for t, s in cands if t != forced]
+        vector = array("f", [-math.inf]) * self._n_vocab
+        for token, score in cands:
+            vector[token] = score
+        return vector.tobytes()
+
+    def sample(self, sampler: SamplerHandle, row: int, logprobs: int | None) -> Sampled:
+        return self._draw(sampler, self.row_logits(row), logprobs)
+
+    def sample_logits(self, sampler: SamplerHandle, logits: bytes, logprobs: int | None) -> Sampled:
+        self.logits_sampled += 1
+        return self._draw(sampler, logits, logprobs)
+
+    def _draw(self, sampler: SamplerHandle, logits: bytes, logprobs: int | None) -> Sampled:
+        assert isinstance(sampler, StubSampler) and not sampler.closed
+        if len(logits) != 4 * self._n_vocab:
+            raise NoLogits(f"{len(logits)} bytes of logits, the vocabulary has {self._n_vocab}")
+        vector = array("f", logits)
+        cands = sorted(
+            ((t, float(s)) for t, s in enumerate(vector) if s > -math.inf),
+            key=lambda ts: (-ts[1], ts[0]),
+        )
+        if not cands:
+            raise NoLogits("no token has a finite logit")
         norm = math.log(sum(math.exp(s) for _, s in cands))
         logps = [(t, s - norm) for t, s in cands]
         params = sampler.params

@@ -6,11 +6,14 @@ cache's own matching code (:class:`~llamad.cache.prefix.PrefixIndex` and
 the answers the real cache-meta gives (exact, prefix, a longer or diverging
 row to truncate, the nearest row on a miss). It counts pins so a test can
 check that every pin taken was returned, and it can hold asynchronous saves
-back (``defer_async``) to play a writer that has not finished yet.
+back (``defer_async``) to play a writer that has not finished yet. With
+``keep_logits=False`` it stores rows without the logits a save hands it, as
+rows written before rows kept logits (version 1 files) are.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 from collections.abc import Iterator, Sequence
@@ -22,7 +25,7 @@ from llamad.cache.lookup import Lookup, LookupPolicy, RowRef, choose_restore
 from llamad.cache.prefix import PrefixIndex
 from llamad.cache.tier_kind import TierKind
 from llamad.model.backend import PackedState
-from llamad.model.cacheview import CacheView
+from llamad.model.cacheview import CacheView, RowRead
 from llamad.model.savepoints import SaveJob
 
 __all__ = ["MemoryCache", "StoredRow"]
@@ -54,16 +57,19 @@ class MemoryCache:
         ctx_hash: bytes = b"\x22" * 32,
         policy: LookupPolicy | None = None,
         defer_async: bool = False,
+        keep_logits: bool = True,
     ) -> None:
         self._base = Namespace(fingerprint=fingerprint, quant=quant, ctx_hash=ctx_hash)
         self.policy = policy if policy is not None else LookupPolicy(common_min_tokens=1)
         self.defer_async = defer_async
+        self.keep_logits = keep_logits
         self.refuse_async = False
         self.rows: dict[bytes, StoredRow] = {}
         self.pending: list[StoredRow] = []
         self.saves: list[SaveJob] = []
         self.resolves: list[_Resolve] = []
         self.corrupt: set[bytes] = set()
+        self.reads = 0
         self.pins: dict[int, bytes] = {}
         self._index = PrefixIndex()
         self._pin_ids = itertools.count(1)
@@ -108,14 +114,15 @@ class MemoryCache:
         return answer
 
     @contextmanager
-    def read(self, row: RowRef) -> Iterator[memoryview | None]:
+    def read(self, row: RowRef) -> Iterator[RowRead | None]:
         stored = self.rows.get(row.key)
         if stored is None or row.key in self.corrupt:
             # As the real loader does: a damaged row is forgotten, never served.
             self.forget(row.key)
             yield None
             return
-        yield memoryview(stored.payload)
+        self.reads += 1
+        yield RowRead(memoryview(stored.payload), stored.job.logits)
 
     def checkin(self, pin: int | None) -> None:
         if pin is not None:
@@ -129,6 +136,8 @@ class MemoryCache:
         self.saves.append(job)
         if job.key in self.rows:
             return True
+        if not self.keep_logits:
+            job = dataclasses.replace(job, logits=None)
         stored = StoredRow(job, payload)
         if not job.sync and self.refuse_async:
             return False

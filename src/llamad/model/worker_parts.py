@@ -32,7 +32,7 @@ from llamad.cache.key import Namespace
 from llamad.cache.lookup import Lookup, RowRef
 from llamad.errors import ConfigError
 from llamad.model.backend import Backend, PackedState
-from llamad.model.cacheview import CacheView
+from llamad.model.cacheview import CacheView, RowRead
 from llamad.model.savepoints import SaveJob
 from llamad.model.status_board import LoadProgressWriter, load_progress_path
 from llamad.model.stub import StubBackend
@@ -262,7 +262,7 @@ class NoCache:
         return Lookup(None, None, 0, 0, None, False)
 
     @contextmanager
-    def read(self, row: RowRef) -> Iterator[memoryview | None]:
+    def read(self, row: RowRef) -> Iterator[RowRead | None]:
         yield None
 
     def checkin(self, pin: int | None) -> None:

@@ -17,6 +17,8 @@ from llamad.model.resolution import (
     decide_fresh,
     decide_sticky,
     explain_miss,
+    keeps_target_logits,
+    with_stored_logits,
 )
 from llamad.model.results import CacheHitKind
 from llamad.model.stub import StubBackend
@@ -67,6 +69,31 @@ def test_a_continuation_keeps_what_its_sequence_holds() -> None:
     assert (parked.kind, parked.keep, parked.read) == (CacheHitKind.CONTINUATION, 8, 8)
 
 
+def test_a_row_keeping_the_targets_last_logits_is_kept_whole_and_sampled_from() -> None:
+    exact = decide_fresh(10, lookup(10, row_tokens=14, kind=HitKind.COMMON), wants_logits=True)
+    assert exact.keep == 9 and not exact.stored_logits
+    res = with_stored_logits(exact, 10, 9, wants_logits=True)
+    assert (res.kind, res.keep, res.read, res.stored_logits) == (CacheHitKind.EXACT, 10, 10, True)
+    assert res.restore == exact.restore
+    # Logits of another position, no logits, or no sampling: as before.
+    assert with_stored_logits(exact, 10, 13, wants_logits=True) == exact
+    assert with_stored_logits(exact, 10, 8, wants_logits=True) == exact
+    assert with_stored_logits(exact, 10, None, wants_logits=True) == exact
+    only = decide_fresh(10, lookup(10), wants_logits=False)
+    assert with_stored_logits(only, 10, 9, wants_logits=False) == only
+    assert keeps_target_logits(only, 10, 9)  # prefill_only still keeps them for its save
+    # A partial row never holds the target's last position.
+    partial = decide_fresh(10, lookup(6), wants_logits=True)
+    assert not keeps_target_logits(partial, 10, 9)
+    assert with_stored_logits(partial, 10, 5, wants_logits=True) == partial
+    # The live KV of a sticky session is no row.
+    sticky = decide_sticky(10, 10, None, wants_logits=True)
+    assert with_stored_logits(sticky, 10, 9, wants_logits=True) == sticky
+    # A parked session's continuation restoring its whole target may.
+    parked = decide_continue(0, 10, lookup(10), wants_logits=True)
+    assert with_stored_logits(parked, 10, 9, wants_logits=True).keep == 10
+
+
 def test_common_prefix_counts_shared_leading_tokens() -> None:
     assert common_prefix([1, 2, 3, 4], [1, 2, 9]) == 2
     assert common_prefix([], [1]) == 0
@@ -90,10 +117,11 @@ def batch_lengths_with_logits(backend: StubBackend) -> list[int]:
     return [len(s.tokens) for p in backend.decoded for s in p.spans if s.want_logits]
 
 
+@pytest.mark.parametrize("keep_logits", [True, False], ids=["row_keeps_logits", "primer"])
 @pytest.mark.parametrize("batch_sensitive", [False, True])
-def test_an_exact_hit_reproduces_the_cold_reply(batch_sensitive: bool) -> None:
+def test_an_exact_hit_reproduces_the_cold_reply(batch_sensitive: bool, keep_logits: bool) -> None:
     backend = StubBackend(n_ctx=1024, n_batch=64, n_seq_max=2, batch_sensitive=batch_sensitive)
-    h = make(backend=backend)
+    h = make(backend=backend, cache=MemoryCache(keep_logits=keep_logits))
     p = prompt(50)
     cold = h.complete("cold", p, max_tokens=12)
     warm = h.complete("warm", p, max_tokens=12)
@@ -101,8 +129,11 @@ def test_an_exact_hit_reproduces_the_cold_reply(batch_sensitive: bool) -> None:
     assert warm.cache_hit_kind is CacheHitKind.EXACT
     assert warm.generated == cold.generated
     assert warm.reply == cold.reply
-    # Prefill skipped: only the held-back last token was decoded again.
-    assert (cold.stats.prefill_tokens, warm.stats.prefill_tokens) == (50, 1)
+    # Prefill skipped: a row keeping the prompt's last logits samples the first
+    # token from them; a row without (an older file) decodes the held-back
+    # last token again.
+    assert (cold.stats.prefill_tokens, warm.stats.prefill_tokens) == (50, 0 if keep_logits else 1)
+    assert backend.logits_sampled == (1 if keep_logits else 0)
     assert warm.cache_delta.read == 50
     assert warm.cache_miss is None
     # Every logits row, cold or warm, came from a one-token span.

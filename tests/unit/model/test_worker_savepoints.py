@@ -108,7 +108,9 @@ def test_prefill_only_saves_the_prompt_whatever_its_length_and_then_hits() -> No
     assert saves(h.cache) == [(SaveReason.FINISH, 5)]
     hit = h.complete("b", p, max_tokens=3)
     assert hit.cache_hit_kind is CacheHitKind.EXACT
-    assert hit.stats.prefill_tokens == 1
+    # prefill_only decoded the prompt's last token alone and kept its logits:
+    # the hit samples its first token from them and decodes no prompt token.
+    assert hit.stats.prefill_tokens == 0
     again = h.complete("c", p, prefill_only=True)
     # Already cached whole: nothing decoded, nothing saved, the key reported.
     assert again.stats.prefill_tokens == 0 and again.finish_key == warm.finish_key

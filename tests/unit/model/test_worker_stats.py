@@ -8,6 +8,7 @@ from worker_harness import Clock, make, prompt
 from llamad.model.planner import BatchPlan
 from llamad.model.results import CacheHitKind
 from llamad.model.stub import StubBackend
+from llamad.model.stub_cache import MemoryCache
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -28,7 +29,10 @@ class SlowBackend(StubBackend):
 
 def test_prefill_ms_counts_the_decode_that_computes_the_first_tokens_logits() -> None:
     clock = Clock()
-    h = make(backend=SlowBackend(clock), clock=clock, chunk=16)
+    # Rows without kept logits: the warm path decodes the held-back token.
+    h = make(
+        backend=SlowBackend(clock), clock=clock, chunk=16, cache=MemoryCache(keep_logits=False)
+    )
     # 20 tokens: 16, then 3, then the held-back last token alone: three decodes.
     cold = h.complete("cold", prompt(20), max_tokens=3)
     assert cold.cache_hit_kind is CacheHitKind.COLD
