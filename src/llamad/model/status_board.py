@@ -266,7 +266,10 @@ class LoadProgressWriter:
             self._last = fraction
             tmp = self.path.with_name(f".{self.path.name}.{self._pid}.tmp")
             try:
-                tmp.write_bytes(_ENCODER.encode(LoadProgress(self._pid, fraction)))
+                # 0600 like the status board beside it (the runtime dir is private).
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(_ENCODER.encode(LoadProgress(self._pid, fraction)))
                 os.replace(tmp, self.path)
             except OSError:
                 with contextlib.suppress(OSError):
