@@ -130,7 +130,11 @@ class Registration:
         )
         final = self.registry.root / f"{self.name}.json"
         tmp = final.with_name(f".{self.name}.json.{me.pid}.tmp")
-        tmp.write_bytes(msgspec.json.encode(entry))
+        # 0600 from creation, like every file of the runtime dir: the record
+        # names the actor's pid and endpoints, nobody else's business.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(msgspec.json.encode(entry))
         os.replace(tmp, final)
         self.entry = entry
         return entry

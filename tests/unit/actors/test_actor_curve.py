@@ -274,6 +274,17 @@ def test_an_ipc_socket_file_is_0600(registry: Registry) -> None:
     assert registry.root.stat().st_mode & 0o777 == 0o700
 
 
+def test_a_registry_record_is_0600_whatever_the_umask(registry: Registry) -> None:
+    old = os.umask(0o022)
+    try:
+        with serving(Actor("toy", registry=registry)):
+            record = registry.root / "toy.json"
+            assert record.stat().st_mode & 0o777 == 0o600
+            assert registry.lookup("toy") is not None
+    finally:
+        os.umask(old)
+
+
 def _as_nobody(target: Callable[[], str]) -> str:
     """Run ``target`` in a forked child as uid/gid 65534; its one-line result."""
     read, write = os.pipe()
