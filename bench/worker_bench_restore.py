@@ -131,17 +131,19 @@ def main() -> int:
             view.checkin(got.row.pin)
 
         def read() -> None:
-            with view.read(row) as payload:
-                assert payload is not None
+            with view.read(row) as got_row:
+                assert got_row is not None
 
         def crc() -> None:
-            with view.read(row) as payload:  # mapped already: the CRC is re-run below
-                assert payload is not None
+            with view.read(row) as got_row:  # mapped already: the CRC is re-run below
+                assert got_row is not None
+                payload = got_row.payload
                 crc32c.crc32c(payload)
 
         def unpack() -> None:
-            with view.read(row) as payload:
-                assert payload is not None
+            with view.read(row) as got_row:
+                assert got_row is not None
+                payload = got_row.payload
                 ctx.unpack_seq(1, payload)
             ctx.seq_remove(1)
 
@@ -152,8 +154,9 @@ def main() -> int:
             got = view.resolve(ns, tokens, parent_key=None, wait_s=0.0)
             assert got.row is not None
             try:
-                with view.read(got.row) as payload:
-                    assert payload is not None
+                with view.read(got.row) as got_row:
+                    assert got_row is not None
+                    payload = got_row.payload
                     ctx.unpack_seq(1, payload)
                 ctx.seq_remove(1, N_TOKENS - 1)
             finally:
@@ -257,8 +260,9 @@ def main() -> int:
                 fn()
                 return times[name].pop() / 1e3
             if name == "truncate":  # a restored sequence to cut
-                with view.read(row) as payload:
-                    assert payload is not None
+                with view.read(row) as got_row:
+                    assert got_row is not None
+                    payload = got_row.payload
                     ctx.unpack_seq(1, payload)
             t0 = time.perf_counter()
             fn()

@@ -113,7 +113,9 @@ def test_cold_then_exact_hit_on_the_real_model_through_the_real_cache(
     warm = worker.complete("warm", tokens, max_tokens=12)
     assert warm.cache_hit_kind is CacheHitKind.EXACT
     assert warm.reply == cold.reply and warm.generated == cold.generated
-    assert warm.stats.prefill_tokens == 1  # only the held-back last prompt token
+    # The finish row keeps the prompt's last logits: nothing decoded before
+    # the first token (tests/integration/model/test_stored_logits_backend.py).
+    assert warm.stats.prefill_tokens == 0
     assert warm.cache_delta.read == len(tokens)
     assert worker.view.stats.reads_mapped == 1
 

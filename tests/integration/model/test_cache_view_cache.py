@@ -312,8 +312,9 @@ def test_a_row_in_a_tier_this_model_does_not_restore_from_is_a_miss_and_unpinned
         assert admin.status()["pins"] == 0
         hit = writer.resolve(writer.namespace(None), tokens, parent_key=None, wait_s=0)
         assert hit.row is not None and hit.row.tier is TierKind.DISK
-        with writer.read(hit.row) as payload:
-            assert payload is not None and bytes(payload) == bytes(packed(tokens).data)
+        with writer.read(hit.row) as got:
+            assert got is not None and bytes(got.payload) == bytes(packed(tokens).data)
+            assert got.logits is None  # this save kept none
         writer.checkin(hit.row.pin)
         assert writer.stats.reads_copied == 1
         assert admin.status()["pins"] == 0

@@ -94,8 +94,9 @@ def restore_and_continue(
     found = view.resolve(ns, [*packed.head, packed.last], parent_key=None, wait_s=0.0)
     assert found.row is not None and found.use_tokens == len(packed.head)
     try:
-        with view.read(found.row) as payload:
-            assert payload is not None and payload.nbytes == packed.nbytes
+        with view.read(found.row) as got:
+            assert got is not None and got.payload.nbytes == packed.nbytes
+            payload = got.payload
             readonly = payload.readonly
             ctx.unpack_seq(1, payload)
     finally:

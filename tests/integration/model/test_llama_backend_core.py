@@ -56,10 +56,11 @@ def test_exact_hit_replays_the_cold_reply_without_prefilling(model: Model, worke
     assert warm.cache_hit_kind is CacheHitKind.EXACT
     assert warm.generated == cold.generated
     assert warm.reply == cold.reply
-    # Only the held-back last prompt token is decoded again, then one row per
-    # generated token but the last (sampled, never decoded).
-    assert warm.stats.prefill_tokens == 1
-    assert worker.backend.rows_for(0) == 1 + len(warm.generated) - 1
+    # The finish row keeps the prompt's last logits: no prompt token is decoded
+    # again (the first token is sampled from them), then one row per generated
+    # token but the last (sampled, never decoded).
+    assert warm.stats.prefill_tokens == 0
+    assert worker.backend.rows_for(0) == len(warm.generated) - 1
     assert cold_rows == len(prompt) + len(cold.generated) - 1
     assert warm.cache_delta.read == len(prompt)
 
