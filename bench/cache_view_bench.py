@@ -156,8 +156,9 @@ def main() -> int:
                 found = to_ram.resolve(ns, tokens, parent_key=None, wait_s=0.0)
                 assert found.row is not None and found.row.tier is tier
                 try:
-                    with to_ram.read(found.row) as payload:
-                        assert payload is not None
+                    with to_ram.read(found.row) as got_row:
+                        assert got_row is not None
+                        payload = got_row.payload
                         if unpack_too:
                             ctx.unpack_seq(1, payload)
                 finally:
