@@ -29,8 +29,11 @@ not another row's 47 MB write on the same two cores.
 
 Beside each path the report shows where the time went: the worker's own
 ``stats`` (queue, restore, prefill: on a warm path the held-back last token
-decoded alone) and, from the worker's status board, that last decode's
-duration and thread count (the M14 governor chooses it).
+decoded alone, unless the row keeps the logits of the prompt's end and the
+first token is sampled from them, SPEC M3's memoised primer) and, from the
+worker's status board, that last decode's duration and thread count (the M14
+governor chooses it; ``-`` when the request decoded nothing) and whether the
+first token came from stored logits.
 
 **Decode** tok/s is measured on the client from token arrival times, over
 the window in which every stream of a scenario is decoding (from the last
@@ -213,9 +216,12 @@ def drop_pages(path: str) -> None:
 def ttft(tree: Tree, name: str, client: WorkerClient, tokens: list[int]) -> Ttft:
     """Client send to first token event, one greedy token; then, once the
     worker is idle, the duration of its last decode (the one that computed
-    the first token's logits) from its status board."""
+    the first token's logits) from its status board, or none when the first
+    token was sampled from the logits its restored row keeps (the board's
+    tick and stored-logits counts, read before and after, tell which)."""
     from llamad.model.results import TokenEvent  # noqa: PLC0415
 
+    before = tree.wait_idle(name).status
     t0 = time.perf_counter()
     first = None
     stream = client.infer(tokens, max_tokens=1, temperature=0.0)
@@ -225,7 +231,15 @@ def ttft(tree: Tree, name: str, client: WorkerClient, tokens: list[int]) -> Ttft
     result = stream.result
     assert first is not None and result is not None, "no token before the stream ended"
     snap = tree.wait_idle(name)
-    return Ttft((first - t0) * 1e3, result, snap.last_tick_ms, threads_of(snap))
+    decoded = snap.status.ticks > before.ticks
+    from_logits = snap.status.stored_logits_hits > before.stored_logits_hits
+    return Ttft(
+        (first - t0) * 1e3,
+        result,
+        snap.last_tick_ms if decoded else 0.0,
+        threads_of(snap) if decoded else None,
+        from_logits=from_logits,
+    )
 
 
 def prompt_tokens(client: WorkerClient, n: int, nonce: str) -> list[int]:

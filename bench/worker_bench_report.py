@@ -67,8 +67,10 @@ class Ttft:
 
     ms: float
     result: Completion
-    last_decode_ms: float
-    threads: int | None  # of that decode (None: not governed)
+    last_decode_ms: float  # 0.0: the request decoded nothing
+    threads: int | None  # of that decode (None: not governed, or no decode)
+    from_logits: bool = False
+    """The first token was sampled from the logits the restored row keeps."""
 
 
 @dataclass
@@ -89,6 +91,13 @@ def threads_of(snap: WorkerSnapshot) -> int | None:
     """The thread count of the worker's last decode, if its threads are governed."""
     status = getattr(snap, "threads", None)  # absent before the M14 wiring
     return None if status is None else int(status.threads)
+
+
+def first_token_source(runs: Sequence[Ttft]) -> str:
+    """``yes``, ``no``, or in how many rounds the first token was sampled from
+    the logits its restored row keeps (no decode before it)."""
+    n = sum(t.from_logits for t in runs)
+    return "yes" if n == len(runs) else "no" if n == 0 else f"{n}/{len(runs)} rounds"
 
 
 @dataclass
@@ -126,18 +135,20 @@ def report(rounds: list[Round], settings: str) -> str:
         for n in SIZES:
             total = median(ms(path, n))
             parts = [stat(path, n, k) for k in ("queue_ms", "restore_ms", "prefill_ms")]
-            last = median([r.ttft[path, n].last_decode_ms for r in rounds])
-            threads = sorted({str(r.ttft[path, n].threads) for r in rounds})
-            prefill = [float(r.ttft[path, n].result.stats.prefill_tokens) for r in rounds]
+            runs = [r.ttft[path, n] for r in rounds]
+            decodes = [t.last_decode_ms for t in runs if not t.from_logits]
+            threads = sorted({str(t.threads) for t in runs if not t.from_logits})
+            prefill = [float(t.result.stats.prefill_tokens) for t in runs]
             where_rows.append(
                 [
                     path,
                     n,
                     f"{total:.2f}",
                     *(f"{p:.2f}" for p in parts),
-                    f"{last:.2f}",
-                    "/".join(threads).replace("None", "-"),
+                    f"{median(decodes):.2f}" if decodes else "-",
+                    "/".join(threads).replace("None", "-") or "-",
                     f"{median(prefill):.0f}",
+                    first_token_source(runs),
                     f"{total - sum(parts):.2f}",
                 ]
             )
@@ -152,6 +163,7 @@ def report(rounds: list[Round], settings: str) -> str:
             "of which the first token's decode, ms",
             "its threads",
             "tokens prefilled",
+            "first token from stored logits",
             "rest, ms",
         ],
         where_rows,
@@ -225,9 +237,11 @@ def report(rounds: list[Round], settings: str) -> str:
         f"{settings}\n\n### TTFT\n\n{ttft_table}\n\n"
         "Where the time goes (medians over rounds). `queue_ms`, `restore_ms` (lookup, read, "
         "unpack, truncate) and `prefill_ms` (until the first token's logits: on a warm "
-        "path the held-back last prompt token decoded alone, on the cold path the whole "
-        "prefill) are the worker's own `stats`; the first token's decode is the last "
-        "`llama_decode` of the request, read from the worker's status board; rest = client "
+        "path the held-back last prompt token decoded alone, or nothing when the row keeps "
+        "the logits of the prompt's end and the first token is sampled from them, on the "
+        "cold path the whole prefill) are the worker's own `stats`; the first token's decode "
+        "is the last `llama_decode` of the request, read from the worker's status board "
+        "(`-`: the request decoded nothing); rest = client "
         "TTFT less the three stats (sending, admission, sampling, delivering the event); each "
         "column is its own median over rounds, so a row need not add up exactly:\n\n"
         f"{where_table}\n\n### Decode\n\n{decode_table}\n\n### Bars\n\n{bar_table}\n"

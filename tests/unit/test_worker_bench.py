@@ -6,6 +6,7 @@ import importlib
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -84,3 +85,60 @@ def test_a_recorded_run_needs_at_least_five_rounds() -> None:
     )
     assert proc.returncode == 2
     assert "--rounds >= 5" in proc.stderr
+
+
+def synthetic_round(from_logits: bool) -> Any:
+    from llamad.model.results import (  # noqa: PLC0415
+        CacheHitKind,
+        Completion,
+        FinishReason,
+        Stats,
+    )
+
+    def done(prefill: int) -> Completion:
+        return Completion(
+            reply="x",
+            generated=[1],
+            context_tokens=[1],
+            committed_tokens=1,
+            cache_hit_kind=CacheHitKind.EXACT,
+            finish_reason=FinishReason.LENGTH,
+            stats=Stats(prefill_tokens=prefill, restore_ms=12.0, prefill_ms=0.5),
+        )
+
+    r = report.Round()
+    for path in report.TTFT_PATHS:
+        for n in report.SIZES:
+            if path.startswith("cold"):
+                r.ttft[path, n] = report.Ttft(7000.0, done(n), 33.0, 2)
+            elif from_logits and path.startswith("ram"):
+                r.ttft[path, n] = report.Ttft(14.0, done(0), 0.0, None, from_logits=True)
+            else:
+                r.ttft[path, n] = report.Ttft(48.0, done(1), 33.0, 2)
+    arrivals = [[i / 64 for i in range(11)]]
+    for s in report.SCENARIOS:
+        r.decode[s] = report.Decode(arrivals, ["length"], {"ram": 2})
+    return r
+
+
+def where_row(text: str, path: str, n: int) -> list[str]:
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) > 2 and cells[0] == path and cells[1] == str(n):
+            return cells
+    raise AssertionError(f"no row for {path} {n}")
+
+
+def test_a_first_token_from_stored_logits_shows_no_decode_of_its_own() -> None:
+    # A warm hit sampled from its row's logits decodes nothing: the board's
+    # last decode is another request's, and the report must not show it.
+    text = report.report([synthetic_round(True), synthetic_round(True)], "settings")
+    ram = where_row(text, "ram", 2048)
+    cold = where_row(text, "cold", 2048)
+    disk = where_row(text, "disk", 2048)
+    # decode ms, its threads, tokens prefilled, first token from stored logits
+    assert ram[6:10] == ["-", "-", "0", "yes"]
+    assert cold[6:10] == ["33.00", "2", "2048", "no"]
+    assert disk[6:10] == ["33.00", "2", "1", "no"]
+    mixed = report.report([synthetic_round(True), synthetic_round(False)], "settings")
+    assert where_row(mixed, "ram", 2048)[9] == "1/2 rounds"
