@@ -1,0 +1,518 @@
+"""Load and soak (issue 10): a real daemon, 16 clients, a worker SIGKILLed every minute.
+
+    python -m bench.soak      # 10 minutes; records bench/results/soak-<date>.md and plots
+    python -m bench.soak --minutes 1 --kill-every 20 --no-record  # a quick check
+
+``python -m llamad.daemon`` over a private temporary directory serves the
+default model twice (``a``: n_ctx 4096, ``b``: n_ctx 2048; one thread each,
+``n_seq_max`` 4) with small ``ram`` and ``disk`` quotas, so rows are evicted
+all along. 12 threads with a blocking ``Client`` each and 4 tasks sharing an
+``AsyncClient`` send a mix (:mod:`bench.soak_load`): completions, streams
+read to the end, streams left after a few tokens (``break``) or cancelled
+(``stream.cancel()``), sessions (``session_id``, ``continue``,
+``end_session``), stateless resends with ``parent_key``, embeddings and
+tokenize. A killer SIGKILLs one model's worker every ``--kill-every`` seconds,
+the models in turn: each model loses a worker every two periods, inside the
+front's window (a model is given up past 3 restarts in 60 s).
+
+Every 5 s a sampler walks the daemon's process tree through ``/proc`` and
+records each process's RSS, its own RSS (less the weights and shared
+memory; see :mod:`bench.soak_report`), open fds and threads. At the end the
+script judges the bars (:func:`bench.soak_report.judge`), writes the result
+file and two plots (``--no-plot`` without matplotlib).
+
+The killer's kills are the only faults: every error a client sees must be a
+typed ``LlamadError`` whose code :data:`bench.soak_report.EXPECTED_CODES`
+explains, and every request must end with exactly one terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from bench import soak_report
+from bench.common import RESULTS, machine, record
+from bench.soak_load import Load, Vocab, Worker, build_vocab, run_async_clients
+from bench.soak_report import Kill, Ledger, Sample, Windows
+from llamad import Client, paths
+from llamad.actors import Registry
+
+MODELS = {"a": 4096, "b": 2048}  # model id -> n_ctx
+THREADS = 12
+ASYNC_TASKS = 4
+SAMPLE_EVERY_S = 5.0
+
+
+# -- the daemon ----------------------------------------------------------------------
+
+
+class SoakDaemon:
+    """``python -m llamad.daemon --config FILE`` over a private directory."""
+
+    def __init__(self, ram_quota: str, disk_quota: str) -> None:
+        self.base = Path(tempfile.mkdtemp(prefix="lsk-", dir="/tmp"))
+        self.runtime = self.base / "run"
+        self.runtime.mkdir(mode=0o700)
+        self.endpoint = f"ipc://{self.runtime}/llamad.sock"
+        self.registry = Registry(self.runtime / "actors")
+        models = "".join(
+            f"""
+[models.{mid}]
+path = "default"
+n_ctx = {n_ctx}
+n_batch = 512
+n_seq_max = 4
+n_threads = 1
+n_threads_batch = 1
+"""
+            for mid, n_ctx in MODELS.items()
+        )
+        self.config = self.base / "llamad.toml"
+        self.config.write_text(
+            f"""
+[daemon]
+runtime_dir = "{self.runtime}"
+state_dir = "{self.base / "state"}"
+log_format = "json"
+log_level = "warning"
+[cache]
+instance = "k{uuid.uuid4().hex[:10]}"
+[cache.ram]
+quota = "{ram_quota}"
+[cache.ram_file]
+quota = 0
+[cache.disk]
+quota = "{disk_quota}"
+[cache.policy]
+min_tokens = 16
+cold_min_tokens = 16
+boundary_trim_tokens = 0
+boundary_align_tokens = 16
+session_resume_wait_ms = 5000
+[cache.lookup]
+common_min_tokens = 16
+[security]
+model_dirs = ["{paths.default_model_path().parent}"]
+{models}"""
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        keep = ("LLAMAD_CACHE_DIR", "LLAMAD_DEFAULT_MODEL")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMAD_") or k in keep}
+        with (self.base / "daemon.log").open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "llamad.daemon", "--config", str(self.config)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env=env,
+            )
+        deadline = time.monotonic() + 180
+        with Client(self.endpoint, timeout=180, connect_timeout=2) as c:
+            for model in MODELS:
+                while True:
+                    try:
+                        c.tokenize(model, "ready")
+                        break
+                    except Exception:
+                        if time.monotonic() > deadline or self.proc.poll() is not None:
+                            raise
+                        time.sleep(0.2)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def worker_pid(self, model: str) -> int | None:
+        entry = self.registry.lookup(f"model.{model}")
+        return entry.pid if entry is not None else None
+
+    def log_problems(self) -> int:
+        """Log lines at level error or critical."""
+        text = (self.base / "daemon.log").read_text(errors="replace")
+        return sum(
+            1
+            for line in text.splitlines()
+            if '"level": "error"' in line or '"level": "critical"' in line
+        )
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+            return None
+
+
+@contextmanager
+def soak_daemon(ram_quota: str, disk_quota: str, keep: bool) -> Iterator[SoakDaemon]:
+    d = SoakDaemon(ram_quota, disk_quota)
+    try:
+        d.start()
+        yield d
+    finally:
+        d.stop()
+        if keep:
+            print(f"kept {d.base}", file=sys.stderr)
+        else:
+            shutil.rmtree(d.base, ignore_errors=True)
+
+
+# -- /proc ---------------------------------------------------------------------------
+
+
+def children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            out += [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+    except OSError:
+        pass
+    return out
+
+
+def tree(root: int) -> list[int]:
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children(pid)
+    return out
+
+
+def role(pid: int, root: int) -> str:
+    if pid == root:
+        return "root"
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    if b"--id" in args:
+        return args[args.index(b"--id") + 1].decode()
+    return f"other:{pid}"
+
+
+def status_fields(text: str) -> dict[str, int]:
+    """``VmRSS``, ``RssShmem`` (kB) and ``Threads`` from ``/proc/PID/status``."""
+    out = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "RssShmem", "Threads"):
+            out[key] = int(value.split()[0])
+    return out
+
+
+def gguf_rss_kb(smaps: str) -> int:
+    """Resident kB of every mapping of a ``.gguf`` file in ``/proc/PID/smaps``."""
+    total, in_gguf = 0, False
+    for line in smaps.splitlines():
+        if line[:1] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
+            in_gguf = line.rstrip().endswith(".gguf")
+        elif in_gguf and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+def fd_kinds(pid: int) -> Counter[str]:
+    """What ``pid``'s open fds are: sockets, pipes, anon inodes by kind, files by
+    name with long hex and digit runs folded (row files of one kind count together)."""
+    out: Counter[str] = Counter()
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return out
+    for fd in names:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        kind = target.split(":[", 1)[0] if target.startswith(("socket:", "pipe:")) else target
+        out[re.sub(r"[0-9a-f]{8,}|[0-9]+", "*", kind)] += 1
+    return out
+
+
+def sample(pid: int, root: int, t: float) -> Sample | None:
+    try:
+        st = status_fields(Path(f"/proc/{pid}/status").read_text())
+        gguf = gguf_rss_kb(Path(f"/proc/{pid}/smaps").read_text())
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+        name = role(pid, root)
+    except (OSError, ValueError, IndexError):
+        return None  # gone between the walk and the read
+    rss = st.get("VmRSS", 0)
+    return Sample(t, pid, name, rss, rss - st.get("RssShmem", 0) - gguf, fds, st.get("Threads", 0))
+
+
+class Sampler(threading.Thread):
+    def __init__(self, root: int, t0: float, stop: threading.Event) -> None:
+        super().__init__(name="soak-sampler", daemon=True)
+        self.root, self.t0, self.stop = root, t0, stop
+        self.samples: list[Sample] = []
+        self.load: list[float] = []
+        self.fds: dict[tuple[float, int], Counter[str]] = {}  # (t, pid) -> fd kinds
+
+    def once(self) -> None:
+        t = time.monotonic() - self.t0
+        self.load.append(os.getloadavg()[0])
+        for pid in tree(self.root):
+            if (s := sample(pid, self.root, t)) is not None:
+                self.samples.append(s)
+                self.fds[(t, pid)] = fd_kinds(pid)
+
+    def run(self) -> None:
+        while True:
+            self.once()
+            if self.stop.wait(SAMPLE_EVERY_S):
+                return
+
+
+# -- the killer ----------------------------------------------------------------------
+
+
+class Killer(threading.Thread):
+    """SIGKILL a model's worker every ``every`` seconds, the models in turn."""
+
+    def __init__(self, daemon: SoakDaemon, every: float, t0: float, until: float) -> None:
+        super().__init__(name="soak-killer", daemon=True)
+        self.d, self.every, self.t0, self.until = daemon, every, t0, until
+        self.kills: list[Kill] = []
+
+    def run(self) -> None:
+        models = list(MODELS)
+        n = 0
+        # No kill in the run's last seconds: every kill's worker is seen back
+        # (and its requests' outcomes counted) before the load stops.
+        while (at := self.every * (n + 1)) < self.until - 5:
+            time.sleep(max(0.0, self.t0 + at - time.monotonic()))
+            model = models[n % len(models)]
+            n += 1
+            pid = self.d.worker_pid(model)
+            if pid is None:
+                continue  # not back from an earlier kill: the kill is skipped, and shows
+            t = time.monotonic()
+            os.kill(pid, signal.SIGKILL)
+            back = None
+            while time.monotonic() < t + 120:
+                new = self.d.worker_pid(model)
+                if new is not None and new != pid:
+                    back = time.monotonic() - t
+                    break
+                time.sleep(0.05)
+            self.kills.append(Kill(t - self.t0, model, pid, back))
+
+
+# -- plots ---------------------------------------------------------------------------
+
+
+def plot(samples: list[Sample], kills: list[Kill], w: Windows, stem: Path) -> list[Path]:
+    # Imported here: matplotlib is a dev extra, and --no-plot runs without it.
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    roles = sorted({s.role for s in samples})
+    colors = {r: plt.get_cmap("tab10")(i % 10) for i, r in enumerate(roles)}
+
+    def series(ax: object, value: str, ylabel: str) -> None:
+        for r in roles:
+            for pid in sorted({s.pid for s in samples if s.role == r}):
+                pts = [s for s in samples if s.pid == pid and s.role == r]
+                first = pid == min(s.pid for s in samples if s.role == r)
+                ax.plot(  # type: ignore[attr-defined]
+                    [s.t for s in pts],
+                    [getattr(s, value) / (1024 if value.endswith("_kb") else 1) for s in pts],
+                    color=colors[r],
+                    label=r if first else None,
+                    marker=".",
+                    markersize=3,
+                )
+        for k in kills:
+            ax.axvline(k.t, color="red", alpha=0.3, linestyle="--")  # type: ignore[attr-defined]
+        ax.axvspan(0, w.warmup, color="grey", alpha=0.1)  # type: ignore[attr-defined]
+        ax.set_ylabel(ylabel)  # type: ignore[attr-defined]
+        ax.grid(alpha=0.3)  # type: ignore[attr-defined]
+
+    out = []
+    fig, axes = plt.subplots(2, 1, figsize=(11, 8), sharex=True)
+    series(axes[0], "own_kb", "own RSS (MB): less .gguf and shmem")
+    series(axes[1], "rss_kb", "RSS (MB)")
+    axes[0].set_title("llamad processes; dashed red: a worker SIGKILLed; grey: warm-up")
+    axes[0].legend(loc="upper left", fontsize=8, ncol=4)
+    axes[1].set_xlabel("seconds since the load began")
+    out.append(stem.with_name(stem.name + "-rss.png"))
+    fig.tight_layout()
+    fig.savefig(out[-1], dpi=90)
+    plt.close(fig)
+    fig, axes = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
+    series(axes[0], "fds", "open fds")
+    series(axes[1], "threads", "threads")
+    axes[0].set_title("fds and threads per llamad process")
+    axes[0].legend(loc="upper left", fontsize=8, ncol=4)
+    axes[1].set_xlabel("seconds since the load began")
+    out.append(stem.with_name(stem.name + "-fds-threads.png"))
+    fig.tight_layout()
+    fig.savefig(out[-1], dpi=90)
+    plt.close(fig)
+    return out
+
+
+# -- the run -------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace) -> int:
+    duration = args.minutes * 60
+    warmup = args.warmup if args.warmup is not None else min(120.0, duration / 5)
+    span = min(30.0, duration / 10)
+    # Each model loses a worker every two periods: compare fresh workers at
+    # an age every one of them reaches (loading takes some of the period).
+    age = args.kill_every
+    ledger = Ledger()
+    stop_load, stop_watch = threading.Event(), threading.Event()
+    load_start = os.getloadavg()
+    with soak_daemon(args.ram_quota, args.disk_quota, args.keep) as d:
+        with Client(d.endpoint, timeout=60) as c:
+            vocab: Vocab = build_vocab(c, next(iter(MODELS)))
+        t0 = time.monotonic()
+        sampler = Sampler(d.pid, t0, stop_watch)
+        killer = Killer(d, args.kill_every, t0, duration)
+        load = Load(d.endpoint, list(MODELS), vocab, ledger, stop_load)
+        workers = [Worker(n, load) for n in range(THREADS)]
+        threads = [threading.Thread(target=w.run, name=f"soak-{w.n}", daemon=True) for w in workers]
+        threads.append(
+            threading.Thread(
+                target=run_async_clients,
+                args=(ASYNC_TASKS, load),
+                name="soak-async",
+                daemon=True,
+            )
+        )
+        sampler.start()
+        killer.start()
+        for t in threads:
+            t.start()
+        while (left := t0 + duration - time.monotonic()) > 0:
+            time.sleep(min(left, 10))
+            done = ledger.summary().total
+            print(
+                f"  {time.monotonic() - t0:5.0f} s: {done.started} started, {done.served} served, "
+                f"{done.errors} errors, {len(killer.kills)} kills",
+                flush=True,
+            )
+        killer.join(130)
+        stop_load.set()
+        deadline = time.monotonic() + 150  # a stuck request ends at its 120 s timeout
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        stuck = [t.name for t in threads if t.is_alive()]
+        stop_watch.set()
+        sampler.join(10)
+        end_t = time.monotonic() - t0
+        sampler.once()
+        with Client(d.endpoint, timeout=60) as c:
+            infos = {m: c.model_info(m) for m in MODELS}
+            counters = c.counters()
+        problems = d.log_problems()
+        exit_code = d.stop()
+    summary = ledger.summary()
+    w = Windows(warmup=warmup, span=span, end=end_t, age=age)
+    grown, missing = soak_report.growths(sampler.samples, w)
+    failed = [f"{m} ({i.error})" for m, i in infos.items() if i.state.value == "failed"]
+    bars = soak_report.judge(summary, grown, missing, killer.kills, failed)
+    fd_notes = {}
+    for g in grown:
+        pair = soak_report.fd_samples(sampler.samples, g.role, w)
+        if g.fds_end > g.fds_ref and pair is not None:
+            before, after = (sampler.fds.get((s.t, s.pid), Counter()) for s in pair)
+            fd_notes[g.role] = soak_report.fd_diff(before, after)
+    settings = {
+        "duration": f"{end_t:.0f} s of load ({args.minutes} min asked), warm-up {warmup:.0f} s, "
+        f"windows {span:.0f} s, fresh workers compared at age {age:.0f} s",
+        "daemon": "python -m llamad.daemon, default model twice: "
+        + ", ".join(f"{m} n_ctx {n}" for m, n in MODELS.items())
+        + f"; n_seq_max 4, 1 thread each; ram quota {args.ram_quota}, "
+        f"disk {args.disk_quota}, ram_file off",
+        "clients": f"{THREADS} threads with a Client each + {ASYNC_TASKS} tasks on one AsyncClient "
+        "(timeout 120 s, idle 60 s, connect 60 s)",
+        "kills": f"SIGKILL a worker every {args.kill_every:.0f} s, models in turn",
+        "load average (1 min)": f"{load_start[0]:.2f} at start; during the run median "
+        f"{statistics.median(sampler.load):.2f}, max {max(sampler.load):.2f}",
+        "cache": ", ".join(
+            f"{k} {counters.get(k, 0)}"
+            for k in (
+                "hits_exact",
+                "hits_resume",
+                "hits_longest_prefix",
+                "misses",
+                "evictions",
+                "saves_dropped",
+            )
+        ),
+        "front's view at the end": "; ".join(
+            f"{m} {i.state.value}, {i.restarts} restarts" for m, i in infos.items()
+        ),
+        "daemon exit": f"exit {exit_code} on SIGTERM; {problems} log lines at error or above",
+        "client threads still running at the end": ", ".join(stuck) or "none",
+    }
+    for b in bars:
+        print(f"{b.verdict:>12}  {b.name}: {b.value}")
+    plots: list[Path] = []
+    day = machine()["date"][:10]
+    if not args.no_plot:
+        stem = (
+            RESULTS / f"soak-{day}" if args.record else Path(tempfile.gettempdir()) / f"soak-{day}"
+        )
+        plots = plot(sampler.samples, killer.kills, w, stem)
+        print("plots: " + ", ".join(str(p) for p in plots))
+    body = soak_report.report(
+        settings=settings,
+        ledger=summary,
+        grown=grown,
+        kills=killer.kills,
+        bars=bars,
+        plots=[p.name for p in plots],
+        fd_notes=fd_notes,
+    )
+    if args.record:
+        print(f"recorded {record('soak', 'Load and soak (bench/soak.py)', body)}")
+    else:
+        print(body)
+    return 0 if all(b.verdict == "met" for b in bars) else 1
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--minutes", type=float, default=10.0)
+    ap.add_argument("--kill-every", type=float, default=60.0, help="seconds between kills")
+    ap.add_argument(
+        "--warmup", type=float, default=None, help="seconds (default: 2 min, at most a fifth)"
+    )
+    ap.add_argument("--ram-quota", default="32MiB")
+    ap.add_argument("--disk-quota", default="64MiB")
+    ap.add_argument("--no-record", dest="record", action="store_false")
+    ap.add_argument("--no-plot", action="store_true", help="no PNGs (no matplotlib needed)")
+    ap.add_argument("--keep", action="store_true", help="keep the daemon's directory (its log)")
+    return run(ap.parse_args())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
