@@ -35,7 +35,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from llamad import cli_control, cli_generate, cli_keys, logs
+from llamad import cli_control, cli_generate, cli_install, cli_keys, logs
 from llamad.cli_client import DEFAULT_CONNECT_TIMEOUT, UsageError, connect
 from llamad.cli_errors import (
     EXIT_CONFIG,
@@ -156,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_control.add_commands(commands, common)
     cli_generate.add_commands(commands, common)
     cli_keys.add_commands(commands)
+    cli_install.add_commands(commands)
 
     config = commands.add_parser("config", help="check or print a configuration")
     actions = config.add_subparsers(dest="action", required=True, metavar="ACTION")
