@@ -180,6 +180,13 @@ class ConfigError(LlamadError):
     code = "config_error"
 
 
+class PathNotAllowed(ConfigError):
+    """A model or adapter path outside ``[security].model_dirs`` once symlinks
+    and ``..`` are resolved (``details``: ``field``, ``problem``)."""
+
+    code = "path_not_allowed"
+
+
 class SchemaError(BadRequest):
     """A JSON Schema that cannot become a grammar; details name ``path`` and ``keyword``."""
 

@@ -40,7 +40,7 @@ from typing import Annotated, Any, Final
 import msgspec
 
 from llamad.actors.ops import OpKind, OpSpec
-from llamad.errors import ConfigError, LlamadError
+from llamad.errors import LlamadError, PathNotAllowed
 from llamad.model.status_board import WorkerSnapshot
 
 __all__ = [
@@ -81,13 +81,6 @@ class ModelFailed(LlamadError):
     """
 
     code = "model_failed"
-
-
-class PathNotAllowed(ConfigError):
-    """A model path outside ``[security].model_dirs`` once symlinks and ``..``
-    are resolved (``details``: ``field``, ``problem``)."""
-
-    code = "path_not_allowed"
 
 
 class ModelState(StrEnum):

@@ -9,7 +9,7 @@ file and over the wire. In order, each refusal typed:
 1. the options as a table: :class:`~llamad.errors.ConfigError` listing every
    problem by key (unknown key, wrong type, out of range);
 2. the path, after resolving every symlink and ``..``, inside
-   ``[security].model_dirs``, else :class:`~llamad.front_wire.PathNotAllowed`
+   ``[security].model_dirs``, else :class:`~llamad.errors.PathNotAllowed`
    (before anything says whether the file exists);
 3. the file exists and is a regular file, else
    :class:`~llamad.llama_ffi.errors.ModelFileError`; a complete GGUF, else
@@ -24,7 +24,6 @@ file and over the wire. In order, each refusal typed:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,8 +35,8 @@ from llamad.config import DEFAULT_MODEL_PATH, LlamadConfig, ModelConfig, resolve
 from llamad.config.convert import conversion_problems
 from llamad.config.problems import Problems
 from llamad.config.reader import read_table
+from llamad.config.security import contained_model_path
 from llamad.errors import ConfigError, ModelNotFound
-from llamad.front_wire import PathNotAllowed
 from llamad.llama_ffi.errors import ModelFileError
 from llamad.llama_ffi.gguf_check import check_gguf
 from llamad.model.worker_spec import WorkerSpec
@@ -63,23 +62,10 @@ class LoadRequest:
     spec: WorkerSpec
 
 
-def _allowed(real: Path, model_dirs: tuple[Path, ...]) -> bool:
-    return any(real.is_relative_to(Path(os.path.realpath(d))) for d in model_dirs)
-
-
 def _model_path(path: str, config: LlamadConfig, field: str) -> Path:
     text = str(default_model_path()) if path == DEFAULT_MODEL_PATH else path
-    if not os.path.isabs(text) or "\0" in text:
-        raise ConfigError(
-            f"{field}: {text!r} is not an absolute path",
-            details={"field": field, "problem": "not an absolute path"},
-        )
-    real = Path(os.path.realpath(text))
-    if not _allowed(real, config.model_dirs):
-        dirs = ", ".join(str(d) for d in config.model_dirs) or "none configured"
-        shown = text if real == Path(text) else f"{text} (which resolves to {real})"
-        problem = f"{shown} is outside the allowed model directories ({dirs})"
-        raise PathNotAllowed(f"{field}: {problem}", details={"field": field, "problem": problem})
+    # Containment first (PathNotAllowed), before anything says whether the file exists.
+    contained_model_path(text, config.model_dirs, field)
     try:
         return resolve_model_path(text, config.model_dirs, field)
     except ConfigError as exc:  # missing, or not a regular file
