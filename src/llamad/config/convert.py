@@ -398,6 +398,7 @@ def worker_spec(config: LlamadConfig, model_id: str) -> WorkerSpec:
             threads=thread_policy(config, model_id, context),
             cache_view=view,
             remote=remote_access(config),
+            adapter_dirs=tuple(str(d) for d in config.model_dirs),
         ),
         _under(
             _model_key(model_id),

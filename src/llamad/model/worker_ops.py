@@ -21,6 +21,7 @@ import msgspec
 import structlog
 
 from llamad.actors import Actor, PendingReply, Request, StreamSender
+from llamad.config.security import contained_model_path
 from llamad.llama_ffi.errors import Unsupported
 from llamad.model.core import WorkerCore
 from llamad.model.deliveries import Deliveries
@@ -83,8 +84,12 @@ class WorkerOps:
         deliveries: Deliveries,
         mark: BusyMark,
         snapshot: Callable[[], WorkerSnapshot],
+        *,
+        adapter_dirs: tuple[str, ...] | None = None,
     ) -> None:
         self.core = core
+        #: Where ``load_adapter`` may read (``None``: anywhere), see :class:`WorkerSpec`.
+        self.adapter_dirs = adapter_dirs
         self.parts = parts
         self.deliveries = deliveries
         self.mark = mark
@@ -235,7 +240,12 @@ class WorkerOps:
 
     def load_adapter(self, req: Request[LoadAdapterBody]) -> Any:
         b = req.body
-        return self._change(req, lambda a: a.load(b.name or b.path, b.path, b.scale))
+        path = b.path
+        if self.adapter_dirs is not None:
+            # Like a model path (SPEC D5): the resolved file must lie in an
+            # allowed directory, checked before anything opens it.
+            path = str(contained_model_path(b.path, self.adapter_dirs, "path"))
+        return self._change(req, lambda a: a.load(b.name or b.path, path, b.scale))
 
     def unload_adapter(self, req: Request[AdapterRef]) -> Any:
         return self._change(req, lambda a: a.unload(req.body.name))

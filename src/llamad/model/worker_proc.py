@@ -96,7 +96,14 @@ class WorkerProcess:
                 curve=None if remote is None or remote.curve is None else remote.curve.load(),
             )
             self.deliveries = Deliveries()
-            self.ops = WorkerOps(self.core, self.parts, self.deliveries, self.mark, self.snapshot)
+            self.ops = WorkerOps(
+                self.core,
+                self.parts,
+                self.deliveries,
+                self.mark,
+                self.snapshot,
+                adapter_dirs=spec.adapter_dirs,
+            )
             self.ops.register(self.actor)
         except BaseException:
             self.parts.close()

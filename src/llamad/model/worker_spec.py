@@ -122,6 +122,11 @@ class WorkerSpec:
     ``remote``: when the daemon serves tcp, the worker listens there too
     (same host, an ephemeral port, the daemon's CURVE keys), so clients on
     other hosts can reach it (:class:`~llamad.actors.curve.RemoteAccess`).
+
+    ``adapter_dirs``: the directories ``load_adapter`` may read from once
+    symlinks and ``..`` are resolved (the daemon's ``[security].model_dirs``,
+    SPEC D5); ``None`` (the default, a spec made outside a configuration):
+    unchecked.
     """
 
     model_id: str
@@ -138,6 +143,7 @@ class WorkerSpec:
     threads: ThreadPolicy | None = None
     cache_view: CacheViewConfig = field(default_factory=CacheViewConfig)
     remote: RemoteAccess | None = None
+    adapter_dirs: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         worker_actor_name(self.model_id)
@@ -165,6 +171,13 @@ class WorkerSpec:
             raise _bad("cache_view", "must be a CacheViewConfig")
         if self.remote is not None and not isinstance(self.remote, RemoteAccess):
             raise _bad("remote", "must be a RemoteAccess or None")
+        if self.adapter_dirs is not None:
+            dirs = self.adapter_dirs
+            if isinstance(dirs, str) or not all(
+                isinstance(d, str) and d.startswith("/") and "\0" not in d for d in dirs
+            ):
+                raise _bad("adapter_dirs", f"must be absolute paths or None, got {dirs!r}")
+            object.__setattr__(self, "adapter_dirs", tuple(dirs))
         if self.cache is not None:
             quotas = {t.kind: t.quota for t in self.cache.tiers}
             _nested("cache_view", self.cache_view.check_against, quotas)
@@ -246,6 +259,7 @@ class WorkerSpec:
             "threads": None if self.threads is None else dataclasses.asdict(self.threads),
             "cache_view": _cache_view_to_wire(self.cache_view),
             "remote": None if self.remote is None else self.remote.to_wire(),
+            "adapter_dirs": None if self.adapter_dirs is None else list(self.adapter_dirs),
         }
 
     @classmethod

@@ -31,7 +31,7 @@ from llamad import Client, cli, paths
 from llamad.actors import Client as ActorClient
 from llamad.actors import Registry
 from llamad.config import resolve_model_path
-from llamad.errors import BadRequest, TemplateSecurityError
+from llamad.errors import BadRequest, LlamadError, TemplateSecurityError
 from llamad.front_wire import ModelState, PathNotAllowed
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(240)]
@@ -278,6 +278,34 @@ def test_a_symlink_outside_pointing_into_an_allowed_dir_loads_its_target(
         assert info.path == str(target)
     finally:
         daemon.front.call("unload", {"model_id": "aliased"})
+
+
+def test_an_adapter_path_outside_the_allowed_dirs_is_refused_by_the_worker(
+    daemon: Daemon, elsewhere: Path
+) -> None:
+    # load_adapter goes straight to the worker: it checks like the front does.
+    link = daemon.models_dir / "adapter-link.gguf"
+    link.symlink_to(elsewhere / "secret.gguf")
+    junk = daemon.models_dir / "junk-adapter.gguf"
+    junk.write_bytes(b"not an adapter" * 64)
+    with Client(daemon.endpoint, timeout=60) as client:
+        for path in (
+            elsewhere / "secret.gguf",
+            link,
+            Path(f"{daemon.models_dir}/../elsewhere/secret.gguf"),
+            elsewhere / "no-such.gguf",
+        ):
+            with pytest.raises(PathNotAllowed) as refused:
+                client.load_adapter("smol", str(path), name="x")
+            assert refused.value.details["field"] == "path"
+            assert "outside the allowed model directories" in refused.value.message
+        # Inside, the worker does open it (and finds no adapter there).
+        with pytest.raises(LlamadError) as opened:
+            client.load_adapter("smol", str(junk), name="x")
+        assert not isinstance(opened.value, PathNotAllowed), opened.value
+        assert client.list_adapters("smol") == []
+        reply = client.complete("smol", prompt_text(4), max_tokens=2, **GREEDY)
+        assert reply.stats.completion_tokens == 2
 
 
 # -- 5. message size limits on every socket ----------------------------------------------
