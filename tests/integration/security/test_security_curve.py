@@ -10,6 +10,7 @@ TCP beyond loopback without keys refuses to start.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import os
@@ -24,7 +25,7 @@ import psutil
 import pytest
 from daemon_harness import EVENTUALLY, GREEDY, Daemon, prompt_text
 
-from llamad import Client, cli
+from llamad import AsyncClient, Client, cli
 from llamad.actors import Client as ActorClient
 from llamad.actors.curve import CurveClient, read_key_file, write_keypair
 from llamad.daemon import EXIT_CONFIG
@@ -214,6 +215,24 @@ def test_an_allowed_key_trusting_another_server_is_refused(
     with Client(daemon.endpoint, curve=wrong, connect_timeout=CONNECT_TIMEOUT) as client:
         _refused(client.list_models)
     _still_serving(daemon, keys)
+
+
+def test_the_asyncio_client_is_served_with_an_allowed_key_and_refused_without(
+    daemon: Daemon, keys: Keys
+) -> None:
+    async def run() -> None:
+        alice = keys.client(keys.alice_secret)
+        async with AsyncClient(daemon.endpoint, curve=alice) as client:
+            reply = await client.complete("smol", prompt_text(5), max_tokens=2, **GREEDY)
+            assert reply.stats.completion_tokens == 2
+        mallory = keys.client(keys.mallory_secret)
+        async with AsyncClient(
+            daemon.endpoint, curve=mallory, connect_timeout=CONNECT_TIMEOUT
+        ) as client:
+            with pytest.raises(PermissionDenied):
+                await client.list_models()
+
+    asyncio.run(run())
 
 
 def _still_serving(daemon: Daemon, keys: Keys) -> None:
