@@ -217,7 +217,9 @@ def guarded_daemon() -> Iterator[Daemon]:
         stdout=d.log,
         stderr=d.log,
         env=env,
-        preexec_fn=guard(("seccomp", "prctl")),
+        # As systemd does: the guard between fork and exec. The hook makes
+        # only prctl calls, safe in a child forked from a threaded process.
+        preexec_fn=guard(("seccomp", "prctl")),  # noqa: PLW1509
     )
     try:
         yield d
