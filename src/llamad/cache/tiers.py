@@ -188,9 +188,13 @@ class Tier:
     # -- lifecycle ------------------------------------------------------------
 
     def prepare(self) -> None:
-        """Create the tier's directory (0700) if needed."""
+        """Create the tier's directory (0700) if needed, and every missing
+        parent 0700 too: ``mkdir(parents=True)`` makes parents with the umask
+        (0755 in /dev/shm/llamad-<uid>), which lists the instances to anyone."""
         try:
-            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            missing = [d for d in (self.root, *self.root.parents) if not d.exists()]
+            for d in reversed(missing):
+                d.mkdir(mode=0o700, exist_ok=True)
         except OSError as exc:
             raise TierError(f"cannot create {self.root}: {exc}") from exc
 

@@ -438,3 +438,15 @@ def test_a_damaged_row_found_by_two_loaders_is_counted_once(disk: Tier, counters
     assert discard_damaged(disk, spec.key, counters) is True
     assert discard_damaged(disk, spec.key, counters) is False
     assert counters.get("corrupt_files") == 1
+
+
+@pytest.mark.timeout(10)
+def test_prepare_makes_the_tier_root_and_every_missing_parent_private(tmp_path: Path) -> None:
+    # /dev/shm/llamad-<uid>/<instance>: the parent made by prepare() must not
+    # list the instances to other users.
+    os.chmod(tmp_path, 0o755)
+    root = tmp_path / "llamad-uid" / "instance" / "ram_file"
+    Tier(TierConfig(TierKind.RAM_FILE, root, 1 << 20)).prepare()
+    for made in (tmp_path / "llamad-uid", tmp_path / "llamad-uid" / "instance", root):
+        assert made.stat().st_mode & 0o077 == 0, f"{made} is {made.stat().st_mode & 0o777:o}"
+    assert tmp_path.stat().st_mode & 0o777 == 0o755  # an existing parent is left as it is
