@@ -220,8 +220,9 @@ def report(rounds: list[Round], settings: str) -> str:
         "decoded alone); first token from stored logits: an exact hit with nothing "
         "prefilled. The last but one column is each request's client TTFT less those three, "
         "median (min-max): the request's way from the client to the worker (the route is "
-        "cached: one hop, front not involved), admission, sampling and the token event's "
-        "way back:\n\n"
+        "cached: one hop, the front not involved), any wait for a tick in progress before "
+        "the worker's loop reads it (its queue_ms starts there), sampling and the token "
+        "event's way back:\n\n"
         f"{where_table}\n"
     )
     bars: list[tuple[str, list[float], str, str]] = [
@@ -308,7 +309,8 @@ def agents_section(agents: list[Agents]) -> str:
          f"{median([m.queue_ms for m in others]):.2f}"],
         [f"agents 2-{AGENTS}, tokens prefilled (median)",
          f"{median([float(m.prefill_tokens) for m in others]):.0f}"],
-        [f"agents 2-{AGENTS}, client TTFT - worker, ms (median)",
+        [f"agents 2-{AGENTS}, client TTFT - worker, ms (median; includes waiting for the "
+         "tick in progress before the worker reads the request)",
          f"{median([m.transport_ms for m in others]):.2f}"],
     ]  # fmt: skip
     return (
