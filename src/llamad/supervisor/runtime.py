@@ -481,6 +481,10 @@ class Supervisor:
             limit = proc.spec.liveness_timeout
             if limit is None or proc.killed_for is not None:
                 continue
+            # Beats that came while the loop waited on another child's start
+            # or stop are still unread in the pipe: a child is judged on them,
+            # not on the last one read (EOF is the loop's, on its next turn).
+            proc.read_status()
             silent = now - proc.last_beat
             if silent > limit:
                 self._publish(
