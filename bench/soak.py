@@ -29,6 +29,7 @@ explains, and every request must end with exactly one terminal.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -43,12 +44,13 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 
 from bench import soak_report
 from bench.common import RESULTS, machine, record
 from bench.soak_load import Load, Vocab, Worker, build_vocab, run_async_clients
-from bench.soak_report import Kill, Ledger, Sample, Windows
+from bench.soak_report import Exit, Kill, Ledger, Sample, Windows
 from llamad import Client, paths
 from llamad.actors import Registry
 
@@ -143,6 +145,21 @@ model_dirs = ["{paths.default_model_path().parent}"]
     def worker_pid(self, model: str) -> int | None:
         entry = self.registry.lookup(f"model.{model}")
         return entry.pid if entry is not None else None
+
+    def exits(self, wall_t0: float) -> list[Exit]:
+        """Every ``child.exited`` the supervisors logged (abnormal exits log a warning)."""
+        out = []
+        for line in (self.base / "daemon.log").read_text(errors="replace").splitlines():
+            if '"child.exited"' not in line:
+                continue
+            try:
+                e = json.loads(line)
+                when = datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp()
+                how = ", ".join(str(e[k]) for k in ("reason", "exit", "cause") if k in e)
+                out.append(Exit(when - wall_t0, str(e["child"]), int(e["pid"]), how))
+            except (ValueError, KeyError, TypeError):
+                continue
+        return out
 
     def log_problems(self) -> int:
         """Log lines at level error or critical."""
@@ -392,7 +409,7 @@ def run(args: argparse.Namespace) -> int:
     with soak_daemon(args.ram_quota, args.disk_quota, args.keep) as d:
         with Client(d.endpoint, timeout=60) as c:
             vocab: Vocab = build_vocab(c, next(iter(MODELS)))
-        t0 = time.monotonic()
+        t0, wall_t0 = time.monotonic(), time.time()
         sampler = Sampler(d.pid, t0, stop_watch)
         killer = Killer(d, args.kill_every, t0, duration)
         load = Load(d.endpoint, list(MODELS), vocab, ledger, stop_load)
@@ -432,12 +449,13 @@ def run(args: argparse.Namespace) -> int:
             infos = {m: c.model_info(m) for m in MODELS}
             counters = c.counters()
         problems = d.log_problems()
+        exits = d.exits(wall_t0)
         exit_code = d.stop()
     summary = ledger.summary()
     w = Windows(warmup=warmup, span=span, end=end_t, age=age)
     grown, missing = soak_report.growths(sampler.samples, w)
     failed = [f"{m} ({i.error})" for m, i in infos.items() if i.state.value == "failed"]
-    bars = soak_report.judge(summary, grown, missing, killer.kills, failed)
+    bars = soak_report.judge(summary, grown, missing, killer.kills, failed, exits=exits)
     fd_notes = {}
     for g in grown:
         pair = soak_report.fd_samples(sampler.samples, g.role, w)

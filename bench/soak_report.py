@@ -285,8 +285,20 @@ def worker_growth(samples: Sequence[Sample], role: str, w: Windows) -> Growth | 
     if len(fresh) < 2:
         return None
     a, b = fresh[0][1], fresh[-1][1]
-    mine = [s for s in samples if s.role == role]
-    bound, late = _threads(mine, w)
+    # Threads like for like too: a worker starts some threads only once it
+    # needs them (saves, restores), so its first minutes are no bound. The
+    # first fresh worker's whole life bounds every later one's.
+    first = fresh[0][0]
+    bound = max(s.threads for s in first.samples)
+    late = max(
+        (
+            s.threads
+            for life in lives(samples, role)
+            if life.born > first.born
+            for s in life.samples
+        ),
+        default=0,
+    )
     # Two single samples: their noise is what the same age measures across
     # every fresh worker in between.
     noise = _spread([s.own_kb for _, s in fresh])
@@ -359,6 +371,34 @@ class Kill:
     back_s: float | None  # until a new worker registered (None: never)
 
 
+@dataclass(frozen=True)
+class Exit:
+    """A child the daemon's supervisors saw end abnormally (its ``child.exited`` log)."""
+
+    t: float  # seconds since the load began
+    child: str
+    pid: int
+    how: str  # reason, exit status, and the cause when the supervisor killed it
+
+
+def unexplained(exits: Sequence[Exit], kills: Sequence[Kill]) -> list[Exit]:
+    """Exits of processes the killer did not kill."""
+    killed = {k.pid for k in kills}
+    return [e for e in exits if e.pid not in killed]
+
+
+def restarts(kills: Sequence[Kill], exits: Sequence[Exit]) -> list[Kill]:
+    """Every worker restart the front counts: the kills and the workers' other exits."""
+    return [
+        *kills,
+        *(
+            Kill(e.t, e.child.removeprefix("model."), e.pid, None)
+            for e in unexplained(exits, kills)
+            if is_worker(e.child)
+        ),
+    ]
+
+
 def most_kills_in_period(kills: Sequence[Kill], period: float = RESTART_PERIOD_S) -> int:
     """The most kills of one model inside any ``period`` seconds."""
     most = 0
@@ -398,6 +438,8 @@ def judge(
     missing: Sequence[str],
     kills: Sequence[Kill],
     failed_models: Sequence[str],
+    *,
+    exits: Sequence[Exit] = (),
 ) -> list[Bar]:
     total = ledger.total
     bars = [
@@ -447,17 +489,19 @@ def judge(
             "met" if not thr else "FAILED",
         )
     )
-    most = most_kills_in_period(kills)
+    most = most_kills_in_period(restarts(kills, exits))
     never_back = [f"{k.model} pid {k.pid}" for k in kills if k.back_s is None]
+    others = [f"{e.child} pid {e.pid} at {e.t:.0f} s ({e.how})" for e in unexplained(exits, kills)]
     bars.append(
         Bar(
-            f"kills inside the restart window ({RESTARTS_ALLOWED} in {RESTART_PERIOD_S:.0f} s),"
-            " every worker back, no model given up",
-            f"{len(kills)} kills, at most {most} of one model in {RESTART_PERIOD_S:.0f} s; "
+            f"restarts inside the window ({RESTARTS_ALLOWED} in {RESTART_PERIOD_S:.0f} s),"
+            " every killed worker back, no model given up",
+            f"{len(kills)} kills; other exits: {', '.join(others) or 'none'}; at most {most} "
+            f"restarts of one model in {RESTART_PERIOD_S:.0f} s; "
             f"not back: {', '.join(never_back) or 'none'}; "
             f"given up: {', '.join(failed_models) or 'none'}",
             "met"
-            if most <= RESTARTS_ALLOWED and not never_back and not failed_models and kills
+            if most <= RESTARTS_ALLOWED and kills and not (never_back or failed_models)
             else "FAILED",
         )
     )

@@ -217,17 +217,17 @@ def test_threads_past_the_most_seen_by_the_end_of_warm_up_fail_the_bound() -> No
 def test_one_kill_a_minute_alternating_stays_inside_the_restart_window() -> None:
     kills = [sr.Kill(60.0 * i, "ab"[i % 2], i, 2.0) for i in range(1, 10)]
     assert sr.most_kills_in_period(kills) == 1
-    assert bar(judge(sr.Ledger().summary(), kills=kills), "kills").verdict == "met"
+    assert bar(judge(sr.Ledger().summary(), kills=kills), "restarts").verdict == "met"
     fast = [sr.Kill(15.0 * i, "a", i, 2.0) for i in range(1, 5)]  # 4 within 60 s
     assert sr.most_kills_in_period(fast) == 4
-    assert bar(judge(sr.Ledger().summary(), kills=fast), "kills").verdict == "FAILED"
+    assert bar(judge(sr.Ledger().summary(), kills=fast), "restarts").verdict == "FAILED"
 
 
-def test_a_worker_that_never_came_back_or_a_model_given_up_fails_the_kill_bar() -> None:
+def test_a_worker_that_never_came_back_or_a_model_given_up_fails_the_restart_bar() -> None:
     s = sr.Ledger().summary()
-    assert bar(judge(s, kills=[sr.Kill(60, "a", 1, None)]), "kills").verdict == "FAILED"
+    assert bar(judge(s, kills=[sr.Kill(60, "a", 1, None)]), "restarts").verdict == "FAILED"
     bars = sr.judge(s, [], [], [sr.Kill(60, "a", 1, 2.0)], ["a (crashed)"])
-    assert bar(bars, "kills").verdict == "FAILED"
+    assert bar(bars, "restarts").verdict == "FAILED"
 
 
 # -- /proc parsing -------------------------------------------------------------------
@@ -259,3 +259,33 @@ def test_fd_kinds_that_changed_are_named_with_their_change() -> None:
     before = Counter({"socket": 10, "pipe": 4, "/run/actors/model.a.status": 1})
     after = Counter({"socket": 12, "pipe": 3, "/run/actors/model.a.status": 1})
     assert sr.fd_diff(before, after) == "-1 pipe, +2 socket"
+
+
+def test_a_workers_other_exits_count_in_its_restart_window() -> None:
+    # One kill a minute per model is inside the window; a liveness kill of the
+    # same model's workers twice in the same minute takes it past 3.
+    kills = [sr.Kill(60, "a", 11, 2.0), sr.Kill(120, "b", 12, 2.0)]
+    hung = [sr.Exit(70 + i, "model.a", 20 + i, "abnormal, SIGKILL, hung") for i in range(3)]
+    by_killer = sr.Exit(60, "model.a", 11, "abnormal, signal SIGKILL")
+    assert sr.unexplained([by_killer, *hung], kills) == hung
+    s = sr.Ledger().summary()
+    one = sr.judge(s, [], [], kills, [], exits=[by_killer, hung[0]])
+    assert bar(one, "restarts").verdict == "met"
+    assert "model.a pid 20 at 70 s" in bar(one, "restarts").value
+    assert bar(sr.judge(s, [], [], kills, [], exits=[by_killer, *hung]), "restarts").verdict == (
+        "FAILED"
+    )
+
+
+def test_a_workers_threads_are_bounded_by_the_first_fresh_workers_life() -> None:
+    # The worker alive at the start ran 9 threads before it first saved; every
+    # fresh one runs 13 once it has: that is no growth. A later one at 14 is.
+    def run(last: int) -> Any:
+        samples = series("model.a", 100, range(0, 120, 5), 200, threads=9)
+        for n, born in enumerate(range(120, 600, 120)):
+            samples += series("model.a", 101 + n, range(born, born + 120, 5), 200, threads=13)
+        samples += series("model.a", 200, range(600, 700, 5), 200, threads=last)
+        return sr.worker_growth(samples, "model.a", W)
+
+    assert bar(judge(sr.Ledger().summary(), [run(13)]), "threads").verdict == "met"
+    assert bar(judge(sr.Ledger().summary(), [run(14)]), "threads").verdict == "FAILED"
