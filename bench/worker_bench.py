@@ -187,16 +187,26 @@ class Tree:
             cache.checkin(ref.pin)
             return str(ref.location)
 
-    def wait_idle(self, name: str, timeout: float = 60.0) -> WorkerSnapshot:
-        """Until the worker holds no request (its status board says so); the
-        snapshot it published then."""
+    def wait_idle(self, name: str, timeout: float = 60.0, *, admitted: int = -1) -> WorkerSnapshot:
+        """Until the worker holds no request (its status board says so) and has
+        admitted more than ``admitted`` requests; the snapshot it published then.
+
+        ``admitted`` matters for a request that decodes nothing (a first token
+        from stored logits, ``max_tokens=1``): the worker delivers its events
+        before it publishes, and the board it published before the request
+        already reads idle."""
         from llamad.model.status_board import read_status, status_path  # noqa: PLC0415
 
         board = status_path(self.registry.root, self.specs[name].actor_name)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             snap = read_status(board)
-            if snap is not None and snap.busy_since is None and not snap.status.pending_len:
+            if (
+                snap is not None
+                and snap.busy_since is None
+                and not snap.status.pending_len
+                and snap.requests_total > admitted
+            ):
                 return snap
             time.sleep(0.005)
         raise TimeoutError(f"worker {name} still busy after {timeout} s")
@@ -221,7 +231,8 @@ def ttft(tree: Tree, name: str, client: WorkerClient, tokens: list[int]) -> Ttft
     tick and stored-logits counts, read before and after, tell which)."""
     from llamad.model.results import TokenEvent  # noqa: PLC0415
 
-    before = tree.wait_idle(name).status
+    ahead = tree.wait_idle(name)
+    before = ahead.status
     t0 = time.perf_counter()
     first = None
     stream = client.infer(tokens, max_tokens=1, temperature=0.0)
@@ -230,7 +241,7 @@ def ttft(tree: Tree, name: str, client: WorkerClient, tokens: list[int]) -> Ttft
             first = time.perf_counter()
     result = stream.result
     assert first is not None and result is not None, "no token before the stream ended"
-    snap = tree.wait_idle(name)
+    snap = tree.wait_idle(name, admitted=ahead.requests_total)
     decoded = snap.status.ticks > before.ticks
     from_logits = snap.status.stored_logits_hits > before.stored_logits_hits
     return Ttft(
