@@ -12,25 +12,13 @@ prints what to run next. The unit is :func:`render_unit` of a
 applied to :func:`shipped_plan` (a test keeps them equal), and
 ``docs/internals/operations.md`` says why each line is there.
 
-What the plan takes from this machine:
-
-- the configuration the service will run, loaded as the service will see it
-  (its runtime directory ``/run/llamad``, ``$STATE_DIRECTORY``): a refused
-  file is refused here (exit 78), and every directory the daemon writes must
-  lie where the unit lets it write (``/run/llamad``, ``/var/lib/llamad``,
-  ``/var/cache/llamad``, ``/dev/shm``), so a configuration that could only
-  fail under ``ProtectSystem=strict`` is refused before it is installed;
-- ``TimeoutStopSec`` from that configuration's shutdown chain (a larger
-  ``evict_save_timeout_ms`` needs a longer stop, or systemd kills the saves);
-- the paths the service must read (the interpreter, the virtual environment,
-  the llamad package, the native libraries, the model directories, the
-  configuration): those in a home directory are bound read-only into an
-  otherwise empty ``/home``/``/root`` (``ProtectHome=tmpfs`` +
-  ``BindReadOnlyPaths``); one under ``/tmp`` is refused (the service has a
-  private ``/tmp``);
-- a tcp endpoint turns ``PrivateNetwork``/``IPAddressDeny`` off; a GPU build
-  keeps its devices (``PrivateDevices=no``) and drops
-  ``MemoryDenyWriteExecute``, which was tested on the CPU build only.
+For this machine (:func:`local_plan`) it loads the configuration as the
+service will see it, refuses one the daemon would refuse or that writes
+where the unit cannot (exit 78), sizes ``TimeoutStopSec`` by its shutdown
+chain, binds the paths it must read from home directories read-only,
+refuses paths in a private ``/tmp``, keeps the network for a tcp endpoint
+and the devices for a GPU build (without ``MemoryDenyWriteExecute``, tested
+on the CPU build only).
 """
 
 from __future__ import annotations
@@ -55,10 +43,13 @@ if TYPE_CHECKING:
 __all__ = [
     "RUNTIME_DIR",
     "WATCHDOG_S",
+    "Refused",
     "UnitPlan",
     "add_commands",
     "install",
+    "local_plan",
     "render_unit",
+    "service_env",
     "shipped_plan",
     "stop_timeout_s",
 ]
@@ -403,7 +394,8 @@ def _next_steps(plan: UnitPlan, written: Path | None) -> str:
                 f"  useradd --system --home-dir {STATE_DIR} --shell /usr/sbin/nologin {plan.user}"
                 "   # or systemd-sysusers with packaging/systemd/llamad.sysusers.conf"
             ]
-    client = shlex.join([plan.exec_start[0], "-m", "llamad.cli"])
+    script = Path(plan.exec_start[0]).with_name("llamad")  # the console script beside it
+    client = str(script) if script.is_file() else f"{plan.exec_start[0]} -m llamad.cli"
     as_user = f"sudo -u {plan.user} " if plan.user is not None else "sudo "
     lines += [
         "  systemctl daemon-reload",
