@@ -80,6 +80,7 @@ from bench.daemon_bench_report import (
     Agents,
     Measure,
     Round,
+    logits_note,
     measure,
     report,
 )
@@ -357,19 +358,6 @@ def one_round(d: Daemon, client: Client, i: int) -> tuple[Round, Client]:
     client = d.start()
     r.ttft.update(disk_warm(d, client, prompts, sizes))
     return r, client
-
-
-def logits_note(snaps: dict[str, WorkerSnapshot]) -> str:
-    """The workers' own count of first tokens sampled from logits kept with a
-    row, since the last start (a worker that does not count them says so)."""
-    parts = []
-    for name, snap in snaps.items():
-        n = getattr(snap.status, "stored_logits_hits", None)
-        parts.append(f"`{name}` {'not reported' if n is None else n}")
-    return (
-        "First tokens sampled from logits stored with the row, by the workers' own count "
-        f"(`stored_logits_hits`, the last daemon start only): {', '.join(parts)}."
-    )
 
 
 def main() -> int:

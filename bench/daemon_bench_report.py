@@ -8,7 +8,7 @@ judging is unit-tested (``tests/unit/test_daemon_bench_report.py``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -19,6 +19,7 @@ from bench.worker_bench_report import spread, verdict
 
 if TYPE_CHECKING:
     from llamad.model.results import Completion
+    from llamad.model.status_board import WorkerSnapshot
 
 SIZES = (512, 1024, 2048)
 RAM_BAR_MS = 25.0  # SPEC P1: warm 2048-token TTFT from ram, at most
@@ -188,8 +189,8 @@ def report(rounds: list[Round], settings: str) -> str:
                     f"{median([m.ttft_ms for m in ms_]):.2f}",
                     "/".join(sorted({m.hit for m in ms_})),
                     f"{median([m.queue_ms for m in ms_]):.2f}",
-                    f"{median([m.restore_ms for m in ms_]):.2f}",
-                    f"{median([m.prefill_ms for m in ms_]):.2f}",
+                    spread([m.restore_ms for m in ms_], ".2f"),
+                    spread([m.prefill_ms for m in ms_], ".2f"),
                     f"{median([float(m.prefill_tokens) for m in ms_]):.0f}",
                     _yes_no(m.stored_logits for m in ms_),
                     spread([m.transport_ms for m in ms_], ".2f"),
@@ -214,15 +215,15 @@ def report(rounds: list[Round], settings: str) -> str:
     )
     body = (
         f"{settings}\n\n### TTFT (SPEC P1, P2)\n\n{ttft_table}\n\n"
-        "Where the time goes (medians over rounds). `queue_ms`, `restore_ms` and "
-        "`prefill_ms` are the worker's own `stats` (`prefill_ms`: until the first token's "
-        "logits; on a warm path without stored logits, the held-back last prompt token "
-        "decoded alone); first token from stored logits: an exact hit with nothing "
-        "prefilled. The last but one column is each request's client TTFT less those three, "
-        "median (min-max): the request's way from the client to the worker (the route is "
-        "cached: one hop, the front not involved), any wait for a tick in progress before "
-        "the worker's loop reads it (its queue_ms starts there), sampling and the token "
-        "event's way back:\n\n"
+        "Where the time goes (medians over rounds; restore and prefill: median (min-max)). "
+        "`queue_ms`, `restore_ms` and `prefill_ms` are the worker's own `stats` "
+        "(`prefill_ms`: until the first token's logits; on a warm path without stored "
+        "logits, the held-back last prompt token decoded alone); first token from stored "
+        "logits: an exact hit with nothing prefilled. The last but one column is each "
+        "request's client TTFT less those three, median (min-max): the request's way from "
+        "the client to the worker (the route is cached: one hop, the front not involved), "
+        "any wait for a tick in progress before the worker's loop reads it (its queue_ms "
+        "starts there), sampling and the token event's way back:\n\n"
         f"{where_table}\n"
     )
     bars: list[tuple[str, list[float], str, str]] = [
@@ -317,4 +318,17 @@ def agents_section(agents: list[Agents]) -> str:
         f"### {AGENTS} agents sharing a {PREFIX_TOKENS}-token prefix (SPEC P6)\n\n"
         + table(["", "median (min-max over rounds)"], rows)
         + "\n"
+    )
+
+
+def logits_note(snaps: Mapping[str, WorkerSnapshot]) -> str:
+    """The workers' own count of first tokens sampled from logits kept with a
+    row, since the last start (a worker that does not count them says so)."""
+    parts = []
+    for name, snap in snaps.items():
+        n = getattr(snap.status, "stored_logits_hits", None)
+        parts.append(f"`{name}` {'not reported' if n is None else n}")
+    return (
+        "First tokens sampled from logits stored with the row, by the workers' own count "
+        f"(`stored_logits_hits`, the last daemon start only): {', '.join(parts)}."
     )

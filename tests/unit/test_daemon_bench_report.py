@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import msgspec
@@ -149,3 +150,10 @@ class NewerStats(Stats, frozen=True):
     """Stats as a later worker might report them: a field the bench does not know."""
 
     logits_ms: float = 0.0
+
+
+def test_the_workers_own_stored_logits_count_is_reported_or_said_to_be_missing() -> None:
+    newer = SimpleNamespace(status=SimpleNamespace(stored_logits_hits=3))
+    older = SimpleNamespace(status=SimpleNamespace())
+    note = rep.logits_note({"disk": newer, "ram": older})
+    assert "`disk` 3" in note and "`ram` not reported" in note
