@@ -115,6 +115,11 @@ class Agents:
         return percentile([m.ttft_ms for m in self.others], 99)
 
     @property
+    def tail_share(self) -> float:
+        """Tokens agents 2-8 prefilled, all together, per token agent 1 prefilled."""
+        return sum(m.prefill_tokens for m in self.others) / max(1, self.first.prefill_tokens)
+
+    @property
     def share(self) -> float:
         """Agents 2-8 p50 TTFT as a share of agent 1's (the P6 ratio)."""
         return self.p50_ms / self.first.ttft_ms
@@ -310,6 +315,9 @@ def agents_section(agents: list[Agents]) -> str:
          f"{median([m.queue_ms for m in others]):.2f}"],
         [f"agents 2-{AGENTS}, tokens prefilled (median)",
          f"{median([float(m.prefill_tokens) for m in others]):.0f}"],
+        [f"agents 2-{AGENTS}, tokens prefilled together / agent 1's (per round; the share "
+         "their p50 cannot beat while their tails prefill in the same batches)",
+         spread([a.tail_share for a in agents], ".4f")],
         [f"agents 2-{AGENTS}, client TTFT - worker, ms (median; includes waiting for the "
          "tick in progress before the worker reads the request)",
          f"{median([m.transport_ms for m in others]):.2f}"],

@@ -86,6 +86,8 @@ def test_p6_compares_agents_2_to_8_p50_with_agent_1_per_round() -> None:
     # p50 of 7 agents is the 4th: 50 + 3 = 53 ms against 2000 ms: 0.0265.
     ok = rep.report([a_round(20.0, 20.0), a_round(20.0, 20.0)], "s")
     assert "0.0265" in bar_line(ok, "P6") and bar_line(ok, "P6").rstrip(" |").endswith("met")
+    # 7 tails of 32 tokens against agent 1's 1,056: 224 / 1056.
+    assert "0.2121 (0.2121-0.2121)" in bar_line(ok, "agents 2-8, tokens prefilled together")
     slow = a_round(20.0, 20.0, others=[m(90.0 + i, "partial", 32) for i in range(7)])
     text = rep.report([a_round(20.0, 20.0), slow], "s")  # 93 / 2000 = 0.0465: still met
     assert bar_line(text, "P6").rstrip(" |").endswith("met")
