@@ -315,8 +315,8 @@ def agents_section(agents: list[Agents]) -> str:
          f"{median([m.queue_ms for m in others]):.2f}"],
         [f"agents 2-{AGENTS}, tokens prefilled (median)",
          f"{median([float(m.prefill_tokens) for m in others]):.0f}"],
-        [f"agents 2-{AGENTS}, tokens prefilled together / agent 1's (per round; the share "
-         "their p50 cannot beat while their tails prefill in the same batches)",
+        [f"agents 2-{AGENTS}, tokens prefilled together / agent 1's (per round; about the "
+         "least their p50 share can be while their tails prefill in the same batches)",
          spread([a.tail_share for a in agents], ".4f")],
         [f"agents 2-{AGENTS}, client TTFT - worker, ms (median; includes waiting for the "
          "tick in progress before the worker reads the request)",
