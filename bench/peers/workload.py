@@ -1,0 +1,85 @@
+"""What every system is sent: prompts as token ids (the same ids for all), chats, agents."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+_TEXT = (
+    "river stone lamp cloud paper garden mirror copper harbor winter signal orchard "
+    "lantern meadow thunder canvas silver market bridge forest candle window ladder "
+    "quarry violet engine sparrow granite compass velvet ember island tunnel beacon"
+)
+_WORDS = _TEXT.split()
+
+Tokenize = Callable[[str], list[int]]
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The run's scale: quick (develop on a busy machine) or full (SPEC's sizes)."""
+
+    ttft: tuple[int, ...]
+    decode_tokens: int
+    agents_prefix: int
+    agent_tail: int
+    chat_turns: int
+    chat_reply: int
+    itl_prompt: int
+    itl_tokens: int
+    itl_interval: int
+
+    @classmethod
+    def full(cls) -> Sizes:
+        return cls((512, 1024, 2048), 128, 1024, 32, 6, 48, 640, 384, 64)
+
+    @classmethod
+    def quick(cls) -> Sizes:
+        return cls((512,), 32, 512, 16, 3, 16, 560, 96, 32)
+
+
+def words(nonce: str, n: int) -> str:
+    rng = random.Random(nonce)
+    return f"Record {nonce}: " + " ".join(rng.choice(_WORDS) for _ in range(n))
+
+
+def exact_tokens(tokenize: Tokenize, nonce: str, n: int) -> list[int]:
+    """Exactly ``n`` token ids, the nonce first (no two nonces share a prefix row)."""
+    text = words(nonce, n)
+    ids = tokenize(text)
+    while len(ids) < n:
+        text += " " + words(nonce + "+", n)
+        ids = tokenize(text)
+    return ids[:n]
+
+
+def counting_tokens(tokenize: Tokenize, start: int, n_numbers: int = 12) -> list[int]:
+    """A prompt a greedy model continues for long (counting), so decode runs its length."""
+    numbers = ", ".join(str(i) for i in range(start, start + n_numbers))
+    return tokenize(f"Count upwards, one number after another, forever: {numbers},")
+
+
+def long_counting_tokens(tokenize: Tokenize, start: int, at_least: int) -> list[int]:
+    """A counting prompt of at least ``at_least`` tokens (long enough to be saved)."""
+    n = 64
+    ids = counting_tokens(tokenize, start, n)
+    while len(ids) < at_least:
+        n *= 2
+        ids = counting_tokens(tokenize, start, n)
+    return ids
+
+
+def chat_turn(nonce: str, turn: int) -> str:
+    """The user's message of one turn: a note and a question (~80 tokens); the
+    first turn also carries a ~600-token document, so every turn's prompt is
+    past llamad's default ``min_tokens`` (512: a shorter prefill beats a restore)."""
+    if turn == 1:
+        return (
+            f"Please read this document and answer my questions about it.\n"
+            f"{words(f'doc-{nonce}', 450)}\n\n" + chat_turn(nonce, 0)
+        )
+    return (
+        f"Turn {turn} of conversation {nonce}. Here is a note: {words(f'{nonce}-{turn}', 40)}. "
+        "Which of these things would you keep, and why? Answer briefly."
+    )

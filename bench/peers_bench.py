@@ -1,0 +1,313 @@
+"""llamad against its peers: P1-P9 side by side in one invocation (issue 11, SPEC bars).
+
+    python -m bench.peers_bench [--rounds 3] [--quick] [--no-record]
+                                [--skip llama-server|llama-cpp-python ...]
+
+The systems, every one on the default model (SmolLM2-135M-Instruct Q4_1),
+``n_ctx`` 4096, ``n_threads`` = ``n_threads_batch`` = cores, flash attention
+auto, greedy:
+
+- **llamad**: a real ``python -m llamad.daemon`` (private directory, own
+  cache instance) driven through the public :class:`llamad.Client`; model
+  ``ram`` saves to and restores from the ``ram`` tier, model ``disk`` the
+  ``disk`` tier only (so P2's restore after a restart is from disk), both
+  ``n_seq_max`` 4. A second daemon serves P8's ``saves`` (small
+  ``continued_interval``) and ``nosaves`` (``min_tokens`` beyond any prompt)
+  models; a third, the default single model, is P9's idle daemon.
+- **llama-server** and **llama-bench** from the same pinned tree and build
+  folder as the libraries llamad loads (``bench/peers_setup.py``): ``-np 4
+  --kv-unified``, prompt cache and host-RAM cache on (bench/peers/server_sys.py).
+- **llama-cpp-python** at the pinned version, built from the pinned sdist with
+  llamad's CMake flags in its own venv (``bench/peers_setup.py``), with
+  ``LlamaRAMCache`` / ``LlamaDiskCache`` (bench/peers/lcpp_sys.py). Without
+  that venv it is skipped, and the result file says why.
+
+Every scenario runs every system in one round, the systems' order rotating
+between rounds (P1/P2/P5 TTFT and prefill, llama-bench pp, P3/P4 decode, P6
+agents, P7 chat, P8 ITL), after an unrecorded warm-up round. P9 is measured
+once at the end. Verdicts (bench/peers_report.py) are computed here;
+plots (bench/peers_plots.py) lie beside the result file,
+``bench/results/<date>-<machine>.md``. ``--quick`` is one round at 512 tokens
+with short generations, for developing on a busy machine; ``--no-record``
+prints the report instead of writing it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bench import peers_setup
+from bench.common import RESULTS, machine, record
+from bench.peers import idle, scenarios, workload
+from bench.peers.lcpp_sys import LlamaCppPython
+from bench.peers.llamad_sys import LlamadDaemon, ModelTable
+from bench.peers.server_sys import LlamaServer
+from bench.peers_plots import plot_all
+from bench.peers_report import LCPP, LLAMAD, SERVER, Results, report
+
+N_CTX, N_SEQ = 4096, 4
+NEVER = 1_000_000_000
+
+
+def machine_name() -> str:
+    """A host-name-free descriptor: the CPU model and the cores, as a file name."""
+    info = machine()
+    cpu = re.sub(r"\((R|TM)\)|CPU|Processor|@.*$", "", info["cpu"])
+    slug = re.sub(r"[^a-z0-9]+", "-", cpu.lower()).strip("-") or "cpu"
+    return f"{slug}-{info['cores']}c"
+
+
+def log(msg: str) -> None:
+    print(f"[peers {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def load_avg() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def build_rig(args: argparse.Namespace, res: Results, work: Path) -> scenarios.Rig:
+    from llamad import paths  # noqa: PLC0415
+
+    threads = os.cpu_count() or 2
+    sizes = workload.Sizes.quick() if args.quick else workload.Sizes.full()
+    model = str(paths.default_model_path())
+    tools = peers_setup.llama_tools()
+    main = LlamadDaemon(
+        "main",
+        [
+            ModelTable("ram", N_CTX, N_SEQ, threads, "ram", ("ram",)),
+            ModelTable("disk", N_CTX, N_SEQ, threads, "disk", ("disk",)),
+        ],
+        threads,
+    )
+    itl = LlamadDaemon(
+        "itl",
+        [
+            ModelTable(
+                "saves", N_CTX, N_SEQ, threads, policy={"continued_interval": sizes.itl_interval}
+            ),
+            ModelTable("nosaves", N_CTX, N_SEQ, threads, policy={"min_tokens": NEVER}),
+        ],
+        threads,
+    )
+    server = None
+    if SERVER in args.skip:
+        res.skipped[SERVER] = "--skip"
+    elif not Path(tools["llama-server"]).is_file():
+        res.skipped[SERVER] = f"not built: {tools['llama-server']} (run bench/peers_setup.py)"
+    else:
+        server = LlamaServer(
+            tools["llama-server"],
+            model,
+            n_ctx=N_CTX,
+            n_seq_max=N_SEQ,
+            threads=threads,
+            log=work / "llama-server.log",
+        )
+    bench_bin = tools["llama-bench"] if Path(tools["llama-bench"]).is_file() else None
+    if bench_bin is None:
+        res.skipped["llama-bench"] = f"not built: {tools['llama-bench']}"
+    lcpp_ram = lcpp_disk = None
+    if LCPP in args.skip:
+        res.skipped[LCPP] = "--skip"
+    else:
+        py, why = peers_setup.python_peer(build=False)
+        if py is None:
+            res.skipped[LCPP] = why
+        else:
+            common = {"n_ctx": N_CTX, "threads": threads, "cache_dir": work / "lcpp-disk-cache"}
+            lcpp_ram = LlamaCppPython(py, model, cache="ram", **common)  # type: ignore[arg-type]
+            lcpp_disk = LlamaCppPython(py, model, cache="disk", **common)  # type: ignore[arg-type]
+    res.setup.update(
+        {
+            "model": f"{Path(model).name} (n_ctx {N_CTX}, {N_SEQ} sequences, threads {threads})",
+            "llamad": "python -m llamad.daemon through llamad.Client (models ram, disk; "
+            f"P8: continued_interval {sizes.itl_interval} vs saves off)",
+            "llama-server": " ".join(
+                Path(a).name if i == 0 else a for i, a in enumerate(server.args)
+            )
+            if server
+            else "-",
+            "llama-bench": f"-p N -n 0 -t {threads} -r 1 (default batch 2048, ubatch 512, fa auto)",
+            "llama-cpp-python": "Llama + LlamaRAMCache / LlamaDiskCache, in its venv"
+            if lcpp_ram
+            else "-",
+        }
+    )
+    return scenarios.Rig(
+        threads,
+        N_CTX,
+        N_SEQ,
+        model,
+        sizes,
+        main,
+        itl,
+        server,
+        lcpp_ram,
+        lcpp_disk,
+        bench_bin,
+        log=log,
+    )
+
+
+def start(rig: scenarios.Rig) -> None:
+    log("starting llamad (main, itl)")
+    rig.llamad.start()
+    assert rig.itl is not None
+    rig.itl.start()
+    if rig.server is not None:
+        log("starting llama-server")
+        rig.server.start()
+    for lcpp in (rig.lcpp_ram, rig.lcpp_disk):
+        if lcpp is not None:
+            log("starting llama-cpp-python")
+            lcpp.start()
+
+
+def stop(rig: scenarios.Rig) -> None:
+    for thing in (rig.lcpp_ram, rig.lcpp_disk, rig.server):
+        if thing is not None:
+            with contextlib.suppress(Exception):
+                thing.stop()
+    for d in (rig.llamad, rig.itl):
+        if d is not None:
+            d.remove()
+
+
+STEPS = ("ttft", "pp", "decode", "agents", "chat", "itl", "idle")
+
+
+def one_round(rig: scenarios.Rig, res: Results, rnd: int, only: set[str]) -> None:
+    systems = [LLAMAD, SERVER, LCPP]
+    order = systems[rnd % 3 :] + systems[: rnd % 3]
+    steps: tuple[tuple[str, Callable[[], None]], ...] = (
+        ("ttft", lambda: scenarios.ttft_round(rig, res, rnd, order)),
+        ("pp", lambda: scenarios.llama_bench_round(rig, res)),
+        ("decode", lambda: scenarios.decode_round(rig, res, rnd, order)),
+        ("agents", lambda: scenarios.agents_round(rig, res, rnd, order)),
+        ("chat", lambda: scenarios.chat_round(rig, res, rnd, order)),
+        ("itl", lambda: scenarios.itl_round(rig, res, rnd)),
+    )
+    for name, step in steps:
+        if name in only:
+            log(f"round {rnd}: {name}, order {order}, load {load_avg()}")
+            step()
+
+
+def idle_round(rig: scenarios.Rig, res: Results, work: Path) -> None:
+    """P9 on a fresh single-model llamad and a fresh llama-server (-lv 4 for its sizes)."""
+    if rig.server is None:
+        res.skipped["P9"] = "needs llama-server's log of the weights' and KV's sizes"
+        return
+    probe = LlamaServer(
+        rig.server.binary,
+        rig.model,
+        n_ctx=N_CTX,
+        n_seq_max=N_SEQ,
+        threads=rig.threads,
+        log=work / "llama-server-idle.log",
+    )
+    probe.args += ["-lv", "4"]
+    daemon = LlamadDaemon("idle", [ModelTable("smollm2", N_CTX, N_SEQ, rig.threads)], rig.threads)
+    try:
+        probe.start()
+        ids = workload.exact_tokens(rig.tokenize, "idle", 64)
+        probe.complete(ids, 4)
+        client = daemon.start()
+        client.complete("smollm2", ids, max_tokens=4, temperature=0.0)
+        idle.settle()
+        sizes = probe.buffers_mib()
+        if not sizes["model"] or not sizes["kv"]:
+            res.skipped["P9"] = f"llama-server's log lacks the buffer sizes: {sizes}"
+            return
+        res.setup["P9 weights / KV (llama.cpp's own sizes)"] = (
+            f"{sizes['model']:.1f} MiB / {sizes['kv']:.1f} MiB per process holding the model"
+        )
+        ours = idle.rss_bytes(daemon.pids())
+        res.add(idle.overhead_mb(ours, 1, sizes["model"], sizes["kv"]), "p9", LLAMAD, "mb")
+        res.add(
+            idle.overhead_mb(idle.rss_bytes(probe.pids()), 1, sizes["model"], sizes["kv"]),
+            "p9",
+            SERVER,
+            "mb",
+        )
+        res.setup["P9 processes, RSS MB"] = (
+            f"llamad: {idle.describe(daemon.pids())}; llama-server: {idle.describe(probe.pids())}"
+        )
+    finally:
+        probe.stop()
+        daemon.remove()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="one round, 512 tokens, short outputs")
+    ap.add_argument("--no-record", action="store_true", help="print the report, write nothing")
+    ap.add_argument("--no-warmup", action="store_true")
+    ap.add_argument("--skip", nargs="*", default=[], choices=[SERVER, LCPP])
+    ap.add_argument(
+        "--only",
+        nargs="*",
+        choices=STEPS,
+        default=list(STEPS),
+        help="scenarios to run (development; a recorded run runs them all)",
+    )
+    args = ap.parse_args()
+    only = set(args.only)
+    if not args.no_record and only != set(STEPS):
+        ap.error("--only needs --no-record: a recorded run runs every scenario")
+    rounds = 1 if args.quick else args.rounds
+    work = Path(tempfile.mkdtemp(prefix="llamad-peers-"))
+    sizes = workload.Sizes.quick() if args.quick else workload.Sizes.full()
+    res = Results(rounds=rounds, sizes=sizes.ttft)
+    rig = build_rig(args, res, work)
+    load_start = load_avg()
+    try:
+        start(rig)
+        if not args.no_warmup:
+            log("warm-up round (not recorded)")
+            one_round(rig, Results(rounds=1, sizes=sizes.ttft), 99, only)
+        for rnd in range(rounds):
+            one_round(rig, res, rnd, only)
+        if "idle" in only:
+            idle_round(rig, res, work)
+    finally:
+        stop(rig)
+    res.setup["load average (1, 5, 15 min)"] = f"{load_start} at start, {load_avg()} at end"
+    if args.quick:
+        res.setup["mode"] = "--quick: one round at 512 tokens; indicative only"
+    if args.no_record:
+        plots = plot_all(res, work, "peers")
+        print(report(res, plots=[str(p) for p in plots]))
+        log(f"plots in {work}")
+        return 0
+    stem = f"{dt.datetime.now(dt.UTC):%Y-%m-%d}-{machine_name()}"
+    plots = plot_all(res, RESULTS, stem)
+    body = report(res, plots=[p.name for p in plots])
+    path = record_at(stem, body)
+    print(f"recorded {path}")
+    return 0
+
+
+def record_at(stem: str, body: str) -> Path:
+    """bench.common.record names files <name>-<date>; this result is <date>-<machine>."""
+    path = record(stem, "llamad against its peers (P1-P9)", body)
+    day = path.name[len(stem) + 1 : -3]
+    final = path.with_name(f"{stem}.md")
+    if day:
+        path.replace(final)
+    return final
+
+
+if __name__ == "__main__":
+    sys.exit(main())

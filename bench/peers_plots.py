@@ -1,0 +1,72 @@
+"""bench/peers_bench.py's PNG plots (matplotlib, headless): TTFT, decode, ITL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.common import median
+from bench.peers_report import LCPP, LLAMAD, SERVER, TTFT_PATHS, Results
+
+
+def plot_all(results: Results, out: Path, stem: str) -> list[Path]:
+    """Write the plots beside the result file; their paths (none without matplotlib)."""
+    try:
+        import matplotlib  # noqa: PLC0415
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+    except ImportError:
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for system, paths in TTFT_PATHS.items():
+        for variant, what in paths:
+            xs = [n for n in results.sizes if results.get("ttft", system, variant, n)]
+            if xs:
+                ys = [median(results.get("ttft", system, variant, n)) for n in xs]
+                ax.plot(xs, ys, marker="o", label=f"{system}: {what}")
+    ax.set_yscale("log")
+    ax.set_xlabel("prompt tokens")
+    ax.set_ylabel("time to first token, ms (median)")
+    ax.set_xticks(list(results.sizes))
+    ax.axhline(25, color="grey", linestyle=":", linewidth=1)
+    ax.legend(fontsize=6)
+    ax.set_title("TTFT by prompt length")
+    fig.tight_layout()
+    written.append(out / f"{stem}-ttft.png")
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for system in (LLAMAD, SERVER, LCPP):
+        xs = [s for s in (1, 4) if results.get("decode", system, s)]
+        if xs:
+            ax.plot(
+                xs, [median(results.get("decode", system, s)) for s in xs], marker="o", label=system
+            )
+    ax.set_xlabel("concurrent streams")
+    ax.set_ylabel("aggregate decode, tok/s (median)")
+    ax.set_xticks([1, 4])
+    ax.legend()
+    ax.set_title("Decode throughput by stream count")
+    fig.tight_layout()
+    written.append(out / f"{stem}-decode.png")
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
+
+    if any(results.itl_ms.values()):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        data = [(k, v) for k, v in results.itl_ms.items() if v]
+        ax.hist([v for _, v in data], bins=40, label=[k for k, _ in data], histtype="step")
+        ax.set_yscale("log")
+        ax.set_xlabel("inter-token latency, ms")
+        ax.set_ylabel("intervals")
+        ax.legend()
+        ax.set_title("llamad ITL with saves firing vs saves off")
+        fig.tight_layout()
+        written.append(out / f"{stem}-itl.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+    return written

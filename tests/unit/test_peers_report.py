@@ -1,0 +1,121 @@
+"""bench/peers_report.py judges SPEC P1-P9 from per-round series, ratios paired by round."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # bench/ is a package at the repository root
+    sys.path.insert(0, str(ROOT))
+rep = importlib.import_module("bench.peers_report")
+if TYPE_CHECKING:
+    from bench.peers_report import Bar, Results
+LLAMAD, SERVER = rep.LLAMAD, rep.SERVER
+
+
+def results(**series: list[float]) -> Results:
+    r: Results = rep.Results(rounds=3, sizes=(512, 1024, 2048))
+    for k, v in series.items():
+        r.series[k.replace("__", "/")] = v
+    return r
+
+
+def by_id(r: Results, id_: str, contains: str = "") -> Bar:
+    bar: Bar = next(b for b in rep.bars(r) if b.id == id_ and contains in b.what)
+    return bar
+
+
+def test_p1_is_met_only_when_every_round_is_at_most_25_ms() -> None:
+    assert by_id(results(ttft__llamad__ram__2048=[12.0, 24.9, 25.0]), "P1", "ms").verdict == "met"
+    r = results(ttft__llamad__ram__2048=[20.0, 26.0, 22.0])
+    assert by_id(r, "P1", "ms").verdict == "within noise"
+    r = results(ttft__llamad__ram__2048=[26.0, 30.0, 27.0])
+    assert by_id(r, "P1", "ms").verdict == "ABOVE BAR"
+
+
+def test_ratios_pair_the_systems_round_by_round() -> None:
+    # Round medians alone would say 10/20 = 0.5 (met); paired, round 2's
+    # llamad 30 ms against the server's 25 ms is slower: the bar is in the spread.
+    r = results(
+        ttft__llamad__ram__2048=[10.0, 30.0, 9.0],
+        **{"ttft__llama-server__ram-cache__2048": [20.0, 25.0, 18.0]},
+    )
+    bar = by_id(r, "P1", "llama-server")
+    assert bar.verdict == "within noise"
+    assert rep.paired([10.0, 30.0, 9.0], [20.0, 25.0, 18.0]) == pytest.approx([0.5, 1.2, 0.5])
+
+
+def test_a_missing_peer_is_not_measured_and_says_why() -> None:
+    r = results(ttft__llamad__ram__2048=[10.0, 11.0, 12.0])
+    r.skipped[SERVER] = "not built: /x/llama-server"
+    bar = by_id(r, "P1", "llama-server")
+    assert bar.verdict.startswith("not measured")
+    assert "not built" in bar.verdict
+    assert by_id(r, "P3").verdict.startswith("not measured")
+
+
+def test_a_lower_ratio_bar_uses_the_rounds_spread() -> None:
+    r = results(decode__llamad__4=[100.0, 96.0, 110.0], **{"decode__llama-server__4": [100.0] * 3})
+    assert by_id(r, "P3").verdict == "within noise"  # 0.96 in one round
+    r = results(decode__llamad__1=[95.0, 99.0], **{"decode__llama-server__1": [100.0, 100.0]})
+    assert by_id(r, "P4").verdict == "met"  # 0.95 and 0.99 against 0.95
+
+
+def test_the_largest_measured_size_is_judged_and_named() -> None:
+    r = rep.Results(rounds=1, sizes=(512,))
+    r.series["ttft/llamad/ram/512"] = [9.0]
+    bar = by_id(r, "P1", "ms")
+    assert bar.verdict == "met"
+    assert "512 tokens" in bar.what
+
+
+def test_p8_is_not_judged_when_no_continued_save_fired() -> None:
+    base = {
+        "p8__llamad__saves__p99": [40.0, 41.0],
+        "p8__llamad__no saves__p99": [40.0, 40.0],
+    }
+    fired = results(**base, **{"p8__llamad__saves__saves_continued": [3.0, 2.0]})
+    assert by_id(fired, "P8").verdict == "met"
+    silent = results(**base, **{"p8__llamad__saves__saves_continued": [3.0, 0.0]})
+    assert by_id(silent, "P8").verdict == "not measured (no continued save fired in a round)"
+
+
+def test_chat_reuse_counts_each_turn_at_most_its_reusable_tokens() -> None:
+    # A server reporting more than the turn could reuse is capped at it.
+    assert rep.reuse_share([100, 200], [150, 190]) == pytest.approx(290 / 300)
+    with pytest.raises(ValueError, match="nothing"):
+        rep.reuse_share([], [])
+
+
+def test_p6_and_p7_shares() -> None:
+    assert rep.p50_ratio(1000.0, [30.0, 50.0, 40.0, 60.0, 20.0, 45.0, 35.0]) == pytest.approx(0.04)
+    r = results(p6__llamad__share=[0.04, 0.06], p7__llamad__share=[0.99, 0.97])
+    assert by_id(r, "P6").verdict == "within noise"
+    assert by_id(r, "P7").verdict == "met"
+
+
+def test_itl_and_the_floor_of_the_warm_path() -> None:
+    assert rep.intervals_ms([0.0, 0.010, 0.030]) == pytest.approx([10.0, 20.0])
+    r = results(decode__llamad__1=[50.0, 40.0])
+    r.breakdown = {"client TTFT (total)": [30.0, 32.0], rep.COPY_FLOOR: [2.0, 3.0]}
+    parts = rep.floor_parts(r)
+    assert parts[rep.STEP_FLOOR] == pytest.approx([20.0, 25.0])
+    assert parts["floor total"] == pytest.approx([22.0, 28.0])
+    assert parts["gap to the floor (TTFT less floor total)"] == pytest.approx([8.0, 4.0])
+
+
+def test_the_report_has_every_bar_and_names_skipped_systems() -> None:
+    r = results(ttft__llamad__ram__2048=[10.0, 11.0, 12.0])
+    r.skipped["llama-cpp-python"] = "pip install of the pinned sdist failed (exit 1)"
+    text = rep.report(r, plots=["x-ttft.png"])
+    for id_ in ("P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8", "P9"):
+        assert f"| {id_} " in text
+    assert "**skipped** llama-cpp-python: pip install of the pinned sdist failed" in text
+    assert "![x-ttft.png](x-ttft.png)" in text
