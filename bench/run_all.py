@@ -25,6 +25,7 @@ BENCHES: dict[str, tuple[str, list[str]]] = {
     "threads": ("bench.threads_bench", []),  # records unless --no-record
     "worker": ("bench.worker_bench", []),  # records unless --no-record
     "client": ("bench.client_bench", []),  # records unless --no-record
+    "peers": ("bench.peers_bench", []),  # records unless --no-record
     "daemon": ("bench.daemon_bench", []),  # records unless --no-record
     "soak": ("bench.soak", []),  # 10 minutes; records unless --no-record
 }
