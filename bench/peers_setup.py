@@ -121,7 +121,10 @@ def python_peer(*, build: bool) -> tuple[Path | None, str]:
     stamp_file = venv / STAMP
     if stamp_file.is_file() and stamp_file.read_text() == stamp:
         return venv_python(venv), ""
+    failed = venv.with_name(venv.name + ".failed")
     if not build:
+        if failed.is_file():
+            return None, f"its setup failed: {failed.read_text().strip()}"
         return None, f"llama-cpp-python is not set up at {venv}; run `python -m bench.peers_setup`"
     with locked(venv.parent / f"{venv.name}.lock"):
         if stamp_file.is_file() and stamp_file.read_text() == stamp:
@@ -137,7 +140,9 @@ def python_peer(*, build: bool) -> tuple[Path | None, str]:
         log("$ " + shlex.join(cmd))
         proc = subprocess.run(cmd, env=env, check=False)
         if proc.returncode != 0:
-            return None, f"pip install of the pinned sdist failed (exit {proc.returncode})"
+            why = f"pip install of the pinned sdist failed (exit {proc.returncode}; see its output)"
+            failed.write_text(why + "\n")
+            return None, why
         check = subprocess.run(
             [py, "-c", "import llama_cpp; print(llama_cpp.__version__)"],
             capture_output=True,
@@ -146,11 +151,13 @@ def python_peer(*, build: bool) -> tuple[Path | None, str]:
         )
         got = check.stdout.strip()
         if check.returncode != 0 or got != _pins.LLAMA_CPP_PYTHON_VERSION:
-            return (
-                None,
+            why = (
                 f"llama_cpp does not import as {_pins.LLAMA_CPP_PYTHON_VERSION}: "
-                f"{got!r} {check.stderr[-500:]}",
+                f"{got!r} {check.stderr[-500:]}"
             )
+            failed.write_text(why + "\n")
+            return None, why
+        failed.unlink(missing_ok=True)
         stamp_file.write_text(stamp)
     return venv_python(venv), ""
 

@@ -57,6 +57,8 @@ def test_a_venv_without_its_stamp_is_not_used(
     assert py is None and "not set up" in why
     (venv / setup.STAMP).write_text(stamp + "changed\n")
     assert setup.python_peer(build=False)[0] is None
+    venv.with_name(venv.name + ".failed").write_text("pip install failed (exit 1)\n")
+    assert "pip install failed (exit 1)" in setup.python_peer(build=False)[1]
     (venv / setup.STAMP).write_text(stamp)
     assert setup.python_peer(build=False)[0] == venv / "bin" / "python"
 
