@@ -89,9 +89,16 @@ def _bench(args: argparse.Namespace) -> int:
             "which this installation does not have: run `make bench` in a checkout\n"
         )
         return EXIT_ERROR
-    # A quick subset: one round of the worker benchmark (cold, warm, decoding),
-    # not recorded; `make bench` runs and records everything.
-    command = [sys.executable, "-m", "bench.worker_bench", "--quick", *args.bench_args]
+    # A quick subset, not recorded; `make bench` runs and records everything:
+    # one round of the worker benchmark (cold, warm, decoding), or, as
+    # `llamad bench peers [ARGS]`, one round of P1-P9 against llama-server and
+    # llama-cpp-python (as far as bench/peers_setup.py has set them up). A word,
+    # not an option: the remainder argument keeps only what follows a positional.
+    extra = list(args.bench_args)
+    module = "bench.worker_bench"
+    if extra[:1] == ["peers"]:
+        module, extra = "bench.peers_bench", ["--no-record", *extra[1:]]
+    command = [sys.executable, "-m", module, "--quick", *extra]
     return subprocess.run(command, cwd=root, check=False).returncode
 
 
@@ -169,10 +176,14 @@ def build_parser() -> argparse.ArgumentParser:
     example.set_defaults(run=_config_example)
 
     bench = commands.add_parser(
-        "bench", help="a quick benchmark of the default model (from a source checkout)"
+        "bench",
+        help="a quick benchmark of the default model (from a source checkout); "
+        "`bench peers`: one quick round of P1-P9 against llama-server and llama-cpp-python",
     )
     bench.add_argument(
-        "bench_args", nargs=argparse.REMAINDER, help="passed to python -m bench.worker_bench"
+        "bench_args",
+        nargs=argparse.REMAINDER,
+        help="passed to python -m bench.worker_bench (after `peers`: bench.peers_bench)",
     )
     bench.set_defaults(run=_bench)
     return parser
