@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from bench.soak_report import (
+from bench.soak_ledger import (
     CANCELLED,
     MISMATCH,
     OK,

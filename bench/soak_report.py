@@ -1,10 +1,10 @@
-"""bench/soak.py's bookkeeping and verdicts: what the clients saw, what /proc said.
+"""bench/soak.py's verdicts: what /proc said, the kills, the bars, the recorded text.
 
 Nothing here touches a process or a socket, so the judging is unit-tested
-(``tests/unit/test_soak_report.py``). :class:`Ledger` counts every request's
-terminal outcomes (lost: none; duplicated: more than one); :class:`Sample`
-is one process at one moment; :func:`judge` turns a run into bars with
-verdicts and :func:`report` into the recorded markdown.
+(``tests/unit/test_soak_report.py``). The clients' side is the ledger
+(:mod:`bench.soak_ledger`); :class:`Sample` is one process at one moment;
+:func:`judge` turns a run into bars with verdicts and :func:`report` into
+the recorded markdown.
 
 **The daemon's own RSS** (``Sample.own_kb``): ``VmRSS - RssShmem - Rss of
 every mapping of a .gguf file`` (``/proc/PID/status`` and ``/proc/PID/smaps``).
@@ -19,144 +19,17 @@ cancels them rather than guessing their size.
 
 from __future__ import annotations
 
-import itertools
 import statistics
-import threading
-import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from bench.common import table
+from bench.soak_ledger import EXPECTED_CODES, LedgerSummary
 
 RSS_BAR_MB = 20.0  # growth of the daemon's own processes after warm-up, at most
 RESTARTS_ALLOWED = 3  # the front gives a model up past 3 restarts in 60 s
 RESTART_PERIOD_S = 60.0
-
-#: Error codes a client may see in this soak, and why. Anything else fails "every error
-#: expected"; a timeout is a reply that never came and counts as lost.
-EXPECTED_CODES: dict[str, str] = {
-    "worker_crashed": "the request was in flight on the worker the killer SIGKILLed",
-    "no_session": "a session went on (or ended) after its worker was killed: "
-    "its sequence died with it",
-}
-LOST_CODES = frozenset({"timeout"})
-
-OK = "ok"
-CANCELLED = "cancelled"  # the client left the stream, or asked the worker to stop it
-MISMATCH = "mismatch"  # a reply that does not continue the request's own prompt
-
-
-def error_outcome(code: str) -> str:
-    return f"error:{code}"
-
-
-def untyped_outcome(exc: BaseException) -> str:
-    return f"untyped:{type(exc).__name__}: {exc}"[:200]
-
-
-@dataclass
-class _Request:
-    kind: str
-    model: str
-    started: float
-    ends: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class KindCounts:
-    kind: str
-    started: int = 0
-    served: int = 0  # ok
-    cancelled: int = 0
-    errors: int = 0  # typed, expected or not (timeouts excluded)
-    lost: int = 0
-    duplicated: int = 0
-    untyped: int = 0
-    mismatched: int = 0
-
-
-@dataclass(frozen=True)
-class LedgerSummary:
-    kinds: list[KindCounts]
-    errors: dict[str, Counter[str]]  # code -> kinds it came from
-    untyped: list[str]  # the first few untyped failures, as text
-    lost: list[str]  # request ids
-    duplicated: list[str]
-
-    @property
-    def total(self) -> KindCounts:
-        out: dict[str, int] = Counter()
-        for k in self.kinds:
-            for name in ("started", "served", "cancelled", "errors", "lost", "duplicated"):
-                out[name] += getattr(k, name)
-            for name in ("untyped", "mismatched"):
-                out[name] += getattr(k, name)
-        return KindCounts("all", **out)
-
-    @property
-    def unexpected_codes(self) -> list[str]:
-        return sorted(c for c in self.errors if c not in EXPECTED_CODES)
-
-
-class Ledger:
-    """Every request the clients started, and each terminal outcome it got.
-
-    ``start`` before sending; ``end`` once per terminal the client saw (a
-    ``done``, an error, a reply, or leaving the stream). Thread-safe.
-    """
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._requests: dict[str, _Request] = {}
-        self._ids = itertools.count()
-
-    def start(self, kind: str, model: str) -> str:
-        with self._lock:
-            rid = f"soak-{next(self._ids)}"
-            self._requests[rid] = _Request(kind, model, self._clock())
-        return rid
-
-    def end(self, rid: str, outcome: str) -> None:
-        with self._lock:
-            self._requests[rid].ends.append(outcome)
-
-    def summary(self) -> LedgerSummary:
-        with self._lock:
-            requests = dict(self._requests)
-        counts: dict[str, Counter[str]] = defaultdict(Counter)
-        errors: dict[str, Counter[str]] = defaultdict(Counter)
-        untyped: list[str] = []
-        lost: list[str] = []
-        duplicated: list[str] = []
-        for rid, req in requests.items():
-            c = counts[req.kind]
-            c["started"] += 1
-            if len(req.ends) > 1:
-                c["duplicated"] += 1
-                duplicated.append(rid)
-            codes = [o.split(":", 1)[1] for o in req.ends if o.startswith("error:")]
-            if not req.ends or any(code in LOST_CODES for code in codes):
-                c["lost"] += 1
-                lost.append(rid)
-            for outcome in req.ends[:1]:
-                if outcome == OK:
-                    c["served"] += 1
-                elif outcome == CANCELLED:
-                    c["cancelled"] += 1
-                elif outcome == MISMATCH:
-                    c["mismatched"] += 1
-                elif outcome.startswith("untyped:"):
-                    c["untyped"] += 1
-                    untyped.append(f"{req.kind}: {outcome}")
-            for code in codes:
-                if code not in LOST_CODES:
-                    c["errors"] += 1
-                errors[code][req.kind] += 1
-        kinds = [KindCounts(kind, **c) for kind, c in sorted(counts.items())]
-        return LedgerSummary(kinds, dict(errors), untyped[:10], lost, duplicated)
-
 
 # -- processes -----------------------------------------------------------------------
 
@@ -257,8 +130,9 @@ class Life:
     born: float
     samples: list[Sample]
 
-    def at(self, age: float) -> Sample | None:
-        return next((s for s in self.samples if s.t - self.born >= age), None)
+    def window(self, w: Windows) -> list[Sample]:
+        """Its samples from ``w.age`` to ``w.age + w.span`` after it was first seen."""
+        return [s for s in self.samples if w.age <= s.t - self.born < w.age + w.span]
 
 
 def lives(samples: Iterable[Sample], role: str) -> list[Life]:
@@ -272,47 +146,48 @@ def lives(samples: Iterable[Sample], role: str) -> list[Life]:
     return sorted(out, key=lambda life: life.born)
 
 
+def fresh_lives(samples: Sequence[Sample], role: str, w: Windows) -> list[Life]:
+    """Workers first seen after warm-up with samples in their window at ``w.age``."""
+    return [life for life in lives(samples, role) if life.born >= w.warmup and life.window(w)]
+
+
 def worker_growth(samples: Sequence[Sample], role: str, w: Windows) -> Growth | None:
-    """The first fresh worker after warm-up against the last, each at ``w.age``.
+    """The first fresh worker after warm-up against the last, each over the same
+    window of its life (``w.age`` to ``w.age + w.span``), as long-lived processes
+    are: own RSS median against median, fds the most against the median.
 
     ``None`` when fewer than two fresh workers reached that age.
     """
-    fresh = [
-        (life, s)
-        for life in lives(samples, role)
-        if life.born >= w.warmup and (s := life.at(w.age)) is not None
-    ]
+    fresh = fresh_lives(samples, role, w)
     if len(fresh) < 2:
         return None
-    a, b = fresh[0][1], fresh[-1][1]
+    a, b = fresh[0].window(w), fresh[-1].window(w)
     # Threads like for like too: a worker starts some threads only once it
     # needs them (saves, restores), so its first minutes are no bound. The
     # first fresh worker's whole life bounds every later one's.
-    first = fresh[0][0]
-    bound = max(s.threads for s in first.samples)
+    bound = max(s.threads for s in fresh[0].samples)
     late = max(
         (
             s.threads
             for life in lives(samples, role)
-            if life.born > first.born
+            if life.born > fresh[0].born
             for s in life.samples
         ),
         default=0,
     )
-    # Two single samples: their noise is what the same age measures across
-    # every fresh worker in between.
-    noise = _spread([s.own_kb for _, s in fresh])
+    medians = [statistics.median(s.own_kb for s in life.window(w)) for life in fresh]
     return Growth(
         role,
-        _mb(a.own_kb),
-        _mb(b.own_kb),
-        noise,
-        a.fds,
-        b.fds,
+        _mb(medians[0]),
+        _mb(medians[-1]),
+        # What the same window measures from one fresh worker to the next.
+        _spread([int(m) for m in medians]),
+        max(s.fds for s in a),
+        int(statistics.median(s.fds for s in b)),
         bound,
         late,
-        [life.pid for life, _ in fresh],
-        note=f"{len(fresh)} fresh workers at age {w.age:.0f} s",
+        [life.pid for life in fresh],
+        note=f"{len(fresh)} fresh workers, {w.age:.0f}-{w.age + w.span:.0f} s old",
     )
 
 
@@ -339,13 +214,15 @@ def growths(samples: Sequence[Sample], w: Windows) -> tuple[list[Growth], list[s
 
 
 def fd_samples(samples: Sequence[Sample], role: str, w: Windows) -> tuple[Sample, Sample] | None:
-    """The two samples whose fd counts a growth compares: long-lived, the most
-    in the reference window and the last; workers, the first and last fresh
-    worker at ``w.age``."""
-    mine = [s for s in samples if s.role == role]
+    """Two samples to name the fd kinds a growth is made of: the one with the most
+    fds in the reference window, and the last (workers: of the last fresh
+    worker's window)."""
     if is_worker(role):
-        fresh = [s for life in lives(mine, role) if life.born >= w.warmup and (s := life.at(w.age))]
-        return (fresh[0], fresh[-1]) if len(fresh) >= 2 else None
+        fresh = fresh_lives(samples, role, w)
+        if len(fresh) < 2:
+            return None
+        return max(fresh[0].window(w), key=lambda s: s.fds), fresh[-1].window(w)[-1]
+    mine = [s for s in samples if s.role == role]
     ref = [s for s in mine if w.warmup <= s.t < w.warmup + w.span]
     return (max(ref, key=lambda s: s.fds), mine[-1]) if ref else None
 
@@ -511,6 +388,36 @@ def judge(
 # -- the recorded text ---------------------------------------------------------------
 
 
+METHOD = """\
+### Method
+
+`python -m bench.soak` starts `python -m llamad.daemon` over a private
+temporary directory and loads it as the settings say; the killer SIGKILLs a
+model's worker (the models in turn) and waits for its replacement to
+register. Every request is entered in a ledger before it is sent and given
+one outcome per terminal its client sees (a reply or `done`, a typed error,
+anything else); prompts are token ids, so a reply that does not continue its
+own prompt shows. Every 5 s a sampler walks the daemon's process tree in
+`/proc` (every task's `children`) and records per process: RSS, **own RSS**
+= `VmRSS - RssShmem - Rss of the .gguf mappings` (the weights are a shared
+file mapping and the ram tier's rows shared memory; a worker's KV cells and
+compute buffers are allocated and zeroed when its context is created, so
+they are resident from its first sample and constant per model), open fds
+(and their kinds) and threads. Long-lived processes (root, front, cache_sup,
+cache-meta, model_sup) are compared as the median of the window after
+warm-up against the median of the last window; workers, which the kills
+replace, like for like: the first worker started after warm-up against the
+last one, each at the same age. The RSS bar is on the sum of every role's
+growth, met only when the sum stays under it by more than the samples'
+spread. fds: the median of the last window against the most seen in the
+window after warm-up (workers: at the same age). Threads: none past the
+most seen by the end of that window (workers: past the first fresh worker's
+whole life). Restarts: the kills and any other worker exit the supervisors
+logged, at most 3 of one model in 60 s (the front gives a model up past
+that).
+"""
+
+
 def report(
     *,
     settings: dict[str, str],
@@ -521,7 +428,8 @@ def report(
     plots: Sequence[str],
     fd_notes: dict[str, str] | None = None,
 ) -> str:
-    parts = ["### Settings and load\n", "\n".join(f"- {k}: {v}" for k, v in settings.items())]
+    parts = [METHOD, "\n### Settings and load\n"]
+    parts += ["\n".join(f"- {k}: {v}" for k, v in settings.items())]
     parts += [
         "\n\n### Bars\n",
         table(["bar", "measured", "verdict"], [[b.name, b.value, b.verdict] for b in bars]),
