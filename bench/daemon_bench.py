@@ -179,7 +179,9 @@ restore_tiers = ["disk"]
                 raise RuntimeError(f"the models were not ready in {READY_S:.0f} s")
             time.sleep(0.1)
         for model in MODELS:
-            # Untimed: the route, the worker's socket and its first decode.
+            # Untimed: the route, the worker's socket and its first decode
+            # (each on every thread: settled after the other model's).
+            settle()
             client.complete(model, f"Hello {uuid.uuid4().hex[:8]}", max_tokens=1, temperature=0.0)
         return client
 
