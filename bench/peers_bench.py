@@ -50,9 +50,10 @@ from bench.common import RESULTS, machine, record
 from bench.peers import idle, scenarios, workload
 from bench.peers.lcpp_sys import LlamaCppPython
 from bench.peers.llamad_sys import LlamadDaemon, ModelTable
+from bench.peers.render import report
 from bench.peers.server_sys import LlamaServer
 from bench.peers_plots import plot_all
-from bench.peers_report import LCPP, LLAMAD, SERVER, Results, report
+from bench.peers_report import LCPP, LLAMAD, SERVER, Results
 
 N_CTX, N_SEQ = 4096, 4
 NEVER = 1_000_000_000

@@ -4,8 +4,9 @@ Measurements are series of per-round values keyed ``scenario/system/variant``
 (:class:`Results`). :func:`bars` judges SPEC's P1-P9 from them; a ratio bar
 is judged on the per-round ratios (the systems ran in the same round,
 interleaved), so noise shared by both sides cancels and noise that does not
-widens the spread. Nothing here touches a process or a plot, so the judging is
-unit-tested (``tests/unit/test_peers_report.py``).
+widens the spread. Nothing here touches a process, a plot or a table (those:
+:mod:`bench.peers.render`), so the judging is unit-tested
+(``tests/unit/test_peers_report.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from bench.common import median, percentile, table
+from bench.common import median, percentile
 from bench.worker_bench_report import verdict
 
 LLAMAD, SERVER, LCPP, LBENCH = "llamad", "llama-server", "llama-cpp-python", "llama-bench"
@@ -253,113 +254,6 @@ def bars(results: Results) -> list[Bar]:
     return rows
 
 
-def bars_table(results: Results) -> str:
-    return table(
-        ["id", "what", "measured: median (min-max)", "bar", "verdict"],
-        [[b.id, b.what, b.measured, b.bar, b.verdict] for b in bars(results)],
-    )
-
-
-def ttft_table(results: Results) -> str:
-    rows = []
-    for system, paths in TTFT_PATHS.items():
-        for variant, what in paths:
-            cells = [spread(results.get("ttft", system, variant, n)) for n in results.sizes]
-            if any(c != "-" for c in cells):
-                rows.append([system, what, *cells])
-    return table(["system", "path", *(f"{n} tokens, ms" for n in results.sizes)], rows)
-
-
-def cached_table(results: Results) -> str:
-    """Prompt tokens each warm path reused, as the system itself reports it."""
-    rows = []
-    for system, paths in TTFT_PATHS.items():
-        for variant, what in paths:
-            cells = [
-                spread(results.get("cached", system, variant, n), ".0f") for n in results.sizes
-            ]
-            if any(c != "-" for c in cells):
-                rows.append([system, what, *cells])
-    return table(["system", "path", *(f"of {n}" for n in results.sizes)], rows)
-
-
-def decode_table(results: Results) -> str:
-    rows = []
-    for system in (LLAMAD, SERVER, LCPP):
-        one, four = results.get("decode", system, 1), results.get("decode", system, 4)
-        if one or four:
-            rows.append([system, spread(one), spread(four)])
-    return table(["system", "1 stream, tok/s", "4 streams (aggregate), tok/s"], rows)
-
-
-def prefill_table(results: Results) -> str:
-    rows = []
-    for system in (LLAMAD, LBENCH, SERVER, LCPP):
-        cells = [spread(results.get("prefill", system, n), ".0f") for n in results.sizes]
-        if any(c != "-" for c in cells):
-            rows.append([system, *cells])
-    return table(["system", *(f"pp {n}, tok/s" for n in results.sizes)], rows)
-
-
-def scenario_table(results: Results) -> str:
-    rows = []
-    for system in (LLAMAD, SERVER, LCPP):
-        p6a = results.get("p6", system, "agent1")
-        p6r = results.get("p6", system, "others")
-        p6 = results.get("p6", system, "share")
-        p7 = results.get("p7", system, "share")
-        p7p = results.get("p7", system, "share of prompt")
-        p8s, p8n = (
-            results.get("p8", system, "saves", "p99"),
-            results.get("p8", system, "no saves", "p99"),
-        )
-        p9 = results.get("p9", system, "mb")
-        if any((p6, p7, p8s, p9)):
-            rows.append(
-                [
-                    system,
-                    f"{spread(p6a)} / {spread(p6r)} ({spread([x * 100 for x in p6])}%)"
-                    if p6
-                    else "-",
-                    f"{spread([x * 100 for x in p7])}% ({spread([x * 100 for x in p7p])}%)"
-                    if p7
-                    else "-",
-                    f"{spread(p8n)} / {spread(p8s)}" if p8s else "-",
-                    spread(p9, ".0f") if p9 else "-",
-                ]
-            )
-    return table(
-        [
-            "system",
-            "P6 agent 1 / agents 2-8 p50, ms (share)",
-            "P7 reused: of reusable (of prompt)",
-            "P8 p99 ITL off / saves, ms",
-            "P9 idle MB",
-        ],
-        rows,
-    )
-
-
-def itl_table(results: Results) -> str:
-    rows = []
-    for name, itl in results.itl_ms.items():
-        if itl:
-            fired = results.get("p8", LLAMAD, name, "saves_continued")
-            rows.append(
-                [
-                    name,
-                    len(itl),
-                    f"{itl_p(itl, 50):.1f}",
-                    f"{itl_p(itl, 99):.1f}",
-                    f"{max(itl):.1f}",
-                    " ".join(f"{x:.0f}" for x in fired) or "-",
-                ]
-            )
-    return table(
-        ["llamad", "intervals", "p50 ms", "p99 ms", "max ms", "continued saves, per round"], rows
-    )
-
-
 COPY_FLOOR = "floor: copying the row's KV bytes once"
 STEP_FLOOR = "floor: one decode step (1 / single-stream decode rate)"
 
@@ -380,68 +274,3 @@ def floor_parts(results: Results) -> dict[str, list[float]]:
                 t - f for t, f in zip(total, parts["floor total"], strict=False)
             ]
     return parts
-
-
-def breakdown_table(results: Results) -> str:
-    rows = [[part, spread(ms, ".2f")] for part, ms in floor_parts(results).items()]
-    return table(["part of the warm path", "ms: median (min-max)"], rows)
-
-
-def report(results: Results, *, plots: Sequence[str] = ()) -> str:
-    """The result file's body (the machine header is bench.common.record's)."""
-    r = results
-    parts = [
-        f"{r.rounds} round(s), systems interleaved in every round; prompt sizes "
-        f"{', '.join(map(str, r.sizes))} tokens. A bar is met only when every round "
-        'clears it; "within noise" when it lies inside the rounds\' spread.',
-        "",
-        "### Setup",
-        "",
-        *(f"- {k}: {v}" for k, v in r.setup.items()),
-        *(f"- **skipped** {k}: {v}" for k, v in r.skipped.items()),
-        "",
-        "### Bars (SPEC P1-P9)",
-        "",
-        bars_table(r),
-        "",
-        "### Time to first token",
-        "",
-        ttft_table(r),
-        "",
-        "Prompt tokens reused, as each system reports it (llamad `cache_delta.read`, "
-        "llama-server `timings.cache_n`, llama-cpp-python: its own cache lookup):",
-        "",
-        cached_table(r),
-        "",
-        "### Decode",
-        "",
-        decode_table(r),
-        "",
-        "### Cold prefill",
-        "",
-        prefill_table(r),
-        "",
-        "### Agents, chat, saves, idle memory",
-        "",
-        scenario_table(r),
-        "",
-    ]
-    if r.itl_ms:
-        parts += [
-            "### Inter-token latency (P8, every interval of every round)",
-            "",
-            itl_table(r),
-            "",
-        ]
-    if r.breakdown:
-        parts += [
-            "### Where the time goes (llamad, warm ram hit at the largest size)",
-            "",
-            "From the worker's own timings (`Completion.stats`) and the client's clock; "
-            "the floor is copying the row's KV bytes once plus one single-token decode step.",
-            "",
-            breakdown_table(r),
-            "",
-        ]
-    parts += [f"![{p}]({p})" for p in plots]
-    return "\n".join(parts) + "\n"

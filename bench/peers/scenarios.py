@@ -83,6 +83,10 @@ def ttft_round(rig: Rig, res: Results, rnd: int, order: Sequence[str]) -> None:
                 warm = rig.server.complete(ids, 1)
                 res.add(warm.ttft_ms, "ttft", SERVER, "ram-cache", n)
                 res.add(float(warm.timings.get("cache_n", 0)), "cached", SERVER, "ram-cache", n)
+                # Served by another slot than the prefill's: the prompt came from
+                # the host-RAM cache, not from KV still resident in its slot.
+                moved = cold.slot is not None and warm.slot is not None and cold.slot != warm.slot
+                res.add(float(moved), "moved", SERVER, "ram-cache", n)
             elif system == LCPP and rig.lcpp_ram is not None and rig.lcpp_disk is not None:
                 first = rig.lcpp_ram.complete(ids, 1, forget=True)
                 res.add(first.ttft_ms, "ttft", LCPP, "cold", n)

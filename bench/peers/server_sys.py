@@ -47,6 +47,7 @@ class Reply:
     arrivals: list[float]
     timings: dict[str, Any]
     content: str
+    slot: int | None = None  # the slot that served it (``id_slot``)
 
 
 class LlamaServer:
@@ -185,6 +186,7 @@ class LlamaServer:
                 raise RuntimeError(f"llama-server {path}: {resp.status} {resp.read()[:500]!r}")
             arrivals: list[float] = []
             timings: dict[str, Any] = {}
+            slot: int | None = None
             text: list[str] = []
             for raw in resp:
                 line = raw.strip()
@@ -200,10 +202,12 @@ class LlamaServer:
                     text.append(piece)
                 if "timings" in event:
                     timings = event["timings"]
+                if isinstance(event.get("id_slot"), int):
+                    slot = event["id_slot"]
                 if event.get("stop") is True and path == "/completion":
                     break
             ttft = ((arrivals[0] if arrivals else time.perf_counter()) - started) * 1e3
-            return Reply(ttft, arrivals, timings, "".join(text))
+            return Reply(ttft, arrivals, timings, "".join(text), slot)
         finally:
             conn.close()
 

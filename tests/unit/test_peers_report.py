@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # bench/ is a package at the repository root
     sys.path.insert(0, str(ROOT))
 rep = importlib.import_module("bench.peers_report")
+render = importlib.import_module("bench.peers.render")
 if TYPE_CHECKING:
     from bench.peers_report import Bar, Results
 LLAMAD, SERVER = rep.LLAMAD, rep.SERVER
@@ -114,8 +115,17 @@ def test_itl_and_the_floor_of_the_warm_path() -> None:
 def test_the_report_has_every_bar_and_names_skipped_systems() -> None:
     r = results(ttft__llamad__ram__2048=[10.0, 11.0, 12.0])
     r.skipped["llama-cpp-python"] = "pip install of the pinned sdist failed (exit 1)"
-    text = rep.report(r, plots=["x-ttft.png"])
+    text = render.report(r, plots=["x-ttft.png"])
     for id_ in ("P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8", "P9"):
         assert f"| {id_} " in text
     assert "**skipped** llama-cpp-python: pip install of the pinned sdist failed" in text
     assert "![x-ttft.png](x-ttft.png)" in text
+
+
+def test_the_report_says_how_many_server_hits_came_from_its_ram_cache() -> None:
+    # A warm hit served by the prefill's own slot reused resident KV, not the
+    # host-RAM cache P1 compares against: the file counts those apart.
+    r = results(**{"moved__llama-server__ram-cache__2048": [1.0, 0.0, 1.0]})
+    r.series["cached/llama-server/ram-cache/2048"] = [2047.0, 2047.0, 2047.0]
+    assert "another slot than the prefill's" in render.cached_table(r)
+    assert "2 of 3" in render.cached_table(r)
