@@ -235,6 +235,11 @@ def idle_round(rig: scenarios.Rig, res: Results, work: Path) -> None:
         )
         ours = idle.rss_bytes(daemon.pids())
         res.add(idle.overhead_mb(ours, 1, sizes["model"], sizes["kv"]), "p9", LLAMAD, "mb")
+        worker = client.model_info("smollm2").pid
+        if worker is not None:
+            mine = idle.rss_bytes([worker])
+            res.add(idle.overhead_mb(mine, 1, sizes["model"], sizes["kv"]), "p9", LLAMAD, "worker")
+            res.add((ours - mine) / idle.MB, "p9", LLAMAD, "others")
         res.add(
             idle.overhead_mb(idle.rss_bytes(probe.pids()), 1, sizes["model"], sizes["kv"]),
             "p9",

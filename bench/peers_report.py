@@ -254,6 +254,11 @@ def bars(results: Results) -> list[Bar]:
     return rows
 
 
+TOTAL = "client TTFT (total)"
+CLIENT = "client, transport and front (TTFT less the worker's times)"
+QUEUE = "worker queue"
+RESTORE = "cache lookup + load + unpack (worker restore_ms)"
+PRIMER = "primer decode to the first token (worker prefill_ms)"
 COPY_FLOOR = "floor: copying the row's KV bytes once"
 STEP_FLOOR = "floor: one decode step (1 / single-stream decode rate)"
 
@@ -268,7 +273,7 @@ def floor_parts(results: Results) -> dict[str, list[float]]:
         parts[STEP_FLOOR] = step
     if copy and step:
         parts["floor total"] = [c + s for c, s in zip(copy, step, strict=False)]
-        total = parts.get("client TTFT (total)", [])
+        total = parts.get(TOTAL, [])
         if total:
             parts["gap to the floor (TTFT less floor total)"] = [
                 t - f for t, f in zip(total, parts["floor total"], strict=False)

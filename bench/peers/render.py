@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from bench.common import table
+from bench.common import median, table
 from bench.peers_report import (
+    CLIENT,
     LBENCH,
     LCPP,
     LLAMAD,
+    PRIMER,
+    RESTORE,
     SERVER,
     TTFT_PATHS,
     Results,
@@ -139,6 +142,86 @@ def breakdown_table(results: Results) -> str:
     return table(["part of the warm path", "ms: median (min-max)"], rows)
 
 
+def _m(values: Sequence[float], fmt: str = ".1f") -> str:
+    return f"{median(values):{fmt}}" if values else "-"
+
+
+def notes(results: Results) -> list[str]:
+    """For each bar measured and not met: where the time (or memory) goes, from
+    this run's own numbers, and what would close it."""
+    r = results
+    size = max(r.sizes)
+    parts = floor_parts(r)
+    out: list[str] = []
+    for b in bars(r):
+        if b.verdict == "met" or b.verdict.startswith("not measured"):
+            continue
+        if b.id == "P1":
+            server = _m(r.get("ttft", SERVER, "ram-cache", size))
+            out.append(
+                f"P1 ({b.what}: {b.verdict}): the warm ram path at {size} tokens is restore "
+                f"{_m(parts.get(RESTORE, []))} ms + primer {_m(parts.get(PRIMER, []))} ms + "
+                f"client/transport {_m(parts.get(CLIENT, []))} ms; llama-server's RAM-cache hit "
+                f"{server} ms. Closing it means shrinking the largest of these parts."
+            )
+        elif b.id == "P2":
+            out.append(
+                f"P2 ({b.verdict}): after the restart, restore from disk "
+                f"{_m(r.get('restore', LLAMAD, 'disk-restart', size))} ms + primer "
+                f"{_m(r.get('primer', LLAMAD, 'disk-restart', size))} ms of "
+                f"{_m(r.get('ttft', LLAMAD, 'disk-restart', size))} ms; the file's pages were "
+                "left as the restart found them (not dropped)."
+            )
+        elif b.id in ("P3", "P4"):
+            n = 4 if b.id == "P3" else 1
+            out.append(
+                f"{b.id} ({b.verdict}): llamad {_m(r.get('decode', LLAMAD, n))} tok/s against "
+                f"llama-server {_m(r.get('decode', SERVER, n))} at {n} stream(s); both run "
+                "the same libllama, so the gap is per-step overhead outside the decode "
+                "(scheduling, sampling, event sends) or the thread count llamad's governor chose."
+            )
+        elif b.id == "P5":
+            out.append(
+                f"P5 ({b.verdict}): llamad {_m(r.get('prefill', LLAMAD, size), '.0f')} tok/s "
+                f"against llama-bench {_m(r.get('prefill', LBENCH, size), '.0f')}; llamad prefills "
+                "prefill_chunk_size tokens per tick (512 by default) where llama-bench sends the "
+                "whole prompt in n_batch (2048) batches."
+            )
+        elif b.id == "P6":
+            out.append(
+                f"P6 ({b.verdict}): agents 2-8 median TTFT {_m(r.get('p6', LLAMAD, 'others'))} ms "
+                f"= restore {_m(r.get('p6', LLAMAD, 'restore_ms'))} ms + prefill of "
+                f"{_m(r.get('p6', LLAMAD, 'prefill_tokens'), '.0f')} tail tokens "
+                f"{_m(r.get('p6', LLAMAD, 'prefill_ms'))} ms + queue "
+                f"{_m(r.get('p6', LLAMAD, 'queue_ms'))} ms; the bar is 5% of agent 1's "
+                f"{_m(r.get('p6', LLAMAD, 'agent1'))} ms. The tail's prefill is the floor a "
+                "restore cannot remove; llama-server: "
+                f"{_m([x * 100 for x in r.get('p6', SERVER, 'share')])}%."
+            )
+        elif b.id == "P7":
+            out.append(
+                f"P7 ({b.verdict}): llamad reused "
+                f"{_m([x * 100 for x in r.get('p7', LLAMAD, 'share')])}% of what it could; "
+                "a turn that missed shows in the worker's cache_miss."
+            )
+        elif b.id == "P8":
+            out.append(
+                f"P8 ({b.verdict}): p99 ITL {_m(r.get('p8', LLAMAD, 'saves', 'p99'))} ms with "
+                f"saves against {_m(r.get('p8', LLAMAD, 'no saves', 'p99'))} ms without: a "
+                "continued save stalls the decode loop while it copies the sequence out."
+            )
+        elif b.id == "P9":
+            out.append(
+                f"P9 ({b.verdict}): the worker's own overhead (RSS less weights and KV) is "
+                f"{_m(r.get('p9', LLAMAD, 'worker'), '.0f')} MB, llama-server's whole overhead "
+                f"{_m(r.get('p9', SERVER, 'mb'), '.0f')} MB; the other llamad processes "
+                f"(daemon, supervisors, front, cache-meta: one Python interpreter each) hold "
+                f"{_m(r.get('p9', LLAMAD, 'others'), '.0f')} MB. Fewer processes, or "
+                "lighter ones (fewer imports before fork), would close it."
+            )
+    return out
+
+
 def report(results: Results, *, plots: Sequence[str] = ()) -> str:
     """The result file's body (the machine header is bench.common.record's)."""
     r = results
@@ -155,6 +238,8 @@ def report(results: Results, *, plots: Sequence[str] = ()) -> str:
         "### Bars (SPEC P1-P9)",
         "",
         bars_table(r),
+        "",
+        *(f"- {line}" for line in notes(r)),
         "",
         "### Time to first token",
         "",

@@ -23,11 +23,16 @@ from bench.peers.lcpp_sys import LlamaCppPython
 from bench.peers.llamad_sys import LlamadDaemon
 from bench.peers.server_sys import LlamaServer
 from bench.peers_report import (
+    CLIENT,
     COPY_FLOOR,
     LBENCH,
     LCPP,
     LLAMAD,
+    PRIMER,
+    QUEUE,
+    RESTORE,
     SERVER,
+    TOTAL,
     Results,
     intervals_ms,
     itl_p,
@@ -101,6 +106,8 @@ def ttft_round(rig: Rig, res: Results, rnd: int, order: Sequence[str]) -> None:
             for n, ids in on_disk.items():
                 ms, c = rig.llamad.first_token(DISK, ids)
                 res.add(ms, "ttft", LLAMAD, "disk-restart", n)
+                res.add(c.stats.restore_ms, "restore", LLAMAD, "disk-restart", n)
+                res.add(c.stats.prefill_ms, "primer", LLAMAD, "disk-restart", n)
                 res.add(float(c.cache_delta.read), "cached", LLAMAD, "disk-restart", n)
         elif system == SERVER and rig.server is not None:
             rig.server.restart()
@@ -131,11 +138,11 @@ def _llamad_warm(rig: Rig, res: Results, n: int, ids: list[int], disk_ids: list[
         w = warm.stats
         worker = w.queue_ms + w.restore_ms + w.prefill_ms
         parts = {
-            "client TTFT (total)": ms,
-            "client, transport and front (TTFT less the worker's times)": ms - worker,
-            "worker queue": w.queue_ms,
-            "cache lookup + load + unpack (worker restore_ms)": w.restore_ms,
-            "primer decode to the first token (worker prefill_ms)": w.prefill_ms,
+            TOTAL: ms,
+            CLIENT: ms - worker,
+            QUEUE: w.queue_ms,
+            RESTORE: w.restore_ms,
+            PRIMER: w.prefill_ms,
         }
         for part, v in parts.items():
             res.breakdown.setdefault(part, []).append(v)
@@ -252,13 +259,23 @@ def agents_round(rig: Rig, res: Results, rnd: int, order: Sequence[str]) -> None
             for i in range(8)
         ]
         ttfts: list[float] = []
+        parts: dict[str, list[float]] = {}
         for i, tail in enumerate(tails):
             ids = prefix + tail
             if system == LLAMAD:
                 before = rig.llamad.saves()
-                ms, _ = rig.llamad.first_token(RAM, ids)
+                ms, c = rig.llamad.first_token(RAM, ids)
                 if i == 0:
                     rig.llamad.wait_saved(before)
+                else:  # where agents 2-8's time goes, by the worker's own clock
+                    s = c.stats
+                    for name, v in (
+                        ("restore_ms", s.restore_ms),
+                        ("prefill_ms", s.prefill_ms),
+                        ("prefill_tokens", float(s.prefill_tokens)),
+                        ("queue_ms", s.queue_ms),
+                    ):
+                        parts.setdefault(name, []).append(v)
             elif system == SERVER and rig.server is not None:
                 ms = rig.server.complete(ids, 1).ttft_ms
             else:
@@ -269,6 +286,8 @@ def agents_round(rig: Rig, res: Results, rnd: int, order: Sequence[str]) -> None
             res.add(ttfts[0], "p6", system, "agent1")
             res.add(others, "p6", system, "others")
             res.add(others / ttfts[0], "p6", system, "share")
+            for name, values in parts.items():
+                res.add(float(np.median(values)), "p6", system, name)
 
 
 # -- P7: stateless multi-turn chat --------------------------------------------------------

@@ -129,3 +129,18 @@ def test_the_report_says_how_many_server_hits_came_from_its_ram_cache() -> None:
     r.series["cached/llama-server/ram-cache/2048"] = [2047.0, 2047.0, 2047.0]
     assert "another slot than the prefill's" in render.cached_table(r)
     assert "2 of 3" in render.cached_table(r)
+
+
+def test_a_missed_bar_gets_a_note_from_the_runs_own_numbers() -> None:
+    r = results(
+        p6__llamad__share=[0.08, 0.09],
+        p6__llamad__others=[160.0, 170.0],
+        p6__llamad__agent1=[2000.0, 1900.0],
+        p6__llamad__prefill_ms=[120.0, 130.0],
+        p6__llamad__prefill_tokens=[32.0, 32.0],
+        p9__llamad__mb=[150.0],
+    )
+    notes = render.notes(r)
+    assert len(notes) == 1  # P9 is met: no note
+    assert notes[0].startswith("P6 (ABOVE BAR)")
+    assert "prefill of 32 tail tokens 125.0 ms" in notes[0]
