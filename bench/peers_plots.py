@@ -7,6 +7,8 @@ from pathlib import Path
 from bench.common import median
 from bench.peers_report import LCPP, LLAMAD, SERVER, TTFT_PATHS, Results
 
+COLORS = {LLAMAD: "tab:blue", SERVER: "tab:orange", LCPP: "tab:green"}
+
 
 def plot_all(results: Results, out: Path, stem: str) -> list[Path]:
     """Write the plots beside the result file; their paths (none without matplotlib)."""
@@ -22,11 +24,19 @@ def plot_all(results: Results, out: Path, stem: str) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for system, paths in TTFT_PATHS.items():
-        for variant, what in paths:
+        # One colour per system; cold dotted, warm solid, after a restart dashed.
+        for (variant, what), style in zip(paths, (":", "-", "--"), strict=True):
             xs = [n for n in results.sizes if results.get("ttft", system, variant, n)]
             if xs:
                 ys = [median(results.get("ttft", system, variant, n)) for n in xs]
-                ax.plot(xs, ys, marker="o", label=f"{system}: {what}")
+                ax.plot(
+                    xs,
+                    ys,
+                    marker="o",
+                    linestyle=style,
+                    color=COLORS[system],
+                    label=f"{system}: {what}",
+                )
     ax.set_yscale("log")
     ax.set_xlabel("prompt tokens")
     ax.set_ylabel("time to first token, ms (median)")
@@ -44,7 +54,11 @@ def plot_all(results: Results, out: Path, stem: str) -> list[Path]:
         xs = [s for s in (1, 4) if results.get("decode", system, s)]
         if xs:
             ax.plot(
-                xs, [median(results.get("decode", system, s)) for s in xs], marker="o", label=system
+                xs,
+                [median(results.get("decode", system, s)) for s in xs],
+                marker="o",
+                color=COLORS[system],
+                label=system,
             )
     ax.set_xlabel("concurrent streams")
     ax.set_ylabel("aggregate decode, tok/s (median)")

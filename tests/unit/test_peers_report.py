@@ -144,3 +144,16 @@ def test_a_missed_bar_gets_a_note_from_the_runs_own_numbers() -> None:
     assert len(notes) == 1  # P9 is met: no note
     assert notes[0].startswith("P6 (ABOVE BAR)")
     assert "prefill of 32 tail tokens 125.0 ms" in notes[0]
+
+
+def test_the_plots_are_written_as_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    plots = importlib.import_module("bench.peers_plots")
+    r = results(decode__llamad__1=[90.0], decode__llamad__4=[150.0])
+    r.series["ttft/llamad/ram/512"] = [5.0]
+    r.series["ttft/llamad/cold/512"] = [2000.0]
+    r.itl_ms = {"saves": [10.0, 12.0, 30.0], "no saves": [10.0, 11.0, 12.0]}
+    written = plots.plot_all(r, tmp_path, "x")
+    assert [p.name for p in written] == ["x-ttft.png", "x-decode.png", "x-itl.png"]
+    for p in written:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
