@@ -100,6 +100,7 @@ def python_peer_plan() -> tuple[Path, str, dict[str, str]]:
         "CMAKE_ARGS=" + shlex.join(cmake_args),
         *(f"{k}={v}" for k, v in sorted(env_items.items())),
         f"python={sys.version.split()[0]}",
+        f"cpu-flags-sha256={cpu_flags_digest()}",
     ]
     stamp = "\n".join(stamp_lines) + "\n"
     key = hashlib.sha256(stamp.encode()).hexdigest()[:10]
@@ -109,6 +110,19 @@ def python_peer_plan() -> tuple[Path, str, dict[str, str]]:
     env["CMAKE_BUILD_PARALLEL_LEVEL"] = str(os.cpu_count() or 2)
     env["FORCE_CMAKE"] = "1"
     return paths.cache_root() / "peers" / name, stamp, env
+
+
+def cpu_flags_digest() -> str:
+    """Digest of this CPU's feature flags: -march=native compiles for them, so a
+    cache shared by machines (a home directory on NFS) never hands one CPU's
+    build to another."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
+    line = next((ln for ln in text.splitlines() if ln.startswith(("flags", "Features"))), "")
+    flags = " ".join(sorted(line.partition(":")[2].split()))
+    return hashlib.sha256(flags.encode()).hexdigest()[:16]
 
 
 def venv_python(venv: Path) -> Path:

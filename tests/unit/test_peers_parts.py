@@ -116,3 +116,10 @@ def test_the_result_file_is_named_without_the_host_name() -> None:
     assert name.endswith(f"-{os.cpu_count()}c")
     host = platform.node().lower()
     assert not host or host not in name
+
+
+def test_the_llama_cpp_python_key_names_this_cpus_flags() -> None:
+    # -march=native builds for this CPU: another CPU's flags get another venv.
+    _, stamp, _ = setup.python_peer_plan()
+    assert f"cpu-flags-sha256={setup.cpu_flags_digest()}" in stamp
+    assert len(setup.cpu_flags_digest()) == 16
