@@ -125,9 +125,18 @@ def build_rig(args: argparse.Namespace, res: Results, work: Path) -> scenarios.R
         if py is None:
             res.skipped[LCPP] = why
         else:
-            common = {"n_ctx": N_CTX, "threads": threads, "cache_dir": work / "lcpp-disk-cache"}
-            lcpp_ram = LlamaCppPython(py, model, cache="ram", **common)  # type: ignore[arg-type]
-            lcpp_disk = LlamaCppPython(py, model, cache="disk", **common)  # type: ignore[arg-type]
+            lcpp_ram, lcpp_disk = (
+                LlamaCppPython(
+                    py,
+                    model,
+                    n_ctx=N_CTX,
+                    threads=threads,
+                    cache=kind,
+                    cache_dir=work / "lcpp-disk-cache",
+                    log=work / f"llama-cpp-python-{kind}.log",
+                )
+                for kind in ("ram", "disk")
+            )
     res.setup.update(
         {
             "model": f"{Path(model).name} (n_ctx {N_CTX}, {N_SEQ} sequences, threads {threads})",

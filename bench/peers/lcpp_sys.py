@@ -26,9 +26,18 @@ class LcppReply:
 
 class LlamaCppPython:
     def __init__(
-        self, python: Path, model: str, *, n_ctx: int, threads: int, cache: str, cache_dir: Path
+        self,
+        python: Path,
+        model: str,
+        *,
+        n_ctx: int,
+        threads: int,
+        cache: str,
+        cache_dir: Path,
+        log: Path,
     ) -> None:
         self.python = python
+        self.log_path = log
         self.config = {
             "model": model,
             "n_ctx": n_ctx,
@@ -40,12 +49,15 @@ class LlamaCppPython:
         self.version = ""
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [str(self.python), str(CHILD), json.dumps(self.config)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        # Its stderr (LlamaDiskCache prints every store there) goes to a log.
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [str(self.python), str(CHILD), json.dumps(self.config)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+            )
         hello = self._read()
         self.version = str(hello.get("version", ""))
 
@@ -58,7 +70,8 @@ class LlamaCppPython:
         line = out.readline()
         if not line:
             assert self.proc is not None
-            raise RuntimeError(f"llama-cpp-python child exited {self.proc.wait()}")
+            tail = self.log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"llama-cpp-python child exited {self.proc.wait()}:\n{tail}")
         result: dict[str, Any] = json.loads(line)
         return result
 

@@ -275,7 +275,9 @@ def report(results: Results, *, plots: Sequence[str] = ()) -> str:
             "### Where the time goes (llamad, warm ram hit at the largest size)",
             "",
             "From the worker's own timings (`Completion.stats`) and the client's clock; "
-            "the floor is copying the row's KV bytes once plus one single-token decode step.",
+            "the floor is copying the row's KV bytes once plus one single-token decode step. "
+            "The worker reports its restore as one time (lookup, validated read, unpack); "
+            "bench/worker_bench_restore.py times those parts apart, in process.",
             "",
             breakdown_table(r),
             "",
