@@ -39,6 +39,7 @@ import contextlib
 import datetime as dt
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -298,6 +299,8 @@ def main() -> int:
             idle_round(rig, res, work)
     finally:
         stop(rig)
+        # The disk caches' gigabytes go; the peers' logs stay for a look.
+        shutil.rmtree(work / "lcpp-disk-cache", ignore_errors=True)
     res.setup["load average (1, 5, 15 min)"] = f"{load_start} at start, {load_avg()} at end"
     if args.quick:
         res.setup["mode"] = "--quick: one round at 512 tokens; indicative only"

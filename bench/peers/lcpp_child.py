@@ -61,10 +61,13 @@ def main() -> int:
         n_ubatch=cfg.get("n_ubatch", 512),
         verbose=False,
     )
+    # A state here is ~0.3-0.8 GB (KV plus the logits llama-cpp-python keeps): the
+    # default 2 GiB held fewer than one round's three prompts and trimmed the one
+    # asked for next. A round's three fit in these.
     if cfg["cache"] == "ram":
-        llm.set_cache(llama_cpp.LlamaRAMCache(capacity_bytes=2 << 30))
+        llm.set_cache(llama_cpp.LlamaRAMCache(capacity_bytes=4 << 30))
     else:
-        llm.set_cache(llama_cpp.LlamaDiskCache(cache_dir=cfg["cache_dir"]))
+        llm.set_cache(llama_cpp.LlamaDiskCache(cache_dir=cfg["cache_dir"], capacity_bytes=8 << 30))
     print(json.dumps({"ready": True, "version": llama_cpp.__version__}), flush=True)
     for line in sys.stdin:
         req = json.loads(line)
