@@ -16,6 +16,7 @@ import pytest
 from llamad import paths
 
 if TYPE_CHECKING:
+    from bench.peers.lcpp_sys import LlamaCppPython
     from bench.peers.server_sys import LlamaServer
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.model, pytest.mark.slow]
@@ -108,3 +109,34 @@ def test_llama_cpp_python_reuses_its_ram_cache_after_the_context_is_forgotten(
         assert warm.reused == len(PROMPT) - 1
     finally:
         peer.stop()
+
+
+def test_llama_cpp_pythons_disk_cache_outlives_its_process(tmp_path: Path) -> None:
+    py, why = setup.python_peer(build=False)
+    if py is None:
+        pytest.skip(f"llama-cpp-python: {why}")
+
+    def peer() -> LlamaCppPython:
+        made: LlamaCppPython = lcpp_sys.LlamaCppPython(
+            py,
+            str(paths.default_model_path()),
+            n_ctx=1024,
+            threads=1,
+            cache="disk",
+            cache_dir=tmp_path / "cache",
+            log=tmp_path / "child.log",
+        )
+        return made
+
+    first = peer()
+    first.start()
+    try:
+        assert first.complete(PROMPT, 2, forget=True).reused == 0
+    finally:
+        first.stop()
+    second = peer()
+    second.start()
+    try:
+        assert second.complete(PROMPT, 2, forget=True).reused == len(PROMPT) - 1
+    finally:
+        second.stop()
