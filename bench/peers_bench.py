@@ -152,6 +152,14 @@ def build_rig(args: argparse.Namespace, res: Results, work: Path) -> scenarios.R
             "llama-cpp-python": "Llama + LlamaRAMCache / LlamaDiskCache, in its venv"
             if lcpp_ram
             else "-",
+            "threads": f"{threads} for every system; llamad's thread governor may decode on "
+            "fewer when a step collapses (a busy machine), the peers keep theirs",
+            "after a restart": "every system is stopped and started again; llamad's disk rows "
+            "and llama-cpp-python's disk cache are read with the page cache as the restart "
+            "left it (not dropped)",
+            "warm paths": "llamad: a request without a session restores from the cache every "
+            "time; llama-server: a filler request first takes another slot, so the prompt comes "
+            "back from its host-RAM cache; llama-cpp-python: the context is reset first",
         }
     )
     return scenarios.Rig(
