@@ -149,7 +149,8 @@ def build_rig(args: argparse.Namespace, res: Results, work: Path) -> scenarios.R
             if server
             else "-",
             "llama-bench": f"-p N -n 0 -t {threads} -r 1 (default batch 2048, ubatch 512, fa auto)",
-            "llama-cpp-python": "Llama + LlamaRAMCache / LlamaDiskCache, in its venv"
+            "llama-cpp-python": "Llama + LlamaRAMCache / LlamaDiskCache, in its venv, timed "
+            "inside its own process (a library: no IPC hop, unlike the two servers)"
             if lcpp_ram
             else "-",
             "threads": f"{threads} for every system; llamad's thread governor may decode on "
