@@ -24,8 +24,9 @@ def plot_all(results: Results, out: Path, stem: str) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for system, paths in TTFT_PATHS.items():
-        # One colour per system; cold dotted, warm solid, after a restart dashed.
-        for (variant, what), style in zip(paths, (":", "-", "--"), strict=True):
+        # One colour per system; cold dotted, warm solid, after a restart dashed
+        # (llamad's pages-dropped variant dash-dotted).
+        for (variant, what), style in zip(paths, (":", "-", "--", "-."), strict=False):
             xs = [n for n in results.sizes if results.get("ttft", system, variant, n)]
             if xs:
                 ys = [median(results.get("ttft", system, variant, n)) for n in xs]

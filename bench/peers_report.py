@@ -30,6 +30,7 @@ TTFT_PATHS: dict[str, tuple[tuple[str, str], ...]] = {
         ("cold", "cold prefill"),
         ("ram", "warm, restored from ram"),
         ("disk-restart", "after a daemon restart, from disk"),
+        ("disk-dropped", "the same, the row's pages dropped first"),
     ),
     SERVER: (
         ("cold", "cold prefill"),

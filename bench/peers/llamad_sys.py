@@ -198,6 +198,20 @@ class LlamadDaemon:
         sizes = [p.stat().st_size for p in Path("/dev/shm").glob(f"llamad-ram.{self.instance}.*")]
         return max(sizes, default=0)
 
+    def drop_disk_pages(self) -> int:
+        """POSIX_FADV_DONTNEED on every file of the daemon's state dir (its disk
+        tier): their pages leave the page cache. How many files."""
+        n = 0
+        for path in (self.base / "state").rglob("*"):
+            if path.is_file():
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                    n += 1
+                finally:
+                    os.close(fd)
+        return n
+
     def saves(self) -> int:
         assert self.client is not None
         return int(self.client.counters().get("saves_finish", 0))

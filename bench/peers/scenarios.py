@@ -109,6 +109,12 @@ def ttft_round(rig: Rig, res: Results, rnd: int, order: Sequence[str]) -> None:
                 res.add(c.stats.restore_ms, "restore", LLAMAD, "disk-restart", n)
                 res.add(c.stats.prefill_ms, "primer", LLAMAD, "disk-restart", n)
                 res.add(float(c.cache_delta.read), "cached", LLAMAD, "disk-restart", n)
+                # The same row again with its file's pages out of the page cache
+                # (as after a reboot, or a row not read for long): untimed drop.
+                rig.llamad.drop_disk_pages()
+                ms, c = rig.llamad.first_token(DISK, ids)
+                res.add(ms, "ttft", LLAMAD, "disk-dropped", n)
+                res.add(float(c.cache_delta.read), "cached", LLAMAD, "disk-dropped", n)
         elif system == SERVER and rig.server is not None:
             rig.server.restart()
             for n, ids in prompts.items():

@@ -136,3 +136,21 @@ def test_the_result_is_recorded_as_date_machine_md_and_nothing_else(
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
     text = path.read_text()
     assert "## Machine" in text and "| P1 | ... |" in text
+
+
+def test_dropping_the_disk_tiers_pages_touches_every_file_of_the_state_dir() -> None:
+    llamad_sys = importlib.import_module("bench.peers.llamad_sys")
+    table = llamad_sys.ModelTable("disk", 4096, 4, 2, "disk", ("disk",), {"min_tokens": 9})
+    daemon = llamad_sys.LlamadDaemon("t", [table], 2)
+    try:
+        config = (daemon.base / "llamad.toml").read_text()
+        assert 'restore_tiers = ["disk"]' in config
+        assert "[models.disk.cache.policy]\nmin_tokens = 9" in config
+        kvc = daemon.base / "state" / "kvc" / "ab"
+        kvc.mkdir(parents=True)
+        for name in ("1.kvc", "2.kvc"):
+            (kvc / name).write_bytes(b"x" * 4096)
+        assert daemon.drop_disk_pages() == 2
+    finally:
+        daemon.remove()
+    assert not daemon.base.exists()
