@@ -9,19 +9,23 @@ import os
 import select
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from llamad.cache.lookup import LookupPolicy
 from llamad.cache.meta_proc import MetaProcess
 from llamad.cache.policy import CachePolicy
-from llamad.cache.sup import CacheSettings
+from llamad.cache.sup import CacheSettings, discard
+from llamad.llama_ffi import Context, Model
 from llamad.llama_ffi.options import ContextOptions
 from llamad.llama_ffi.state import StateBuffer
 from llamad.model.cache_view import ClientCacheView
 from llamad.model.cache_view_config import CacheViewConfig
 from llamad.model.config import WorkerConfig
 from llamad.model.core import WorkerCore
+from llamad.model.llama_backend import LlamaBackend
 from llamad.model.requests import RequestParams
 from llamad.model.results import Completion, DoneEvent, ErrorEvent, Event
 from llamad.model.stub import StubBackend
@@ -221,3 +225,59 @@ def make_driver(
 def prompt(n: int, start: int = 1) -> list[int]:
     """``n`` tokens inside the stub's 256-token vocabulary."""
     return [(start + 7 * i) % 250 + 1 for i in range(n)]
+
+
+@contextmanager
+def scratch_cache(prefix: str) -> Iterator[tuple[CacheSettings, Meta]]:
+    """A scratch cache and its running cache-meta for a module of real-model tests."""
+    settings = CacheSettings.scratch(
+        prefix=prefix, stats_flush_s=0.5, lookup=LookupPolicy(common_min_tokens=8)
+    )
+    try:
+        meta = Meta(settings)
+        try:
+            yield settings, meta
+        finally:
+            meta.stop()
+    finally:
+        discard(settings)
+
+
+def real_context(model: Model) -> Context:
+    """The real model's context for WorkerCore tests: 2 unified sequences, 1 thread."""
+    return model.context(
+        ContextOptions(
+            n_ctx=1024,
+            n_batch=256,
+            n_ubatch=256,
+            n_seq_max=2,
+            kv_unified=True,
+            n_threads=1,
+            n_threads_batch=1,
+        )
+    )
+
+
+@contextmanager
+def real_driver(
+    ctx: Context, settings: CacheSettings, backend: LlamaBackend, *, chunk: int
+) -> Iterator[Driver]:
+    """WorkerCore over ``backend`` and a ClientCacheView of ``settings``' cache,
+    on a cleared ``ctx``; on exit every packed state must have come back."""
+    ctx.clear()
+    view = ClientCacheView.from_settings(settings, ctx, config=CacheViewConfig())
+    cfg = WorkerConfig(
+        n_ctx=ctx.n_ctx,
+        n_batch=ctx.n_batch,
+        n_seq_max=ctx.n_seq_max,
+        prefill_chunk_size=chunk,
+        policy=SMALL_POLICY,
+    )
+    drv = Driver(WorkerCore(cfg, backend, view), backend, view)
+    try:
+        yield drv
+    finally:
+        drv.core.shutdown()
+        view.close()
+        assert backend.pool.leased == 0  # every packed state came back
+        backend.close()

@@ -16,18 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cache_view_support import SMALL_POLICY, Driver, Meta
+from cache_view_support import Driver, Meta, real_context, real_driver, scratch_cache
 
 from llamad.cache.client import CacheClient
 from llamad.cache.kvc import parse_meta
-from llamad.cache.lookup import LookupPolicy
-from llamad.cache.sup import CacheSettings, discard
+from llamad.cache.sup import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.llama_ffi import Context, ContextOptions, Model
-from llamad.model.cache_view import ClientCacheView
-from llamad.model.cache_view_config import CacheViewConfig
-from llamad.model.config import WorkerConfig
-from llamad.model.core import WorkerCore
 from llamad.model.llama_backend import LlamaBackend
 from llamad.model.planner import BatchPlan
 from llamad.model.results import CacheHitKind, Completion
@@ -65,62 +60,32 @@ class CountingBackend(LlamaBackend):
 
 
 @pytest.fixture(scope="module")
-def settings() -> Iterator[CacheSettings]:
-    s = CacheSettings.scratch(
-        prefix="lslb", stats_flush_s=0.5, lookup=LookupPolicy(common_min_tokens=8)
-    )
-    try:
-        yield s
-    finally:
-        discard(s)
+def cache() -> Iterator[tuple[CacheSettings, Meta]]:
+    with scratch_cache("lslb") as c:
+        yield c
 
 
 @pytest.fixture(scope="module")
-def meta(settings: CacheSettings) -> Iterator[Meta]:
-    m = Meta(settings)
-    try:
-        yield m
-    finally:
-        m.stop()
+def settings(cache: tuple[CacheSettings, Meta]) -> CacheSettings:
+    return cache[0]
+
+
+@pytest.fixture(scope="module")
+def meta(cache: tuple[CacheSettings, Meta]) -> Meta:
+    return cache[1]
 
 
 @pytest.fixture(scope="module")
 def ctx(model: Model) -> Iterator[Context]:
-    c = model.context(
-        ContextOptions(
-            n_ctx=1024,
-            n_batch=256,
-            n_ubatch=256,
-            n_seq_max=2,
-            kv_unified=True,
-            n_threads=1,
-            n_threads_batch=1,
-        )
-    )
+    c = real_context(model)
     yield c
     c.close()
 
 
 @pytest.fixture
 def worker(ctx: Context, settings: CacheSettings, meta: Meta) -> Iterator[Driver]:
-    ctx.clear()
-    backend = CountingBackend(ctx)
-    view = ClientCacheView.from_settings(settings, ctx, config=CacheViewConfig())
-    cfg = WorkerConfig(
-        n_ctx=ctx.n_ctx,
-        n_batch=ctx.n_batch,
-        n_seq_max=ctx.n_seq_max,
-        prefill_chunk_size=CHUNK,
-        policy=SMALL_POLICY,
-    )
-    drv = Driver(WorkerCore(cfg, backend, view), backend, view)
-    try:
+    with real_driver(ctx, settings, CountingBackend(ctx), chunk=CHUNK) as drv:
         yield drv
-    finally:
-        drv.core.shutdown()
-        view.close()
-        assert backend.pool.leased == 0
-        backend.close()
 
 
 def row_path(settings: CacheSettings, key: bytes) -> Path:
