@@ -26,8 +26,8 @@ import pytest
 from llamad import paths
 from llamad.cli import main
 from llamad.cli_errors import EXIT_OK
-from llamad.cli_install import SHIPPED_EXEC, stop_timeout_s
 from llamad.config import load_config
+from llamad.systemd_unit import SHIPPED_EXEC, stop_timeout_s
 
 ANALYZE = shutil.which("systemd-analyze")
 pytestmark = [
