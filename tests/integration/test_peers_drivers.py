@@ -140,3 +140,29 @@ def test_llama_cpp_pythons_disk_cache_outlives_its_process(tmp_path: Path) -> No
         assert second.complete(PROMPT, 2, forget=True).reused == len(PROMPT) - 1
     finally:
         second.stop()
+
+
+def test_llama_cpp_pythons_disk_cache_gives_an_entry_once(tmp_path: Path) -> None:
+    # Why bench/peers/scenarios.py fills and reads back each size across its own
+    # restart: LlamaDiskCache (0.3.36) pops the entry a lookup finds, so the
+    # second read of the same prompt (the context forgotten) finds nothing.
+    py, why = setup.python_peer(build=False)
+    if py is None:
+        pytest.skip(f"llama-cpp-python: {why}")
+    peer = lcpp_sys.LlamaCppPython(
+        py,
+        str(paths.default_model_path()),
+        n_ctx=1024,
+        threads=1,
+        cache="disk",
+        cache_dir=tmp_path / "cache",
+        log=tmp_path / "child.log",
+    )
+    peer.start()
+    try:
+        other = [1, *range(3000, 3100)]
+        peer.complete(PROMPT, 1, forget=True)  # saved
+        assert peer.complete(other, 1, forget=True).reused == 1  # pops PROMPT's entry
+        assert peer.complete(PROMPT, 1, forget=True).reused == 1  # gone: only token 1 shared
+    finally:
+        peer.stop()
