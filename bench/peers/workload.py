@@ -40,8 +40,12 @@ class Sizes:
 
 
 def words(nonce: str, n: int) -> str:
+    """About ``n`` words drawn by the nonce; three of them lead, before the nonce
+    itself, so two prompts rarely share even their first token (a prefix cache
+    that takes any shared prefix, as llama-cpp-python's does, then finds nothing)."""
     rng = random.Random(nonce)
-    return f"Record {nonce}: " + " ".join(rng.choice(_WORDS) for _ in range(n))
+    lead = " ".join(rng.choice(_WORDS).capitalize() for _ in range(3))
+    return f"{lead}, record {nonce}: " + " ".join(rng.choice(_WORDS) for _ in range(n))
 
 
 def exact_tokens(tokenize: Tokenize, nonce: str, n: int) -> list[int]:
