@@ -20,7 +20,7 @@ def _ran(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> list[str]:
         seen.append(command)
         return subprocess.CompletedProcess(command, 0)
 
-    monkeypatch.setattr(cli.subprocess, "run", fake_run)
+    monkeypatch.setattr(subprocess, "run", fake_run)
     args = cli.build_parser().parse_args(argv)
     assert args.run(args) == 0
     assert len(seen) == 1
