@@ -133,7 +133,10 @@ def test_paths_in_a_home_are_bound_and_a_private_tmp_is_refused() -> None:
 
 
 def test_install_unit_writes_this_interpreter_and_its_config(
-    tmp_path: Path, visible_dir: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    visible_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    installation_seen_by_the_service: None,
 ) -> None:
     config = visible_dir / "llamad.toml"
     config.write_text(NO_MODEL)
@@ -152,7 +155,10 @@ def test_install_unit_writes_this_interpreter_and_its_config(
 
 
 def test_install_unit_never_replaces_a_unit_without_force(
-    tmp_path: Path, visible_dir: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    visible_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    installation_seen_by_the_service: None,
 ) -> None:
     unit = tmp_path / "llamad.service"
     unit.write_text("# an operator's own unit\n")
@@ -167,7 +173,7 @@ def test_install_unit_never_replaces_a_unit_without_force(
 
 
 def test_install_unit_prints_the_unit_with_stdout(
-    visible_dir: Path, capsys: pytest.CaptureFixture[str]
+    visible_dir: Path, capsys: pytest.CaptureFixture[str], installation_seen_by_the_service: None
 ) -> None:
     config = visible_dir / "llamad.toml"
     config.write_text(NO_MODEL + 'endpoint = "tcp://127.0.0.1:7771"\n')

@@ -105,7 +105,7 @@ def test_verify_reports_a_directive_systemd_does_not_know(tmp_path: Path) -> Non
 
 
 def test_install_unit_writes_a_unit_that_verifies_for_this_machine(
-    tmp_path: Path, visible_dir: Path
+    tmp_path: Path, visible_dir: Path, installation_seen_by_the_service: None
 ) -> None:
     config = visible_dir / "llamad.toml"
     config.write_text(
