@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from conftest import start_served
 from served import Served, prompt_text
 
+from conftest import start_served
 from llamad import (
     AdapterError,
     BadRequest,
@@ -33,6 +33,9 @@ from llamad import (
 )
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.model]
+
+
+ENDLESS = 'root ::= "la " root'
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +131,11 @@ def test_a_full_worker_refuses_with_overloaded(served: Served, client: Client) -
     streams: list[Stream] = []
     try:
         for i in range(4):
-            stream = client.infer(served.model_id, prompt_text(310 + i), max_tokens=300)
+            # A grammar that never lets the model stop: a sequence freed by an
+            # end-of-generation token would admit the fifth request.
+            stream = client.infer(
+                served.model_id, prompt_text(310 + i), max_tokens=300, grammar=ENDLESS
+            )
             next(stream)  # admitted and generating
             streams.append(stream)
         with pytest.raises(Overloaded):

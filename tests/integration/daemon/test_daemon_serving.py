@@ -175,8 +175,13 @@ def test_status_reports_models_workers_supervisors_and_tiers(daemon: Daemon) -> 
     assert "model.smol" in {c.id for c in sups["model_sup"].children}
     assert set(status.tiers) == {"ram", "disk"}
     assert status.tiers["ram"].quota == 256 << 20
-    counters = daemon.front.call("counters", {})
-    assert counters["hits_exact"] >= 1 and "bytes_ram" in counters
+    # The module's exact hits reach the counters file at cache-meta's next
+    # stats flush: poll for it rather than race it.
+    counters = wait_until(
+        lambda: (c := daemon.front.call("counters", {}))["hits_exact"] >= 1 and c,
+        "the module's exact hits in the counters",
+    )
+    assert "bytes_ram" in counters
     assert status.tiers["ram"].bytes > 0  # the rows saved by the tests before
     gc = daemon.front.call("gc", {})
     assert set(gc) == {"evicted", "bytes_freed", "missing", "reaped"}

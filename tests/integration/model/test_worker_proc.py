@@ -162,9 +162,18 @@ def test_eight_streams_on_four_sequences_all_complete_in_fifo_order(
     # The first four took a sequence at once; the rest waited for one...
     assert all(results[i].stats.queue_ms < 50 for i in range(4))
     assert all(results[i].stats.queue_ms > 0 for i in range(4, n))
-    # ... and got them in the order they came (FIFO).
-    queued = [first_token_at[i] for i in range(4, n)]
-    assert queued == sorted(queued)
+    # ... and got them in the order they came (FIFO). Sequences freed in one
+    # tick admit their queued requests together, whose first tokens then reach
+    # the client threads microseconds apart in any order; a request admitted
+    # out of order would be a whole decode step (several ms) ahead.
+    same_tick_s = 0.002
+    for earlier in range(4, n):
+        for later in range(earlier + 1, n):
+            assert first_token_at[later] >= first_token_at[earlier] - same_tick_s, (
+                earlier,
+                later,
+                first_token_at,
+            )
 
 
 def test_cancel_mid_stream_ends_it_cancelled(tree: WorkerTree, worker: WorkerClient) -> None:
