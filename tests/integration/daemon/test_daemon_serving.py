@@ -175,12 +175,26 @@ def test_status_reports_models_workers_supervisors_and_tiers(daemon: Daemon) -> 
     assert "model.smol" in {c.id for c in sups["model_sup"].children}
     assert set(status.tiers) == {"ram", "disk"}
     assert status.tiers["ram"].quota == 256 << 20
-    # The module's exact hits reach the counters file at cache-meta's next
-    # stats flush: poll for it rather than race it.
+    # The front reads cache-meta's counters: a hit this test makes shows there
+    # (at cache-meta's next stats flush, so polled). cache-meta files a warm
+    # repeat under the lookup that found it (exact, or the longest-prefix walk).
+    hits = ("hits_exact", "hits_longest_prefix", "hits_resume")
+    before = daemon.front.call("counters", {})
+    worker = daemon.worker("smol")
+    prompt = prompt_text(7)
+    cold = worker.complete(prompt, max_tokens=4, **GREEDY)
+    daemon.wait_saved(cold.finish_key)
+    after_save = daemon.front.call("counters", {})
+    assert worker.complete(prompt, max_tokens=4, **GREEDY).cache_hit_kind is CacheHitKind.EXACT
     counters = wait_until(
-        lambda: (c := daemon.front.call("counters", {}))["hits_exact"] >= 1 and c,
-        "the module's exact hits in the counters",
+        lambda: (
+            (c := daemon.front.call("counters", {}))
+            and sum(c[h] for h in hits) > sum(after_save[h] for h in hits)
+            and c
+        ),
+        "the warm repeat's hit in the counters",
     )
+    assert counters["saves_finish"] > before["saves_finish"]
     assert "bytes_ram" in counters
     assert status.tiers["ram"].bytes > 0  # the rows saved by the tests before
     gc = daemon.front.call("gc", {})
