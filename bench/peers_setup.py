@@ -20,8 +20,7 @@ prints the peers' paths as JSON, building nothing.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
+import functools
 import hashlib
 import importlib.util
 import json
@@ -30,7 +29,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -51,8 +49,9 @@ PASSED_PREFIXES = (
 )
 
 
+@functools.cache
 def native() -> ModuleType:
-    """scripts/native.py as a module (it is a script, not a package)."""
+    """scripts/native.py as a module (it is a script, not a package), loaded once."""
     spec = importlib.util.spec_from_file_location("llamad_native", ROOT / "scripts" / "native.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -63,17 +62,6 @@ def native() -> ModuleType:
 
 def log(msg: str) -> None:
     print(f"[peers] {msg}", file=sys.stderr, flush=True)
-
-
-@contextlib.contextmanager
-def locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def llama_tools() -> dict[str, str]:
@@ -140,7 +128,7 @@ def python_peer(*, build: bool) -> tuple[Path | None, str]:
         if failed.is_file():
             return None, f"its setup failed: {failed.read_text().strip()}"
         return None, f"llama-cpp-python is not set up at {venv}; run `python -m bench.peers_setup`"
-    with locked(venv.parent / f"{venv.name}.lock"):
+    with native().locked(venv.parent / f"{venv.name}.lock"):
         if stamp_file.is_file() and stamp_file.read_text() == stamp:
             return venv_python(venv), ""
         shutil.rmtree(venv, ignore_errors=True)
