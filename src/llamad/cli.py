@@ -92,8 +92,7 @@ def _bench(args: argparse.Namespace) -> int:
     # A quick subset, not recorded; `make bench` runs and records everything:
     # one round of the worker benchmark (cold, warm, decoding), or, as
     # `llamad bench peers [ARGS]`, one round of P1-P9 against llama-server and
-    # llama-cpp-python (as far as bench/peers_setup.py has set them up). A word,
-    # not an option: the remainder argument keeps only what follows a positional.
+    # llama-cpp-python (as far as bench/peers_setup.py has set them up).
     extra = list(args.bench_args)
     module = "bench.worker_bench"
     if extra[:1] == ["peers"]:
@@ -175,10 +174,16 @@ def build_parser() -> argparse.ArgumentParser:
     example = actions.add_parser("example", help="print a commented example configuration")
     example.set_defaults(run=_config_example)
 
+    # Every word after `bench` belongs to the benchmark script, options
+    # included: a prefix character no argument starts with keeps argparse from
+    # taking `--rounds` as an option of ours (REMAINDER alone stops at an
+    # option), and `-h` reaches the script, which knows its own options.
     bench = commands.add_parser(
         "bench",
         help="a quick benchmark of the default model (from a source checkout); "
         "`bench peers`: one quick round of P1-P9 against llama-server and llama-cpp-python",
+        prefix_chars="\0",
+        add_help=False,
     )
     bench.add_argument(
         "bench_args",

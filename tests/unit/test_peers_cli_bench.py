@@ -39,3 +39,13 @@ def test_bench_peers_runs_the_peers_bench_quick_and_never_records(
 def test_bench_without_peers_still_runs_the_worker_bench(monkeypatch: pytest.MonkeyPatch) -> None:
     command = _ran(monkeypatch, ["bench", "x"])
     assert command == [sys.executable, "-m", "bench.worker_bench", "--quick", "x"]
+
+
+def test_bench_passes_options_that_come_right_after_bench(monkeypatch: pytest.MonkeyPatch) -> None:
+    command = _ran(monkeypatch, ["bench", "--rounds", "1"])
+    assert command == [sys.executable, "-m", "bench.worker_bench", "--quick", "--rounds", "1"]
+
+
+def test_bench_help_reaches_the_benchmark_script(monkeypatch: pytest.MonkeyPatch) -> None:
+    command = _ran(monkeypatch, ["bench", "-h"])
+    assert command == [sys.executable, "-m", "bench.worker_bench", "--quick", "-h"]
