@@ -1,0 +1,117 @@
+"""What each process of a real daemon imports: its idle memory is mostly its imports (SPEC P9).
+
+Every supervised child is a fresh interpreter, so a module it imports stays
+resident for its whole life (a few MB for the cache package with crc32c and
+psutil, the config loader, libllama's binding). The supervisors in the middle
+of the tree (``cache_sup``, ``model_sup``) run only the supervisor loop and
+its service; cache-meta runs the cache's meta side. These tests run a real
+daemon under a ``sitecustomize`` that writes each process's ``sys.modules`` at
+interpreter exit (so what a process imports late, even while stopping, is
+counted too) and fail if an eager import pulls a heavy package in.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from daemon_harness import GREEDY, Daemon, prompt_text
+
+pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
+
+_SITECUSTOMIZE = """
+import atexit, os, sys
+
+def _dump():
+    path = os.path.join(os.environ["IMPORTS_DUMP_DIR"], f"{os.getpid()}.txt")
+    with open(path, "w") as f:
+        f.write("\\0".join(sys.argv) + "\\n" + "\\n".join(sorted(sys.modules)) + "\\n")
+
+if os.environ.get("IMPORTS_DUMP_DIR"):
+    atexit.register(_dump)
+"""
+
+#: Packages none of the tree's supervisors needs: the cache, the config loader,
+#: the binding (libllama), the model worker's and the front's code.
+NOT_IN_A_SUPERVISOR = frozenset(
+    {
+        "llamad.cache",
+        "llamad.config",
+        "llamad.llama_ffi",
+        "llamad.model",
+        "llamad.front",
+        "_cffi_backend",
+        "numpy",
+        "jinja2",
+        "psutil",
+        "crc32c",
+    }
+)
+#: cache-meta needs the cache (and psutil for the pressure poller), nothing of a model.
+NOT_IN_CACHE_META = frozenset(
+    {
+        "llamad.config",
+        "llamad.llama_ffi",
+        "llamad.model",
+        "llamad.front",
+        "_cffi_backend",
+        "numpy",
+        "jinja2",
+    }
+)
+
+
+@pytest.fixture(scope="module")
+def imports_by_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, set[str]]]:
+    """``{child id: modules}`` of every supervised process of a daemon that served one request."""
+    site = tmp_path_factory.mktemp("site")
+    (site / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+    dumps = tmp_path_factory.mktemp("imports")
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "IMPORTS_DUMP_DIR")}
+    old_path = saved["PYTHONPATH"]
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(site), *([old_path] if old_path else [])])
+    os.environ["IMPORTS_DUMP_DIR"] = str(dumps)
+    d = Daemon({"m": {}})
+    try:
+        d.start(wait_for=["m"])
+        d.worker("m").complete(prompt_text(0), max_tokens=2, **GREEDY)
+        assert d.stop() == 0
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        d.cleanup()
+    yield _read(dumps)
+
+
+def _read(dumps: Path) -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for path in dumps.glob("*.txt"):
+        argv_line, _, rest = path.read_text().partition("\n")
+        argv = argv_line.split("\0")
+        if "--id" in argv[:-1]:
+            found[argv[argv.index("--id") + 1]] = set(rest.split())
+    return found
+
+
+def _heavy(modules: set[str], banned: frozenset[str]) -> list[str]:
+    return sorted(m for m in modules if any(m == b or m.startswith(b + ".") for b in banned))
+
+
+@pytest.mark.parametrize("supervisor", ["cache_sup", "model_sup"])
+def test_a_supervisor_process_imports_no_cache_config_binding_model_or_front(
+    imports_by_process: dict[str, set[str]], supervisor: str
+) -> None:
+    assert supervisor in imports_by_process, sorted(imports_by_process)
+    assert _heavy(imports_by_process[supervisor], NOT_IN_A_SUPERVISOR) == []
+
+
+def test_cache_meta_imports_no_config_binding_model_or_front(
+    imports_by_process: dict[str, set[str]],
+) -> None:
+    assert "cache-meta" in imports_by_process, sorted(imports_by_process)
+    assert _heavy(imports_by_process["cache-meta"], NOT_IN_CACHE_META) == []
