@@ -446,6 +446,24 @@ def test_exploration_that_finds_nothing_backs_off() -> None:
     assert gov.status().explorations == 3
 
 
+def test_an_exploration_never_runs_a_prefill_chunk_on_fewer_threads() -> None:
+    # Half the threads cost ~1.9x on a quiet machine: a few ms on a decode
+    # step, over a second on a 512-row prefill chunk (a cold prompt's TTFT).
+    clock = Clock()
+    gov = governor(clock, explore_first_s=0.0, probe_steps=4)
+    chunk = {"rows": 512, "kv_cells": 1024}
+    warm(gov, clock, 1.3, n=4, **chunk)
+    assert step(gov, clock, 1.3, **chunk) == 2  # a baseline, yet no exploration here
+    assert gov.status().explorations == 0
+    warm(gov, clock, 10 * MS, n=4)
+    assert step(gov, clock, 18 * MS) == 1  # explores on a decode step
+    assert step(gov, clock, 1.3, **chunk) == 2  # a chunk amid the exploration
+    assert [step(gov, clock, 18 * MS) for _ in range(3)] == [1] * 3
+    status = gov.status()
+    assert (status.explorations, status.explorations_kept, status.ceiling) == (1, 0, 2)
+    assert step(gov, clock, 10 * MS) == 2
+
+
 def test_no_exploration_before_the_first_delay_or_without_a_baseline() -> None:
     clock = Clock()
     gov = governor(clock, explore_first_s=5.0)
