@@ -24,6 +24,11 @@ native: $(STAMP)
 
 ffi: native
 	$(PY) build_ffi.py
+	@# What a pip install does: byte-compile the package once, so no llamad
+	@# process compiles its modules at start (each would keep the compiler's
+	@# garbage: ~9 MB over a daemon's processes, SPEC P9), even where the
+	@# environment says PYTHONDONTWRITEBYTECODE.
+	$(PY) -m compileall -q src/llamad
 
 run: setup
 	$(PY) -m llamad.demo

@@ -265,8 +265,24 @@ def idle_round(rig: scenarios.Rig, res: Results, work: Path) -> None:
             SERVER,
             "mb",
         )
-        res.setup["P9 processes, RSS MB"] = (
-            f"llamad: {idle.describe(daemon.pids())}; llama-server: {idle.describe(probe.pids())}"
+        # For the record beside SPEC's RSS sum: shared pages (libpython, the
+        # GGUF both map) split between their holders.
+        holders = [worker] if worker is not None else []
+        res.add(
+            idle.pss_overhead_mb(daemon.pids(), holders, rig.model, sizes["kv"]),
+            "p9",
+            LLAMAD,
+            "pss",
+        )
+        res.add(
+            idle.pss_overhead_mb(probe.pids(), probe.pids(), rig.model, sizes["kv"]),
+            "p9",
+            SERVER,
+            "pss",
+        )
+        res.setup["P9 processes, RSS/PSS MB"] = (
+            f"llamad: {idle.describe(daemon.pids(), pss=True)}; "
+            f"llama-server: {idle.describe(probe.pids(), pss=True)}"
         )
     finally:
         probe.stop()

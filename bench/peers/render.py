@@ -216,8 +216,13 @@ def notes(results: Results) -> list[str]:
                 f"{_m(r.get('p9', LLAMAD, 'worker'), '.0f')} MB, llama-server's whole overhead "
                 f"{_m(r.get('p9', SERVER, 'mb'), '.0f')} MB; the other llamad processes "
                 f"(daemon, supervisors, front, cache-meta: one Python interpreter each) hold "
-                f"{_m(r.get('p9', LLAMAD, 'others'), '.0f')} MB. Fewer processes, or "
-                "lighter ones (fewer imports before fork), would close it."
+                f"{_m(r.get('p9', LLAMAD, 'others'), '.0f')} MB, each near its interpreter's "
+                "import floor (python, pyzmq, msgspec, structlog: about 25 MB before any llamad "
+                "module). Counted by PSS (shared pages split between their holders) the group "
+                f"holds {_m(r.get('p9', LLAMAD, 'pss'), '.0f')} MB, llama-server "
+                f"{_m(r.get('p9', SERVER, 'pss'), '.0f')} MB. Fewer interpreters would close "
+                "it: cache_sup, model_sup and the front hosted in the root process (ARCHITECTURE "
+                "requires only the root, cache-meta and each worker to be their own processes)."
             )
     return out
 
