@@ -10,7 +10,8 @@ The governor keeps a worker out of that state three ways:
 * **A daemon-wide budget.** Every worker marks itself busy on a shared
   :class:`BusyBoard` before each decode; a worker decodes with at most
   ``cores // busy_workers`` threads, so busy workers together never ask for
-  more threads than there are cores.
+  more threads than there are cores. A worker left with no request clears
+  its mark at once (:meth:`ThreadGovernor.idle`).
 * **Collapse detection.** Each step's time is compared with the recent
   median of healthy steps of the same thread count and the same shape: rows
   and KV cells attended over, each bucketed by powers of two
@@ -338,6 +339,7 @@ class ThreadGovernor:
         self._probe: _Probe | None = None
         self._pending: int | None = None  # threads of the step under way
         self._pending_probe = False  # whether that step is one of the probe's
+        self._marked = False  # whether this worker's busy mark may stand on the board
         self._threads = policy.max_threads
         self._since_switch = 0  # steps at the current count since it last changed
         self._busy = 1
@@ -362,6 +364,7 @@ class ThreadGovernor:
         expected = self._median(self._threads, shape) or 0.0
         # Busy through the step itself, however long it runs, then a linger.
         self._board.mark_busy(now + self.policy.busy_linger_s + 2 * expected)
+        self._marked = True
         self._busy = max(1, self._board.busy_workers(now))
         self._budget = self._budget_for(self._busy)
         limit = min(self._ceiling, self._budget)
@@ -393,6 +396,7 @@ class ThreadGovernor:
         probing, self._pending, self._pending_probe = self._pending_probe, None, False
         now = self._clock()
         self._board.mark_busy(now + self.policy.busy_linger_s)
+        self._marked = True
         shape = step_shape(rows, kv_cells)
         probe = self._probe
         if probe is not None and probing and threads == probe.threads:
@@ -413,6 +417,16 @@ class ThreadGovernor:
                 self._samples(threads, shape).append(float(seconds))
         self._since_switch += 1
         self._snapshot = self._build_snapshot()
+
+    def idle(self) -> None:
+        """This worker has nothing left to decode: its share of the budget goes
+        back now rather than ``busy_linger_s`` after its last step. The linger
+        covers the gap between two ticks of a working worker; an idle one kept
+        another worker's next request on ``cores // 2`` threads (a cold
+        prompt's first 512-row chunk arriving within the linger ran on 1 thread)."""
+        if self._marked:
+            self._marked = False
+            self._board.mark_busy(-math.inf)
 
     def status(self) -> ThreadStatus:
         """A snapshot for the worker's ``status`` (ages computed now)."""

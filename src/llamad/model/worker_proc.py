@@ -198,6 +198,11 @@ class WorkerProcess:
             # A request in flight (running, queued or waiting) is not idle
             # time: keep_alive counts from the last of these.
             self.ops.last_request_at = self.clock()
+        governor = self.parts.threads
+        if governor is not None and not self.core.requests:
+            # Nothing left to decode: the other workers get the cores now,
+            # not after the governor's linger (threads.py, ThreadGovernor.idle).
+            governor.idle()
         self._deliver(report)
         self.ops.settle()
         if handled or not report.idle:

@@ -40,6 +40,7 @@ from llamad.model.worker_parts import thread_board_path
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(300)]
 
 GREEDY: dict[str, Any] = {"temperature": 0.0}
+ENDLESS = 'root ::= "la " root'
 MAIN = "smol"
 OTHER = "smol-b"
 # cooldown_s is not a default: status shows it, so the spec's policy is seen to arrive.
@@ -148,12 +149,17 @@ def test_two_busy_workers_take_one_thread_each(tree: WorkerTree, board: ThreadBo
     )
     assert (mine.busy_workers, mine.budget, mine.threads) == (2, 1, 1)
 
-    # The other worker sees this one too while it decodes within its linger.
+    # The other worker sees this one too while it decodes (a worker left with
+    # no request clears its mark at once: this one keeps generating).
     def other_sees_two() -> ThreadStatus | None:
         t = threads_of(tree.status(OTHER))
         return t if t.busy_workers == 2 else None
 
-    seen = wait_until(other_sees_two, "the other worker to see two busy workers", timeout=30)
+    with main.infer(
+        prompt_text(6, words=12), max_tokens=100_000, grammar=ENDLESS, **GREEDY
+    ) as busy:
+        seen = wait_until(other_sees_two, "the other worker to see two busy workers", timeout=30)
+        busy.cancel()
     assert (seen.budget, seen.threads) == (1, 1)
     list(stream)
     assert stream.result is not None

@@ -131,6 +131,17 @@ def test_two_busy_workers_share_the_cores() -> None:
     assert a.status().busy_workers == 2
 
 
+def test_an_idle_worker_gives_its_share_back_at_once() -> None:
+    clock = Clock()
+    board = SharedBoard()
+    a = ThreadGovernor(policy(), board=board.seat(), clock=clock)
+    b = ThreadGovernor(policy(), board=board.seat(), clock=clock)
+    step(a, clock, 10 * MS)
+    a.idle()
+    clock.advance(1 * MS)  # well within the linger
+    assert b.threads_for(512) == 2
+
+
 def test_a_worker_that_stops_decoding_gives_its_share_back_after_the_linger() -> None:
     clock = Clock()
     board = SharedBoard()

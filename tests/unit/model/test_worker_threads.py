@@ -200,20 +200,41 @@ def governed_stub_parts(spec: WorkerSpec) -> WorkerParts:
     return parts
 
 
-@pytest.fixture
-def governed() -> Iterator[Running]:
+def run_governed(policy: ThreadPolicy) -> Running:
     root = Path(tempfile.mkdtemp(prefix="lwt-", dir="/tmp"))
     s = spec(
         model_id="stub",
         n_threads=2,
         n_threads_batch=2,
-        threads=ThreadPolicy(max_threads=2, cores=2),
+        threads=policy,
         registry_root=str(root),
         parts=f"{__name__}:governed_stub_parts",
     )
-    r = Running(WorkerProcess(s), WorkerClient("stub", registry=Registry(root)))
+    return Running(WorkerProcess(s), WorkerClient("stub", registry=Registry(root)))
+
+
+@pytest.fixture
+def governed() -> Iterator[Running]:
+    r = run_governed(ThreadPolicy(max_threads=2, cores=2))
     try:
         yield r
+    finally:
+        r.stop()
+
+
+def test_a_worker_left_without_requests_gives_its_cores_back_at_once() -> None:
+    # A linger far longer than the test: only the idle worker's own release
+    # can clear its mark (another worker's next prefill would get 1 thread).
+    r = run_governed(ThreadPolicy(max_threads=2, cores=2, busy_linger_s=600.0))
+    try:
+        governor = r.proc.parts.threads
+        assert governor is not None
+        with ThreadBoard(thread_board_path(r.proc.registry.root)) as other:
+            governor.threads_for(1)  # the loop waits in poll: no request, no tick
+            governor.record(1, 0.01)
+            assert other.busy_workers(time.monotonic()) == 1
+            r.client.status_from_loop()  # wakes the loop: one idle tick
+            assert other.busy_workers(time.monotonic()) == 0
     finally:
         r.stop()
 
