@@ -36,7 +36,9 @@ The governor keeps a worker out of that state three ways:
   costs a few ms on a decode step but over a second on a 512-row prefill
   chunk (measured: a cold 1024-token prompt whose first chunk fell in an
   exploration took 4.1 s instead of 3.0 s). A larger step during an
-  exploration runs on the full count and is judged as usual.
+  exploration runs on the full count and is judged as usual. A shape on
+  which half the threads already measured slower than the full count runs
+  now is not explored again until the full count slows to that level.
 
 The backend calls it around every decode (``docs/internals/threads.md``)::
 
@@ -470,7 +472,7 @@ class ThreadGovernor:
             limit > 1
             and rows <= EXPLORE_MAX_ROWS
             and now >= self._explore_at
-            and self._median(limit, shape) is not None
+            and self._worth_exploring(limit, shape)
         ):
             self._explorations += 1
             probe = _Probe(threads=limit // 2, against=limit)
@@ -478,6 +480,19 @@ class ThreadGovernor:
             return None
         log.info("threads.probe", threads=probe.threads, against=probe.against)
         return probe
+
+    def _worth_exploring(self, limit: int, shape: _Shape) -> bool:
+        """Whether half the threads might beat ``limit`` on ``shape``: a baseline
+        at ``limit`` is needed, and when half the threads already measured
+        slower by ``probe_gain`` than ``limit`` runs now, another try would
+        only repeat it (each costs ``probe_steps`` slow steps, ~3% of a
+        128-token stream). Once ``limit``'s recent steps slow down to that
+        level, exploring is worth it again."""
+        current = self._median(limit, shape)
+        if current is None:
+            return False
+        fewer = self._median(limit // 2, shape)
+        return fewer is None or current >= fewer * self.policy.probe_gain
 
     def _samples(self, threads: int, shape: _Shape) -> deque[float]:
         key = (threads, shape)

@@ -443,13 +443,14 @@ def test_exploration_that_finds_nothing_backs_off() -> None:
     clock = Clock()
     gov = governor(clock, explore_first_s=0.0, explore_s=30.0, explore_max_s=50.0, probe_steps=2)
     warm(gov, clock, 10 * MS, n=4)
-    assert [step(gov, clock, 18 * MS) for _ in range(2)] == [1, 1]  # quiet: 1 thread is slower
+    # 1 thread no faster, yet not slower by probe_gain either: worth trying again.
+    assert [step(gov, clock, 10.5 * MS) for _ in range(2)] == [1, 1]
     status = gov.status()
     assert (status.explorations, status.explorations_kept, status.ceiling) == (1, 0, 2)
     clock.advance(29.0)
     assert step(gov, clock, 10 * MS) == 2
     clock.advance(1.0)
-    assert [step(gov, clock, 18 * MS) for _ in range(2)] == [1, 1]  # after 30 s
+    assert [step(gov, clock, 10.5 * MS) for _ in range(2)] == [1, 1]  # after 30 s
     clock.advance(49.0)
     assert step(gov, clock, 10 * MS) == 2  # next after 60 s, capped at 50 s
     clock.advance(1.0)
@@ -473,6 +474,23 @@ def test_an_exploration_never_runs_a_prefill_chunk_on_fewer_threads() -> None:
     status = gov.status()
     assert (status.explorations, status.explorations_kept, status.ceiling) == (1, 0, 2)
     assert step(gov, clock, 10 * MS) == 2
+
+
+def test_no_exploration_while_fewer_threads_are_known_to_be_slower() -> None:
+    # Each exploration costs probe_steps slow steps (~3% of a 128-token
+    # stream on a quiet machine): repeating a known answer only costs.
+    clock = Clock()
+    gov = governor(clock, explore_first_s=0.0, explore_s=30.0, probe_steps=4)
+    warm(gov, clock, 10 * MS, n=4)
+    assert [step(gov, clock, 18 * MS) for _ in range(4)] == [1] * 4  # quiet: slower
+    clock.advance(600.0)
+    assert [step(gov, clock, 10 * MS) for _ in range(8)] == [2] * 8
+    assert gov.status().explorations == 1
+    # The machine gets busier (no collapse): once 2 threads' recent median is
+    # as slow as 1 thread was (by probe_gain), exploring is worth it again.
+    used = [step(gov, clock, 17 * MS) for _ in range(32)]
+    assert used[:4] == [2] * 4 and 1 in used
+    assert gov.status().explorations == 2
 
 
 def test_no_exploration_before_the_first_delay_or_without_a_baseline() -> None:
