@@ -42,6 +42,7 @@ from llamad.cache.counters import Counters
 from llamad.cache.kvc import SaveReason
 from llamad.cache.lookup import Lookup, RowRef
 from llamad.cache.meta import CacheMeta, GcReport
+from llamad.cache.prefetch import Prefetcher, plan
 from llamad.cache.pressure import PressureScheduler, PressureSource, make_source
 from llamad.cache.reservation import Owner, SaveIntent
 from llamad.cache.sup import CacheSettings
@@ -122,6 +123,7 @@ class MetaServer:
         self._next_sweep = 0.0
         self._due = 0.0  # when housekeeping must run next
         self._dirty = True  # an op may have changed what is due
+        self.prefetch = Prefetcher((), budget=settings.prefetch_bytes)
         for name, spec in wire.OPS.items():
             self.actor.add_op(spec, self._handler(name))
 
@@ -151,16 +153,24 @@ class MetaServer:
         return adopted
 
     def start(self) -> str:
-        """Rebuild the index, then bind and register the actor; returns the endpoint."""
+        """Rebuild the index, then bind and register the actor; returns the endpoint.
+
+        The newest ``disk`` rows are then read into the page cache in the
+        background (:mod:`llamad.cache.prefetch`): serving does not wait for it.
+        """
         self.rebuild()
         endpoint = self.actor.start()
         now = time.monotonic()
         self._next_flush = now + self.settings.stats_flush_s
         self._next_sweep = now + _OWNER_SWEEP_S
+        budget = self.settings.prefetch_bytes
+        self.prefetch = Prefetcher(plan(self.meta.rows.values(), budget), budget=budget)
+        self.prefetch.start()
         return endpoint
 
     def close(self) -> None:
         """Persist hit counts, close the actor, release watches, counters and the tiers."""
+        self.prefetch.stop()
         try:
             self.meta.flush_stats()
         finally:
@@ -428,6 +438,7 @@ class MetaServer:
         status = self.meta.status()
         status["pressure"] = self.pressure.status()
         status["owners"] = len(self._owner_refs)
+        status["prefetch"] = self.prefetch.status()
         return status
 
     def _op_pressure_check(self, req: Request[wire.NoArgs]) -> dict[str, Any]:

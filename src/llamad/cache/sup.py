@@ -47,6 +47,7 @@ from llamad.cache.errors import InvalidCacheValue
 from llamad.cache.lookup import LookupPolicy
 from llamad.cache.meta import MetaConfig
 from llamad.cache.meta_wire import ACTOR_NAME
+from llamad.cache.prefetch import DEFAULT_PREFETCH_BYTES, check_budget
 from llamad.cache.pressure import PressureConfig
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tier_lock import TierLocks
@@ -80,6 +81,8 @@ class CacheSettings:
     ``registry_root`` is the actor registry directory (``None``: the runtime
     default). ``stats_flush_s`` is how often hit counts are written back into
     file headers. ``liveness_timeout`` enables heartbeats to the supervisor.
+    ``prefetch_bytes`` bounds the ``disk`` rows cache-meta reads into the page
+    cache when it starts, newest first (0: none; see :mod:`llamad.cache.prefetch`).
     """
 
     tiers: tuple[TierConfig, ...]
@@ -94,6 +97,7 @@ class CacheSettings:
     liveness_timeout: float | None = None
     permits_path: Path | None = None
     save_permits: int = 4
+    prefetch_bytes: int = DEFAULT_PREFETCH_BYTES
 
     def __post_init__(self) -> None:
         tiers = tuple(self.tiers)
@@ -124,6 +128,7 @@ class CacheSettings:
             raise InvalidCacheValue(
                 "stats_flush_s", f"{flush!r} is not a positive number of seconds"
             )
+        check_budget(self.prefetch_bytes, "prefetch_bytes")
         if self.liveness_timeout is not None and not self.liveness_timeout > 0:
             raise InvalidCacheValue("liveness_timeout", "must be > 0 seconds when set")
         if not isinstance(self.pressure, PressureConfig):
@@ -263,6 +268,7 @@ class CacheSettings:
             "liveness_timeout": self.liveness_timeout,
             "permits_path": str(self._permits_file()),
             "save_permits": self.save_permits,
+            "prefetch_bytes": self.prefetch_bytes,
         }
 
     @classmethod
@@ -314,6 +320,7 @@ _WIRE_OPTIONAL: Final[Mapping[str, Callable[[Any], Any]]] = {
     "liveness_timeout": _as_is,
     "permits_path": Path,
     "save_permits": _as_is,
+    "prefetch_bytes": _as_is,
 }
 _WIRE_NULLABLE: Final = frozenset({"registry_root", "liveness_timeout", "permits_path"})
 

@@ -182,6 +182,7 @@ def cache_settings(config: LlamadConfig) -> CacheSettings:
             max_wait_s=c.max_wait_s,
             stats_flush_s=c.stats_flush_s,
             save_permits=c.save_permits,
+            prefetch_bytes=c.disk.prefetch,
             lookup=lookup,
             pressure=pressure,
         ),
@@ -194,6 +195,7 @@ def cache_settings(config: LlamadConfig) -> CacheSettings:
                 "registry_root": dir_key,
                 "max_wait": ("cache", "max_wait_s"),
                 "reservation_ttl": ("cache", "reservation_ttl_s"),
+                "prefetch_bytes": ("cache", "disk", "prefetch"),
             },
         ),
     )

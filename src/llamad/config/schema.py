@@ -214,6 +214,17 @@ class DiskTier(Table, frozen=True, kw_only=True):
             example="/var/lib/llamad/kvc",
         ),
     ] = None
+    # The same default as llamad.cache.prefetch.DEFAULT_PREFETCH_BYTES (a test
+    # holds them together; importing it here would widen the import block).
+    prefetch: Annotated[
+        int,
+        Key(
+            "Bytes of the most recently used rows read into the page cache in the "
+            "background when the cache starts, so the first restores after a restart "
+            "or reboot do not wait for the device (0 turns it off).",
+            Size(),
+        ),
+    ] = 256 * MIB
 
 
 _POLICY = CachePolicy()
