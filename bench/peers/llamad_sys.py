@@ -200,7 +200,10 @@ class LlamadDaemon:
 
     def drop_disk_pages(self) -> int:
         """POSIX_FADV_DONTNEED on every file of the daemon's state dir (its disk
-        tier): their pages leave the page cache. How many files."""
+        tier): their pages leave the page cache. How many files. A running
+        daemon's startup prefetch is waited for first (untimed): it could read
+        the dropped rows back behind the drop."""
+        self.wait_prefetched()
         n = 0
         for path in (self.base / "state").rglob("*"):
             if path.is_file():
@@ -211,6 +214,20 @@ class LlamadDaemon:
                 finally:
                     os.close(fd)
         return n
+
+    def wait_prefetched(self) -> None:
+        """Until cache-meta's startup prefetch of disk rows is over (untimed)."""
+        if self.proc is None:
+            return
+        from llamad.cache.client import CacheClient  # noqa: PLC0415
+
+        deadline = time.monotonic() + SAVE_TIMEOUT_S
+        with CacheClient(registry_root=self.runtime / "actors", timeout=10.0) as cache:
+            # An older cache-meta reports no prefetch: nothing to wait for.
+            while cache.status().get("prefetch", {}).get("state") in ("planned", "running"):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"prefetch not over in {SAVE_TIMEOUT_S:.0f} s")
+                time.sleep(0.02)
 
     def saves(self) -> int:
         assert self.client is not None

@@ -108,9 +108,12 @@ def ttft_round(rig: Rig, res: Results, rnd: int, order: Sequence[str]) -> None:
                 res.add(c.stats.restore_ms, "restore", LLAMAD, "disk-restart", n)
                 res.add(c.stats.prefill_ms, "primer", LLAMAD, "disk-restart", n)
                 res.add(float(c.cache_delta.read), "cached", LLAMAD, "disk-restart", n)
-                # The same row again with its file's pages out of the page cache
-                # (as after a reboot, or a row not read for long): untimed drop.
-                rig.llamad.drop_disk_pages()
+            # The same rows again with their files' pages out of the page cache
+            # (as after a reboot, or a row not read for long): one untimed drop
+            # after every size's restart read (a drop between sizes made the
+            # next sizes' "restart" reads cold ones too).
+            rig.llamad.drop_disk_pages()
+            for n, ids in on_disk.items():
                 ms, c = rig.llamad.first_token(DISK, ids)
                 res.add(ms, "ttft", LLAMAD, "disk-dropped", n)
                 res.add(float(c.cache_delta.read), "cached", LLAMAD, "disk-dropped", n)
