@@ -157,7 +157,9 @@ def build_rig(args: argparse.Namespace, res: Results, work: Path) -> scenarios.R
             "fewer when a step collapses (a busy machine), the peers keep theirs",
             "after a restart": "every system is stopped and started again; llamad's disk rows "
             "and llama-cpp-python's disk cache are read with the page cache as the restart "
-            "left it (not dropped)",
+            "left it (not dropped); llamad's cache-meta reads its newest disk rows into the "
+            "page cache when it starts (cache.disk.prefetch, 256 MiB by default), and the "
+            "'pages dropped' path drops them after that prefetch, so it times the device",
             "warm paths": "llamad: a request without a session restores from the cache every "
             "time; llama-server: a filler request first takes another slot, so the prompt comes "
             "back from its host-RAM cache; llama-cpp-python: the context is reset first",
