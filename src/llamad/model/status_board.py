@@ -9,9 +9,12 @@ ticks. So the loop **publishes** a small msgspec-encoded
 and it works even while the worker is stuck (the snapshot then shows since
 when: ``busy_since``).
 
-The loop publishes after every tick and just before each decode, so a
-reader sees the batch being decoded now (``phase``, ``pending_len``) rather
-than the state before its requests were admitted.
+The loop publishes just before each decode, so a reader sees the batch
+being decoded now (``phase``, ``pending_len``) rather than the state before
+its requests were admitted, and after every tick that no decode follows at
+once (a tick that decoded while more work waits leaves its snapshot to the
+next tick's pre-decode one, or to the end of the next tick if that one does
+not decode).
 
 Layout (little-endian), a seqlock so a reader never takes a half-written
 snapshot::

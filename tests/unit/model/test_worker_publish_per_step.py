@@ -1,0 +1,106 @@
+"""How often the worker's loop publishes its status (SPEC M10): once per decode
+step while decodes follow one another, and always a last snapshot once they stop.
+
+The loop is stepped by hand over the stub parts; the board records what it is given.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from llamad.cache.policy import CachePolicy
+from llamad.llama_ffi import ContextOptions
+from llamad.model.config import WorkerConfig
+from llamad.model.requests import RequestParams
+from llamad.model.results import WorkerPhase
+from llamad.model.status_board import WorkerSnapshot
+from llamad.model.worker_proc import WorkerProcess
+from llamad.model.worker_spec import WorkerSpec
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class RecordingBoard:
+    def __init__(self) -> None:
+        self.snapshots: list[WorkerSnapshot] = []
+
+    def publish(self, snapshot: WorkerSnapshot) -> None:
+        self.snapshots.append(snapshot)
+
+    def close(self, *, remove: bool = False) -> None:
+        pass
+
+
+@pytest.fixture
+def proc() -> Iterator[WorkerProcess]:
+    root = Path(tempfile.mkdtemp(prefix="lwp-", dir="/tmp"))
+    spec = WorkerSpec(
+        model_id="stub",
+        model_path="/nonexistent/stub.gguf",
+        context=ContextOptions(
+            n_ctx=256, n_batch=32, n_seq_max=2, n_ubatch=32, kv_unified=True, n_threads=1
+        ),
+        worker=WorkerConfig(
+            n_ctx=256, n_batch=32, n_seq_max=2, max_queue=4, policy=CachePolicy(min_tokens=4)
+        ),
+        registry_root=str(root),
+        parts="llamad.model.worker_parts:stub_parts",
+    )
+    p = WorkerProcess(spec)
+    p.actor.start()
+    try:
+        yield p
+    finally:
+        p.actor.close()
+        p.parts.close()
+
+
+def test_back_to_back_decode_steps_publish_once_each_and_the_last_state_is_published(
+    proc: WorkerProcess,
+) -> None:
+    board = RecordingBoard()
+    proc.board = board  # type: ignore[assignment]
+    proc.core.submit("r", [1, 2, 3, 4, 5], RequestParams(max_tokens=6, temperature=0.0))
+    decodes = 0
+    while proc.core.requests:
+        before = len(board.snapshots)
+        report = proc.step(0.0)
+        published = len(board.snapshots) - before
+        if report.batch:
+            decodes += 1
+            # The pre-decode snapshot; the one after the tick is left to the
+            # next tick's while work remains.
+            assert published == (1 if proc.core.has_work() else 2)
+    assert decodes >= 6
+    last = board.snapshots[-1]
+    assert last.status.phase is WorkerPhase.IDLE
+    assert last.busy_since is None
+    assert last.status.pending_len == 0
+
+
+def test_a_snapshot_left_to_the_next_tick_is_published_even_if_that_tick_is_idle(
+    proc: WorkerProcess,
+) -> None:
+    board = RecordingBoard()
+    proc.board = board  # type: ignore[assignment]
+    proc.core.submit("r", [1, 2, 3, 4, 5], RequestParams(max_tokens=50, temperature=0.0))
+    report = proc.step(0.0)
+    assert report.batch and proc.core.has_work()
+    during = board.snapshots[-1]
+    assert during.busy_since is not None  # taken before the decode
+    # The next tick decodes nothing and reports nothing (a drain, as a tick
+    # whose requests all wait does): the owed snapshot goes out after it, so
+    # the board does not go on showing a decode in progress.
+    real_step = proc.core.step
+    proc.core.step = proc.core.drain  # type: ignore[method-assign]
+    try:
+        assert proc.step(0.0).idle
+    finally:
+        proc.core.step = real_step  # type: ignore[method-assign]
+    after = board.snapshots[-1]
+    assert after is not during
+    assert after.busy_since is None
