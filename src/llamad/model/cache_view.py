@@ -31,6 +31,7 @@ come back through :class:`~llamad.model.save_completions.SaveCompletions`.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -159,6 +160,12 @@ class ClientCacheView:
         self._owned: list[Callable[[], None]] = []
         self._closed = False
         self.completions = SaveCompletions()
+        # Saves whose completion is not posted yet. The writer pool's own count
+        # drops when its thread finishes writing, before the done callback
+        # posts: "nothing in flight, nothing pending" must mean every
+        # completion is already in the queue.
+        self._unposted = 0
+        self._unposted_lock = threading.Lock()
         self._sync = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvc-sync-save")
 
     @classmethod
@@ -362,17 +369,19 @@ class ClientCacheView:
     def _save_async(
         self, job: SaveJob, spec: KvcSpec, payload: memoryview, release: Callable[[], None]
     ) -> bool:
-        key, post = job.key, self.completions.post
+        key, post = job.key, self._post_counted
 
         def done(future: Future[PublishResult]) -> None:
             post(Completed(key, _published(future, key), release))
 
+        self._count_unposted(+1)
         try:
             future = self._writer.save_async(spec, self.config.save_tier, payload, on_done=done)
         except Exception as exc:
             log.warning("model.save_refused", key=key.hex(), error=repr(exc))
             future = None
         if future is None:
+            self._count_unposted(-1)
             self.stats.saves_refused += 1
             release()
             return False
@@ -403,7 +412,8 @@ class ClientCacheView:
                 release()
             else:
                 # Still writing: its buffer comes back when it is done.
-                key, post = job.key, self.completions.post
+                key, post = job.key, self._post_counted
+                self._count_unposted(+1)
                 future.add_done_callback(
                     lambda f: post(Completed(key, _published(f, key), release, report=False))
                 )
@@ -418,8 +428,21 @@ class ClientCacheView:
     # -- lifetime ----------------------------------------------------------------------
 
     def in_flight(self) -> int:
-        """Saves handed to writer threads and not finished yet."""
-        return self._writer.in_flight()
+        """Saves handed to writer threads whose completion is not posted yet:
+        once this is 0, every finished save is in :attr:`completions`."""
+        with self._unposted_lock:
+            return self._unposted
+
+    def _count_unposted(self, delta: int) -> None:
+        with self._unposted_lock:
+            self._unposted += delta
+
+    def _post_counted(self, done: Completed) -> None:
+        """Post a counted save's completion, then stop counting it (any thread)."""
+        try:
+            self.completions.post(done)
+        finally:
+            self._count_unposted(-1)
 
     def close(self, *, wait: bool = True) -> list[tuple[bytes, bool]]:
         """Refuse new saves, let accepted ones finish (``wait``), release every

@@ -39,6 +39,7 @@ from llamad.llama_ffi.errors import Closed
 from llamad.model import identity
 from llamad.model.cache_view import ClientCacheView
 from llamad.model.results import CacheHitKind
+from llamad.model.save_completions import Completed
 from llamad.model.savepoints import SaveJob
 from llamad.model.stub import StubPacked
 
@@ -169,6 +170,30 @@ def test_a_state_is_released_only_once_its_completion_is_drained(view: ClientCac
     assert not state.released  # the writer thread never releases: the loop does
     assert view.completions.drain() == [(j.key, True)]
     assert state.released
+
+
+def test_a_save_stays_in_flight_until_its_completion_is_posted(
+    view: ClientCacheView, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The writer's thread is done with a save before its done callback posts
+    # the completion; in between, "none in flight, none pending" would read as
+    # "all drained" and lose that save's completion (seen in a full CI run).
+    gate = threading.Event()
+    real_post = view.completions.post
+
+    def slow_post(done: Completed) -> None:
+        assert gate.wait(30)
+        real_post(done)
+
+    monkeypatch.setattr(view.completions, "post", slow_post)
+    j = job(view, prompt(16, start=75), SaveReason.FINISH)
+    assert view.save(j, packed(list(j.tokens)))
+    wait_until(lambda: view._writer.in_flight() == 0)  # written, not yet posted
+    assert view.in_flight() == 1 and view.completions.pending() == 0
+    gate.set()
+    wait_until(lambda: view.in_flight() == 0)
+    assert view.completions.pending() == 1
+    assert view.completions.drain() == [(j.key, True)]
 
 
 def test_an_already_cached_row_counts_as_written(view: ClientCacheView) -> None:
