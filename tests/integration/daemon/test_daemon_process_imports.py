@@ -50,17 +50,7 @@ NOT_IN_A_SUPERVISOR = frozenset(
     }
 )
 #: cache-meta needs the cache (and psutil for the pressure poller), nothing of a model.
-NOT_IN_CACHE_META = frozenset(
-    {
-        "llamad.config",
-        "llamad.llama_ffi",
-        "llamad.model",
-        "llamad.front",
-        "_cffi_backend",
-        "numpy",
-        "jinja2",
-    }
-)
+NOT_IN_CACHE_META = NOT_IN_A_SUPERVISOR - {"llamad.cache", "psutil", "crc32c"}
 
 
 @pytest.fixture(scope="module")
