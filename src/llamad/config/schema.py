@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import msgspec
 
 from llamad.cache.policy import CachePolicy
+from llamad.cache.prefetch import DEFAULT_PREFETCH_BYTES
 from llamad.cache.pressure import SOURCES
 from llamad.cache.writer import MAX_PERMITS
 from llamad.config.keys import Key, Section, Tables
@@ -214,8 +215,6 @@ class DiskTier(Table, frozen=True, kw_only=True):
             example="/var/lib/llamad/kvc",
         ),
     ] = None
-    # The same default as llamad.cache.prefetch.DEFAULT_PREFETCH_BYTES (a test
-    # holds them together; importing it here would widen the import block).
     prefetch: Annotated[
         int,
         Key(
@@ -224,7 +223,7 @@ class DiskTier(Table, frozen=True, kw_only=True):
             "or reboot do not wait for the device (0 turns it off).",
             Size(),
         ),
-    ] = 256 * MIB
+    ] = DEFAULT_PREFETCH_BYTES
 
 
 _POLICY = CachePolicy()
