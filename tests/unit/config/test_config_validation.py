@@ -23,6 +23,7 @@ WRONG_TYPES = [
     (("daemon", "runtime_dir"), "relative/dir", "an absolute path"),
     (("cache", "ram", "quota"), True, "a number of bytes"),
     (("cache", "disk", "quota"), "lots", "a number of bytes"),
+    (("cache", "disk", "prefetch"), -1, "a number of bytes"),
     (("cache", "policy", "min_tokens"), "512", "an integer"),
     (("cache", "reservation_ttl_s"), "soon", "a duration"),
     (("cache", "pressure", "evict_tiers"), "ram", "array of distinct names"),
