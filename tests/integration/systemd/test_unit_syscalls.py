@@ -81,25 +81,35 @@ def allowed_calls() -> set[str]:
     return allowed
 
 
+def _is_ours(p: psutil.Process, d: Daemon) -> bool:
+    """A daemon root started on this test's config (its path is unique). Not
+    strace itself, nor a copy of it that has not exec'd yet: their command
+    lines hold the daemon's as arguments."""
+    try:
+        cmd = p.cmdline()
+    except psutil.Error:
+        return False
+    return cmd[1:] == ["-m", "llamad.daemon", "--config", str(d.config)]
+
+
 def _traced_root(strace: subprocess.Popen[bytes], d: Daemon) -> psutil.Process | None:
+    """strace's child once it runs the daemon. strace forks short-lived
+    children of its own first (probes of what ptrace supports): the first
+    child seen may be one of those, gone a moment later."""
     code = strace.poll()
     if code is not None:
         log = (d.base / "daemon.log").read_text(errors="replace")[-3000:]
         raise AssertionError(f"strace exited {code} before the daemon started:\n{log}")
     with contextlib.suppress(psutil.NoSuchProcess):
         for child in psutil.Process(strace.pid).children():
-            return child
+            if _is_ours(child, d):
+                return child
     return None
 
 
 def _ours(d: Daemon) -> list[psutil.Process]:
-    """Daemon roots started on this test's config (its path is unique)."""
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = p.info["cmdline"] or []
-        if str(d.config) in cmd and "llamad.daemon" in cmd:
-            found.append(p)
-    return found
+    """Daemon roots started on this test's config, wherever they run."""
+    return [p for p in psutil.process_iter() if _is_ours(p, d)]
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +127,6 @@ def trace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         stdout=d.log,
         stderr=d.log,
     )
-    root: psutil.Process | None = None
     try:
         root = wait_until(lambda: _traced_root(strace, d), "the traced daemon")
         with Client(d.endpoint, timeout=180, connect_timeout=120) as client:
@@ -143,7 +152,7 @@ def trace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield out.read_text(errors="replace")
     finally:
         # A killed strace leaves the daemon running, detached: stop it first.
-        for p in _ours(d) if root is None else [root]:
+        for p in _ours(d):
             with contextlib.suppress(psutil.Error):
                 tree = [p, *p.children(recursive=True)]
                 p.send_signal(signal.SIGTERM)
