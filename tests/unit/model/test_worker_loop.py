@@ -3,8 +3,10 @@ queued request's cancel delivered without a tick, a clean stop."""
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,9 +16,12 @@ from llamad.actors import Registry
 from llamad.cache.policy import CachePolicy
 from llamad.llama_ffi import ContextOptions
 from llamad.model.config import WorkerConfig
+from llamad.model.planner import BatchPlan
 from llamad.model.results import CacheHitKind, FinishReason
 from llamad.model.status_board import read_status
+from llamad.model.stub import StubBackend
 from llamad.model.worker_client import WorkerClient
+from llamad.model.worker_parts import WorkerParts, stub_parts
 from llamad.model.worker_proc import WorkerProcess
 from llamad.model.worker_spec import WorkerSpec
 
@@ -43,8 +48,27 @@ class Running:
         assert not self.thread.is_alive()
 
 
-@pytest.fixture
-def running() -> Iterator[Running]:
+class PacedStub(StubBackend):
+    """A stub whose decode steps take :data:`STEP_S`. An unpaced stub runs a
+    whole 256-cell context in ~30 ms: a test that needs a request to hold its
+    sequence would then hang on how soon its next message arrives."""
+
+    def decode(self, plan: BatchPlan) -> None:
+        time.sleep(STEP_S)
+        super().decode(plan)
+
+
+STEP_S = 0.02  # a 256-cell context lasts ~5 s; a cancel still lands within a step
+
+
+def paced_stub_parts(spec: WorkerSpec) -> WorkerParts:
+    parts = stub_parts(spec)
+    ctx = spec.context
+    paced = PacedStub(n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, n_seq_max=ctx.n_seq_max)
+    return dataclasses.replace(parts, backend=paced)
+
+
+def _running(parts: str) -> Iterator[Running]:
     root = Path(tempfile.mkdtemp(prefix="lwl-", dir="/tmp"))
     sizes = {"n_ctx": 256, "n_batch": 32, "n_seq_max": 1}
     spec = WorkerSpec(
@@ -53,13 +77,23 @@ def running() -> Iterator[Running]:
         context=ContextOptions(**sizes, n_ubatch=32, kv_unified=True, n_threads=1),
         worker=WorkerConfig(**sizes, max_queue=4, policy=POLICY),
         registry_root=str(root),
-        parts="llamad.model.worker_parts:stub_parts",
+        parts=parts,
     )
     r = Running(WorkerProcess(spec), WorkerClient("stub", registry=Registry(root)))
     try:
         yield r
     finally:
         r.stop()
+
+
+@pytest.fixture
+def running() -> Iterator[Running]:
+    yield from _running("llamad.model.worker_parts:stub_parts")
+
+
+@pytest.fixture
+def paced() -> Iterator[Running]:
+    yield from _running(f"{__name__}:paced_stub_parts")
 
 
 def test_requests_are_served_and_saved_rows_hit(
@@ -74,10 +108,8 @@ def test_requests_are_served_and_saved_rows_hit(
     assert warm.generated == cold.generated
 
 
-def test_queued_request_cancelled_gets_its_done(
-    running: Running,
-) -> None:
-    w = running.client
+def test_queued_request_cancelled_gets_its_done(paced: Running) -> None:
+    w = paced.client
     first = w.infer("abcd", max_tokens=100_000, temperature=0.0)
     next(iter(first))  # holds the only sequence
     queued = w.infer("efgh", request_id="q", max_tokens=2)
