@@ -10,6 +10,8 @@
 #include <stdint.h>
 #include <stddef.h>
 #include <math.h>
+#include <stdbool.h>
+#include <string.h>
 
 static void _llamad_log_cb(enum ggml_log_level level, const char * text, void * user_data);
 
@@ -127,6 +129,61 @@ void llamad_prefault(uint8_t * data, size_t size, size_t page) {
     }
 }
 
+/* Accept and return a picked token, or 2 for a NaN or -inf pick (the chain
+ * ruled out every candidate), before anything is accepted. */
+static int32_t llamad_pick(struct llama_sampler * chain, float logit, llama_token id,
+                           llama_token * out) {
+    if (isnan(logit) || (isinf(logit) && logit < 0)) {
+        return 2;
+    }
+    llama_sampler_accept(chain, id);
+    *out = id;
+    return 0;
+}
+
+/* llama.cpp's greedy pick on a raw row: the first largest logit. A NaN never
+ * compares larger, so it is never picked, unless it is entry 0, which the
+ * greedy sampler starts from and then keeps (refused by llamad_pick). Eight
+ * independent running maxima instead of one let the compare chains overlap;
+ * the first entry equal to their maximum is the greedy sampler's pick. */
+static int32_t llamad_pick_first_max(struct llama_sampler * chain, const float * logits,
+                                     int32_t n_vocab, llama_token * out) {
+    const float first = logits[0];
+    if (isnan(first)) {
+        return llamad_pick(chain, first, 0, out);
+    }
+    float lane[8];
+    for (int j = 0; j < 8; j++) {
+        lane[j] = first;
+    }
+    int32_t i = 0;
+    for (; i + 8 <= n_vocab; i += 8) {
+        for (int j = 0; j < 8; j++) {
+            const float l = logits[i + j];
+            lane[j] = l > lane[j] ? l : lane[j];
+        }
+    }
+    for (; i < n_vocab; i++) {
+        lane[0] = logits[i] > lane[0] ? logits[i] : lane[0];
+    }
+    float max = lane[0];
+    for (int j = 1; j < 8; j++) {
+        max = lane[j] > max ? lane[j] : max;
+    }
+    int32_t best = 0;
+    while (!(logits[best] == max)) {
+        best++;
+    }
+    return llamad_pick(chain, max, best, out);
+}
+
+/* True for a chain that is llama.cpp's greedy sampler alone (no grammar,
+ * penalties or biases): its pick depends on the raw logits only. */
+static bool llamad_greedy_only(struct llama_sampler * chain) {
+    return llama_sampler_chain_n(chain) == 1 &&
+           strcmp(llama_sampler_name(llama_sampler_chain_get(chain, 0)), "greedy") == 0;
+}
+
 /* Apply the chain to one row of logits and accept the token it picked, with a
  * check llama_sampler_sample lacks: when every candidate was ruled out (a
  * grammar that nothing satisfies once biases are applied) it returns 2
@@ -134,6 +191,11 @@ void llamad_prefault(uint8_t * data, size_t size, size_t page) {
  * abort the process. `scratch` holds n_vocab entries. */
 static int32_t llamad_sample_row(struct llama_sampler * chain, const float * logits,
                                  llama_token_data * scratch, int32_t n_vocab, llama_token * out) {
+    if (llamad_greedy_only(chain)) {
+        /* Filling n_vocab candidates (0.6 MB at 49,152 tokens, cache-cold
+         * after a decode) was most of a greedy step's sampling time. */
+        return llamad_pick_first_max(chain, logits, n_vocab, out);
+    }
     for (int32_t i = 0; i < n_vocab; i++) {
         scratch[i].id = i;
         scratch[i].logit = logits[i];
@@ -145,12 +207,7 @@ static int32_t llamad_sample_row(struct llama_sampler * chain, const float * log
         return 2;
     }
     const llama_token_data picked = cur.data[cur.selected];
-    if (isnan(picked.logit) || (isinf(picked.logit) && picked.logit < 0)) {
-        return 2;
-    }
-    llama_sampler_accept(chain, picked.id);
-    *out = picked.id;
-    return 0;
+    return llamad_pick(chain, picked.logit, picked.id, out);
 }
 
 /* Sample one token from output row `idx`: what llama_sampler_sample does,
