@@ -51,7 +51,7 @@ class Running:
 class PacedStub(StubBackend):
     """A stub whose decode steps take :data:`STEP_S`. An unpaced stub runs a
     whole 256-cell context in ~30 ms: a test that needs a request to hold its
-    sequence would then hang on how soon its next message arrives."""
+    sequence would then depend on how soon its next message arrives."""
 
     def decode(self, plan: BatchPlan) -> None:
         time.sleep(STEP_S)
