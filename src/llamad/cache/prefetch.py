@@ -110,6 +110,7 @@ class Prefetcher:
         self, items: Iterable[PrefetchItem], *, budget: int, chunk: int = IO_CHUNK
     ) -> None:
         self.items = list(items)
+        self.planned_bytes = sum(item.size for item in self.items)
         self.budget = check_budget(budget, "budget")
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
             raise InvalidCacheValue("chunk", f"{chunk!r} is not a positive byte count")
@@ -124,20 +125,22 @@ class Prefetcher:
 
     def start(self) -> None:
         """Read in the background (a daemon thread); nothing happens when off."""
-        if self._state != "planned":
-            return
-        with self._lock:
-            self._state = "running"
-        self._thread = threading.Thread(target=self._run, name="kvc-prefetch", daemon=True)
-        self._thread.start()
+        if self._begin():
+            self._thread = threading.Thread(target=self._run, name="kvc-prefetch", daemon=True)
+            self._thread.start()
 
     def run(self) -> None:
         """Read every planned file now, on this thread (tests, tools)."""
-        if self._state != "planned":
-            return
+        if self._begin():
+            self._run()
+
+    def _begin(self) -> bool:
+        """Planned becomes running, once; whether this call did it."""
         with self._lock:
+            if self._state != "planned":
+                return False
             self._state = "running"
-        self._run()
+            return True
 
     def stop(self, timeout: float = 1.0) -> None:
         """Stop between two chunks and wait up to ``timeout`` for the thread."""
@@ -160,7 +163,7 @@ class Prefetcher:
                 "state": self._state,
                 "budget": self.budget,
                 "rows": len(self.items),
-                "bytes": sum(item.size for item in self.items),
+                "bytes": self.planned_bytes,
                 "rows_read": self._rows_read,
                 "bytes_read": self._bytes_read,
                 "seconds": round(self._seconds, 3),
