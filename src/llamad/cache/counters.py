@@ -47,6 +47,15 @@ COUNTERS: Final = (
     "load_total_ns",
     "longest_prefix_ns",
     "longest_prefix_probes",
+    # Prompt tokens by where their KV came from, counted by the model workers
+    # (SPEC M18, C12); hits_live: requests that reused another's live KV.
+    "hits_live",
+    "prompt_tokens_live",
+    "prompt_tokens_ram",
+    "prompt_tokens_ram_file",
+    "prompt_tokens_disk",
+    "prompt_tokens_remote",
+    "prompt_tokens_computed",
 )
 """Monotonic counters, summed over processes."""
 

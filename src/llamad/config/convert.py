@@ -307,6 +307,7 @@ def worker_config(
             thinking=thinking,
             tool_call=tool_call,
             miss_window=m.miss_window,
+            live_reuse=m.live_reuse,
         ),
         _under(_model_key(model_id)),
     )

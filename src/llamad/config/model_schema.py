@@ -329,6 +329,16 @@ class ModelConfig(Table, frozen=True, kw_only=True):
             Integer(ge=0),
         ),
     ] = 16
+    live_reuse: Annotated[
+        bool,
+        Key(
+            "Keep a finished request's KV in its sequence as an idle entry, so that the "
+            "next request sharing a prefix with it reuses those cells at once (least "
+            "recently used entry dropped first when a sequence or its cells are needed); "
+            "false clears a sequence when its request ends.",
+            Boolean(),
+        ),
+    ] = True
     thinking: Annotated[
         Markers | None,
         Section("Thinking markers, surfaced as their own stream events.", optional=True),

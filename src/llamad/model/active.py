@@ -12,8 +12,11 @@ Phases::
        └───────────┴─────────────┴───────────┴──► DONE (cancelled / failed)
 
 ADMITTED: holds a sequence, not yet resolved. WAITING: its ``parent_key`` is
-a finish save this worker has not yet seen published (bounded by
-``session_resume_wait_ms``). RUNNING: prefilling, then generating.
+a finish save this worker has not yet seen published, or a save of a longer
+prefix is in flight elsewhere (both bounded by ``session_resume_wait_ms``),
+or another running request is prefilling the prefix they share
+(:attr:`ActiveRequest.following`: its cells are shared once computed, SPEC
+M18). RUNNING: prefilling, then generating.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from llamad.model.results import (
     ThinkingEvent,
     TokenEvent,
     TokenLogprob,
+    TokenSources,
     ToolCallEvent,
     TopLogprob,
 )
@@ -76,6 +80,8 @@ class ActiveRequest:
     session: Session | None = None
     phase: Phase = Phase.QUEUED
     seq: int | None = None
+    session_kv: bool = False
+    """Its sequence is its session's live one, holding the session's KV."""
     feed: list[int] = field(default_factory=list)
     fed: int = 0
     """Tokens of ``feed`` already decoded."""
@@ -97,6 +103,16 @@ class ActiveRequest:
     finish_reason: FinishReason | None = None
     cancel_requested: bool = False
     wait_until: float | None = None
+    waited_from: float | None = None
+    """When a wait began: for a save in flight, or for a leader's prefill."""
+    wait_ms: float = 0.0
+    following: ActiveRequest | None = None
+    """A running request prefilling a prefix this one shares: this one waits
+    and then shares its cells rather than computing them twice."""
+    follow_until: int = 0
+    """Tokens of the leader's KV this one waits for."""
+    sources: TokenSources | None = None
+    """Where the target's tokens came from (set at resolution)."""
     prefill_tokens: int = 0
     admitted_at: float | None = None
     resolved_at: float | None = None
@@ -247,10 +263,17 @@ class ActiveRequest:
                 prefill_tokens=self.prefill_tokens,
                 queue_ms=_ms(self.submitted_at, self.admitted_at),
                 restore_ms=_ms(self.admitted_at, self.resolved_at),
+                wait_ms=round(self.wait_ms, 3),
                 prefill_ms=_ms(self.resolved_at, end_prefill if self.resolved_at else None),
                 generation_ms=_ms(self.first_token_at, now),
             ),
-            cache_delta=CacheDelta(read=read, created=max(0, self.saved_max - read)),
+            cache_delta=CacheDelta(
+                read=read,
+                created=max(0, self.saved_max - read),
+                sources=self.sources
+                if self.sources is not None
+                else TokenSources(computed=self.prefill_tokens),
+            ),
             finish_key=self.finish_key,
             stop_sequence=self.text.stopped,
             thinking="".join(self._thinking),

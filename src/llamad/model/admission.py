@@ -9,7 +9,9 @@ so a client learns of overload from a fast error rather than a timeout.
 
 A session's sequence is not in the pool while the session holds it (see
 :mod:`llamad.model.sessions`): requests on a live session skip the queue,
-the sequence being theirs already.
+the sequence being theirs already. A sequence that holds an idle entry (the
+KV a finished request left, SPEC M18) is free: which free sequence a request
+takes is :meth:`llamad.model.slots.SequenceTable.acquire`'s choice.
 """
 
 from __future__ import annotations
@@ -46,6 +48,12 @@ class SequencePool:
         seq = min(self._free)
         self._free.remove(seq)
         return seq
+
+    def take(self, seq: int) -> None:
+        """Take the free sequence ``seq`` (the caller chose which)."""
+        if seq not in self._free:
+            raise LlamadError(f"sequence {seq} is not free")
+        self._free.remove(seq)
 
     def release(self, seq: int) -> None:
         if not 0 <= seq < self.n_seq_max or seq in self._free:

@@ -107,8 +107,10 @@ class Backend(Protocol):
         """Drop positions ``keep..`` of ``seq`` (``keep=0`` clears it)."""
         ...
 
-    def seq_copy(self, src: int, dst: int) -> None:
-        """Make ``dst`` hold what ``src`` holds (``dst`` is empty when called)."""
+    def seq_copy(self, src: int, dst: int, n: int | None = None) -> None:
+        """Make ``dst`` hold ``src``'s first ``n`` positions (``None``: all of
+        them); ``dst`` is empty when called. In a unified KV the cells are
+        shared, not copied (``llama_memory_seq_cp``)."""
         ...
 
     def pack(self, seq: int) -> PackedState:

@@ -59,6 +59,7 @@ from llamad.model import identity
 from llamad.model.backend import PackedState
 from llamad.model.cache_view_config import CacheViewConfig
 from llamad.model.cacheview import CacheView, RowRead
+from llamad.model.results import TokenSource, TokenSources
 from llamad.model.save_completions import Completed, SaveCompletions
 from llamad.model.savepoints import SaveJob
 
@@ -212,6 +213,21 @@ class ClientCacheView:
         if counters is not None:
             view._owned.append(counters.close)
         return view
+
+    # -- accounting --------------------------------------------------------------------
+
+    def account(self, sources: TokenSources) -> None:
+        """Add a resolved request's prompt tokens, by source, to this process's
+        counters row (SPEC C10); a live reuse also counts ``hits_live``."""
+        counters = self._counters
+        if counters is None:
+            return
+        for source in TokenSource:
+            n = sources.of(source)
+            if n:
+                counters.add(f"prompt_tokens_{source.value}", n)
+        if sources.live:
+            counters.add("hits_live")
 
     # -- namespace ---------------------------------------------------------------------
 

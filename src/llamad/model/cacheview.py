@@ -25,6 +25,7 @@ from llamad.cache.key import Namespace
 from llamad.cache.kvc import KvcLogits
 from llamad.cache.lookup import Lookup, RowRef
 from llamad.model.backend import PackedState
+from llamad.model.results import TokenSources
 from llamad.model.savepoints import SaveJob
 
 __all__ = ["CacheView", "RowRead"]
@@ -89,4 +90,9 @@ class CacheView(Protocol):
         (writer pool saturated, already cached); otherwise the shell reports
         the outcome later through :meth:`llamad.model.core.WorkerCore.save_done`.
         """
+        ...
+
+    def account(self, sources: TokenSources) -> None:
+        """Count where a resolved request's prompt tokens come from (the shared
+        counters' ``prompt_tokens_*`` and ``hits_live``, SPEC C10, M18)."""
         ...

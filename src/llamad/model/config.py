@@ -66,7 +66,10 @@ class WorkerConfig:
     ``policy``: when to save (SPEC C7). ``thinking`` / ``tool_call``: markers
     surfaced as their own stream events (``None``: not recognised).
     ``miss_window``: prompt tokens decoded on each side of the divergence
-    point in a ``cache_miss`` explanation.
+    point in a ``cache_miss`` explanation. ``live_reuse``: a finished
+    request's KV stays in its sequence as an idle entry that the next request
+    sharing a prefix reuses in place or shares (SPEC M18); off, a sequence is
+    cleared when its request ends and only sessions keep KV.
     """
 
     n_ctx: int
@@ -79,6 +82,7 @@ class WorkerConfig:
     thinking: MarkerPair | None = None
     tool_call: MarkerPair | None = None
     miss_window: int = 16
+    live_reuse: bool = True
 
     def __post_init__(self) -> None:
         _positive("n_ctx", self.n_ctx)
@@ -107,6 +111,10 @@ class WorkerConfig:
             raise ConfigError(
                 f"unknown batch strategy {self.strategy!r} (known: {known})",
                 details={"field": "strategy"},
+            )
+        if not isinstance(self.live_reuse, bool):
+            raise ConfigError(
+                "worker live_reuse must be a boolean", details={"field": "live_reuse"}
             )
         if not isinstance(self.policy, CachePolicy):
             raise ConfigError("worker policy must be a CachePolicy", details={"field": "policy"})

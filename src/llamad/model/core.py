@@ -11,10 +11,14 @@ in-memory cache and sees every decision.
 One :meth:`~WorkerCore.step` is one tick:
 
 1. requests cancelled since the last tick end (``done``, ``cancelled``);
-2. queued requests take free sequences, oldest first (the least recently
-   used idle session is parked, after an evict save, when none is free);
-3. newly admitted requests resolve (:mod:`llamad.model.restore`); one
-   restored with the logits of its target's last position samples its first
+2. queued requests take free sequences, oldest first (an empty one, else
+   the least recently used idle entry's; the least recently used idle
+   session is parked, after an evict save, when none is free);
+3. newly admitted requests resolve (:mod:`llamad.model.restore`): live KV
+   first (an idle entry kept in place, or another sequence's prefix shared),
+   then the cache; one that shares a prefix another running request is
+   still prefilling waits for it instead of computing it twice. One whose
+   KV comes with the logits of its target's last position samples its first
    token from them, and the tick ends here, with no decode, so that token
    reaches its client now (it is decoded at the next tick);
 4. the planner builds one batch over every running sequence
@@ -46,7 +50,8 @@ from llamad.model.endings import Endings
 from llamad.model.observe import has_work, next_wakeup, status_of
 from llamad.model.planner import BatchPlan, plan_tick
 from llamad.model.requests import RequestParams, checked_tokens, target_tokens
-from llamad.model.restore import Restorer
+from llamad.model.resolution import common_prefix
+from llamad.model.restore import Restorer, best_live
 from llamad.model.results import (
     CacheHitKind,
     Event,
@@ -60,9 +65,14 @@ from llamad.model.slots import SequenceTable, Slot
 from llamad.model.stops import TextStream
 from llamad.model.strategies import BatchStrategy, strategy_named
 
-__all__ = ["TickReport", "WorkerCore"]
+__all__ = ["FOLLOW_MIN_TOKENS", "TickReport", "WorkerCore"]
 
 log = structlog.get_logger("llamad.model")
+
+FOLLOW_MIN_TOKENS = 32
+"""A request waits for another's prefill only when it would share at least this
+many more tokens than it can get now: below it, computing them costs less
+than the ticks spent waiting."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,14 +112,18 @@ class WorkerCore:
         self.queue: AdmissionQueue[ActiveRequest] = AdmissionQueue(config.max_queue)
         self.sessions = SessionTable()
         self.requests: dict[str, ActiveRequest] = {}
-        self.restorer = Restorer(config, backend, cache, clock)
         self.saver = Saver(backend, cache, self.sessions)
-        self.seqs = SequenceTable(config.n_seq_max, backend, self.sessions, self.saver)
+        self.seqs = SequenceTable(
+            config.n_seq_max, backend, self.sessions, self.saver, keep_idle=config.live_reuse
+        )
+        self.restorer = Restorer(config, backend, cache, clock, self.seqs)
         self.endings = Endings(self.seqs, self.saver, backend)
         self.ticks = 0
         self.last_cache_hit: CacheHitKind | None = None
         self.stored_logits_hits = 0
-        """First tokens sampled from a restored row's stored logits (status)."""
+        """First tokens sampled from stored logits, a row's or live KV's (status)."""
+        self.live_hits = 0
+        """Requests that kept or shared live KV another request left (status)."""
         self.closed = False
         self._orders = 0
         self._sampled_stored = False
@@ -175,7 +189,7 @@ class WorkerCore:
         if session is not None and session.seq is not None:
             seq = session.seq  # a live session's sequence is its request's: no queue
         elif not self.queue:
-            seq = self.pool.acquire()
+            seq = self.seqs.acquire()
         if seq is None:
             try:
                 position = self.queue.push(req.request_id, req)
@@ -308,7 +322,7 @@ class WorkerCore:
 
     def _admit_from_queue(self, now: float) -> None:
         while self.queue:
-            seq = self.pool.acquire()
+            seq = self.seqs.acquire()
             if seq is None:
                 if not self._park_idle_session(now):
                     return
@@ -320,17 +334,22 @@ class WorkerCore:
         return self.seqs.park_idle_session(deadline)
 
     def _resolve(self, req: ActiveRequest, now: float) -> None:
+        assert req.seq is not None
+        if self._follows(req):
+            return
         parent = req.params.parent_key
-        if parent is not None and parent in self.saver.inflight_finish:
-            # Our own finish save of the previous turn is still being written:
-            # wait for it between ticks rather than miss it (SPEC C8 resume).
+        pending = None if parent is None else self.saver.inflight_finish.get(parent)
+        if pending is not None and not self._live_covers(req, pending):
+            # Our own finish save of the previous turn is still being written
+            # and no live KV holds as much: wait for it between ticks rather
+            # than miss it (SPEC C8 resume).
             if req.wait_until is None:
                 req.wait_until = now + self.config.policy.session_resume_wait_ms / 1000.0
+                req.waited_from = now
                 req.phase = Phase.WAITING
             if now < req.wait_until:
                 return
         req.wait_until = None
-        assert req.seq is not None
         # Blocking on another process's in-flight save would stall every other
         # sequence, so the cache may wait only while nothing else runs.
         may_wait = not any(
@@ -338,6 +357,15 @@ class WorkerCore:
         )
         res = self.restorer.resolve(req, self.slots[req.seq], may_wait=may_wait)
         self.last_cache_hit = res.kind
+        if res.live and req.session is None and res.keep > 0:
+            self.live_hits += 1
+        if req.waited_from is not None:
+            req.wait_ms = max(0.0, self.clock() - req.waited_from) * 1000.0
+        if req.sources is not None:
+            try:
+                self.cache.account(req.sources)
+            except (LlamadError, OSError) as exc:  # counting never costs a request
+                log.warning("model.account_failed", error=repr(exc))
         if res.stored_logits:
             self._sampled_stored = True
             out = sample_stored(
@@ -353,6 +381,62 @@ class WorkerCore:
         elif req.remaining == 0:
             # prefill_only on a target the cache already held whole.
             self._finish(req, FinishReason.LENGTH, self.clock())
+
+    def _live_covers(self, req: ActiveRequest, n_tokens: int) -> bool:
+        """Whether live KV already holds at least ``n_tokens`` of ``req``'s target."""
+        assert req.seq is not None
+        live = best_live(self.seqs, req, self.slots[req.seq])
+        return live is not None and live.common >= n_tokens
+
+    def _follows(self, req: ActiveRequest) -> bool:
+        """Whether ``req`` waits (this tick) for another running request to prefill
+        the prefix they share, so that it shares those cells instead of
+        computing them again (SPEC M18: concurrent agents over one prefix)."""
+        if req.session is not None or req.continuation or not self.config.live_reuse:
+            return False
+        leader = req.following
+        if leader is not None:
+            if (
+                leader.phase is Phase.RUNNING
+                and not leader.generating
+                and leader.seq is not None
+                and len(self.slots[leader.seq].kv) < req.follow_until
+            ):
+                return True
+            req.following = None  # it got there, or it stopped: resolve now
+            return False
+        assert req.seq is not None
+        live = best_live(self.seqs, req, self.slots[req.seq])
+        have = 0 if live is None else live.common
+        best: tuple[int, ActiveRequest] | None = None
+        for other in self.requests.values():
+            if (
+                other is req
+                or other.phase is not Phase.RUNNING
+                or other.generating
+                or other.seq is None
+                or other.namespace != req.namespace
+            ):
+                continue
+            # It will hold its whole target once it has prefilled and decoded
+            # its last token; wait for no more than it will hold while prefilling.
+            reach = min(common_prefix(other.target, req.target), len(other.target) - 1)
+            held = len(self.slots[other.seq].kv)
+            if reach - max(held, have) >= FOLLOW_MIN_TOKENS and (best is None or reach > best[0]):
+                best = (reach, other)
+        if best is None:
+            return False
+        req.follow_until, req.following = best
+        req.phase = Phase.WAITING
+        if req.waited_from is None:
+            req.waited_from = self.clock()
+        log.debug(
+            "model.request_follows",
+            request_id=req.request_id,
+            leader=best[1].request_id,
+            tokens=best[0],
+        )
+        return True
 
     def _plan(self, now: float) -> BatchPlan:
         while True:
@@ -372,8 +456,11 @@ class WorkerCore:
                 return plan
 
     def _relieve_cells(self, now: float) -> bool:
-        """No KV cell is free for any waiting row: park an idle session, else stop
-        the newest running request that holds cells (older ones go on)."""
+        """No KV cell is free for any waiting row: drop the least recently used
+        idle entry, else park an idle session, else stop the newest running
+        request that holds cells (older ones go on)."""
+        if self.seqs.drop_idle():
+            return True
         if self._park_idle_session(now):
             return True
         running = [r for r in self.requests.values() if r.phase is Phase.RUNNING]

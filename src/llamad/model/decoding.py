@@ -72,7 +72,7 @@ def run_batch(
     for span, req in zip(plan.spans, owners, strict=True):
         assert req is not None
         slot = seqs[span.seq]
-        slot.kv.extend(span.tokens)
+        seqs.extend(slot, span.tokens)
         req.consumed(len(span.tokens))
         out = Outcome(req)
         outcomes.append(out)

@@ -40,8 +40,10 @@ class Endings:
         events = req.flush()
         if req.seq is not None and req.resolution is not None:
             self.saver.finish(req, self.seqs[req.seq], allowed=allow_save)
-        req.prompt_logits = None  # the finish save was the last that could keep them
+        # The finish save was the last save that could keep the prompt's
+        # logits; an idle entry keeps them in memory (release_finished).
         committed = self.seqs.release_finished(req, now)
+        req.prompt_logits = None
         self._close_sampler(req)
         result = req.completion(committed=committed, now=now)
         events.append(DoneEvent(result))

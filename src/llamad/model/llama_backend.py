@@ -247,8 +247,8 @@ class LlamaBackend:
                 details={"seq": seq, "keep": keep},
             )
 
-    def seq_copy(self, src: int, dst: int) -> None:
-        self.ctx.seq_copy(src, dst)
+    def seq_copy(self, src: int, dst: int, n: int | None = None) -> None:
+        self.ctx.seq_copy(src, dst, 0, n)
 
     def pack(self, seq: int) -> StateLease:
         need = self.ctx.seq_state_size(seq)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from llamad.model.active import Phase
-from llamad.model.results import WorkerPhase, WorkerStatus
+from llamad.model.results import IdleEntry, WorkerPhase, WorkerStatus
 
 if TYPE_CHECKING:
     from llamad.model.core import WorkerCore
@@ -29,6 +29,17 @@ def status_of(core: WorkerCore) -> WorkerStatus:
         phase = WorkerPhase.GENERATING
     else:
         phase = WorkerPhase.PREFILLING
+    now = core.clock()
+    idle = tuple(
+        IdleEntry(
+            seq=slot.seq,
+            tokens=len(slot.kv),
+            cells=core.seqs.cells_only_in(slot),
+            age_s=round(max(0.0, now - slot.idle_since), 3),
+            logits=slot.logits is not None,
+        )
+        for slot in core.seqs.idle_entries()
+    )
     return WorkerStatus(
         phase=phase,
         pending_len=len(core.requests),
@@ -40,6 +51,8 @@ def status_of(core: WorkerCore) -> WorkerStatus:
         ticks=core.ticks,
         last_cache_hit=core.last_cache_hit,
         stored_logits_hits=core.stored_logits_hits,
+        idle_entries=idle,
+        live_hits=core.live_hits,
     )
 
 
@@ -49,7 +62,7 @@ def has_work(core: WorkerCore) -> bool:
     if core.pending_events:
         return True
     if any(
-        r.cancel_requested or r.phase in (Phase.ADMITTED, Phase.RUNNING)
+        r.cancel_requested or r.phase in (Phase.ADMITTED, Phase.RUNNING) or r.following is not None
         for r in core.requests.values()
     ):
         return True

@@ -44,13 +44,15 @@ class ObservedBackend:
         self.is_eog: Callable[[int], bool] = inner.is_eog
         self.piece: Callable[[int], bytes] = inner.piece
         self.seq_truncate: Callable[[int, int], None] = inner.seq_truncate
-        self.seq_copy: Callable[[int, int], None] = inner.seq_copy
         self.pack: Callable[[int], PackedState] = inner.pack
         self.unpack: Callable[[int, memoryview], None] = inner.unpack
 
     @property
     def n_vocab(self) -> int:
         return self.inner.n_vocab
+
+    def seq_copy(self, src: int, dst: int, n: int | None = None) -> None:
+        self.inner.seq_copy(src, dst, n)
 
     def decode(self, plan: BatchPlan) -> None:
         self._before(plan)

@@ -16,19 +16,28 @@ already holds, or can get from the cache, and so what is left to prefill:
   transcript; the sequence keeps everything it holds, no prefix check, no
   lookup (a parked session restores first).
 
+Live KV comes first (SPEC M18). Before any tier, a fresh request looks at
+the context's own sequences: the idle entry its sequence may hold (kept in
+place), and every other sequence of its namespace, idle or running, whose
+KV starts with part of the target (shared into its sequence with
+``seq_cp``, which in a unified KV copies no bytes). The cache is asked only
+when the live KV falls short of the target, and its row is restored only
+when it covers clearly more (:func:`restore_beats_live`).
+
 Whatever the path, when the request will generate, the target's last token
 is never taken from the KV: it is decoded alone to give fresh logits, so a
 restored prompt and a prefilled one produce the same first token. With one
-exception: a restored row that covers the whole target and keeps the logits
-of exactly its last position (the run that saved it decoded that position
-alone and kept what it computed, :mod:`llamad.model.savepoints`) is kept
-whole, and the first token is sampled from those logits
-(:func:`with_stored_logits`): the same logits, so the same token, without
-decoding the position again.
+exception: KV that covers the whole target and comes with the logits of
+exactly its last position (the run that computed it decoded that position
+alone and kept what it computed, :mod:`llamad.model.savepoints`; a saved row
+keeps them in its file, an idle entry in memory) is kept whole, and the
+first token is sampled from those logits (:func:`with_stored_logits`): the
+same logits, so the same token, without decoding the position again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -38,6 +47,8 @@ from llamad.cache.prefix import common_prefix_len
 from llamad.model.results import CacheHitKind, CacheMiss
 
 __all__ = [
+    "RESTORE_OVER_LIVE",
+    "LiveSource",
     "Resolution",
     "common_prefix",
     "decide_continue",
@@ -45,9 +56,32 @@ __all__ = [
     "decide_sticky",
     "explain_miss",
     "keeps_target_logits",
+    "restore_beats_live",
     "sticky_needs_lookup",
     "with_stored_logits",
 ]
+
+
+RESTORE_OVER_LIVE = 0.01
+"""A row is restored over live KV only when it covers more than the live KV by
+this share of its own length. Restoring a token costs ~6 µs here (47 MB per
+2,048 tokens through lookup, CRC and unpack), prefilling one ~3 ms: the true
+ratio is ~0.002, and this errs towards keeping cells that cost nothing."""
+
+
+@dataclass(frozen=True, slots=True)
+class LiveSource:
+    """A sequence whose KV starts with the target's first ``common`` tokens.
+
+    ``own``: the request's own sequence (an idle entry it took), kept in
+    place; otherwise ``seq``'s first tokens are shared into the request's.
+    ``logits_position``: the position whose logits come with it, if any.
+    """
+
+    seq: int
+    common: int
+    own: bool
+    logits_position: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,10 +89,14 @@ class Resolution:
     """How a sequence gets to hold the target's first ``keep`` tokens.
 
     With ``restore``, the row is unpacked into the sequence and then truncated
-    to ``keep``; without, the sequence's current KV is truncated to ``keep``.
-    ``read``: target tokens the restored row covered (``cache_delta.read``).
-    ``stored_logits``: the row keeps the logits of the target's last position;
-    ``keep`` is the whole target and the first token is sampled from them.
+    to ``keep``; with ``copy_from``, that sequence's first ``keep`` tokens are
+    shared into this one; otherwise the sequence's current KV is truncated to
+    ``keep``. ``read``: target tokens the restored row or the live KV covered
+    (``cache_delta.read``). ``live``: the kept tokens are live KV (the
+    sequence's own, a session's, or ``copy_from``'s), not a row.
+    ``stored_logits``: the row or the live KV comes with the logits of the
+    target's last position; ``keep`` is the whole target and the first token
+    is sampled from them.
     """
 
     kind: CacheHitKind
@@ -66,6 +104,8 @@ class Resolution:
     restore: RowRef | None = None
     read: int = 0
     stored_logits: bool = False
+    copy_from: int | None = None
+    live: bool = False
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -86,14 +126,41 @@ def _usable(lookup: Lookup | None, target_len: int) -> int:
     return max(0, min(lookup.use_tokens, target_len))
 
 
-def decide_fresh(target_len: int, lookup: Lookup | None, *, wants_logits: bool) -> Resolution:
-    """A sequence that holds nothing useful: restore what the cache offers, or go cold."""
+def restore_beats_live(row_use: int, live_use: int) -> bool:
+    """Whether restoring a row covering ``row_use`` target tokens (the whole row
+    is read) beats keeping ``live_use`` live tokens and prefilling the rest."""
+    return row_use - live_use > RESTORE_OVER_LIVE * row_use
+
+
+def _kind(use: int, target_len: int) -> CacheHitKind:
+    return CacheHitKind.EXACT if use == target_len else CacheHitKind.PARTIAL
+
+
+def decide_fresh(
+    target_len: int,
+    lookup: Lookup | None,
+    *,
+    wants_logits: bool,
+    live: LiveSource | None = None,
+) -> Resolution:
+    """A fresh request: keep or share the live KV that covers the most of the
+    target, restore what the cache offers when it covers clearly more, or go cold."""
+    live_use = 0 if live is None else max(0, min(live.common, target_len))
     use = _usable(lookup, target_len)
-    if use == 0:
+    if use > 0 and restore_beats_live(use, live_use):
+        assert lookup is not None
+        return Resolution(
+            _kind(use, target_len), _held_back(use, target_len, wants_logits), lookup.row, use
+        )
+    if live is None or live_use == 0:
         return Resolution(CacheHitKind.COLD, 0)
-    assert lookup is not None
-    kind = CacheHitKind.EXACT if use == target_len else CacheHitKind.PARTIAL
-    return Resolution(kind, _held_back(use, target_len, wants_logits), lookup.row, use)
+    return Resolution(
+        _kind(live_use, target_len),
+        _held_back(live_use, target_len, wants_logits),
+        read=live_use,
+        copy_from=None if live.own else live.seq,
+        live=True,
+    )
 
 
 def sticky_needs_lookup(live_common: int, target_len: int, *, wants_logits: bool) -> bool:
@@ -113,7 +180,12 @@ def decide_sticky(
         return decide_fresh(target_len, lookup, wants_logits=wants_logits)
     if live_common == 0:
         return Resolution(CacheHitKind.COLD, 0)
-    return Resolution(CacheHitKind.STICKY, _held_back(live_common, target_len, wants_logits))
+    return Resolution(
+        CacheHitKind.STICKY,
+        _held_back(live_common, target_len, wants_logits),
+        read=live_common,
+        live=True,
+    )
 
 
 def decide_continue(
@@ -125,16 +197,20 @@ def decide_continue(
     if lookup is not None and use > held:
         keep = _held_back(use, target_len, wants_logits)
         return Resolution(CacheHitKind.CONTINUATION, keep, lookup.row, use)
-    return Resolution(CacheHitKind.CONTINUATION, _held_back(held, target_len, wants_logits))
+    return Resolution(
+        CacheHitKind.CONTINUATION,
+        _held_back(held, target_len, wants_logits),
+        live=held > 0,
+    )
 
 
 def keeps_target_logits(res: Resolution, target_len: int, logits_position: int | None) -> bool:
-    """Whether the row ``res`` restores keeps the target's own last logits: it
-    covers the whole target and its logits are those of exactly the target's
-    last position (``logits_position``; ``None`` when it keeps none). Logits of
-    another position belong to another prefix of the row."""
+    """Whether the row ``res`` restores, or the live KV it keeps, comes with the
+    target's own last logits: it covers the whole target and its logits are
+    those of exactly the target's last position (``logits_position``; ``None``
+    when it keeps none). Logits of another position belong to another prefix."""
     return (
-        res.restore is not None
+        (res.restore is not None or res.live)
         and res.read == target_len
         and logits_position is not None
         and logits_position == target_len - 1
@@ -150,7 +226,7 @@ def with_stored_logits(
     other row keeps ``res`` as it was."""
     if not wants_logits or not keeps_target_logits(res, target_len, logits_position):
         return res
-    return Resolution(res.kind, target_len, res.restore, res.read, stored_logits=True)
+    return dataclasses.replace(res, keep=target_len, stored_logits=True)
 
 
 def _text(tokens: Sequence[int], piece: Callable[[int], bytes]) -> str:

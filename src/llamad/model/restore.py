@@ -1,11 +1,13 @@
-"""Carrying out a resolution: lookup, restore, truncate (SPEC M3, C8).
+"""Carrying out a resolution: live KV, lookup, restore, truncate (SPEC M3, M18, C8).
 
-:mod:`llamad.model.resolution` decides from values; :class:`Restorer` asks
-the cache for those values, restores the chosen row into the request's
-sequence, truncates it to what the target shares, and leaves the request
-RUNNING with the rest of its target to feed. A row that covers the whole
-target and keeps the logits of its last position is kept whole instead, and
-the request leaves with those logits to sample its first token from
+:mod:`llamad.model.resolution` decides from values; :class:`Restorer` finds
+those values (the live KV of the context's sequences, the cache's answer),
+brings the request's sequence to the chosen prefix of its target (keeping
+its own idle entry in place, sharing another sequence's cells with
+``seq_cp``, or unpacking a row), and leaves the request RUNNING with the rest
+of its target to feed. KV that covers the whole target and comes with the
+logits of its last position is kept whole instead, and the request leaves
+with those logits to sample its first token from
 (:attr:`Resolution.stored_logits`). A cache that fails (cache-meta
 restarting, a row gone corrupt) costs the request its warm start, never the
 request: it runs cold.
@@ -19,12 +21,14 @@ import structlog
 
 from llamad.cache.kvc import KvcLogits
 from llamad.cache.lookup import Lookup, RowRef
+from llamad.cache.tier_kind import TierKind
 from llamad.errors import LlamadError
 from llamad.model.active import ActiveRequest, Phase
 from llamad.model.backend import Backend
 from llamad.model.cacheview import CacheView
 from llamad.model.config import WorkerConfig
 from llamad.model.resolution import (
+    LiveSource,
     Resolution,
     common_prefix,
     decide_continue,
@@ -35,13 +39,59 @@ from llamad.model.resolution import (
     sticky_needs_lookup,
     with_stored_logits,
 )
-from llamad.model.results import CacheHitKind
+from llamad.model.results import CacheHitKind, TokenSources
 from llamad.model.savepoints import SaveSchedule, may_save_finish
-from llamad.model.slots import Slot
+from llamad.model.slots import SequenceTable, Slot
 
-__all__ = ["Restorer"]
+__all__ = ["Restorer", "best_live"]
 
 log = structlog.get_logger("llamad.model")
+
+_TIER_SOURCE = {TierKind.RAM: "ram", TierKind.RAM_FILE: "ram_file", TierKind.DISK: "disk"}
+
+
+def _source_logits(slot: Slot, position: int) -> KvcLogits | None:
+    """The logits after ``position`` that come with ``slot``'s KV, if it has them:
+    an idle entry's kept logits, or its running request's prompt logits."""
+    kept = slot.logits_at(position)
+    if kept is not None:
+        return kept
+    owner = slot.owner
+    if owner is not None and owner.resolution is not None:
+        logits = owner.prompt_logits
+        if logits is not None and logits.position == position and position < len(slot.kv):
+            return logits
+    return None
+
+
+def best_live(seqs: SequenceTable, req: ActiveRequest, own: Slot) -> LiveSource | None:
+    """The sequence whose KV starts with the most of ``req``'s target, in its
+    namespace: its own (an idle entry it took) or any other, idle, running or a
+    session's. Ties go to its own sequence (kept in place), then to an idle
+    entry (nobody is extending it)."""
+    best: tuple[int, int, int] | None = None
+    found: LiveSource | None = None
+    n = len(req.target)
+    for slot in seqs:
+        if not slot.kv or slot.namespace != req.namespace:
+            continue
+        if slot is not own and slot.owner is not None and slot.owner.resolution is None:
+            continue  # admitted, not resolved: its KV is about to change
+        common = common_prefix(slot.kv, req.target)
+        if common == 0:
+            continue
+        rank = (common, slot is own, slot.idle)
+        if best is not None and rank <= best:
+            continue
+        logits = _source_logits(slot, n - 1) if common == n else None
+        best = rank
+        found = LiveSource(
+            slot.seq,
+            common,
+            own=slot is own,
+            logits_position=None if logits is None else logits.position,
+        )
+    return found
 
 
 class Restorer:
@@ -53,11 +103,13 @@ class Restorer:
         backend: Backend,
         cache: CacheView,
         clock: Callable[[], float],
+        seqs: SequenceTable,
     ) -> None:
         self.config = config
         self.backend = backend
         self.cache = cache
         self.clock = clock
+        self.seqs = seqs
 
     def resolve(self, req: ActiveRequest, slot: Slot, *, may_wait: bool) -> Resolution:
         """Bring ``slot`` to a prefix of ``req.target`` and start the request.
@@ -66,29 +118,34 @@ class Restorer:
         else is running that the wait would hold up).
         """
         session = req.session
-        if session is not None and slot.kv and session.namespace != req.namespace:
+        if slot.kv and slot.namespace != req.namespace:
             # KV computed under other adapters or another salt is not this
             # request's state, whatever its tokens say.
-            self.backend.seq_truncate(slot.seq, 0)
-            slot.kv = []
+            self.seqs.clear(slot)
         hint = req.params.parent_key
         if hint is None and session is not None:
             hint = session.saved_key
         wants, n = req.wants_logits, len(req.target)
         lookup = None
+        live = None
         if req.continuation:
+            if not req.session_kv:
+                self.seqs.clear(slot)  # a parked session: nothing of it is live
             held = len(slot.kv)
             if held == 0:
                 lookup = self._lookup(req, hint, may_wait)
             res = decide_continue(held, n, lookup, wants_logits=wants)
-        elif slot.kv:
+        elif req.session_kv and slot.kv:
             common = common_prefix(slot.kv, req.target)
             if sticky_needs_lookup(common, n, wants_logits=wants):
                 lookup = self._lookup(req, hint, may_wait)
             res = decide_sticky(common, n, lookup, wants_logits=wants)
         else:
-            lookup = self._lookup(req, hint, may_wait)
-            res = decide_fresh(n, lookup, wants_logits=wants)
+            live = best_live(self.seqs, req, slot)
+            live_common = 0 if live is None else live.common
+            if sticky_needs_lookup(live_common, n, wants_logits=wants):
+                lookup = self._lookup(req, hint, may_wait)
+            res = decide_fresh(n, lookup, wants_logits=wants, live=live)
         try:
             res = self._apply(req, slot, res)
         finally:
@@ -110,13 +167,14 @@ class Restorer:
             log.warning("model.lookup_failed", request_id=req.request_id, error=repr(exc))
             return None
 
-    def _restore(self, slot: Slot, row: RowRef) -> tuple[bool, KvcLogits | None]:
+    def _restore(
+        self, req: ActiveRequest, slot: Slot, row: RowRef, covered: int
+    ) -> tuple[bool, KvcLogits | None]:
         """Unpack ``row`` into the slot's sequence: whether it was, and the
-        logits the row keeps (immutable, usable after the read)."""
-        if slot.kv:
-            # Whatever happens next, the sequence no longer holds its old tokens.
-            self.backend.seq_truncate(slot.seq, 0)
-            slot.kv = []
+        logits the row keeps (immutable, usable after the read). The row's
+        first ``covered`` tokens are the target's."""
+        # Whatever happens next, the sequence no longer holds its old tokens.
+        self.seqs.clear(slot)
         try:
             with self.cache.read(row) as got:
                 if got is None:
@@ -125,8 +183,12 @@ class Restorer:
                 logits = got.logits
         except (LlamadError, OSError) as exc:
             log.warning("model.restore_failed", seq=slot.seq, key=row.key.hex(), error=repr(exc))
-            self.backend.seq_truncate(slot.seq, 0)
+            self.seqs.forget(slot)
             return False, None
+        # Past `covered`, a diverging row holds tokens that are not the
+        # target's: they are cut below, never read as the target's.
+        tail = [-1] * max(0, row.n_tokens - covered)
+        self.seqs.restored(slot, req.target[:covered] + tail)
         return True, logits
 
     def _checkin(self, lookup: Lookup | None) -> None:
@@ -140,31 +202,42 @@ class Restorer:
             log.warning("model.checkin_failed", error=repr(exc))
 
     def _apply(self, req: ActiveRequest, slot: Slot, res: Resolution) -> Resolution:
-        """Make the sequence hold ``req.target[:res.keep]``; a row that cannot be
-        read turns the request cold (a continuation stays one, from nothing).
-        A row keeping the logits of the target's last position is kept whole,
+        """Make the sequence hold ``req.target[:res.keep]``: unpack a row, share
+        another sequence's cells, or keep its own. A row that cannot be read
+        turns the request cold (a continuation stays one, from nothing). KV
+        that comes with the logits of the target's last position is kept whole,
         and the request takes them (:func:`with_stored_logits`)."""
+        n = len(req.target)
+        logits: KvcLogits | None = None
         if res.restore is not None:
-            restored, logits = self._restore(slot, res.restore)
+            restored, logits = self._restore(req, slot, res.restore, res.read)
             if not restored:
                 kind = CacheHitKind.CONTINUATION if req.continuation else CacheHitKind.COLD
                 res = Resolution(kind, 0)
-            elif (
-                logits is not None
-                and logits.count == self.backend.n_vocab
-                and keeps_target_logits(res, len(req.target), logits.position)
-            ):
-                # The row's logits are the target's own (it covers the whole
-                # target): kept for this request's saves, and sampled from
-                # when it generates.
-                req.prompt_logits = logits
-                res = with_stored_logits(
-                    res, len(req.target), logits.position, wants_logits=req.wants_logits
-                )
-        if res.restore is not None or len(slot.kv) > res.keep:
-            # A restored row may run past the target or diverge after `read` tokens.
-            self.backend.seq_truncate(slot.seq, res.keep)
-        slot.kv = req.target[: res.keep]
+                logits = None
+        elif res.live:
+            source = slot if res.copy_from is None else self.seqs[res.copy_from]
+            logits = _source_logits(source, n - 1) if res.read == n else None
+        if (
+            logits is not None
+            and logits.count == self.backend.n_vocab
+            and keeps_target_logits(res, n, logits.position)
+        ):
+            # The KV's logits are the target's own (it covers the whole
+            # target): kept for this request's saves, and sampled from when
+            # it generates.
+            req.prompt_logits = logits
+            res = with_stored_logits(res, n, logits.position, wants_logits=req.wants_logits)
+        if res.copy_from is not None:
+            self.seqs.share(self.seqs[res.copy_from], slot, res.keep)
+        else:
+            self.seqs.truncate(slot, res.keep)
+        # A row or a source may run past the target or diverge after `read`
+        # tokens: what the sequence holds now is exactly the target's first
+        # `keep` tokens.
+        slot.kv[: res.keep] = req.target[: res.keep]
+        slot.namespace = req.namespace
+        slot.logits = None
         return res
 
     def _start(self, req: ActiveRequest, res: Resolution, lookup: Lookup | None) -> None:
@@ -172,13 +245,16 @@ class Restorer:
         policy = self.config.policy
         cold = res.kind is CacheHitKind.COLD
         req.schedule = SaveSchedule.for_cold_prompt(n, policy) if cold else SaveSchedule(policy)
+        # The prompt's last logits are kept for a row that may be written, and
+        # for the idle entry a request without a session leaves (an exact
+        # repeat then samples from them, however short the prompt).
         req.keep_logits = may_save_finish(
             n,
             max_tokens=req.params.max_tokens,
             n_ctx=self.config.n_ctx,
             prefill_only=req.params.prefill_only,
             policy=policy,
-        )
+        ) or (self.config.live_reuse and req.session is None and req.wants_logits)
         if res.restore is not None and res.restore.n_tokens == res.read:
             # The restored row is exactly the target's first `read` tokens.
             req.schedule.record(res.read)
@@ -191,6 +267,19 @@ class Restorer:
                 piece=self.backend.piece,
             )
         req.resolution = res
+        req.sources = _sources(res, n)
         req.start_feed(req.target[res.keep :])
         req.phase = Phase.RUNNING
         req.resolved_at = self.clock()
+
+
+def _sources(res: Resolution, n: int) -> TokenSources:
+    """Where the target's tokens come from once ``res`` is carried out."""
+    kept = res.keep
+    counts = {"computed": n - kept}
+    if kept:
+        if res.restore is not None:
+            counts[_TIER_SOURCE.get(res.restore.tier, "disk")] = kept
+        else:
+            counts["live"] = kept
+    return TokenSources(**counts)

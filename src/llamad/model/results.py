@@ -28,10 +28,13 @@ __all__ = [
     "Event",
     "EventKind",
     "FinishReason",
+    "IdleEntry",
     "Stats",
     "ThinkingEvent",
     "TokenEvent",
     "TokenLogprob",
+    "TokenSource",
+    "TokenSources",
     "ToolCallEvent",
     "TopLogprob",
     "WorkerPhase",
@@ -49,9 +52,9 @@ class CacheHitKind(StrEnum):
     """
 
     EXACT = "exact"
-    """A restored row covered the whole prompt."""
+    """A restored row, or live KV, covered the whole prompt."""
     PARTIAL = "partial"
-    """A restored row covered a prefix; the rest was prefilled."""
+    """A restored row, or live KV, covered a prefix; the rest was prefilled."""
     COLD = "cold"
     """Nothing usable was cached; the whole prompt was prefilled."""
     STICKY = "sticky"
@@ -78,12 +81,54 @@ class EventKind(StrEnum):
     ERROR = "error"
 
 
+class TokenSource(StrEnum):
+    """Where a prompt token's KV came from (SPEC M18, C12)."""
+
+    LIVE = "live"
+    """Cells already in the context: an idle entry, a session, another sequence."""
+    RAM = "ram"
+    RAM_FILE = "ram_file"
+    DISK = "disk"
+    REMOTE = "remote"
+    COMPUTED = "computed"
+    """Prefilled by this request."""
+
+
+class TokenSources(msgspec.Struct, frozen=True):
+    """Prompt tokens by where their KV came from; they add up to the prompt.
+
+    A token held back to be decoded alone (the prompt's last, for fresh
+    logits) counts as ``computed`` even when the row or the live KV covered it.
+    """
+
+    live: int = 0
+    ram: int = 0
+    ram_file: int = 0
+    disk: int = 0
+    remote: int = 0
+    computed: int = 0
+
+    def of(self, source: TokenSource) -> int:
+        value: int = getattr(self, source.value)
+        return value
+
+    @property
+    def reused(self) -> int:
+        """Tokens not computed by this request."""
+        return self.live + self.ram + self.ram_file + self.disk + self.remote
+
+    def as_dict(self) -> dict[str, int]:
+        return {s.value: self.of(s) for s in TokenSource}
+
+
 class CacheDelta(msgspec.Struct, frozen=True):
-    """Prompt tokens the cache supplied (``read``) and new tokens this request
-    submitted for saving beyond them (``created``)."""
+    """Prompt tokens the cache supplied (``read``: a row or live KV covered
+    them), new tokens this request submitted for saving beyond them
+    (``created``), and where every prompt token came from (``sources``)."""
 
     read: int = 0
     created: int = 0
+    sources: TokenSources = msgspec.field(default_factory=TokenSources)
 
 
 class Stats(msgspec.Struct, frozen=True):
@@ -92,8 +137,11 @@ class Stats(msgspec.Struct, frozen=True):
     ``prompt_tokens``: tokens the sequence had to hold before generating
     (prompt, or session transcript plus tail); ``prefill_tokens``: how many of
     them were decoded here (the rest came from the cache or the live session).
-    ``queue_ms``: waiting for a sequence; ``restore_ms``: cache lookup and
-    restore; ``prefill_ms``: until the first token's logits; ``generation_ms``:
+    ``queue_ms``: waiting for a sequence; ``restore_ms``: from admission to a
+    resolved start (live KV kept or shared, cache lookup and restore, and any
+    wait); ``wait_ms``: the part of it spent waiting, for a save of this
+    prompt still in flight or for another request prefilling the prefix they
+    share; ``prefill_ms``: until the first token's logits; ``generation_ms``:
     from then to the end.
     """
 
@@ -104,6 +152,7 @@ class Stats(msgspec.Struct, frozen=True):
     restore_ms: float = 0.0
     prefill_ms: float = 0.0
     generation_ms: float = 0.0
+    wait_ms: float = 0.0
 
 
 class CacheMiss(msgspec.Struct, frozen=True):
@@ -113,7 +162,12 @@ class CacheMiss(msgspec.Struct, frozen=True):
     prompt (``None``: nothing saved in this namespace), and the prompt leaves
     it at token ``diverged_at``. ``before`` / ``after`` are the prompt's text
     just before and from that token, so a changed chat template shows.
-    ``restored_tokens`` is what was restored nevertheless (0 when cold).
+    ``restored_tokens`` is what was restored (or kept live) nevertheless (0
+    when cold). ``inflight_key`` / ``inflight_tokens``: a row still being
+    written when the request resolved that would have covered more
+    (``inflight_tokens`` of the prompt), and ``waited_ms``: how long the
+    request waited for such a save before going on (SPEC M18: a lookup never
+    runs cold silently past a save in flight).
     """
 
     prompt_tokens: int
@@ -122,6 +176,9 @@ class CacheMiss(msgspec.Struct, frozen=True):
     nearest_key: bytes | None = None
     before: str = ""
     after: str = ""
+    inflight_key: bytes | None = None
+    inflight_tokens: int = 0
+    waited_ms: float = 0.0
 
 
 class TopLogprob(msgspec.Struct, frozen=True, array_like=True):
@@ -223,6 +280,21 @@ class WorkerPhase(StrEnum):
     """Every admitted request is generating."""
 
 
+class IdleEntry(msgspec.Struct, frozen=True, array_like=True):
+    """The KV a finished request left in a sequence (SPEC M18), as status shows it.
+
+    ``tokens``: positions it holds; ``cells``: KV cells clearing it would free
+    (its own, not those it shares with other sequences); ``age_s``: seconds
+    since its request ended; ``logits``: it keeps its prompt's last logits.
+    """
+
+    seq: int
+    tokens: int
+    cells: int
+    age_s: float
+    logits: bool = False
+
+
 class WorkerStatus(msgspec.Struct, frozen=True):
     """A snapshot for SPEC M10: what routers read without waiting on the loop."""
 
@@ -239,5 +311,9 @@ class WorkerStatus(msgspec.Struct, frozen=True):
     last_cache_hit: CacheHitKind | None = None
     stored_logits_hits: int = 0
     """Requests since start whose first token was sampled from the logits
-    their restored row keeps (SPEC M3's memoised primer): no prompt row was
-    decoded before it."""
+    their restored row or live KV keeps (SPEC M3's memoised primer): no
+    prompt row was decoded before it."""
+    idle_entries: tuple[IdleEntry, ...] = ()
+    """Idle entries, least recently used first (SPEC M18)."""
+    live_hits: int = 0
+    """Requests since start that kept or shared live KV of another request."""

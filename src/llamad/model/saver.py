@@ -51,7 +51,8 @@ class Saver:
         self.sessions = sessions
         self.jobs: list[SaveJob] = []
         """Jobs handed to the cache since the core last reported them."""
-        self.inflight_finish: set[bytes] = set()
+        self.inflight_finish: dict[bytes, int] = {}
+        """Finish saves handed to the writer and not yet reported: key → tokens."""
 
     def save(
         self,
@@ -100,7 +101,7 @@ class Saver:
         if session is not None:
             self.sessions.saved(session, job.key, job.n_tokens)
         if reason is SaveReason.FINISH:
-            self.inflight_finish.add(job.key)
+            self.inflight_finish[job.key] = job.n_tokens
         return True
 
     def save_due(self, req: ActiveRequest, slot: Slot) -> None:
@@ -124,6 +125,7 @@ class Saver:
             and self.save(slot, SaveReason.FINISH, req.namespace, req)
         ):
             req.finish_key = key
+            slot.saved_key = key
 
     def evict(self, slot: Slot, deadline: float) -> None:
         """Save an idle session's sequence before it is taken (skipped when the
@@ -152,7 +154,7 @@ class Saver:
 
     def done(self, key: bytes, published: bool) -> None:
         """An asynchronous save ended; a failed one no longer counts as a session's row."""
-        self.inflight_finish.discard(key)
+        self.inflight_finish.pop(key, None)
         if not published:
             for session in self.sessions.values():
                 if session.saved_key == key:

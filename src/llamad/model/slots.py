@@ -1,26 +1,35 @@
 """The context's sequences: what each one's KV holds, and who holds it.
 
 :class:`SequenceTable` is the one owner of the answer to "which sequence is
-whose": the free pool, the sequences requests run on, the ones sessions pin.
-It binds a request to a sequence, gives sequences back when requests end,
-parks idle sessions when a sequence is needed elsewhere, and carries out the
-session operations that touch KV (end, reset, fork).
+whose": the free pool, the sequences requests run on, the ones sessions pin,
+and the **idle entries** (SPEC M18): a request that ends leaves its KV where
+it is, with the tokens it holds, the namespace it was computed under and the
+logits of its prompt's last position, so the next request that shares a
+prefix with it reuses those cells instead of restoring or prefilling them.
+An idle entry's sequence is free: the next request that needs a sequence
+takes an empty one first, else the least recently used idle entry's, and
+whatever the entry holds that the new request can use it keeps in place.
 
-With ``kv_unified`` every sequence draws its KV cells from one pool of
-``n_ctx``; the table counts a cell per token a sequence holds (a forked
-sequence shares its prefix's cells in llama.cpp, so the count errs high,
-never low).
+Every change to a sequence's KV goes through this table (:meth:`extend`,
+:meth:`truncate`, :meth:`share`, :meth:`restored`, :meth:`clear`), which
+carries it out on the backend and keeps ``Slot.kv`` (the tokens, position
+by position) and ``Slot.cells`` (which KV cells, :mod:`llamad.model.cells`)
+in step with it. With ``kv_unified`` every sequence draws cells from one
+pool of ``n_ctx``; a shared prefix (``seq_cp``) is counted once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import structlog
 
+from llamad.cache.key import Namespace
+from llamad.cache.kvc import KvcLogits
 from llamad.model.admission import SequencePool
+from llamad.model.cells import CellRuns, cells_in_use, cells_only_in
 
 if TYPE_CHECKING:
     from llamad.model.active import ActiveRequest
@@ -39,36 +48,81 @@ class Slot:
 
     ``owner`` is the request running on it; ``session`` the session pinning
     it (both may be set: a session's request runs on the session's sequence).
+    With neither and some KV, the slot is an **idle entry**: what the last
+    request on it left, reusable by the next.
+
+    ``namespace``: the namespace the KV was computed under (``None`` when
+    unknown: never reused). ``logits``: the logits after one of its
+    positions (an idle entry's prompt's last), valid while ``kv`` keeps that
+    position. ``idle_since``: when it became an idle entry (its LRU stamp).
     """
 
     seq: int
     kv: list[int] = field(default_factory=list)
     owner: ActiveRequest | None = None
     session: Session | None = None
+    cells: CellRuns = field(default_factory=CellRuns)
+    namespace: Namespace | None = None
+    logits: KvcLogits | None = None
+    idle_since: float = 0.0
+    saved_key: bytes | None = None
+    """Key of a row holding exactly ``kv`` (its finish save), if one was written."""
+
+    @property
+    def idle(self) -> bool:
+        """An idle entry: KV that no request or session holds."""
+        return self.owner is None and self.session is None and bool(self.kv)
+
+    def logits_at(self, position: int) -> KvcLogits | None:
+        """The kept logits if they are those after ``position``, else ``None``."""
+        logits = self.logits
+        if logits is None or logits.position != position or position >= len(self.kv):
+            return None
+        return logits
 
 
 def cells_used(slots: Sequence[Slot]) -> int:
-    return sum(len(slot.kv) for slot in slots)
+    """KV cells in use: a cell shared by several sequences counts once."""
+    return cells_in_use(slot.cells for slot in slots)
 
 
 class SequenceTable:
     """The sequences of one context, the free pool and the sessions pinning some."""
 
     def __init__(
-        self, n_seq_max: int, backend: Backend, sessions: SessionTable, saver: Saver
+        self,
+        n_seq_max: int,
+        backend: Backend,
+        sessions: SessionTable,
+        saver: Saver,
+        *,
+        keep_idle: bool = True,
     ) -> None:
         self.slots = [Slot(i) for i in range(n_seq_max)]
         self.pool = SequencePool(n_seq_max)
         self.backend = backend
         self.sessions = sessions
         self.saver = saver
+        self.keep_idle = keep_idle
+        """Whether a finished request's KV stays as an idle entry (SPEC M18)."""
 
     def __getitem__(self, seq: int) -> Slot:
         return self.slots[seq]
 
+    def __iter__(self) -> Iterator[Slot]:
+        return iter(self.slots)
+
     @property
     def cells_used(self) -> int:
         return cells_used(self.slots)
+
+    def cells_only_in(self, slot: Slot) -> int:
+        """Cells that clearing ``slot`` would free (those no other sequence shares)."""
+        return cells_only_in(slot.cells, (s.cells for s in self.slots if s is not slot))
+
+    def idle_entries(self) -> list[Slot]:
+        """Idle entries, least recently used first."""
+        return sorted((s for s in self.slots if s.idle), key=lambda s: (s.idle_since, s.seq))
 
     def newest_holder(self, running: Sequence[ActiveRequest]) -> ActiveRequest | None:
         """The most recently submitted of ``running`` that holds KV cells: the one
@@ -76,13 +130,82 @@ class SequenceTable:
         holders = [r for r in running if r.seq is not None and self.slots[r.seq].kv]
         return max(holders, key=lambda r: r.order, default=None)
 
+    # -- KV operations: the backend and the table in step --------------------------------
+
+    def extend(self, slot: Slot, tokens: Sequence[int]) -> None:
+        """``tokens`` were decoded into ``slot``'s sequence at its next positions."""
+        slot.kv.extend(tokens)
+        slot.cells.extend(len(tokens))
+
+    def truncate(self, slot: Slot, keep: int) -> None:
+        """Drop positions ``keep ..`` of the sequence (nothing when it holds no more)."""
+        if len(slot.kv) <= keep:
+            return
+        self.backend.seq_truncate(slot.seq, keep)
+        del slot.kv[keep:]
+        slot.cells.truncate(keep)
+        if slot.logits is not None and slot.logits.position >= keep:
+            slot.logits = None
+        slot.saved_key = None
+
     def clear(self, slot: Slot) -> None:
-        """Empty the sequence and detach it from everyone."""
+        """Empty the sequence's KV (its owner and session stay)."""
         if slot.kv:
             self.backend.seq_truncate(slot.seq, 0)
         slot.kv = []
-        slot.session = None
-        slot.owner = None
+        slot.cells = CellRuns()
+        slot.logits = None
+        slot.saved_key = None
+
+    def forget(self, slot: Slot) -> None:
+        """The sequence's KV is unknown (a failed decode or restore): drop it whole."""
+        self.backend.seq_truncate(slot.seq, 0)
+        slot.kv = []
+        slot.cells = CellRuns()
+        slot.logits = None
+        slot.saved_key = None
+
+    def share(self, src: Slot, dst: Slot, n: int) -> None:
+        """``dst`` (emptied first) shares ``src``'s first ``n`` positions' cells:
+        ``seq_cp``, which in a unified KV copies no bytes."""
+        self.clear(dst)
+        if n <= 0:
+            return
+        self.backend.seq_copy(src.seq, dst.seq, n)
+        dst.kv = src.kv[:n]
+        dst.cells = src.cells.shared(n)
+
+    def restored(self, slot: Slot, tokens: Sequence[int]) -> None:
+        """A row of ``tokens`` was unpacked into the sequence (fresh cells)."""
+        slot.kv = list(tokens)
+        slot.cells.replace(len(tokens))
+        slot.logits = None
+        slot.saved_key = None
+
+    # -- binding and giving back ------------------------------------------------------------
+
+    def acquire(self) -> int | None:
+        """A free sequence for a new request: an empty one first (the lowest),
+        else the least recently used idle entry's, whose KV stays in place for
+        the request to keep what it can use. ``None`` when every sequence is held."""
+        free = self.pool.free
+        if not free:
+            return None
+        empty = [seq for seq in free if not self.slots[seq].kv]
+        seq = min(empty) if empty else min(free, key=lambda s: (self.slots[s].idle_since, s))
+        self.pool.take(seq)
+        return seq
+
+    def drop_idle(self, keep: Slot | None = None) -> bool:
+        """Clear the least recently used idle entry (other than ``keep``), freeing
+        its cells; False when there is none."""
+        for slot in self.idle_entries():
+            if slot is not keep:
+                log.debug("model.idle_entry_dropped", seq=slot.seq, tokens=len(slot.kv))
+                self.clear(slot)
+                slot.namespace = None
+                return True
+        return False
 
     def bind(self, req: ActiveRequest, seq: int) -> None:
         """``req`` runs on ``seq`` (its session's, or one taken from the pool)."""
@@ -90,6 +213,9 @@ class SequenceTable:
         slot.owner = req
         req.seq = seq
         session = req.session
+        # A live session's sequence holds its KV; any other sequence holds
+        # nothing of the session's (at most an idle entry's KV).
+        req.session_kv = session is not None and session.seq == seq
         if session is not None and session.seq is None:
             self.sessions.bind(session, seq)
             slot.session = session
@@ -103,19 +229,30 @@ class SequenceTable:
         slot = self.slots[session.seq]
         self.saver.evict(slot, evict_deadline)
         self.clear(slot)
+        slot.session = None
+        slot.owner = None
         self.pool.release(self.sessions.park(session))
         log.info("model.session_parked", session_id=session.session_id, seq=slot.seq)
         return True
 
     def release_finished(self, req: ActiveRequest, now: float) -> int:
-        """``req`` ended normally: settle its session or free its sequence.
-        Returns the committed token count its result reports."""
+        """``req`` ended normally: settle its session, or leave its KV as an idle
+        entry (or clear it) and free its sequence. Returns the committed token
+        count its result reports."""
         slot = None if req.seq is None else self.slots[req.seq]
         committed = len(slot.kv) if slot is not None and req.resolution is not None else 0
         session = req.session
         if session is None:
             if slot is not None:
-                self.clear(slot)
+                slot.owner = None
+                if self.keep_idle and req.resolution is not None and slot.kv:
+                    slot.namespace = req.namespace
+                    slot.logits = req.prompt_logits
+                    slot.idle_since = now
+                    if slot.logits is not None and slot.logits.position >= len(slot.kv):
+                        slot.logits = None
+                else:
+                    self.clear(slot)
                 self.pool.release(slot.seq)
             return committed
         if req.resolution is None:
@@ -127,6 +264,7 @@ class SequenceTable:
         self.sessions.settle(session, transcript, committed, now)
         if slot is not None:
             slot.owner = None
+            slot.namespace = session.namespace
             if not slot.kv and session.seq is not None:
                 # An IDLE session holds KV; one with none gives its sequence back.
                 self.pool.release(self.sessions.park(session))
@@ -139,9 +277,9 @@ class SequenceTable:
         slot = None if req.seq is None else self.slots[req.seq]
         session = req.session
         if slot is not None:
-            self.backend.seq_truncate(slot.seq, 0)
-            slot.kv = []
+            self.forget(slot)
             slot.owner = None
+            slot.namespace = None
         if session is not None:
             self.sessions.settle(session, session.transcript, session.committed, now)
             if session.seq is not None:
@@ -156,27 +294,27 @@ class SequenceTable:
     def end_session(self, session_id: str) -> None:
         session = self.sessions.end(session_id)
         if session.seq is not None:
-            self.clear(self.slots[session.seq])
+            slot = self.slots[session.seq]
+            self.clear(slot)
+            slot.session = None
+            slot.namespace = None
             self.pool.release(session.seq)
 
     def reset_session(self, session_id: str) -> None:
         session = self.sessions.reset(session_id)
         if session.seq is not None:
-            slot = self.slots[session.seq]
-            if slot.kv:
-                self.backend.seq_truncate(slot.seq, 0)
-            slot.kv = []
+            self.clear(self.slots[session.seq])
 
     def fork_session(self, source_id: str, new_id: str, now: float) -> bool:
         source, fork = self.sessions.fork(source_id, new_id, now)
         if source.seq is None or not self.slots[source.seq].kv:
             return False
-        seq = self.pool.acquire()
+        seq = self.acquire()
         if seq is None:
             return False
-        self.backend.seq_copy(source.seq, seq)
-        slot = self.slots[seq]
-        slot.kv = list(self.slots[source.seq].kv)
+        src, slot = self.slots[source.seq], self.slots[seq]
+        self.share(src, slot, len(src.kv))
         slot.session = fork
+        slot.namespace = src.namespace
         self.sessions.bind(fork, seq)
         return True

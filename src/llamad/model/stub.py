@@ -115,6 +115,12 @@ class StubBackend:
         self.batch_sensitive = batch_sensitive
         self.tokens: dict[int, list[int]] = {s: [] for s in range(n_seq_max)}
         self._chains: dict[int, list[bytes]] = {s: [] for s in range(n_seq_max)}
+        # The KV cell of each position of each sequence: seq_copy shares cells,
+        # as llama.cpp's unified KV does, so the pool counts a shared cell once.
+        self._cells: dict[int, list[int]] = {s: [] for s in range(n_seq_max)}
+        self._next_cell = 0
+        self.copies: list[tuple[int, int, int]] = []
+        """Every seq_copy: (src, dst, positions shared)."""
         self._outputs: dict[int, tuple[int, bytes]] = {}
         self.decoded: list[BatchPlan] = []
         self.logits_sampled = 0
@@ -148,7 +154,7 @@ class StubBackend:
             raise InvalidToken("cannot decode an empty batch")
         if plan.n_rows > self.n_batch:
             raise BatchTooLarge(f"{plan.n_rows} rows exceed n_batch {self.n_batch}")
-        cells = sum(len(t) for t in self.tokens.values()) + plan.n_rows
+        cells = self.cells_used + plan.n_rows
         if cells > self.n_ctx:
             raise ContextOverflow(f"{cells} KV cells needed, the context has {self.n_ctx}")
         for span in plan.spans:
@@ -175,10 +181,17 @@ class StubBackend:
                 self._outputs[row - 1] = (span.seq, digest)
         self.decoded.append(plan)
 
+    @property
+    def cells_used(self) -> int:
+        """KV cells held by any sequence (a shared cell once)."""
+        return len({c for cells in self._cells.values() for c in cells})
+
     def _append(self, seq: int, token: int) -> None:
         chain = self._chains[seq]
         chain.append(_link(chain[-1] if chain else b"", token))
         self.tokens[seq].append(token)
+        self._cells[seq].append(self._next_cell)
+        self._next_cell += 1
 
     def _candidates(self, digest: bytes) -> list[tuple[int, float]]:
         seen: dict[int, float] = {}
@@ -246,12 +259,19 @@ class StubBackend:
             raise InvalidSequence(f"cannot keep {keep} tokens")
         del self.tokens[seq][keep:]
         del self._chains[seq][keep:]
+        del self._cells[seq][keep:]
 
-    def seq_copy(self, src: int, dst: int) -> None:
+    def seq_copy(self, src: int, dst: int, n: int | None = None) -> None:
         if self.tokens[dst]:
             raise InvalidSequence(f"sequence {dst} is not empty")
-        self.tokens[dst] = list(self.tokens[src])
-        self._chains[dst] = list(self._chains[src])
+        held = len(self.tokens[src])
+        n = held if n is None else n
+        if not 0 <= n <= held:
+            raise InvalidSequence(f"sequence {src} holds {held} positions, not {n}")
+        self.tokens[dst] = self.tokens[src][:n]
+        self._chains[dst] = self._chains[src][:n]
+        self._cells[dst] = self._cells[src][:n]
+        self.copies.append((src, dst, n))
 
     def pack(self, seq: int) -> StubPacked:
         self.packs += 1
@@ -267,6 +287,7 @@ class StubBackend:
         self.unpacks += 1
         self.tokens[seq] = []
         self._chains[seq] = []
+        self._cells[seq] = []
         for t in tokens:
             self._append(seq, t)
 

@@ -26,6 +26,7 @@ from llamad.cache.prefix import PrefixIndex
 from llamad.cache.tier_kind import TierKind
 from llamad.model.backend import PackedState
 from llamad.model.cacheview import CacheView, RowRead
+from llamad.model.results import TokenSources
 from llamad.model.savepoints import SaveJob
 
 __all__ = ["MemoryCache", "StoredRow"]
@@ -71,6 +72,7 @@ class MemoryCache:
         self.corrupt: set[bytes] = set()
         self.reads = 0
         self.pins: dict[int, bytes] = {}
+        self.accounted: list[TokenSources] = []
         self._index = PrefixIndex()
         self._pin_ids = itertools.count(1)
 
@@ -146,6 +148,9 @@ class MemoryCache:
             return True
         self._publish(stored)
         return True
+
+    def account(self, sources: TokenSources) -> None:
+        self.accounted.append(sources)
 
     # -- test controls ---------------------------------------------------------------------
 

@@ -28,11 +28,13 @@ from typing import Any, Final, Protocol
 import structlog
 
 from llamad.actors import Registry
-from llamad.cache.key import Namespace
+from llamad.cache.key import FingerprintMode, Namespace
 from llamad.cache.lookup import Lookup, RowRef
 from llamad.errors import ConfigError
+from llamad.model import identity
 from llamad.model.backend import Backend, PackedState
 from llamad.model.cacheview import CacheView, RowRead
+from llamad.model.results import TokenSources
 from llamad.model.savepoints import SaveJob
 from llamad.model.status_board import LoadProgressWriter, load_progress_path
 from llamad.model.stub import StubBackend
@@ -219,7 +221,7 @@ def llama_parts(spec: WorkerSpec) -> WorkerParts:
             closers.append(_closer(view.close))
             cache, completions = view, view.completions
         else:
-            cache = NoCache()
+            cache = NoCache(ctx)
         parts = WorkerParts(
             backend=backend,
             cache=cache,
@@ -244,12 +246,26 @@ def _closer(close: Callable[[], object]) -> Callable[[], None]:
 
 
 class NoCache:
-    """A worker without a cache: every request runs cold, nothing is saved."""
+    """A worker without a cache: nothing is looked up or saved; only live KV
+    (sessions, idle entries) is reused.
+
+    With the live context, its namespace still follows the adapters attached
+    and the salt (the model itself is named by a fixed digest: no row is ever
+    written under it), so live KV computed under other adapters or for
+    another tenant is never reused.
+    """
 
     _NS: Final = Namespace(fingerprint=bytes(32), quant=0, ctx_hash=bytes(32))
 
+    def __init__(self, ctx: identity.LiveContext | None = None) -> None:
+        self._ctx = ctx
+
     def namespace(self, salt: bytes | None) -> Namespace:
-        return self._NS
+        if self._ctx is None:
+            return identity.salted(self._NS, salt)
+        return identity.namespace(
+            self._ctx, FingerprintMode.FAST_UNSAFE, supplied=bytes(32), salt=salt
+        )
 
     def resolve(
         self,
@@ -271,6 +287,9 @@ class NoCache:
     def save(self, job: SaveJob, state: PackedState) -> bool:
         state.release()
         return False
+
+    def account(self, sources: TokenSources) -> None:
+        pass
 
 
 # -- the stub ---------------------------------------------------------------------------

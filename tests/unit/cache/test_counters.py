@@ -41,6 +41,8 @@ def test_every_spec_counter_exists_and_starts_at_zero(tmp_path: Path) -> None:
         "saves_dropped", "evictions", "corrupt_files", "duplicate_dropped",
         "bytes_ram", "bytes_ram_file", "bytes_disk",
         "pack_total_ns", "load_total_ns", "longest_prefix_ns", "longest_prefix_probes",
+        "hits_live", "prompt_tokens_live", "prompt_tokens_ram", "prompt_tokens_ram_file",
+        "prompt_tokens_disk", "prompt_tokens_remote", "prompt_tokens_computed",
     }  # fmt: skip
     assert set(snap) == expected == set(COUNTERS) | set(GAUGES)
     assert all(v == 0 for v in snap.values())

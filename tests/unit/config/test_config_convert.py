@@ -163,6 +163,7 @@ max_queue = 8
 prefill_chunk_size = 128
 strategy = "balanced"
 miss_window = 4
+live_reuse = false
 decode_timeout_ms = "10s"
 liveness_s = 3
 load_timeout_s = "1m"
@@ -299,6 +300,7 @@ def test_the_worker_spec_carries_every_model_key(full: LlamadConfig) -> None:
         thinking=MarkerPair(open="<think>", close="</think>"),
         tool_call=MarkerPair(open="<tool_call>", close="</tool_call>"),
         miss_window=4,
+        live_reuse=False,
     )
     assert (spec.decode_timeout_ms, spec.liveness_s, spec.load_timeout_s) == (10_000, 3.0, 60.0)
     assert spec.model_id == "smol"

@@ -217,7 +217,10 @@ def test_when_kv_cells_run_out_the_newest_request_yields() -> None:
     # The newer request gave its cells up first; the older one ran until the context was full.
     assert len(old.generated) > len(new.generated)
     assert old.committed_tokens == 64
-    assert h.core.cells_used == 0
+    # The yielded request's idle entry was dropped for the older one's cells;
+    # the older one's KV stays, idle, holding the whole context.
+    assert [(e.seq, e.tokens) for e in h.core.status().idle_entries] == [(0, 64)]
+    assert h.core.cells_used == h.backend.cells_used == 64
 
 
 def test_a_prefilling_request_without_cells_fails_with_context_overflow() -> None:
@@ -242,4 +245,10 @@ def test_samplers_and_pins_are_always_given_back() -> None:
     h.run()
     assert h.backend.samplers_open == 0
     assert not h.cache.pins
-    assert h.core.cells_used == 0 and h.core.status().free_sequences == 2
+    # Every sequence is free again; what they hold is idle KV, counted as the
+    # backend counts it, and all of it goes once the idle entries are dropped.
+    assert h.core.status().free_sequences == 2
+    assert h.core.cells_used == h.backend.cells_used
+    while h.core.seqs.drop_idle():
+        pass
+    assert h.core.cells_used == h.backend.cells_used == 0

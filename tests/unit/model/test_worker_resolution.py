@@ -86,9 +86,11 @@ def test_a_row_keeping_the_targets_last_logits_is_kept_whole_and_sampled_from() 
     partial = decide_fresh(10, lookup(6), wants_logits=True)
     assert not keeps_target_logits(partial, 10, 9)
     assert with_stored_logits(partial, 10, 5, wants_logits=True) == partial
-    # The live KV of a sticky session is no row.
+    # Live KV covering the target comes with its logits when the request that
+    # computed it kept them (an idle entry): kept whole too.
     sticky = decide_sticky(10, 10, None, wants_logits=True)
-    assert with_stored_logits(sticky, 10, 9, wants_logits=True) == sticky
+    assert with_stored_logits(sticky, 10, 9, wants_logits=True).keep == 10
+    assert with_stored_logits(sticky, 10, 8, wants_logits=True) == sticky
     # A parked session's continuation restoring its whole target may.
     parked = decide_continue(0, 10, lookup(10), wants_logits=True)
     assert with_stored_logits(parked, 10, 9, wants_logits=True).keep == 10
@@ -121,7 +123,7 @@ def batch_lengths_with_logits(backend: StubBackend) -> list[int]:
 @pytest.mark.parametrize("batch_sensitive", [False, True])
 def test_an_exact_hit_reproduces_the_cold_reply(batch_sensitive: bool, keep_logits: bool) -> None:
     backend = StubBackend(n_ctx=1024, n_batch=64, n_seq_max=2, batch_sensitive=batch_sensitive)
-    h = make(backend=backend, cache=MemoryCache(keep_logits=keep_logits))
+    h = make(backend=backend, cache=MemoryCache(keep_logits=keep_logits), live_reuse=False)
     p = prompt(50)
     cold = h.complete("cold", p, max_tokens=12)
     warm = h.complete("warm", p, max_tokens=12)
@@ -141,7 +143,7 @@ def test_an_exact_hit_reproduces_the_cold_reply(batch_sensitive: bool, keep_logi
 
 
 def test_a_longer_row_is_restored_and_truncated_to_the_prompt() -> None:
-    h = make()
+    h = make(live_reuse=False)
     p = prompt(40)
     first = h.complete("a", p, max_tokens=10)
     # The only rows: the cold boundary (32) and the finish row (prompt + reply).
@@ -183,7 +185,7 @@ def test_a_diverging_row_is_restored_up_to_the_divergence() -> None:
 
 
 def test_a_corrupt_row_turns_the_request_cold() -> None:
-    h = make()
+    h = make(live_reuse=False)
     p = prompt(40)
     first = h.complete("a", p, max_tokens=5)
     h.cache.corrupt.update(h.cache.rows)
@@ -217,7 +219,7 @@ def test_every_pin_is_checked_back_in() -> None:
 
 
 def test_a_parent_save_still_in_flight_is_waited_for_between_ticks() -> None:
-    h = make(cache=MemoryCache(defer_async=True))
+    h = make(cache=MemoryCache(defer_async=True), live_reuse=False)
     first = h.complete("a", prompt(40), max_tokens=3)
     assert first.finish_key is not None and h.cache.pending
     turn2 = first.context_tokens + prompt(8, start=77)
@@ -234,7 +236,7 @@ def test_a_parent_save_still_in_flight_is_waited_for_between_ticks() -> None:
 
 
 def test_the_wait_for_a_parent_save_gives_up_after_session_resume_wait_ms() -> None:
-    h = make(cache=MemoryCache(defer_async=True))
+    h = make(cache=MemoryCache(defer_async=True), live_reuse=False)
     first = h.complete("a", prompt(40), max_tokens=3)
     h.submit("b", [*first.context_tokens, 5], max_tokens=2, parent_key=first.finish_key)
     assert not h.step().batch

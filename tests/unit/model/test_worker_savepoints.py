@@ -101,7 +101,7 @@ def test_no_finish_save_below_min_tokens() -> None:
 
 
 def test_prefill_only_saves_the_prompt_whatever_its_length_and_then_hits() -> None:
-    h = make()
+    h = make(live_reuse=False)
     p = prompt(5)
     warm = h.complete("a", p, prefill_only=True)
     assert warm.generated == [] and warm.committed_tokens == 5

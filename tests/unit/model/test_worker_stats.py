@@ -29,9 +29,14 @@ class SlowBackend(StubBackend):
 
 def test_prefill_ms_counts_the_decode_that_computes_the_first_tokens_logits() -> None:
     clock = Clock()
-    # Rows without kept logits: the warm path decodes the held-back token.
+    # Rows without kept logits (and no idle entry, whose KV comes with them):
+    # the warm path decodes the held-back token.
     h = make(
-        backend=SlowBackend(clock), clock=clock, chunk=16, cache=MemoryCache(keep_logits=False)
+        backend=SlowBackend(clock),
+        clock=clock,
+        chunk=16,
+        cache=MemoryCache(keep_logits=False),
+        live_reuse=False,
     )
     # 20 tokens: 16, then 3, then the held-back last token alone: three decodes.
     cold = h.complete("cold", prompt(20), max_tokens=3)

@@ -8,14 +8,20 @@ An exact hit on a row keeping the logits of exactly the target's last
 position keeps the whole target and samples from them: no prompt row is
 decoded before the first token, whose reply is the cold one by construction.
 Any other row primes as before.
+
+These tests are about rows, so the idle entries a request leaves (SPEC M18)
+are off here (``live_reuse=False``): with them, a repeat reuses the live KV
+and its logits, which tests/unit/model/test_worker_live.py covers.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
-from worker_harness import make, prompt
+from worker_harness import Harness, prompt
+from worker_harness import make as make_core
 
 from llamad.cache.kvc import SaveReason
 from llamad.model.active import Phase
@@ -25,6 +31,10 @@ from llamad.model.stub import StubBackend
 from llamad.model.stub_cache import MemoryCache
 
 pytestmark = pytest.mark.timeout(60)
+
+
+def make(**kw: Any) -> Harness:
+    return make_core(live_reuse=False, **kw)
 
 
 def logits_after(tokens: list[int]) -> bytes:
