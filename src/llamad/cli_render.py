@@ -18,7 +18,7 @@ import msgspec
 
 from llamad.cache.meta import GcReport
 from llamad.front_wire import DaemonStatus, ModelInfo, ModelStatus
-from llamad.model.results import Completion
+from llamad.model.results import Completion, TokenSources, WorkerStatus
 
 __all__ = [
     "ProgressBar",
@@ -28,9 +28,11 @@ __all__ = [
     "gc_text",
     "human_bytes",
     "human_duration",
+    "idle_entries_text",
     "model_status_text",
     "model_text",
     "models_table",
+    "sources_text",
     "status_text",
     "table",
     "to_json",
@@ -119,10 +121,29 @@ def model_text(info: ModelInfo) -> str:
     )
 
 
+_WORKER_HEADERS = (
+    "MODEL",
+    "STATE",
+    "SEQS",
+    "QUEUED",
+    "IDLE KV",
+    "REQUESTS",
+    "TOK/S",
+    "LAST HIT",
+    "RESTARTS",
+)
+
+
+def _idle_summary(s: WorkerStatus) -> str:
+    """``2 (1300 tok)``: idle entries and the tokens they hold."""
+    tokens = sum(e.tokens for e in s.idle_entries)
+    return f"{s.idle_count} ({tokens} tok)" if s.idle_count else "0"
+
+
 def _worker_row(model: ModelStatus) -> tuple[object, ...]:
     info, snap = model.info, model.worker
     if snap is None:
-        return (info.model_id, info.state.value, None, None, None, None, None, info.restarts)
+        return (info.model_id, info.state.value, None, None, None, None, None, None, info.restarts)
     s = snap.status
     hit = s.last_cache_hit.value if s.last_cache_hit is not None else None
     return (
@@ -130,6 +151,7 @@ def _worker_row(model: ModelStatus) -> tuple[object, ...]:
         info.state.value if info.state.value != "ready" else s.phase.value,
         f"{s.active_sequences}/{s.active_sequences + s.free_sequences}",
         s.queue_depth,
+        _idle_summary(s),
         snap.requests_total,
         f"{snap.generated_per_s:.1f}",
         hit,
@@ -137,15 +159,39 @@ def _worker_row(model: ModelStatus) -> tuple[object, ...]:
     )
 
 
+def idle_entries_text(models: Sequence[ModelStatus]) -> str:
+    """The idle entries of every model's worker (SPEC M18): the KV finished
+    requests left, which the next request sharing a prefix reuses at once."""
+    rows = [
+        (
+            m.info.model_id,
+            e.seq,
+            e.tokens,
+            e.cells,
+            human_duration(e.age_s),
+            "yes" if e.logits else "no",
+        )
+        for m in sorted(models, key=lambda m: m.info.model_id)
+        if m.worker is not None
+        for e in m.worker.status.idle_entries
+    ]
+    if not rows:
+        return "(none)\n"
+    return table(("MODEL", "SEQ", "TOKENS", "OWN CELLS", "IDLE FOR", "LOGITS"), rows)
+
+
 def model_status_text(model: ModelStatus) -> str:
     """``llamad status MODEL``: the model and its worker's published snapshot."""
     out = [model_text(model.info)]
-    out.append(
-        table(
-            ("MODEL", "STATE", "SEQS", "QUEUED", "REQUESTS", "TOK/S", "LAST HIT", "RESTARTS"),
-            [_worker_row(model)],
+    out.append(table(_WORKER_HEADERS, [_worker_row(model)]))
+    if model.worker is not None:
+        s = model.worker.status
+        out.append(
+            f"kv cells in use {s.kv_cells_used}, live hits {s.live_hits}, "
+            f"first tokens from stored logits {s.stored_logits_hits}\n"
         )
-    )
+        out.append("\nidle entries\n")
+        out.append(idle_entries_text([model]))
     if model.info.last_exit:
         out.append(f"last exit: {model.info.last_exit}\n")
     return "".join(out)
@@ -164,10 +210,12 @@ def status_text(status: DaemonStatus, *, now: float | None = None) -> str:
     if status.models:
         out.append(
             table(
-                ("MODEL", "STATE", "SEQS", "QUEUED", "REQUESTS", "TOK/S", "LAST HIT", "RESTARTS"),
+                _WORKER_HEADERS,
                 (_worker_row(m) for m in sorted(status.models, key=lambda m: m.info.model_id)),
             )
         )
+        out.append("\nidle entries (live KV kept for the next request)\n")
+        out.append(idle_entries_text(status.models))
     else:
         out.append("(none)\n")
     out.append("\nprocesses\n")
@@ -227,12 +275,19 @@ def embedding_text(vector: Sequence[float], shown: int = 8) -> str:
 # -- requests ------------------------------------------------------------------------
 
 
+def sources_text(sources: TokenSources) -> str:
+    """``live 2047, computed 1``: where a prompt's tokens came from, the sources
+    that supplied any (``none`` for an empty prompt)."""
+    parts = [f"{name} {n}" for name, n in sources.as_dict().items() if n]
+    return ", ".join(parts) if parts else "none"
+
+
 def completion_summary(c: Completion) -> str:
     """One line after ``llamad complete`` (on stderr): how the prompt was served."""
     s = c.stats
     return (
-        f"[{c.cache_hit_kind.value}: {s.prompt_tokens} prompt tokens, "
-        f"{c.cache_delta.read} from the cache, {s.prefill_tokens} prefilled | "
+        f"[{c.cache_hit_kind.value}: {s.prompt_tokens} prompt tokens "
+        f"({sources_text(c.cache_delta.sources)}), {s.prefill_tokens} prefilled | "
         f"{s.completion_tokens} generated | restore {s.restore_ms:.1f} ms, "
         f"prefill {s.prefill_ms:.1f} ms, generation {s.generation_ms:.1f} ms | "
         f"finish {c.finish_reason.value}]\n"
@@ -245,7 +300,8 @@ def turn_summary(turn: int, c: Completion) -> str:
     share = 100.0 * c.cache_delta.read / s.prompt_tokens if s.prompt_tokens else 0.0
     return (
         f"[turn {turn}: cache {c.cache_hit_kind.value}, {c.cache_delta.read} of "
-        f"{s.prompt_tokens} prompt tokens reused ({share:.0f}%), {s.prefill_tokens} prefilled | "
+        f"{s.prompt_tokens} prompt tokens reused ({share:.0f}%: "
+        f"{sources_text(c.cache_delta.sources)}), {s.prefill_tokens} prefilled | "
         f"restore {s.restore_ms:.1f} ms, prefill {s.prefill_ms:.1f} ms | "
         f"{s.completion_tokens} tokens generated]\n"
     )

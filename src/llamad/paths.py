@@ -39,10 +39,13 @@ def backend() -> str:
 def llama_prefix(backend_name: str | None = None) -> Path:
     """Install prefix of the pinned llama.cpp build for one backend."""
     name = backend_name or backend()
+    # The patches are part of the pin: a patched tree never shares a folder
+    # with the plain one or with another patch set.
+    patched = f"-p{_pins.LLAMA_CPP_PATCHES_SHA256[:8]}"
     return (
         cache_root()
         / "llama.cpp"
-        / f"{_pins.LLAMA_CPP_PYTHON_VERSION}-{_pins.LLAMA_CPP_COMMIT}-{name}"
+        / f"{_pins.LLAMA_CPP_PYTHON_VERSION}-{_pins.LLAMA_CPP_COMMIT}{patched}-{name}"
     )
 
 

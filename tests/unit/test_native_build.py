@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from llamad import paths
+from llamad import _pins, paths
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -148,6 +148,83 @@ def test_a_given_sdist_must_be_the_pinned_one(tmp_path: Path) -> None:
     assert native.build_prefix(config) == paths.llama_prefix("cpu")
     with pytest.raises(native.BuildRefused, match="sha256"):
         native.pinned_sdist(fake)
+
+
+# ---------------------------------------------------------------------------
+# llamad's patches to llama.cpp
+
+
+def test_the_pinned_patch_digest_is_the_patches_on_disk() -> None:
+    assert native.patch_files(), "scripts/patches/llama.cpp holds llamad's patches"
+    assert native.patches_digest() == _pins.LLAMA_CPP_PATCHES_SHA256, (
+        "scripts/patches/llama.cpp changed: set _pins.LLAMA_CPP_PATCHES_SHA256 to "
+        "native.patches_digest()"
+    )
+
+
+def test_every_patch_says_what_it_changes_and_why() -> None:
+    """Each patch opens as a change sent upstream would: a subject, then the
+    problem, the change and its cost, before the diff. (That each applies to
+    the pinned tree is checked where it is applied: setup fails otherwise.)"""
+    for path in native.patch_files():
+        head = path.read_text().split("\n---\n", 1)[0].splitlines()
+        assert head[1].startswith("Subject: [PATCH] "), path.name
+        assert len(head) > 10, f"{path.name} says too little about why"
+
+
+def test_extracted_source_is_patched_and_another_patch_set_extracts_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tree = tmp_path / "llama.cpp"
+    (tree / "include").mkdir(parents=True)
+    (tree / "include" / "llama.h").write_text("int x;\n")
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    (patches / "0001-a.patch").write_text(
+        "Subject: [PATCH] a\n---\n"
+        "--- a/include/llama.h\n+++ b/include/llama.h\n@@ -1 +1 @@\n-int x;\n+int y;\n"
+    )
+    monkeypatch.setattr(native, "PATCH_DIR", patches)
+    monkeypatch.setattr(native, "log", lambda msg: None)
+    config = native.build_config("cpu", {"LLAMAD_LLAMA_SRC": str(tree)})
+    prefix = tmp_path / "prefix"
+    prefix.mkdir()
+    src = native.llama_source(prefix, config)
+    assert (src / "include" / "llama.h").read_text() == "int y;\n"
+    assert (src / native.PATCHED).read_text().strip() == native.patches_digest()
+    (prefix / "build").mkdir()
+    (prefix / ".built-libs").write_text("ok\n")
+    # The same patch set: the extracted tree is reused as it is.
+    assert native.llama_source(prefix, config) == src
+    assert (prefix / ".built-libs").exists()
+    # Another patch set: extracted and patched again, and the old build goes.
+    (patches / "0002-b.patch").write_text(
+        "Subject: [PATCH] b\n---\n"
+        "--- a/include/llama.h\n+++ b/include/llama.h\n@@ -1 +1 @@\n-int y;\n+int z;\n"
+    )
+    src = native.llama_source(prefix, config)
+    assert (src / "include" / "llama.h").read_text() == "int z;\n"
+    assert not (prefix / "build").exists() and not (prefix / ".built-libs").exists()
+
+
+def test_a_patch_that_does_not_apply_fails_the_setup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tree = tmp_path / "llama.cpp"
+    (tree / "include").mkdir(parents=True)
+    (tree / "include" / "llama.h").write_text("int q;\n")
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    (patches / "0001-a.patch").write_text(
+        "--- a/include/llama.h\n+++ b/include/llama.h\n@@ -1 +1 @@\n-int x;\n+int y;\n"
+    )
+    monkeypatch.setattr(native, "PATCH_DIR", patches)
+    monkeypatch.setattr(native, "log", lambda msg: None)
+    config = native.build_config("cpu", {"LLAMAD_LLAMA_SRC": str(tree)})
+    (tmp_path / "prefix").mkdir()
+    with pytest.raises(subprocess.CalledProcessError):
+        native.llama_source(tmp_path / "prefix", config)
+    assert not (tmp_path / "prefix" / "src").exists()
 
 
 # ---------------------------------------------------------------------------

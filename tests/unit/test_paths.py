@@ -31,6 +31,10 @@ def test_llama_prefix_is_keyed_by_pin_and_backend(
     assert cpu.is_relative_to(tmp_path)
     assert _pins.LLAMA_CPP_COMMIT in cpu.name
     assert _pins.LLAMA_CPP_PYTHON_VERSION in cpu.name
+    # llamad's patches are part of the pin: another patch set, another folder.
+    assert f"-p{_pins.LLAMA_CPP_PATCHES_SHA256[:8]}-" in cpu.name
+    monkeypatch.setattr(_pins, "LLAMA_CPP_PATCHES_SHA256", "f" * 64)
+    assert paths.llama_prefix("cpu") != cpu
 
 
 def test_missing_default_model_raises_asset_missing(

@@ -382,6 +382,18 @@ class WorkerCore:
             # prefill_only on a target the cache already held whole.
             self._finish(req, FinishReason.LENGTH, self.clock())
 
+    def _drop_unresolved_kv(self) -> bool:
+        """Clear the idle entry a request took with its sequence but has not
+        resolved yet (it waits for a leader or a save): it decides what to
+        keep only when it resolves, and its cells may be needed before."""
+        for req in sorted(self.requests.values(), key=lambda r: r.order, reverse=True):
+            if req.resolution is None and req.seq is not None and not req.session_kv:
+                slot = self.slots[req.seq]
+                if slot.kv:
+                    self.seqs.clear(slot)
+                    return True
+        return False
+
     def _live_covers(self, req: ActiveRequest, n_tokens: int) -> bool:
         """Whether live KV already holds at least ``n_tokens`` of ``req``'s target."""
         assert req.seq is not None
@@ -460,6 +472,8 @@ class WorkerCore:
         idle entry, else park an idle session, else stop the newest running
         request that holds cells (older ones go on)."""
         if self.seqs.drop_idle():
+            return True
+        if self._drop_unresolved_kv():
             return True
         if self._park_idle_session(now):
             return True

@@ -17,7 +17,11 @@ from llamad.model.results import IdleEntry, WorkerPhase, WorkerStatus
 if TYPE_CHECKING:
     from llamad.model.core import WorkerCore
 
-__all__ = ["has_work", "next_wakeup", "status_of"]
+__all__ = ["IDLE_SHOWN", "has_work", "next_wakeup", "status_of"]
+
+IDLE_SHOWN = 64
+"""Idle entries a snapshot lists (the least recently used first); the status
+board's slot is 8 KiB, and a context may have thousands of sequences."""
 
 
 def status_of(core: WorkerCore) -> WorkerStatus:
@@ -30,6 +34,7 @@ def status_of(core: WorkerCore) -> WorkerStatus:
     else:
         phase = WorkerPhase.PREFILLING
     now = core.clock()
+    entries = core.seqs.idle_entries()
     idle = tuple(
         IdleEntry(
             seq=slot.seq,
@@ -38,7 +43,7 @@ def status_of(core: WorkerCore) -> WorkerStatus:
             age_s=round(max(0.0, now - slot.idle_since), 3),
             logits=slot.logits is not None,
         )
-        for slot in core.seqs.idle_entries()
+        for slot in entries[:IDLE_SHOWN]
     )
     return WorkerStatus(
         phase=phase,
@@ -52,6 +57,7 @@ def status_of(core: WorkerCore) -> WorkerStatus:
         last_cache_hit=core.last_cache_hit,
         stored_logits_hits=core.stored_logits_hits,
         idle_entries=idle,
+        idle_count=len(entries),
         live_hits=core.live_hits,
     )
 

@@ -314,6 +314,8 @@ class WorkerStatus(msgspec.Struct, frozen=True):
     their restored row or live KV keeps (SPEC M3's memoised primer): no
     prompt row was decoded before it."""
     idle_entries: tuple[IdleEntry, ...] = ()
-    """Idle entries, least recently used first (SPEC M18)."""
+    """Idle entries, least recently used first (SPEC M18), at most 64 of them."""
+    idle_count: int = 0
+    """Idle entries in all."""
     live_hits: int = 0
     """Requests since start that kept or shared live KV of another request."""

@@ -245,7 +245,11 @@ class SequenceTable:
         if session is None:
             if slot is not None:
                 slot.owner = None
-                if self.keep_idle and req.resolution is not None and slot.kv:
+                if req.resolution is None:
+                    # It never ran (cancelled while queued for a leader or a
+                    # save): whatever idle entry its sequence held is intact.
+                    pass
+                elif self.keep_idle and slot.kv:
                     slot.namespace = req.namespace
                     slot.logits = req.prompt_logits
                     slot.idle_since = now

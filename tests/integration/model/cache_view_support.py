@@ -209,8 +209,16 @@ class Driver:
 
 
 def make_driver(
-    view: ClientCacheView, *, n_ctx: int = 1024, n_batch: int = 64, n_seq_max: int = 2
+    view: ClientCacheView,
+    *,
+    n_ctx: int = 1024,
+    n_batch: int = 64,
+    n_seq_max: int = 2,
+    live_reuse: bool = False,
 ) -> Driver:
+    """A core over the stub backend and ``view``. These tests are about the
+    cache, so by default a finished request leaves no idle entry
+    (``live_reuse``): a repeat then goes through the view."""
     backend = StubBackend(n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq_max)
     cfg = WorkerConfig(
         n_ctx=n_ctx,
@@ -218,6 +226,7 @@ def make_driver(
         n_seq_max=n_seq_max,
         prefill_chunk_size=16,
         policy=SMALL_POLICY,
+        live_reuse=live_reuse,
     )
     return Driver(WorkerCore(cfg, backend, view), backend, view)
 
@@ -260,10 +269,16 @@ def real_context(model: Model) -> Context:
 
 @contextmanager
 def real_driver(
-    ctx: Context, settings: CacheSettings, backend: LlamaBackend, *, chunk: int
+    ctx: Context,
+    settings: CacheSettings,
+    backend: LlamaBackend,
+    *,
+    chunk: int,
+    live_reuse: bool = False,
 ) -> Iterator[Driver]:
     """WorkerCore over ``backend`` and a ClientCacheView of ``settings``' cache,
-    on a cleared ``ctx``; on exit every packed state must have come back."""
+    on a cleared ``ctx``; on exit every packed state must have come back. As
+    in :func:`make_driver`, no idle entries unless ``live_reuse``."""
     ctx.clear()
     view = ClientCacheView.from_settings(settings, ctx, config=CacheViewConfig())
     cfg = WorkerConfig(
@@ -272,6 +287,7 @@ def real_driver(
         n_seq_max=ctx.n_seq_max,
         prefill_chunk_size=chunk,
         policy=SMALL_POLICY,
+        live_reuse=live_reuse,
     )
     drv = Driver(WorkerCore(cfg, backend, view), backend, view)
     try:

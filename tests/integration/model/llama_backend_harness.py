@@ -130,7 +130,11 @@ class Worker:
 
 
 def fresh(ctx: Context, cache: MemoryCache | None = None, **config: Any) -> Worker:
-    """A new core, backend and (unless given) cache over ``ctx``, emptied first."""
+    """A new core, backend and (unless given) cache over ``ctx``, emptied first.
+
+    Most of these tests are about rows (restores, hits of each kind), so a
+    finished request leaves no idle entry unless ``live_reuse=True`` is given:
+    a repeat then restores from the cache instead of keeping the live KV."""
     ctx.clear()
     backend = CountingBackend(ctx)
     cache = cache if cache is not None else MemoryCache()
@@ -138,7 +142,7 @@ def fresh(ctx: Context, cache: MemoryCache | None = None, **config: Any) -> Work
         n_ctx=ctx.n_ctx,
         n_batch=ctx.n_batch,
         n_seq_max=ctx.n_seq_max,
-        **{"policy": POLICY, "prefill_chunk_size": CHUNK, **config},
+        **{"policy": POLICY, "prefill_chunk_size": CHUNK, "live_reuse": False, **config},
     )
     return Worker(WorkerCore(cfg, backend, cache), backend, cache)
 

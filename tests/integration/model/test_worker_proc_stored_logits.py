@@ -6,6 +6,10 @@ A cold request's finish row keeps the logits of its prompt's last position;
 an exact repeat restores the row and samples its first token from them: its
 stats show the restore and no prompt token decoded, the worker's status
 counts it, and the reply (tokens and logprobs) is the cold one.
+
+These tests are about the row, so the worker keeps no idle entries
+(``live_reuse=False``): with them, the repeat would reuse the live KV and its
+logits instead (tests/integration/model/test_worker_proc_live.py).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(300)]
 
 @pytest.fixture(scope="module")
 def tree() -> Iterator[WorkerTree]:
-    t = WorkerTree(n_ctx=1024, n_batch=64, n_seq_max=2, prefix="lwsl").start()
+    t = WorkerTree(n_ctx=1024, n_batch=64, n_seq_max=2, prefix="lwsl", live_reuse=False).start()
     try:
         yield t
     finally:

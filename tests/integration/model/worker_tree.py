@@ -78,6 +78,7 @@ class WorkerTree:
         siblings: Mapping[str, Mapping[str, Any]] | None = None,
         n_threads: int = 1,
         threads: ThreadPolicy | None = None,
+        live_reuse: bool = True,
     ) -> None:
         self.settings = CacheSettings.scratch(
             prefix=prefix, lookup=LookupPolicy(common_min_tokens=8), stats_flush_s=0.5
@@ -93,6 +94,7 @@ class WorkerTree:
             "liveness_s": liveness_s,
             "n_threads": n_threads,
             "threads": threads,
+            "live_reuse": live_reuse,
         }
         self.spec = self._worker_spec(model_id, **shape)
         # Sibling workers of the same model file share the cache: each is the
@@ -128,6 +130,7 @@ class WorkerTree:
         liveness_s: float,
         n_threads: int,
         threads: ThreadPolicy | None,
+        live_reuse: bool,
     ) -> WorkerSpec:
         sizes = {"n_ctx": n_ctx, "n_batch": n_batch, "n_seq_max": n_seq_max}
         return WorkerSpec(
@@ -145,6 +148,7 @@ class WorkerTree:
                 max_queue=max_queue,
                 prefill_chunk_size=prefill_chunk_size,
                 policy=policy,
+                live_reuse=live_reuse,
             ),
             cache=self.settings,
             decode_timeout_ms=decode_timeout_ms,

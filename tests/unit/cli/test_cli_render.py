@@ -12,7 +12,10 @@ from llamad.cli_render import (
     completion_summary,
     human_bytes,
     human_duration,
+    idle_entries_text,
+    model_status_text,
     models_table,
+    sources_text,
     status_text,
     table,
     to_json,
@@ -27,7 +30,18 @@ from llamad.front_wire import (
     SupervisorStatus,
     TierUsage,
 )
-from llamad.model.results import CacheDelta, CacheHitKind, Completion, FinishReason, Stats
+from llamad.model.results import (
+    CacheDelta,
+    CacheHitKind,
+    Completion,
+    FinishReason,
+    IdleEntry,
+    Stats,
+    TokenSources,
+    WorkerPhase,
+    WorkerStatus,
+)
+from llamad.model.status_board import WorkerSnapshot
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -41,7 +55,9 @@ def _completion(**kw: object) -> Completion:
         "cache_hit_kind": CacheHitKind.PARTIAL,
         "finish_reason": FinishReason.STOP,
         "stats": Stats(prompt_tokens=80, completion_tokens=2, prefill_tokens=20, restore_ms=3.25),
-        "cache_delta": CacheDelta(read=60, created=22),
+        "cache_delta": CacheDelta(
+            read=60, created=22, sources=TokenSources(live=40, ram_file=20, computed=20)
+        ),
         "finish_key": bytes(range(32)),
     }
     values.update(kw)
@@ -68,14 +84,16 @@ def test_sizes_and_durations_for_people() -> None:
     assert human_duration(3723) == "1h 02m 03s"
 
 
-def test_summaries_name_the_hit_and_the_tokens_reused() -> None:
+def test_summaries_name_the_hit_and_where_every_prompt_token_came_from() -> None:
     line = turn_summary(2, _completion())
     assert line.startswith(
-        "[turn 2: cache partial, 60 of 80 prompt tokens reused (75%), 20 prefilled"
+        "[turn 2: cache partial, 60 of 80 prompt tokens reused "
+        "(75%: live 40, ram_file 20, computed 20), 20 prefilled"
     )
     assert completion_summary(_completion()).startswith(
-        "[partial: 80 prompt tokens, 60 from the cache, 20 prefilled | 2 generated"
+        "[partial: 80 prompt tokens (live 40, ram_file 20, computed 20), 20 prefilled | 2 generated"
     )
+    assert sources_text(TokenSources()) == "none"
 
 
 def test_progress_on_a_terminal_redraws_one_line() -> None:
@@ -125,3 +143,34 @@ def test_status_shows_models_processes_restarts_and_tiers() -> None:
     assert "ram       1.0 MiB  4.0 MiB  25.0%" in text
     assert "ram_file  0 B      off" in text
     assert models_table([info]).splitlines()[1].split()[:4] == ["smol", "ready", "2048", "4"]
+
+
+def test_status_lists_each_models_idle_entries() -> None:
+    info = ModelInfo("smol", "/m.gguf", ModelState.READY, n_ctx=2048, n_seq_max=4)
+    worker = WorkerStatus(
+        phase=WorkerPhase.IDLE,
+        pending_len=0,
+        queue_depth=0,
+        active_sequences=0,
+        free_sequences=4,
+        sessions=0,
+        kv_cells_used=700,
+        ticks=9,
+        idle_entries=(IdleEntry(0, 647, 600, 75.0, True), IdleEntry(2, 53, 53, 2.5)),
+        idle_count=2,
+        live_hits=3,
+    )
+    snap = WorkerSnapshot("smol", 7, "i", 1, 0.0, worker)
+    model = ModelStatus(info, worker=snap)
+    status = DaemonStatus(pid=42, uptime_s=5.0, models=[model], tiers={}, restarts=0)
+    text = status_text(status)
+    assert "2 (700 tok)" in text
+    assert "smol   0    647     600        1m 15s    yes" in text
+    assert "smol   2    53      53         2.5s      no" in text
+    one = model_status_text(model)
+    assert "kv cells in use 700, live hits 3" in one
+    assert "smol   0    647" in one
+    empty = WorkerStatus(WorkerPhase.IDLE, 0, 0, 0, 4, 0, 0, 0)
+    assert "(none)" in idle_entries_text(
+        [ModelStatus(info, worker=WorkerSnapshot("smol", 7, "i", 1, 0.0, empty))]
+    )

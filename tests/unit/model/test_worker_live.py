@@ -9,6 +9,7 @@ what the request reused.
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from worker_harness import Harness, make, prompt
 
@@ -246,3 +247,30 @@ def test_with_live_reuse_off_a_sequence_is_cleared_when_its_request_ends() -> No
     h = make(n_seq_max=1, live_reuse=False)
     h.complete("a", prompt(20), max_tokens=2)
     assert idle(h) == [] and h.core.cells_used == h.backend.cells_used == 0
+
+
+def test_a_snapshot_lists_at_most_64_idle_entries_and_counts_them_all() -> None:
+    h = make(n_seq_max=70, n_batch=128, n_ctx=4096)
+    for i in range(70):
+        h.complete(f"r{i}", prompt(3, start=3 * i + 1), max_tokens=1)
+    status = h.core.status()
+    assert status.idle_count == 70 and len(status.idle_entries) == 64
+    assert len(msgspec.msgpack.encode(status)) < 4096
+
+
+def test_a_request_cancelled_before_it_resolves_leaves_the_idle_entry_it_took() -> None:
+    h = make(n_seq_max=2, n_ctx=1024, n_batch=64, chunk=16)
+    old = h.complete("old", prompt(20, start=200), max_tokens=2)
+    prefix = prompt(200)
+    h.submit("leader", prefix + prompt(4, start=40), max_tokens=2)
+    h.submit("follower", prefix + prompt(4, start=80), max_tokens=2)
+    h.step()
+    # The follower took the sequence holding "old"'s entry and waits.
+    assert h.core.requests["follower"].phase is Phase.WAITING
+    follower_seq = h.core.requests["follower"].seq
+    h.core.cancel("follower")
+    h.run()
+    assert (follower_seq, old.committed_tokens) in idle(h)
+    kept = old.context_tokens[: old.committed_tokens]
+    again = h.complete("again", [*kept, 5], max_tokens=2)
+    assert again.cache_delta.sources.live == old.committed_tokens
