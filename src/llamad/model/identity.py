@@ -55,10 +55,10 @@ from llamad.cache.key import (
     model_fingerprint,
     quant_byte,
 )
-from llamad.llama_ffi.build_identity import BuildIdentity
 from llamad.llama_ffi.errors import Closed
 
 if TYPE_CHECKING:
+    from llamad.llama_ffi.build_identity import BuildIdentity
     from llamad.llama_ffi.options import ContextOptions
 
 __all__ = [
