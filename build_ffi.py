@@ -10,8 +10,11 @@ The build folder is the one ``scripts/native.py llama`` built and checked for
 this environment's configuration (``LLAMA_BACKEND``, ``CMAKE_ARGS``, compilers);
 an unchecked folder is refused. Beside the extension, ``<extension>.build.json``
 records what it was built from: the backend, the library folder it links
-against and the sha256 of every input. The build is skipped only when that
-record matches exactly, so switching backend or configuration relinks.
+against, the sha256 of every input, and what the libraries were built from
+(the pin, the folder's ``.configured`` stamp, the compilers CMake found),
+which ``llamad.llama_ffi.build_info`` reads at run time for the build's
+cache identity. The build is skipped only when that record matches exactly,
+so switching backend or configuration relinks.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
 import sysconfig
@@ -33,7 +37,7 @@ ROOT = Path(__file__).resolve().parent
 PKG = ROOT / "src" / "llamad" / "llama_ffi"
 sys.path.insert(0, str(ROOT / "src"))
 
-from llamad import paths  # noqa: E402
+from llamad import _pins, paths  # noqa: E402
 
 CDEF = PKG / "cdef.h"
 SHIM = PKG / "shim.c"
@@ -58,8 +62,46 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def build_record(backend: str, src: Path, libs: Path) -> dict[str, Any]:
-    """What an extension built now would be built from."""
+_COMPILER_FIELD = re.compile(r'^set\(CMAKE_(\w+?)_COMPILER_(ID|VERSION) "([^"]*)"\)$', re.M)
+
+
+def compilers(build: Path) -> dict[str, str]:
+    """The compilers CMake configured ``build`` with, by language
+    (``{"C": "GNU 12.2.0", "CXX": "GNU 12.2.0"}``), from the
+    ``CMakeFiles/<cmake version>/CMake<LANG>Compiler.cmake`` files CMake writes
+    when it detects them; the newest such folder if CMake was upgraded. Empty
+    when there are none. Ids and versions, never paths: another install of
+    the same compiler is the same compiler."""
+    folders = [p.parent for p in build.glob("CMakeFiles/*/CMakeCCompiler.cmake")]
+    if not folders:
+        return {}
+    newest = max(folders, key=lambda p: (p / "CMakeCCompiler.cmake").stat().st_mtime_ns)
+    found: dict[str, dict[str, str]] = {}
+    for path in sorted(newest.glob("CMake*Compiler.cmake")):
+        for lang, field, value in _COMPILER_FIELD.findall(path.read_text(errors="replace")):
+            found.setdefault(lang, {})[field] = value
+    return {
+        lang: f"{f['ID']} {f.get('VERSION', '')}".strip()
+        for lang, f in sorted(found.items())
+        if f.get("ID")
+    }
+
+
+def configured(prefix: Path) -> str:
+    """The ``.configured`` stamp scripts/native.py wrote when it configured ``prefix``."""
+    stamp = prefix / ".configured"
+    try:
+        return stamp.read_text()
+    except OSError as exc:
+        raise native.BuildRefused(
+            f"{stamp}: cannot read the build's configuration ({exc}); run `scripts/native.py llama`"
+        ) from exc
+
+
+def build_record(backend: str, prefix: Path, src: Path, libs: Path) -> dict[str, Any]:
+    """What an extension built now would be built from, and what its libraries were built
+    from (the ``pin``, the ``configured`` stamp and the ``compilers``: read at run time as
+    part of the build's cache identity, see ``llamad.llama_ffi.build_info``)."""
     inputs = {
         "cdef.h": CDEF,
         "shim.c": SHIM,
@@ -71,6 +113,13 @@ def build_record(backend: str, src: Path, libs: Path) -> dict[str, Any]:
         "backend": backend,
         "lib_dir": str(libs),
         "sha256": {name: _sha256(p) for name, p in inputs.items() if p.is_file()},
+        "pin": {
+            "llama_cpp_python": _pins.LLAMA_CPP_PYTHON_VERSION,
+            "llama_cpp_commit": _pins.LLAMA_CPP_COMMIT,
+            "sdist_sha256": _pins.LLAMA_CPP_SDIST_SHA256,
+        },
+        "configured": configured(prefix),
+        "compilers": compilers(prefix / "build"),
     }
 
 
@@ -95,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     libs = native.lib_dir(prefix)
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
     target = PKG / f"_llama{suffix}"
-    record = build_record(backend, src, libs)
+    record = build_record(backend, prefix, src, libs)
     if "--force" not in argv and up_to_date(target, record):
         print(f"[ffi] up to date: {target.relative_to(ROOT)}")
         return

@@ -495,6 +495,15 @@ def _checked_build(root: Path, name: str) -> Path:
     (prefix / "build" / "bin").mkdir(parents=True)
     # The same bytes in every folder: only the folder tells the builds apart.
     (prefix / "build" / "bin" / "libllama.so").write_bytes(b"libllama")
+    (prefix / ".configured").write_text(native.build_config("cpu", {}).stamp)
+    cmake_files = prefix / "build" / "CMakeFiles" / "3.25.1"
+    cmake_files.mkdir(parents=True)
+    for lang in ("C", "CXX"):
+        (cmake_files / f"CMake{lang}Compiler.cmake").write_text(
+            f'set(CMAKE_{lang}_COMPILER "/usr/bin/cc")\n'
+            f'set(CMAKE_{lang}_COMPILER_ID "GNU")\n'
+            f'set(CMAKE_{lang}_COMPILER_VERSION "12.2.0")\n'
+        )
     (prefix / native.CHECKED).write_text("passed\n")
     return prefix
 
@@ -539,6 +548,33 @@ def test_ffi_relinks_when_the_backend_and_its_library_folder_change(
     record = json.loads(ext.with_name(ext.name + build_ffi.STAMP_SUFFIX).read_text())
     assert record["backend"] == "cuda"
     assert record["lib_dir"] == cuda_libs
+
+
+def test_ffi_records_what_the_libraries_were_built_from(
+    ffi_env: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The build's cache identity (llamad.llama_ffi.build_info) reads these at run time.
+    monkeypatch.setenv("LLAMA_BACKEND", "cpu")
+    build_ffi.main([])
+    ext = _ext(build_ffi.PKG)
+    record = json.loads(ext.with_name(ext.name + build_ffi.STAMP_SUFFIX).read_text())
+    assert record["configured"] == (ffi_env["cpu"] / ".configured").read_text()
+    assert record["compilers"] == {"C": "GNU 12.2.0", "CXX": "GNU 12.2.0"}
+    assert record["pin"]["llama_cpp_commit"] == build_ffi._pins.LLAMA_CPP_COMMIT
+    # A reconfigured folder (another stamp) relinks, so the record never lags it.
+    (ffi_env["cpu"] / ".configured").write_text("-DCMAKE_BUILD_TYPE=Debug\n")
+    build_ffi.main([])
+    assert len(FakeFFI.compiles) == 2
+
+
+def test_ffi_refuses_a_build_folder_without_its_configuration(
+    ffi_env: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LLAMA_BACKEND", "cpu")
+    (ffi_env["cpu"] / ".configured").unlink()
+    with pytest.raises(native.BuildRefused, match="configuration"):
+        build_ffi.main([])
+    assert FakeFFI.compiles == []
 
 
 def test_ffi_relinks_when_an_input_changes_even_if_older(

@@ -194,6 +194,28 @@ bool llama_supports_gpu_offload(void);
 void llama_log_set(ggml_log_callback log_callback, void * user_data);
 const char * llama_ftype_name(enum llama_ftype ftype);
 
+/* --- the build: ggml's version and the backends it registered -------------- */
+const char * ggml_version(void);
+const char * ggml_commit(void);
+struct ggml_backend_reg;
+typedef struct ggml_backend_reg * ggml_backend_reg_t;
+struct ggml_backend_device;
+typedef struct ggml_backend_device * ggml_backend_dev_t;
+enum ggml_backend_dev_type {
+    GGML_BACKEND_DEVICE_TYPE_CPU,
+    GGML_BACKEND_DEVICE_TYPE_GPU,
+    GGML_BACKEND_DEVICE_TYPE_IGPU,
+    GGML_BACKEND_DEVICE_TYPE_ACCEL,
+    ...
+};
+size_t ggml_backend_reg_count(void);
+ggml_backend_reg_t ggml_backend_reg_get(size_t index);
+const char * ggml_backend_reg_name(ggml_backend_reg_t reg);
+size_t ggml_backend_dev_count(void);
+ggml_backend_dev_t ggml_backend_dev_get(size_t index);
+enum ggml_backend_dev_type ggml_backend_dev_type(ggml_backend_dev_t device);
+ggml_backend_reg_t ggml_backend_dev_backend_reg(ggml_backend_dev_t device);
+
 /* --- model --------------------------------------------------------------- */
 struct llama_model_params llama_model_default_params(void);
 struct llama_model * llama_model_load_from_file(const char * path_model, struct llama_model_params params);
@@ -378,6 +400,8 @@ int32_t llamad_sample_logits(struct llama_sampler * chain, const float * logits,
 void llamad_prefault(uint8_t * data, size_t size, size_t page);
 int32_t llamad_logprobs(const float * logits, int32_t n_vocab, llama_token chosen, int32_t k,
                         llama_token * top_ids, float * top_logprobs, float * chosen_logprob);
+int32_t llamad_backend_features(ggml_backend_reg_t reg, const char ** names, const char ** values,
+                                int32_t cap);
 
 extern "Python" void _llamad_log_cb(enum ggml_log_level level, const char * text, void * user_data);
 extern "Python" bool _llamad_progress_cb(float progress, void * user_data);

@@ -1,10 +1,11 @@
 
 /* llamad shim: small C helpers compiled into llamad.llama_ffi._llama.
  *
- * They exist for two reasons: loops over every token of a batch are far too
- * slow through cffi one field at a time, and llama.cpp logs from its own
- * threads at a rate where calling into Python for messages we drop anyway
- * would cost real time.
+ * They exist for three reasons: loops over every token of a batch are far too
+ * slow through cffi one field at a time, llama.cpp logs from its own threads
+ * at a rate where calling into Python for messages we drop anyway would cost
+ * real time, and ggml hands a backend's build features out only through a
+ * function pointer looked up by name, which C calls with its type checked.
  */
 
 #include <stdint.h>
@@ -293,4 +294,27 @@ int32_t llamad_logprobs(const float * logits, int32_t n_vocab, llama_token chose
     }
     *chosen_logprob = (float) ((double) logits[chosen] - lse);
     return n_top;
+}
+
+/* The build features a ggml backend registry reports (what
+ * llama_print_system_info prints: the CPU instruction sets compiled in, CUDA's
+ * architectures and kernel switches), as name/value pairs. Writes at most
+ * `cap` pairs and returns how many the registry reports, or -1 when it reports
+ * none (no ggml_backend_get_features). The strings are the backend's own,
+ * static for the life of the process. */
+int32_t llamad_backend_features(ggml_backend_reg_t reg, const char ** names, const char ** values,
+                                int32_t cap) {
+    ggml_backend_get_features_t get_features =
+        (ggml_backend_get_features_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_get_features");
+    if (get_features == NULL) {
+        return -1;
+    }
+    int32_t n = 0;
+    for (struct ggml_backend_feature * f = get_features(reg); f != NULL && f->name != NULL; f++, n++) {
+        if (n < cap) {
+            names[n] = f->name;
+            values[n] = f->value;
+        }
+    }
+    return n;
 }

@@ -12,7 +12,12 @@ created it, the adapters attached right now) and builds the
 - ``quant``: the model's ``llama_ftype`` as the cache's quant byte;
 - ``ctx_hash``: :func:`~llamad.cache.key.ctx_params_hash` over every
   :class:`~llamad.llama_ffi.ContextOptions` field in
-  :data:`HASHED_CONTEXT_FIELDS`.
+  :data:`HASHED_CONTEXT_FIELDS`, with the libllama build folded in
+  (:func:`with_build`: the build's
+  :class:`~llamad.llama_ffi.build_identity.BuildIdentity`, read once per
+  process by :func:`~llamad.llama_ffi.build_info.build_identity`), so a row
+  written by another llama.cpp, backend or numerics-relevant configuration is
+  in another namespace (SPEC C12).
 
 A request's ``cache_salt`` (SPEC M17) is folded into the fingerprint last
 (:func:`salted`), so each tenant's rows live in a namespace of their own on
@@ -53,9 +58,11 @@ from llamad.cache.key import (
 from llamad.llama_ffi.errors import Closed
 
 if TYPE_CHECKING:
+    from llamad.llama_ffi.build_identity import BuildIdentity
     from llamad.llama_ffi.options import ContextOptions
 
 __all__ = [
+    "BUILD_DOMAIN",
     "EXCLUDED_CONTEXT_FIELDS",
     "EXCLUDED_MODEL_FIELDS",
     "HASHED_CONTEXT_FIELDS",
@@ -66,6 +73,7 @@ __all__ = [
     "base_fingerprint",
     "namespace",
     "salted",
+    "with_build",
 ]
 
 log = structlog.get_logger("llamad.model")
@@ -73,6 +81,9 @@ log = structlog.get_logger("llamad.model")
 SALT_DOMAIN: Final = b"llamad.cache_salt.v1\x00"
 """Prefix of the salted fingerprint's preimage: no other digest llamad makes
 (adapters, context parameters, keys) hashes the same bytes."""
+
+BUILD_DOMAIN: Final = b"llamad.ctx_hash.build.v1\x00"
+"""Prefix of the preimage that folds the build into ``ctx_hash`` (:func:`with_build`)."""
 
 _ROPE = "K is stored already rotated, so another RoPE setting makes other K bytes"
 
@@ -254,17 +265,38 @@ def salted(ns: Namespace, salt: bytes | None) -> Namespace:
     return Namespace(fingerprint=fingerprint, quant=ns.quant, ctx_hash=ns.ctx_hash)
 
 
+def with_build(ctx_hash: bytes, build: BuildIdentity) -> bytes:
+    """``ctx_hash`` with the libllama ``build`` folded in (SPEC C12).
+
+    ``sha256(BUILD_DOMAIN || ctx_hash || build.digest)``: both have fixed
+    lengths, so distinct builds are distinct preimages, and nothing depends on
+    the process (the same build names the same rows after a restart, in
+    another worker, on another host).
+    """
+    return hashlib.sha256(BUILD_DOMAIN + ctx_hash + build.digest).digest()
+
+
+def _loaded_build() -> BuildIdentity:
+    # Imported here, not at the top: the client imports this package (for its
+    # result types) and must not load libllama by doing so.
+    from llamad.llama_ffi.build_info import build_identity  # noqa: PLC0415
+
+    return build_identity()
+
+
 def namespace(
     ctx: LiveContext,
     mode: FingerprintMode | str = FingerprintMode.GGUF_CHUNKED,
     *,
     supplied: bytes | None = None,
     salt: bytes | None = None,
+    build: BuildIdentity | None = None,
 ) -> Namespace:
     """The cache namespace of ``ctx`` as it runs now: its model (fingerprinted
     under ``mode``, see :func:`base_fingerprint`), the adapters attached at this
-    moment with a non-zero scale, and its live context parameters; with
-    ``salt``, folded by :func:`salted`.
+    moment with a non-zero scale, its live context parameters and the libllama
+    build (``build``, by default the one loaded in this process, see
+    :func:`with_build`); with ``salt``, folded by :func:`salted`.
 
     Call it when a key is made (lookup, save), from the thread that drives the
     context: attaching or rescaling an adapter changes the namespace.
@@ -276,9 +308,10 @@ def namespace(
     # A zero scale keeps an adapter listed but out of the graph (the outputs
     # are the base model's), so it must not split the cache.
     active = [(adapter.sha256, scale) for adapter, scale in ctx.adapters if scale != 0.0]
+    layout = ctx_params_hash(**_context_params(ctx))  # type: ignore[arg-type]
     shared = Namespace(
         fingerprint=effective_fingerprint(base, active),
         quant=quant_byte(model.ftype),
-        ctx_hash=ctx_params_hash(**_context_params(ctx)),  # type: ignore[arg-type]
+        ctx_hash=with_build(layout, build if build is not None else _loaded_build()),
     )
     return salted(shared, salt)

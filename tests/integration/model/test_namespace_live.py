@@ -24,7 +24,8 @@ from llamad.llama_ffi import (
     RopeScaling,
     StateError,
 )
-from llamad.model.identity import HASHED_CONTEXT_FIELDS, base_fingerprint, namespace
+from llamad.llama_ffi.build_info import build_identity
+from llamad.model.identity import HASHED_CONTEXT_FIELDS, base_fingerprint, namespace, with_build
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(180)]
 
@@ -55,7 +56,13 @@ def test_namespace_reads_the_context_llama_cpp_created_not_the_request(
     assert asked_300.n_ctx == asked_512.n_ctx == 512
     assert namespace(asked_300) == namespace(asked_512)
     requested = {name: getattr(asked_300.options, name) for name in HASHED_CONTEXT_FIELDS}
-    assert namespace(asked_300).ctx_hash != ctx_params_hash(**requested)  # type: ignore[arg-type]
+    as_requested = with_build(ctx_params_hash(**requested), build_identity())  # type: ignore[arg-type]
+    assert namespace(asked_300).ctx_hash != as_requested
+    actual = {**requested, "n_ctx": 512}
+    assert namespace(asked_300).ctx_hash == with_build(
+        ctx_params_hash(**actual),  # type: ignore[arg-type]
+        build_identity(),
+    )
     assert namespace(make_ctx(n_ctx=513)) != namespace(asked_512)
 
 

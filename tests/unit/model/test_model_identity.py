@@ -27,11 +27,16 @@ from llamad.cache.key import (
     quant_byte,
 )
 from llamad.llama_ffi import Closed, ContextOptions, KVType, ModelOptions
+from llamad.llama_ffi.build_identity import BuildIdentity
+from llamad.llama_ffi.build_info import build_identity
 from llamad.model.identity import (
+    BUILD_DOMAIN,
     EXCLUDED_CONTEXT_FIELDS,
     EXCLUDED_MODEL_FIELDS,
     HASHED_CONTEXT_FIELDS,
     base_fingerprint,
+    salted,
+    with_build,
 )
 from llamad.model.identity import namespace as _namespace
 
@@ -40,9 +45,9 @@ pytestmark = pytest.mark.timeout(60)
 CONTEXT_FIELDS = [f.name for f in dataclasses.fields(ContextOptions)]
 
 
-def namespace(ctx: Any, mode: str = "safe") -> Any:
+def namespace(ctx: Any, mode: str = "safe", **kw: Any) -> Any:
     # The stand-in model file is not a GGUF, so hash it whole.
-    return _namespace(ctx, mode)
+    return _namespace(ctx, mode, **kw)
 
 
 class FakeModel:
@@ -154,10 +159,12 @@ def test_namespace_components_come_from_the_model_and_every_option(
     ns = namespace(FakeContext(fake_model, opts))
     assert ns.fingerprint == model_fingerprint(fake_model.path, "safe")
     assert ns.quant == quant_byte(fake_model.ftype)
-    expected = ctx_params_hash(
+    layout = ctx_params_hash(
         **{name: getattr(opts, name) for name in HASHED_CONTEXT_FIELDS}  # type: ignore[arg-type]
     )
-    assert ns.ctx_hash == expected
+    build = build_identity()
+    assert ns.ctx_hash == hashlib.sha256(BUILD_DOMAIN + layout + build.digest).digest()
+    assert ns.ctx_hash == with_build(layout, build) != layout
 
 
 def test_active_adapters_fold_into_the_fingerprint_and_zero_scales_do_not(
@@ -221,3 +228,69 @@ def test_a_closed_context_has_no_namespace(fake_model: FakeModel) -> None:
     ctx.closed = True
     with pytest.raises(Closed):
         namespace(ctx)
+
+
+# -- the libllama build (SPEC C12) ------------------------------------------------------
+
+THIS_BUILD = build_identity()
+# Builds that differ from this one in one component each: the pin (a future
+# llama.cpp that saves states in another format), the backend (CPU <-> GPU),
+# a flag that changes numerics. The components are the real ones, changed.
+OTHER_BUILDS = {
+    "pin": THIS_BUILD.with_components(pin="llama.cpp 9f1e2d3 (llama-cpp-python 0.3.40)"),
+    "backend": THIS_BUILD.with_components(
+        backend="cuda", **{"ggml.backends": "CPU,CUDA", "ggml.devices": "CPU:cpu,CUDA:gpu"}
+    ),
+    "numerics_flag": THIS_BUILD.with_components(
+        cmake=THIS_BUILD.as_dict()["cmake"] + " GGML_LLAMAFILE=OFF"
+    ),
+    "cpu_features": THIS_BUILD.with_components(**{"features.CPU": "SSE3=1"}),
+}
+
+
+def test_the_namespace_is_made_under_the_build_loaded_in_this_process(
+    fake_model: FakeModel,
+) -> None:
+    ctx = FakeContext(fake_model, _opts())
+    assert namespace(ctx) == namespace(ctx, build=build_identity())
+
+
+@pytest.mark.parametrize("name", sorted(OTHER_BUILDS))
+def test_another_build_is_another_namespace_and_other_keys(
+    fake_model: FakeModel, name: str
+) -> None:
+    ctx = FakeContext(fake_model, _opts())
+    here, there = namespace(ctx, build=THIS_BUILD), namespace(ctx, build=OTHER_BUILDS[name])
+    assert here != there
+    # The build is folded into ctx_hash only: the row still names its model file.
+    assert (here.fingerprint, here.quant) == (there.fingerprint, there.quant)
+    assert here.ctx_hash != there.ctx_hash
+    tokens = list(range(1, 65))
+    assert here.key(tokens) != there.key(tokens)
+    assert set(here.keys_at(tokens, [1, 32, 64])).isdisjoint(there.keys_at(tokens, [1, 32, 64]))
+
+
+def test_other_builds_are_pairwise_distinct_namespaces(fake_model: FakeModel) -> None:
+    ctx = FakeContext(fake_model, _opts())
+    spaces = {namespace(ctx, build=b) for b in (THIS_BUILD, *OTHER_BUILDS.values())}
+    assert len(spaces) == 1 + len(OTHER_BUILDS)
+
+
+@pytest.mark.parametrize("build", [THIS_BUILD, OTHER_BUILDS["backend"]], ids=["this", "cuda"])
+def test_thread_counts_never_split_a_builds_namespace(
+    fake_model: FakeModel, build: BuildIdentity
+) -> None:
+    one = FakeContext(fake_model, _opts())
+    many = FakeContext(
+        fake_model, ContextOptions(n_threads=8, n_threads_batch=16, n_batch=4096, n_ubatch=1024)
+    )
+    assert namespace(one, build=build) == namespace(many, build=build)
+    assert namespace(one, build=build).key([1, 2, 3]) == namespace(many, build=build).key([1, 2, 3])
+
+
+def test_a_salt_keeps_the_build(fake_model: FakeModel) -> None:
+    ctx = FakeContext(fake_model, _opts())
+    for build in (THIS_BUILD, OTHER_BUILDS["pin"]):
+        ns = namespace(ctx, build=build)
+        assert _namespace(ctx, "safe", salt=b"t", build=build) == salted(ns, b"t")
+        assert salted(ns, b"t").ctx_hash == ns.ctx_hash
