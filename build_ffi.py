@@ -98,6 +98,11 @@ def configured(prefix: Path) -> str:
         ) from exc
 
 
+def _patches_in(src: Path) -> str:
+    marker = src / native.PATCHED
+    return marker.read_text().strip() if marker.is_file() else ""
+
+
 def build_record(backend: str, prefix: Path, src: Path, libs: Path) -> dict[str, Any]:
     """What an extension built now would be built from, and what its libraries were built
     from (the ``pin``, the ``configured`` stamp and the ``compilers``: read at run time as
@@ -118,6 +123,9 @@ def build_record(backend: str, prefix: Path, src: Path, libs: Path) -> dict[str,
             "llama_cpp_commit": _pins.LLAMA_CPP_COMMIT,
             "sdist_sha256": _pins.LLAMA_CPP_SDIST_SHA256,
         },
+        # The patches the built source carries (scripts/native.py marks the
+        # extracted tree with their digest): patch 0001 changes the numbers.
+        "patches": _patches_in(src),
         "configured": configured(prefix),
         "compilers": compilers(prefix / "build"),
     }

@@ -263,6 +263,9 @@ def describe_build(record: Mapping[str, Any], loaded: LoadedBuild) -> dict[str, 
         # A tree given by path (LLAMAD_LLAMA_SRC) is not the pinned sdist:
         # its content is (scripts/native.py checks a given sdist against the pin).
         "source": f"tree sha256:{tree}" if tree else "pinned sdist",
+        # llamad's patches to the source (scripts/patches/llama.cpp): one of
+        # them changes which cells a token takes, hence the attention's sums.
+        "patches": str(record.get("patches") or "none"),
         "backend": backend,
         "ggml": f"{loaded.ggml_version} ({loaded.ggml_commit})",
         "ggml.backends": ",".join(sorted(loaded.backends)),

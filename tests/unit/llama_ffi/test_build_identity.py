@@ -103,6 +103,7 @@ OTHER_BUILDS: dict[str, Callable[[], BuildIdentity]] = {
         record(pin={"llama_cpp_python": "0.3.40", "llama_cpp_commit": "9f1e2d3"})
     ),
     "source_tree": lambda: identity(record(tree="ab" * 32)),
+    "patches": lambda: identity(record(patches="cd" * 32)),
     "ggml_version": lambda: identity(lib=loaded(ggml_version="0.26.0")),
     "ggml_commit": lambda: identity(lib=loaded(ggml_commit="0c1e570-dirty")),
     "backend_cuda": cuda_build,
@@ -285,6 +286,7 @@ def test_a_stale_build_record_is_a_typed_error(monkeypatch: pytest.MonkeyPatch) 
 def test_the_record_names_what_the_libraries_were_built_from() -> None:
     rec = build_info.build_record()
     assert rec["pin"]["llama_cpp_commit"] == _pins.LLAMA_CPP_COMMIT
+    assert rec["patches"] == _pins.LLAMA_CPP_PATCHES_SHA256
     prefix = Path(rec["lib_dir"])
     while not (prefix / ".configured").is_file():
         assert prefix != prefix.parent, "no .configured stamp above the library folder"
