@@ -91,3 +91,19 @@ def test_the_daemon_bench_runs_the_default_cache_configuration() -> None:
     # Only the instance name (this daemon's rows apart from any other's).
     assert cache_tables == ["[cache]"]
     assert "quota" not in config and ".cache]" not in config
+
+
+def test_the_soak_sizes_every_tier_small_and_turns_none_off() -> None:
+    # Its scenario is load with rows evicted all along: every tier is sized
+    # small (stated in its doc), none is turned off, and the daemon waits for
+    # an in-flight save no longer than by default.
+    soak = importlib.import_module("bench.soak")
+    d = soak.SoakDaemon("32MiB", "32MiB", "64MiB")
+    try:
+        config = d.config.read_text()
+    finally:
+        d.remove()
+    assert "quota = 0" not in config
+    assert '[cache.ram_file]\nquota = "32MiB"' in config
+    assert "session_resume_wait_ms" not in config
+    assert not d.base.exists() and not d.ram_file_root.exists()
