@@ -175,10 +175,11 @@ def build_rig(args: argparse.Namespace, res: Results, work: Path) -> scenarios.R
             "ram_file directories, default configuration, then each size's prompt: its "
             "first repeat since; where its tokens came from is reported "
             "(cache_delta.sources). The former 'pages dropped' variant is gone: it timed a "
-            "disk row read with its pages dropped, and with the default configuration a "
-            "restart's rows are the cache's to place (a clean stop keeps them in ram_file "
-            "and disk), so dropping the disk files' pages times no path P2 names; a reboot "
-            "(disk only) is another scenario",
+            "read from a disk-only model with the row's pages dropped; with the default "
+            "configuration the cache decides which tier keeps a row across a clean stop "
+            "(SPEC C12: ram rows demoted to ram_file, a copy on disk), so dropping the disk "
+            "files' pages times no path P2 names; a reboot (disk only, pages cold) is "
+            "another scenario",
         }
     )
     return scenarios.Rig(

@@ -89,15 +89,36 @@ def sources_table(results: Results) -> str:
         cells = [_sources_cell(results, variant, n) for n in results.sizes]
         if any(c != "-" for c in cells):
             rows.append([what, *cells])
-    waits = [results.get("wait", LLAMAD, "ram", n) for n in results.sizes]
-    if any(w and max(w) > 0 for w in waits):
-        rows.append(
-            [
-                "of the repeat from a tier: ms waiting for the row's save in flight (wait_ms)",
-                *(spread(w, ".1f") for w in waits),
-            ]
-        )
     return table(["llamad path", *(f"{n} tokens" for n in results.sizes)], rows)
+
+
+def worker_table(results: Results) -> str:
+    """llamad's warm paths at every size by the worker's own clock, and what it
+    did not see (medians over rounds)."""
+    rows = []
+    for variant, what in TTFT_PATHS[LLAMAD][1:]:
+        for n in results.sizes:
+            ttft = results.get("ttft", LLAMAD, variant, n)
+            if not ttft:
+                continue
+            parts = [
+                _m(results.get("worker", LLAMAD, variant, n, name), ".2f")
+                for name in ("queue_ms", "restore_ms", "wait_ms", "prefill_ms", "unseen_ms")
+            ]
+            rows.append([what, n, _m(ttft, ".2f"), *parts])
+    return table(
+        [
+            "llamad path",
+            "tokens",
+            "TTFT ms",
+            "queue_ms",
+            "restore_ms",
+            "of it wait_ms",
+            "prefill_ms",
+            "not seen by the worker, ms",
+        ],
+        rows,
+    )
 
 
 def decode_table(results: Results) -> str:
@@ -285,8 +306,9 @@ def notes(results: Results) -> list[str]:
             out.append(
                 f"P2 ({b.verdict}): the first repeat after the restart took "
                 f"{_m(r.get('ttft', LLAMAD, 'restart', size))} ms (restore "
-                f"{_m(r.get('restore', LLAMAD, 'restart', size))} ms, first token "
-                f"{_m(r.get('primer', LLAMAD, 'restart', size))} ms); its tokens came from "
+                f"{_m(r.get('worker', LLAMAD, 'restart', size, 'restore_ms'))} ms, first token "
+                f"{_m(r.get('worker', LLAMAD, 'restart', size, 'prefill_ms'))} ms); its tokens "
+                "came from "
                 f"{_sources_of(r, 'restart', size)}. With the default configuration a row "
                 "survives a restart only where the cache keeps it across a clean stop "
                 "(SPEC C12: ram rows demoted to ram_file, disk copies): 'computed' means "
@@ -347,10 +369,13 @@ def notes(results: Results) -> list[str]:
                 "requires only the root, cache-meta and each worker to be their own processes)."
             )
         elif b.id == "P12":
+            worker = r.get("worker", LLAMAD, "repeat", size, "unseen_ms")
             out.append(
                 f"P12 ({b.verdict}): llamad's back-to-back repeat "
-                f"{_m(r.get('ttft', LLAMAD, 'repeat', size))} ms (its tokens from "
-                f"{_sources_of(r, 'repeat', size)}) against llama-server's live-slot hit "
+                f"{_m(r.get('ttft', LLAMAD, 'repeat', size))} ms, of it "
+                f"{_m(worker)} ms not seen by the worker's clock (the way in and out, and "
+                "the worker's loop busy before it read the request), its tokens from "
+                f"{_sources_of(r, 'repeat', size)}; against llama-server's live-slot hit "
                 f"{_m(r.get('ttft', SERVER, 'repeat', size))} ms (cache_n "
                 f"{_m(r.get('cached', SERVER, 'repeat', size), '.0f')})."
             )
@@ -385,6 +410,15 @@ def report(results: Results, *, plots: Sequence[str] = ()) -> str:
         "over rounds):",
         "",
         sources_table(r),
+        "",
+        "llamad's warm paths by the worker's own clock (`Completion.stats`, medians): "
+        "`restore_ms` includes `wait_ms` (for a save of this prompt still in flight); "
+        "`prefill_ms` runs to the first token (sampled from kept logits where there are "
+        "some); the last column is the client's TTFT less queue, restore and prefill: the "
+        "request's way in and the token's way out, and any time the worker's loop was busy "
+        "before it read the request:",
+        "",
+        worker_table(r),
         "",
         "Prompt tokens reused, as each system reports it (llamad `cache_delta.read`, "
         "llama-server `timings.cache_n`, llama-cpp-python: its own cache lookup):",

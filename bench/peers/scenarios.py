@@ -88,13 +88,27 @@ class Rig:
         return self.llamad.client.tokenize(MAIN, text, add_special=False)
 
 
-def add_sources(res: Results, c: Completion, variant: str, n: int) -> None:
-    """Where ``c``'s prompt tokens came from (``cache_delta.sources``), one series
-    per source, and the tokens the cache supplied (``cache_delta.read``)."""
+def add_llamad(res: Results, ms: float, c: Completion, variant: str, n: int) -> None:
+    """One llamad request of a TTFT path: its client TTFT; where its prompt
+    tokens came from (``cache_delta.sources``), one series per source; the
+    tokens the cache supplied (``cache_delta.read``); and the worker's own
+    clock (queue, restore, of it waiting, prefill to the first token) with
+    what it did not see (TTFT less those: the way in and out, and any time
+    the worker's loop was busy before it read the request)."""
+    res.add(ms, "ttft", LLAMAD, variant, n)
     got = c.cache_delta.sources.as_dict()
     for source in SOURCES:
         res.add(float(got.get(source, 0)), "sources", LLAMAD, variant, n, source)
     res.add(float(c.cache_delta.read), "cached", LLAMAD, variant, n)
+    s = c.stats
+    for name, v in (
+        ("queue_ms", s.queue_ms),
+        ("restore_ms", s.restore_ms),
+        ("wait_ms", s.wait_ms),
+        ("prefill_ms", s.prefill_ms),
+        ("unseen_ms", ms - s.queue_ms - s.restore_ms - s.prefill_ms),
+    ):
+        res.add(v, "worker", LLAMAD, variant, n, name)
 
 
 # -- P1 / P2 / P5 (cold side) / P12: TTFT -------------------------------------------------
@@ -158,17 +172,14 @@ def _llamad_ttft(rig: Rig, res: Results, n: int, ids: list[int], fillers: list[l
         res.add(s.prefill_tokens / (s.prefill_ms / 1e3), "prefill", LLAMAD, n)
     # P12: the moment the reply ended. Its idle entry is still in place.
     ms, repeat = d.first_token(MAIN, ids)
-    res.add(ms, "ttft", LLAMAD, "repeat", n)
-    add_sources(res, repeat, "repeat", n)
+    add_llamad(res, ms, repeat, "repeat", n)
     # P1: other users' short requests take every sequence; the last of them
     # the least recently used idle entry's, the prompt's. Back to back, none
     # waiting for the prompt's finish save.
     for filler in fillers:
         d.first_token(MAIN, filler)
     ms, warm = d.first_token(MAIN, ids)
-    res.add(ms, "ttft", LLAMAD, "ram", n)
-    res.add(warm.stats.wait_ms, "wait", LLAMAD, "ram", n)
-    add_sources(res, warm, "ram", n)
+    add_llamad(res, ms, warm, "ram", n)
     if n == max(rig.sizes.ttft):
         w = warm.stats
         worker = w.queue_ms + w.restore_ms + w.prefill_ms
@@ -219,10 +230,7 @@ def _llamad_restart(rig: Rig, res: Results, prompts: dict[int, list[int]]) -> No
     rig.llamad.start()
     for n, ids in prompts.items():
         ms, c = rig.llamad.first_token(MAIN, ids)
-        res.add(ms, "ttft", LLAMAD, "restart", n)
-        res.add(c.stats.restore_ms, "restore", LLAMAD, "restart", n)
-        res.add(c.stats.prefill_ms, "primer", LLAMAD, "restart", n)
-        add_sources(res, c, "restart", n)
+        add_llamad(res, ms, c, "restart", n)
 
 
 def copy_ms(nbytes: int) -> float:

@@ -36,6 +36,7 @@ scenarios = importlib.import_module("bench.peers.scenarios")
 workload = importlib.import_module("bench.peers.workload")
 rep = importlib.import_module("bench.peers_report")
 server_sys = importlib.import_module("bench.peers.server_sys")
+render = importlib.import_module("bench.peers.render")
 
 N_SEQ = 4
 
@@ -159,6 +160,10 @@ def test_p1s_repeat_comes_from_a_tier_after_n_seq_max_other_requests_and_p12s_fr
     assert sent[: len(per_size)] == per_size
     verdict = next(b for b in rep.bars(res) if b.id == "P1" and "ms" in b.what).verdict
     assert not verdict.startswith("NOT MEASURED")
+    # The worker's clock: queue 1 + restore 2 + prefill 30 of the client's 40 ms.
+    assert res.get("worker", "llamad", "repeat", 512, "unseen_ms") == [pytest.approx(7.0)]
+    line = next(x for x in render.worker_table(res).splitlines() if "P12" in x and "| 512" in x)
+    assert line.rstrip(" |").endswith("7.00")
 
 
 def test_one_filler_too_few_leaves_the_idle_entry_and_p1_says_so() -> None:
