@@ -27,6 +27,7 @@ P3_RATIO, P4_RATIO, P5_RATIO = 1.0, 0.95, 0.95
 P6_RATIO, P6_PREFIX_MS = 1.0, 10.0
 P7_SHARE, P8_RATIO, P9_MB, P12_RATIO = 0.95, 1.5, 200.0, 0.5
 SOURCES = ("live", "ram", "ram_file", "disk", "remote", "computed")
+INFO = "information"  # a row shown beside a bar, judged against none
 
 # TTFT paths per system: (series variant, what it is)
 TTFT_PATHS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -82,6 +83,7 @@ class Bar:
     measured: str
     bar: str
     verdict: str
+    size: int | None = None  # the prompt size a per-size row judges
 
 
 def spread(values: Sequence[float], fmt: str = ".1f") -> str:
@@ -211,13 +213,14 @@ def bars(results: Results) -> list[Bar]:
         at_least: bool,
         missing: str,
         unless: str | None = None,
+        size: int | None = None,
     ) -> None:
         """A judged row; ``unless`` (a reason) overrides the verdict: the
         measurement is not the one the bar is about, or misses a condition."""
         measured, v = _judge(vals, bar, at_least=at_least, missing=missing)
         if unless is not None:
             v = unless
-        rows.append(Bar(id_, what, measured, bar_text, v))
+        rows.append(Bar(id_, what, measured, bar_text, v, size))
 
     ram = r.get("ttft", LLAMAD, "ram", size)
     live = r.get("sources", LLAMAD, "ram", size, "live")
@@ -337,6 +340,16 @@ def bars(results: Results) -> list[Bar]:
         at_least=True,
         missing=_why(r, LLAMAD, "P7"),
     )
+    beside = r.get("p7", LLAMAD, "share of prompt")
+    rows.append(
+        Bar(
+            "P7",
+            "chat back to back: reused / all prompt tokens, turns 2 on",
+            spread(beside, ".3g"),
+            "-",
+            INFO if beside else f"not measured ({_why(r, LLAMAD, 'P7')})",
+        )
+    )
     fired = r.get("p8", LLAMAD, "saves", "saves_continued")
     p8 = paired(r.get("p8", LLAMAD, "saves", "p99"), r.get("p8", LLAMAD, "no saves", "p99"))
     row(
@@ -357,28 +370,28 @@ def bars(results: Results) -> list[Bar]:
         at_least=False,
         missing=_why(r, LLAMAD, "P9"),
     )
-    p12, bad = live_slot_ratios(
-        r.get("ttft", LLAMAD, "repeat", size),
-        r.get("ttft", SERVER, "repeat", size),
-        r.get("same-slot", SERVER, "repeat", size),
-        r.get("cached", SERVER, "repeat", size),
-        size,
-    )
-    row(
-        "P12",
-        f"back-to-back repeat: llamad / llama-server live-slot hit{at}",
-        p12,
-        P12_RATIO,
-        f"<= {P12_RATIO:g}x",
-        at_least=False,
-        missing=_why(r, LLAMAD, SERVER)
-        if not bad
-        else f"llama-server's repeat was no live-slot hit in round(s) {_rounds(bad)}",
-        unless=None
-        if not bad
-        else f"NOT MEASURED (llama-server's repeat was no live-slot hit in round(s) "
-        f"{_rounds(bad)})",
-    )
+    for n in r.sizes:
+        p12, bad = live_slot_ratios(
+            r.get("ttft", LLAMAD, "repeat", n),
+            r.get("ttft", SERVER, "repeat", n),
+            r.get("same-slot", SERVER, "repeat", n),
+            r.get("cached", SERVER, "repeat", n),
+            n,
+        )
+        row(
+            "P12",
+            f"back-to-back repeat of {n} tokens: llamad / llama-server live-slot hit",
+            p12,
+            P12_RATIO,
+            f"<= {P12_RATIO:g}x",
+            at_least=False,
+            missing=_why(r, LLAMAD, SERVER),
+            unless=None
+            if not bad
+            else f"NOT MEASURED (llama-server's repeat was no live-slot hit in round(s) "
+            f"{_rounds(bad)})",
+            size=n,
+        )
     return rows
 
 

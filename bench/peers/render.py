@@ -8,6 +8,7 @@ from bench.common import median, table
 from bench.peers_report import (
     CLIENT,
     COPY_FLOOR,
+    INFO,
     LBENCH,
     LCPP,
     LLAMAD,
@@ -288,7 +289,7 @@ def notes(results: Results) -> list[str]:
     out: list[str] = []
     noted: set[str] = set()
     for b in bars(r):
-        if b.verdict == "met" or b.verdict.startswith("not measured") or b.id in noted:
+        if b.verdict in ("met", INFO) or b.verdict.startswith("not measured") or b.id in noted:
             continue
         # One note per bar id: the first row it misses names itself.
         noted.add(b.id)
@@ -369,15 +370,16 @@ def notes(results: Results) -> list[str]:
                 "requires only the root, cache-meta and each worker to be their own processes)."
             )
         elif b.id == "P12":
-            worker = r.get("worker", LLAMAD, "repeat", size, "unseen_ms")
+            n = b.size or size
+            worker = r.get("worker", LLAMAD, "repeat", n, "unseen_ms")
             out.append(
                 f"P12 ({b.verdict}): llamad's back-to-back repeat "
-                f"{_m(r.get('ttft', LLAMAD, 'repeat', size))} ms, of it "
+                f"{_m(r.get('ttft', LLAMAD, 'repeat', n))} ms, of it "
                 f"{_m(worker)} ms not seen by the worker's clock (the way in and out, and "
                 "the worker's loop busy before it read the request), its tokens from "
-                f"{_sources_of(r, 'repeat', size)}; against llama-server's live-slot hit "
-                f"{_m(r.get('ttft', SERVER, 'repeat', size))} ms (cache_n "
-                f"{_m(r.get('cached', SERVER, 'repeat', size), '.0f')})."
+                f"{_sources_of(r, 'repeat', n)}; against llama-server's live-slot hit "
+                f"{_m(r.get('ttft', SERVER, 'repeat', n))} ms (cache_n "
+                f"{_m(r.get('cached', SERVER, 'repeat', n), '.0f')})."
             )
     return out
 

@@ -138,11 +138,24 @@ def test_p12_pairs_only_rounds_where_llama_server_reused_its_slot() -> None:
             "cached__llama-server__repeat__2048": [2047.0, 2047.0],
         },
     )
-    assert by_id(r, "P12").verdict == "within noise"  # 0.25 and 0.6 against 0.5
+    p12 = by_id(r, "P12", "2048")
+    assert (p12.verdict, p12.size) == ("within noise", 2048)  # 0.25 and 0.6 against 0.5
+    assert by_id(r, "P12", "512").verdict.startswith("not measured")  # no 512 in this run
     r.series["ttft/llamad/repeat/2048"] = [5.0, 9.0]
-    assert by_id(r, "P12").verdict == "met"
+    assert by_id(r, "P12", "2048").verdict == "met"
     r.series["same-slot/llama-server/repeat/2048"] = [1.0, 0.0]
-    assert by_id(r, "P12").verdict.startswith("NOT MEASURED (llama-server's repeat was no")
+    assert by_id(r, "P12", "2048").verdict.startswith("NOT MEASURED (llama-server's repeat")
+    r.series["same-slot/llama-server/repeat/2048"] = [1.0, 1.0]
+    r.series["ttft/llamad/repeat/2048"] = [15.0, 16.0]
+    note = next(n for n in render.notes(r) if n.startswith("P12"))
+    assert "15.5 ms" in note and "20.0 ms" in note
+
+
+def test_p7s_share_of_all_prompt_tokens_is_shown_beside_its_bar_as_information() -> None:
+    r = results(p7__llamad__share=[0.99], **{"p7__llamad__share of prompt": [0.86]})
+    info = by_id(r, "P7", "all prompt")
+    assert (info.measured, info.bar, info.verdict) == ("0.86", "-", "information")
+    assert render.notes(r) == []
 
 
 def test_p1_is_not_measured_when_its_repeat_was_served_live() -> None:
