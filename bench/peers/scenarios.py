@@ -407,6 +407,7 @@ def _agent_sender(rig: Rig, system: str) -> Callable[[list[int]], Agent] | None:
                     "wait_ms": s.wait_ms,
                     "prefill_ms": s.prefill_ms,
                     "prefill_tokens": float(s.prefill_tokens),
+                    "unseen_ms": ms - s.queue_ms - s.restore_ms - s.prefill_ms,
                     "live": float(src.live),
                     "tier": float(src.reused - src.live),
                 },

@@ -263,6 +263,8 @@ def test_p6_sends_agent_1_alone_then_agents_2_to_8_together() -> None:
     assert sent == [("first_token", 256 + 8)] * 8
     # The fake's every agent: TTFT 40, queue 1, tail prefill 30: the prefix's share 9 ms.
     assert res.get("p6", "llamad", "prefix_ms") == [pytest.approx(9.0)]
+    # Of it, restore 2 by the worker's clock and 7 it did not see.
+    assert res.get("p6", "llamad", "unseen_ms") == [pytest.approx(7.0)]
     assert res.get("p6", "llamad", "others") == [40.0]
     # Each agent thread opened its connection before the barrier (untimed).
     assert fake.calls.count("tokenize") >= 7
