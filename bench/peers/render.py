@@ -27,6 +27,16 @@ from bench.peers_report import (
 )
 
 
+def exit_line(results: Results) -> list[str]:
+    """llamad's exit status on the SIGTERM before P2, every round (-1: killed
+    after the stop's timeout)."""
+    codes = results.get("exit", LLAMAD, "restart")
+    if not codes:
+        return []
+    said = ", ".join(f"{c:.0f}" for c in codes)
+    return [f"llamad's exit status on the SIGTERM before P2, per round: {said}.", ""]
+
+
 def bars_table(results: Results) -> str:
     return table(
         ["id", "what", "measured: median (min-max)", "bar", "verdict"],
@@ -413,6 +423,7 @@ def report(results: Results, *, plots: Sequence[str] = ()) -> str:
         "",
         ttft_table(r),
         "",
+        *exit_line(r),
         "Where llamad's prompt tokens came from, by its own account "
         "(`cache_delta.sources`: live KV, a tier, or computed here; median (min-max) "
         "over rounds):",

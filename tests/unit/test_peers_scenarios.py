@@ -186,6 +186,7 @@ def test_p2_is_the_first_repeat_of_each_prompt_after_a_sigterm_and_a_start() -> 
         ("first_token", 1024),
     ]
     assert res.get("exit", "llamad", "restart") == [0.0]
+    assert "SIGTERM before P2, per round: 0." in render.report(res)
     # The fake keeps its rows across the restart: exact, from a tier.
     assert res.get("sources", "llamad", "restart", 1024, "ram") == [1024.0]
 
