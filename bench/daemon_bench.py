@@ -1,51 +1,58 @@
-"""The daemon through the public client: warm TTFT from ram and after a restart from disk,
-and 8 agents sharing a prefix (issue 9; SPEC P1, P2, P6).
+"""The daemon through the public client, as a user sends: warm TTFT from a tier,
+the back-to-back repeat, the first repeat after a restart, and 8 agents sharing a
+prefix (issue 9, issue 15 item 7; SPEC P1, P2, P6, P12).
 
     python -m bench.daemon_bench [--rounds 5] [--no-record]
 
 A real daemon (``python -m llamad.daemon --config FILE``, the config in a
-private 0700 temporary directory: runtime dir, state dir with the disk tier,
-log; its own cache instance; the ``ram_file`` tier off, so nothing outlives
-a stop but the disk tier) serves the default model twice:
+private 0700 temporary directory: runtime dir, state dir, log; its own cache
+instance, so its rows are its own) serves the default model as ``m`` with
+the **default configuration** but one setting: ``n_seq_max`` 8, because P6
+is 8 agents at once (the default is 1; the peers bench gives llama-server
+its ``-np`` the same way). Context size, batch, threads (every CPU this
+process may run on), the thread budget and the cache (tiers, quotas,
+policy: the cache chooses where a save lands) are the defaults.
 
-* ``ram``: saves to the ``ram`` tier (the default), ``n_seq_max`` 8 (P6);
-* ``disk``: saves to, and restores from, the ``disk`` tier only.
+Everything goes through :class:`llamad.Client` from this process; every
+prompt is token ids (``client.tokenize`` of random words led by a nonce,
+cut to exactly 512, 1024 or 2048 tokens), new in every round, so nothing is
+warm by accident. TTFT is the time from calling ``infer`` (greedy,
+``max_tokens`` 1) to the first token event arriving. Requests go back to
+back, as a user's would: **nothing waits for a save** to be published.
 
-Both run with ``n_threads`` = ``n_threads_batch`` = the CPUs this process
-may run on (as bench/worker_bench.py), and the daemon's thread budget is
-those CPUs. Everything goes through :class:`llamad.Client` from this
-process; every prompt is token ids (``client.tokenize`` of random words
-led by a nonce, cut to exactly 512, 1024 or 2048 tokens), new in every
-round, so nothing is warm by accident. TTFT is the time from calling
-``infer`` (greedy, ``max_tokens`` 1) to the first token event arriving.
-Every request's finish save is waited for (its ``finish_key`` looked up in
-cache-meta until published, untimed, and checked to lie in the model's
-tier) before the next request is sent.
+In every round, at each size (orders alternate between rounds), back to back:
 
-In every round, at each size (orders alternate between rounds):
+* ``cold``: a fresh prompt;
+* ``repeat, back to back`` (SPEC P12): the same prompt the moment its reply
+  ended: its idle entry is still in place (live reuse), the first token comes
+  from its kept logits;
+* 8 (``n_seq_max``) other short prompts, untimed: a new request takes an
+  empty sequence first, then the least recently used idle entry's, so the
+  8th takes the prompt's last and its idle entry is gone;
+* ``repeat after 8 other requests`` (SPEC P1): the prompt again, now looked
+  up in the cache; its finish save is not waited for (if it were still in
+  flight the request waits for it or runs partly cold: ``wait_ms`` and
+  ``cache_delta.sources`` show it).
 
-* ``cold`` then ``ram``: a fresh prompt on model ``ram``, then the same
-  prompt again (an exact hit, restored from shared memory);
-* ``cold (disk model)``: another fresh prompt on model ``disk`` (its row
-  written to the disk tier); then the daemon is stopped with SIGTERM (exit
-  0, none of its processes left, none of its ``ram`` segments left) and
-  started again over the same config and disk tier, and
-* ``disk after restart``: that prompt again on model ``disk``, the first
-  requests of the new daemon but for one short untimed prompt per model
-  (its first decode) and the readiness calls; the row's pages are left in
-  the page cache as its save left them (as after a real restart).
+**P6**, once a round: a fresh 1024-token prefix; agent 1 sends it with a
+32-token tail of its own alone (cold), then, the moment its reply ended,
+agents 2-8, each a thread of this process with its own connection (opened
+before the barrier, untimed), send the prefix with their own 32-token tails
+together.
 
-**P6**, once a round on model ``ram``: a fresh 1024-token prefix; agent 1
-sends it with a 32-token tail of its own alone (cold; its finish save holds
-the prefix), then agents 2-8, each a thread of this process with its own
-connection, send the prefix with their own 32-token tails at once (a
-restore of the prefix, then their tails prefilled).
+Then the daemon is stopped with SIGTERM (exit 0, none of its processes
+left, none of its ``ram`` segments left) and started again over the same
+directories, one short untimed prompt goes first (the new worker's first
+decode), and each size's prompt is sent once more: ``first repeat after a
+restart`` (SPEC P2: exact, <= 40 ms; with the default configuration the
+cache decides what survives a clean stop).
 
 Rounds alternate after one warm-up round that is not counted. The report
 (:mod:`bench.daemon_bench_report`) shows medians and ranges, the worker's own
-stats per measurement (restore, prefill, hit kind, whether the first token
-came from logits stored with the row) and the client TTFT less those (the
-transport), and computes the verdicts.
+stats per measurement (restore, wait, prefill, hit kind, where the prompt's
+tokens came from, whether the first token came from logits stored with the
+row) and the client TTFT less those (the transport), and computes the
+verdicts.
 """
 
 from __future__ import annotations
@@ -71,12 +78,12 @@ from bench.common import record
 from bench.daemon_bench_report import (
     AGENTS,
     COLD,
-    DISK,
-    DISK_COLD,
     PREFIX_TOKENS,
-    RAM,
+    REPEAT,
+    RESTART,
     SIZES,
     TAIL_TOKENS,
+    TIER,
     Agents,
     Measure,
     Round,
@@ -84,10 +91,10 @@ from bench.daemon_bench_report import (
     measure,
     report,
 )
-from bench.worker_bench import WORDS, prompt_text
+from bench.peers.workload import exact_tokens
+from bench.worker_bench import WORDS
 from bench.worker_bench_report import governor_note
-from llamad import Client, TokenEvent, logs, paths
-from llamad.cache.client import CacheClient
+from llamad import Client, TokenEvent, logs
 from llamad.front_wire import ModelState
 
 if TYPE_CHECKING:
@@ -95,24 +102,22 @@ if TYPE_CHECKING:
     from llamad.model.status_board import WorkerSnapshot
 
 MIN_ROUNDS = 5
-N_CTX, N_BATCH = 16384, 512  # ram: 8 agents x 1,056 tokens fit at once (kv_unified)
-DISK_N_CTX = 4096
-BUSY_LINGER_S = 0.5  # [daemon.threads] busy_linger_s, written into the config
-READY_S, SAVE_S, STOP_S = 180.0, 120.0, 120.0
-MODELS = {"ram": "ram", "disk": "disk"}  # model id -> its save tier
+MODEL = "m"
+FILLER_TOKENS = 64  # a short request: below min_tokens, never saved
+READY_S, STOP_S = 180.0, 120.0
 
 
 class Daemon:
     """``python -m llamad.daemon`` over a private directory; restartable."""
 
-    def __init__(self, cores: int) -> None:
+    def __init__(self) -> None:
         self.base = Path(tempfile.mkdtemp(prefix="ldb-", dir="/tmp"))
         self.run_dir = self.base / "run"
         self.endpoint = f"ipc://{self.run_dir}/llamad.sock"
         self.instance = f"db{uuid.uuid4().hex[:10]}"
         self.config = self.base / "llamad.toml"
-        threads = f"n_threads = {cores}\nn_threads_batch = {cores}\nn_batch = {N_BATCH}\n"
-        threads += f"n_ubatch = {N_BATCH}\n"
+        # Where the daemon lives and what it is called (so it reaches no other
+        # daemon and its rows are its own), quiet logs, and P6's sequences.
         self.config.write_text(
             f"""
 [daemon]
@@ -120,39 +125,24 @@ runtime_dir = "{self.run_dir}"
 state_dir = "{self.base / "state"}"
 log_format = "json"
 log_level = "warning"
-[daemon.threads]
-cores = {cores}
-busy_linger_s = {BUSY_LINGER_S}
 [cache]
 instance = "{self.instance}"
-[cache.ram]
-quota = "2GiB"
-[cache.ram_file]
-quota = 0
-[cache.disk]
-quota = "4GiB"
-[security]
-model_dirs = ["{paths.default_model_path().parent}"]
-[models.ram]
+[models.{MODEL}]
 path = "default"
-n_ctx = {N_CTX}
 n_seq_max = {AGENTS}
-{threads}
-[models.disk]
-path = "default"
-n_ctx = {DISK_N_CTX}
-n_seq_max = 1
-{threads}
-[models.disk.cache]
-save_tier = "disk"
-restore_tiers = ["disk"]
 """
         )
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
+    @property
+    def ram_file_root(self) -> Path:
+        """The default ``ram_file`` directory of this instance (on /dev/shm,
+        outside :attr:`base`; ``cache.ram_file.root``'s default)."""
+        return Path(f"/dev/shm/llamad-{os.getuid()}/{self.instance}")
+
     def start(self) -> Client:
-        """Start it; a client once both models are ready and have decoded once."""
+        """Start it; a client once the model is ready and has decoded once."""
         # This process's LLAMAD_* settings must not reach the daemon, but for
         # where the default model lives.
         keep = ("LLAMAD_CACHE_DIR", "LLAMAD_DEFAULT_MODEL")
@@ -173,16 +163,13 @@ restore_tiers = ["disk"]
                 raise RuntimeError(f"the daemon exited with {self.proc.returncode}")
             with contextlib.suppress(Exception):
                 states = {m.model_id: m.state for m in client.list_models(timeout=5.0)}
-                if all(states.get(m) is ModelState.READY for m in MODELS):
+                if states.get(MODEL) is ModelState.READY:
                     break
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the models were not ready in {READY_S:.0f} s")
+                raise RuntimeError(f"the model was not ready in {READY_S:.0f} s")
             time.sleep(0.1)
-        for model in MODELS:
-            # Untimed: the route, the worker's socket and its first decode
-            # (each on every thread: settled after the other model's).
-            settle()
-            client.complete(model, f"Hello {uuid.uuid4().hex[:8]}", max_tokens=1, temperature=0.0)
+        # Untimed: the route, the worker's socket and its first decode.
+        client.complete(MODEL, f"Hello {uuid.uuid4().hex[:8]}", max_tokens=1, temperature=0.0)
         return client
 
     def stop(self) -> None:
@@ -196,37 +183,15 @@ restore_tiers = ["disk"]
         _gone, alive = psutil.wait_procs(tree, timeout=10)
         if [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]:
             raise RuntimeError(f"left behind after the stop: {[p.pid for p in alive]}")
-        # The next daemon must restore from disk: no ram row may survive.
+        # A ram row is shared memory: a stopped daemon must leave none behind
+        # (what outlives it is the cache's to keep in ram_file or disk).
         segments = list(Path("/dev/shm").glob(f"llamad-ram.{self.instance}.*.kvc"))
         if segments:
             raise RuntimeError(f"ram segments left after the stop: {segments[:3]}")
 
-    def wait_saved(self, result: Completion, tier: str, *, required: bool = True) -> None:
-        """Until the row of ``result``'s finish save is published; it must lie in
-        ``tier``. A warm hit whose row was there already may name none
-        (``required=False``): then no save is in flight to wait for."""
-        key = result.finish_key
-        if key is None:
-            if required:
-                raise RuntimeError(
-                    f"a {result.cache_hit_kind.value} request of "
-                    f"{result.stats.prompt_tokens} tokens saved no row"
-                )
-            return
-        deadline = time.monotonic() + SAVE_S
-        with CacheClient(registry_root=self.run_dir / "actors", timeout=30.0) as cache:
-            # The writer reserves the save on its own thread: until it has,
-            # cache-meta knows no save to wait for and answers a miss at once.
-            while (ref := cache.lookup_exact_or_wait(key, 1.0)) is None:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"row {key.hex()} was never published")
-                time.sleep(0.005)
-            cache.checkin(ref.pin)
-        if ref.tier.value != tier:
-            raise RuntimeError(f"row {key.hex()} is in {ref.tier.value}, not {tier}")
-
     def close(self) -> None:
-        """Stop it however the bench ends (SIGTERM, then SIGKILL), remove its directory."""
+        """Stop it however the bench ends (SIGTERM, then SIGKILL), remove its
+        directory and its ram_file rows."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -235,6 +200,7 @@ restore_tiers = ["disk"]
                 self.proc.kill()
                 self.proc.wait(30)
         shutil.rmtree(self.base, ignore_errors=True)
+        shutil.rmtree(self.ram_file_root, ignore_errors=True)
 
     def log_tail(self, lines: int = 20) -> str:
         path = self.base / "daemon.log"
@@ -242,11 +208,11 @@ restore_tiers = ["disk"]
         return "\n".join(text.splitlines()[-lines:])
 
 
-def timed(client: Client, model: str, tokens: list[int]) -> tuple[Measure, Completion]:
+def timed(client: Client, tokens: list[int]) -> tuple[Measure, Completion]:
     """One greedy token: the client's TTFT with the worker's stats, and the Completion."""
     t0 = time.perf_counter()
     first = None
-    stream = client.infer(model, tokens, max_tokens=1, temperature=0.0)
+    stream = client.infer(MODEL, tokens, max_tokens=1, temperature=0.0)
     for event in stream:
         if first is None and isinstance(event, TokenEvent):
             first = time.perf_counter()
@@ -256,10 +222,9 @@ def timed(client: Client, model: str, tokens: list[int]) -> tuple[Measure, Compl
 
 
 def tokens_of(client: Client, n: int, nonce: str) -> list[int]:
-    """Exactly ``n`` tokens of random words led by ``nonce``."""
-    tokens = client.tokenize("ram", prompt_text(nonce, n))
-    assert len(tokens) >= n, f"{len(tokens)} tokens, wanted {n}"
-    return tokens[:n]
+    """Exactly ``n`` tokens of random words, led by words the nonce draws, so
+    two prompts rarely share even their first token (a cold prompt is cold)."""
+    return exact_tokens(lambda text: client.tokenize(MODEL, text), nonce, n)
 
 
 def tail_tokens(client: Client, i: int, tag: str) -> list[int]:
@@ -267,61 +232,47 @@ def tail_tokens(client: Client, i: int, tag: str) -> list[int]:
     the tails part from the shared prefix at their first token."""
     rng = random.Random(f"{tag}-{i}")
     text = " " + " ".join([WORDS[i], *(rng.choice(WORDS) for _ in range(TAIL_TOKENS))])
-    tokens = client.tokenize("ram", text, add_special=False)
+    tokens = client.tokenize(MODEL, text, add_special=False)
     assert len(tokens) >= TAIL_TOKENS, f"{len(tokens)} tail tokens, wanted {TAIL_TOKENS}"
     return tokens[:TAIL_TOKENS]
 
 
-def settle() -> None:
-    # The governor counts a worker busy for busy_linger_s after its last
-    # step, halving the other model's threads meanwhile: let it pass before
-    # measuring another model.
-    time.sleep(BUSY_LINGER_S + 0.2)
-
-
-def fresh(
-    d: Daemon, c: Client, model: str, sizes: tuple[int, ...], tag: str
+def warm_paths(
+    c: Client, sizes: tuple[int, ...], tag: str
 ) -> tuple[dict[tuple[str, int], Measure], dict[int, list[int]]]:
-    """A fresh prompt at each size, cold on ``model``, its row waited for; on
-    ``ram`` the same prompt again at once (the ``ram`` path)."""
+    """At each size, back to back: a fresh prompt cold, its repeat at once, 8
+    other short prompts (untimed), the prompt again (see the module doc)."""
     got, prompts = {}, {}
-    settle()
     for n in sizes:
-        prompts[n] = tokens_of(c, n, f"{model}-{tag}-{n}-{os.urandom(4).hex()}")
-        got[COLD if model == "ram" else DISK_COLD, n], cold = timed(c, model, prompts[n])
-        d.wait_saved(cold, model)
-        if model == "ram":
-            got[RAM, n], warm = timed(c, model, prompts[n])
-            d.wait_saved(warm, model, required=False)
+        prompts[n] = tokens_of(c, n, f"{tag}-{n}-{os.urandom(4).hex()}")
+        fillers = [tokens_of(c, FILLER_TOKENS, f"f{tag}-{n}-{i}") for i in range(AGENTS)]
+        got[COLD, n], _ = timed(c, prompts[n])
+        got[REPEAT, n], _ = timed(c, prompts[n])
+        for filler in fillers:
+            c.complete(MODEL, filler, max_tokens=1, temperature=0.0)
+        got[TIER, n], _ = timed(c, prompts[n])
     return got, prompts
 
 
-def disk_warm(
-    d: Daemon, c: Client, prompts: dict[int, list[int]], sizes: tuple[int, ...]
+def after_restart(
+    c: Client, prompts: dict[int, list[int]], sizes: tuple[int, ...]
 ) -> dict[tuple[str, int], Measure]:
-    got = {}
-    settle()
-    for n in sizes:
-        got[DISK, n], warm = timed(c, "disk", prompts[n])
-        d.wait_saved(warm, "disk", required=False)
-    return got
+    return {(RESTART, n): timed(c, prompts[n])[0] for n in sizes}
 
 
-def agents(d: Daemon, c: Client, tag: str) -> Agents:
+def agents(c: Client, tag: str) -> Agents:
     """P6: agent 1 alone on a fresh prefix, then agents 2-8 at once."""
-    settle()
     prefix = tokens_of(c, PREFIX_TOKENS, f"agents-{tag}-{os.urandom(4).hex()}")
     tails = [tail_tokens(c, i, tag) for i in range(AGENTS)]
-    first, done = timed(c, "ram", prefix + tails[0])
-    d.wait_saved(done, "ram")
+    first, _ = timed(c, prefix + tails[0])
     ready = threading.Barrier(AGENTS)  # agents 2-8 and this thread
-    out: list[tuple[Measure, Completion] | BaseException | None] = [None] * (AGENTS - 1)
+    out: list[Measure | BaseException | None] = [None] * (AGENTS - 1)
 
     def agent(i: int) -> None:
         try:
-            c.tokenize("ram", "connect")  # this thread's own socket, untimed
+            c.tokenize(MODEL, "connect")  # this thread's own socket, untimed
             ready.wait()
-            out[i] = timed(c, "ram", prefix + tails[i + 1])
+            out[i] = timed(c, prefix + tails[i + 1])[0]
         except BaseException as exc:
             out[i] = exc
             with contextlib.suppress(threading.BrokenBarrierError):
@@ -336,10 +287,9 @@ def agents(d: Daemon, c: Client, tag: str) -> Agents:
         t.join(600)
     others = []
     for got in out:
-        if not isinstance(got, tuple):
+        if not isinstance(got, Measure):
             raise RuntimeError(f"an agent failed: {got!r}")
-        others.append(got[0])
-        d.wait_saved(got[1], "ram", required=False)  # off the clock of what follows
+        others.append(got)
     return Agents(first, others)
 
 
@@ -349,16 +299,15 @@ def one_round(d: Daemon, client: Client, i: int) -> tuple[Round, Client]:
     sizes = SIZES if i % 2 == 0 else tuple(reversed(SIZES))
     r = Round()
     if i % 2:
-        r.agents = agents(d, client, tag)
-    r.ttft.update(fresh(d, client, "ram", sizes, tag)[0])
+        r.agents = agents(client, tag)
+    got, prompts = warm_paths(client, sizes, tag)
+    r.ttft.update(got)
     if not i % 2:
-        r.agents = agents(d, client, tag)
-    cold, prompts = fresh(d, client, "disk", sizes, tag)
-    r.ttft.update(cold)
+        r.agents = agents(client, tag)
     client.close()
     d.stop()
     client = d.start()
-    r.ttft.update(disk_warm(d, client, prompts, sizes))
+    r.ttft.update(after_restart(client, prompts, sizes))
     return r, client
 
 
@@ -377,7 +326,7 @@ def main() -> int:
     t_start = time.monotonic()
     rounds: list[Round] = []
     loads: list[float] = []
-    d = Daemon(cores)
+    d = Daemon()
     snaps: dict[str, WorkerSnapshot] = {}
     try:
         client = d.start()
@@ -387,20 +336,22 @@ def main() -> int:
                 r, client = one_round(d, client, i)
                 a = r.agents
                 assert a is not None
+                tier, restart = r.ttft[TIER, 2048], r.ttft[RESTART, 2048]
                 print(
                     f"{'warm-up' if i < 0 else f'round {i + 1}/{args.rounds}'}: 2048 tokens "
-                    f"cold {r.ttft[COLD, 2048].ttft_ms:.0f} ms, ram {r.ttft[RAM, 2048].ttft_ms:.2f}"
-                    f" ms, disk after restart {r.ttft[DISK, 2048].ttft_ms:.2f} ms; agent 1 "
-                    f"{a.first.ttft_ms:.0f} ms, agents 2-{AGENTS} p50 {a.p50_ms:.1f} ms",
+                    f"cold {r.ttft[COLD, 2048].ttft_ms:.0f} ms, back to back "
+                    f"{r.ttft[REPEAT, 2048].ttft_ms:.2f} ms, from a tier {tier.ttft_ms:.2f} ms "
+                    f"({tier.where}), after a restart {restart.ttft_ms:.2f} ms "
+                    f"({restart.where}); agent 1 {a.first.ttft_ms:.0f} ms, agents 2-{AGENTS} "
+                    f"p50 {a.p50_ms:.1f} ms, prefix's share {a.prefix_ms:.1f} ms",
                     file=sys.stderr,
                     flush=True,
                 )
                 if i >= 0:
                     rounds.append(r)
-            for model in MODELS:
-                snap = client.status(model).worker
-                if snap is not None:
-                    snaps[model] = snap
+            snap = client.status(MODEL).worker
+            if snap is not None:
+                snaps[MODEL] = snap
             client.close()
             d.stop()
         except BaseException:
@@ -413,16 +364,18 @@ def main() -> int:
         d.close()
     load_end = os.getloadavg()
     settings = (
-        f"Model `default`, {cores} cores. One daemon (`python -m llamad.daemon --config`), "
-        f"two models of the default file: `ram` (save tier ram, n_ctx {N_CTX}, n_seq_max "
-        f"{AGENTS}) and `disk` (save and restore tier disk only, n_ctx {DISK_N_CTX}, n_seq_max "
-        f"1); each n_threads = n_threads_batch = {cores}, n_batch = n_ubatch {N_BATCH}, flash "
-        "attention auto, the default cache policy; ram_file tier off. Driven by "
-        "`llamad.Client` from the bench process; greedy, max_tokens 1; TTFT = `infer` called "
-        f"to the first token event. The daemon was started {d.starts} times (a full restart, "
-        f"SIGTERM then exit 0, every round; the disk rows' pages left in the page cache as their "
-        f"saves left them). {args.rounds} rounds after one unrecorded warm-up "
-        "round, orders alternating. Values: median (min-max) over rounds.\n\n"
+        f"Model `default`, {cores} cores. One daemon (`python -m llamad.daemon --config`) "
+        f"serving it as `{MODEL}` with the default configuration but `n_seq_max` {AGENTS} "
+        "(P6's agents at once): default context, batch, threads (every CPU), flash attention "
+        "auto, and the cache's default tiers, quotas and policy (no save or restore tier "
+        "chosen). Driven by `llamad.Client` from the bench process; greedy, max_tokens 1; "
+        "TTFT = `infer` called to the first token event. Requests back to back: nothing "
+        f"waits for a save; the repeat from a tier follows {AGENTS} (n_seq_max) other "
+        f"{FILLER_TOKENS}-token requests, which take every sequence, the prompt's idle "
+        f"entry's last. The daemon was started {d.starts} times (a full restart, SIGTERM "
+        "then exit 0, every round, then one short untimed prompt). "
+        f"{args.rounds} rounds after one unrecorded warm-up round, orders alternating. "
+        "Values: median (min-max) over rounds.\n\n"
         f"Load average (1/5/15 min) at start {'/'.join(f'{x:.2f}' for x in load_start)}, "
         f"at end {'/'.join(f'{x:.2f}' for x in load_end)}; 1-min at each round's start "
         f"(warm-up first): {', '.join(f'{x:.2f}' for x in loads)}. Wall time "
@@ -431,7 +384,10 @@ def main() -> int:
     body = report(rounds, settings)
     print(body)
     if not args.no_record:
-        title = "The daemon through the public client: warm TTFT, restart, 8 agents (issue 9)"
+        title = (
+            "The daemon through the public client: warm TTFT, back to back, restart, "
+            "8 agents (issue 9)"
+        )
         print(f"recorded {record('daemon', title, body)}")
     return 0
 

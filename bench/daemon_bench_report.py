@@ -2,8 +2,10 @@
 
 The measurements (:mod:`bench.daemon_bench`) fill :class:`Round` records of
 :class:`Measure`; :func:`report` turns them into the recorded tables and
-judges the SPEC bars (P1, P2, P6). Nothing here touches a process, so the
-judging is unit-tested (``tests/unit/test_daemon_bench_report.py``).
+judges the SPEC bars it can judge alone (P1's TTFT and speed-up, P2, P6's
+prefix share; the bars against llama-server are bench/peers_bench.py's).
+Nothing here touches a process, so the judging is unit-tested
+(``tests/unit/test_daemon_bench_report.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from bench.common import median, percentile, table
+from bench.peers_report import prefix_ms
 from bench.worker_bench_report import spread, verdict
 
 if TYPE_CHECKING:
@@ -22,18 +25,22 @@ if TYPE_CHECKING:
     from llamad.model.status_board import WorkerSnapshot
 
 SIZES = (512, 1024, 2048)
-RAM_BAR_MS = 25.0  # SPEC P1: warm 2048-token TTFT from ram, at most
-DISK_BAR_MS = 40.0  # SPEC P2: the same after a full daemon restart, from disk
-SPEEDUP_BAR = 200.0  # SPEC P1/P2: each at least this many times faster than cold
-AGENTS_SHARE_BAR = 0.05  # SPEC P6: agents 2-8 p50 TTFT / agent 1's, at most
+TIER_BAR_MS = 25.0  # SPEC P1: warm 2048-token TTFT from a tier (ram), at most
+RESTART_BAR_MS = 40.0  # SPEC P2: the first repeat after a full daemon restart, at most
+SPEEDUP_BAR = 200.0  # SPEC P1: at least this many times faster than cold
+PREFIX_BAR_MS = 10.0  # SPEC P6: the prefix's share of agents 2-8 TTFT, at most
 AGENTS = 8
 PREFIX_TOKENS = 1024
 TAIL_TOKENS = 32
 
-COLD, RAM, DISK_COLD, DISK = "cold", "ram", "cold (disk model)", "disk after restart"
-PATHS = (COLD, RAM, DISK_COLD, DISK)
-WARM_OF = {RAM: COLD, DISK: DISK_COLD}  # a warm path -> the cold run of its prompt
+COLD = "cold"
+REPEAT = "repeat, back to back"
+TIER = "repeat after 8 other requests"
+RESTART = "first repeat after a restart"
+PATHS = (COLD, REPEAT, TIER, RESTART)
+WARM_OF = {REPEAT: COLD, TIER: COLD, RESTART: COLD}  # a warm path -> its prompt's cold run
 EXACT, PARTIAL = "exact", "partial"
+SOURCES = ("live", "ram", "ram_file", "disk", "remote", "computed")
 
 # Stats fields every worker of issue 8 reports; any other field a newer
 # worker adds is shown as it comes (see Measure.extra).
@@ -46,6 +53,7 @@ KNOWN_STATS = frozenset(
         "restore_ms",
         "prefill_ms",
         "generation_ms",
+        "wait_ms",
     }
 )
 
@@ -62,6 +70,17 @@ class Measure:
     prefill_tokens: int
     prompt_tokens: int
     extra: tuple[tuple[str, object], ...] = ()
+    wait_ms: float = 0.0
+    sources: tuple[tuple[str, int], ...] = ()  # cache_delta.sources, the sources used
+
+    def source(self, name: str) -> int:
+        """Prompt tokens from ``name`` (live, ram, ram_file, disk, remote, computed)."""
+        return dict(self.sources).get(name, 0)
+
+    @property
+    def where(self) -> str:
+        """``live 2048`` or ``ram 2047 + computed 1``: where its prompt came from."""
+        return " + ".join(f"{k} {v}" for k, v in self.sources if v) or "-"
 
     @property
     def worker_ms(self) -> float:
@@ -87,6 +106,7 @@ def measure(ttft_ms: float, result: Completion) -> Measure:
     """A :class:`Measure` from the client's TTFT and the request's Completion."""
     stats = msgspec.structs.asdict(result.stats)
     extra = tuple(sorted((k, v) for k, v in stats.items() if k not in KNOWN_STATS))
+    got = msgspec.structs.asdict(result.cache_delta.sources)
     return Measure(
         ttft_ms=ttft_ms,
         hit=str(result.cache_hit_kind.value),
@@ -96,6 +116,8 @@ def measure(ttft_ms: float, result: Completion) -> Measure:
         prefill_tokens=int(stats["prefill_tokens"]),
         prompt_tokens=int(stats["prompt_tokens"]),
         extra=extra,
+        wait_ms=float(stats.get("wait_ms", 0.0)),
+        sources=tuple((k, int(got[k])) for k in SOURCES if k in got),
     )
 
 
@@ -121,8 +143,16 @@ class Agents:
 
     @property
     def share(self) -> float:
-        """Agents 2-8 p50 TTFT as a share of agent 1's (the P6 ratio)."""
+        """Agents 2-8 p50 TTFT as a share of agent 1's (information: SPEC P6's
+        bars are the ratio to llama-server's and the prefix's share)."""
         return self.p50_ms / self.first.ttft_ms
+
+    @property
+    def prefix_ms(self) -> float:
+        """SPEC P6: the prefix's share of agents 2-8 TTFT, the median over the
+        agents of TTFT less ``queue_ms`` and ``prefill_ms``
+        (:func:`bench.peers_report.prefix_ms` says what each term is)."""
+        return median([prefix_ms(m.ttft_ms, m.queue_ms, m.prefill_ms) for m in self.others])
 
 
 @dataclass
@@ -159,8 +189,15 @@ def _extra(ms: Sequence[Measure]) -> str:
     return ", ".join(parts) or "-"
 
 
+def not_exact(ms: Iterable[Measure]) -> int:
+    """Requests the cache did not supply whole: a token computed beyond the
+    held-back last one (decoded alone when the row keeps no logits)."""
+    return sum(1 for m in ms if m.source("computed") > 1)
+
+
 def report(rounds: list[Round], settings: str) -> str:
-    """The recorded body: TTFT, where the time goes, P6, and the bars."""
+    """The recorded body: TTFT, where the time goes and where the tokens came
+    from, P6, and the bars."""
 
     def runs(path: str, n: int) -> list[Measure]:
         return [r.ttft[path, n] for r in rounds]
@@ -184,7 +221,7 @@ def report(rounds: list[Round], settings: str) -> str:
         ],
     )
     where_rows = []
-    for path in (RAM, DISK, COLD, DISK_COLD):
+    for path in (REPEAT, TIER, RESTART, COLD):
         for n in SIZES:
             ms_ = runs(path, n)
             where_rows.append(
@@ -193,8 +230,10 @@ def report(rounds: list[Round], settings: str) -> str:
                     n,
                     f"{median([m.ttft_ms for m in ms_]):.2f}",
                     "/".join(sorted({m.hit for m in ms_})),
+                    "; ".join(sorted({m.where for m in ms_})),
                     f"{median([m.queue_ms for m in ms_]):.2f}",
                     spread([m.restore_ms for m in ms_], ".2f"),
+                    spread([m.wait_ms for m in ms_], ".2f"),
                     spread([m.prefill_ms for m in ms_], ".2f"),
                     f"{median([float(m.prefill_tokens) for m in ms_]):.0f}",
                     _yes_no(m.stored_logits for m in ms_),
@@ -208,8 +247,10 @@ def report(rounds: list[Round], settings: str) -> str:
             "tokens",
             "TTFT ms",
             "cache_hit_kind",
+            "prompt tokens from (cache_delta.sources, each round's)",
             "queue_ms",
             "restore_ms",
+            "of it wait_ms",
             "prefill_ms",
             "tokens prefilled",
             "first token from stored logits",
@@ -219,61 +260,70 @@ def report(rounds: list[Round], settings: str) -> str:
         where_rows,
     )
     body = (
-        f"{settings}\n\n### TTFT (SPEC P1, P2)\n\n{ttft_table}\n\n"
-        "Where the time goes (medians over rounds; restore and prefill: median (min-max)). "
-        "`queue_ms`, `restore_ms` and `prefill_ms` are the worker's own `stats` "
-        "(`prefill_ms`: until the first token's logits; on a warm path without stored "
+        f"{settings}\n\n### TTFT (SPEC P1, P2, P12)\n\n{ttft_table}\n\n"
+        "Where the time goes (medians over rounds; restore, wait and prefill: median "
+        "(min-max)) and where every prompt token came from (`cache_delta.sources`: live KV, "
+        "a tier, or computed here). `queue_ms`, `restore_ms`, `wait_ms` and `prefill_ms` are "
+        "the worker's own `stats` (`restore_ms` includes `wait_ms`: waiting for a save of "
+        "this prompt still in flight, or for another request's prefill of a shared prefix; "
+        "`prefill_ms`: until the first token's logits; on a warm path without stored "
         "logits, the held-back last prompt token decoded alone); first token from stored "
         "logits: an exact hit with nothing prefilled. The last but one column is each "
-        "request's client TTFT less those three, median (min-max): the request's way from "
-        "the client to the worker (the route is cached: one hop, the front not involved), "
-        "any wait for a tick in progress before the worker's loop reads it (its queue_ms "
-        "starts there), sampling and the token event's way back:\n\n"
+        "request's client TTFT less queue, restore and prefill, median (min-max): the "
+        "request's way from the client to the worker (the route is cached: one hop, the "
+        "front not involved), any wait for a tick in progress before the worker's loop "
+        "reads it (its queue_ms starts there), sampling and the token event's way back:\n\n"
         f"{where_table}\n"
     )
+    tier = runs(TIER, last)
+    served_live = sum(1 for m in tier if m.source("live") > 0)
+    displaced = (
+        f"NOT MEASURED (served live in {served_live} of {len(tier)} rounds: its idle entry "
+        "was not displaced)"
+        if served_live
+        else None
+    )
+    restart = runs(RESTART, last)
+    cold_after = not_exact(restart)
     bars: list[tuple[str, list[float], str, str]] = [
         (
-            f"P1: warm {last}-token TTFT from ram, ms (<= {RAM_BAR_MS:g})",
-            ms(RAM, last),
-            judge(ms(RAM, last), RAM_BAR_MS, at_least=False, hits=_hits(runs(RAM, last)),
-                  expected=EXACT),
+            f"P1: warm {last}-token TTFT from a tier (after {AGENTS} other requests), ms "
+            f"(<= {TIER_BAR_MS:g})",
+            ms(TIER, last),
+            displaced or judge(ms(TIER, last), TIER_BAR_MS, at_least=False, hits=_hits(tier),
+                               expected=EXACT),
             ".2f",
         ),
         (
-            f"P1: ram speed-up vs cold, {last} tokens (>= {SPEEDUP_BAR:g}x)",
-            speedup(RAM, last),
-            judge(speedup(RAM, last), SPEEDUP_BAR, at_least=True, hits=_hits(runs(RAM, last)),
-                  expected=EXACT),
+            f"P1: its speed-up vs cold, {last} tokens (>= {SPEEDUP_BAR:g}x)",
+            speedup(TIER, last),
+            displaced or judge(speedup(TIER, last), SPEEDUP_BAR, at_least=True,
+                               hits=_hits(tier), expected=EXACT),
             ".0f",
         ),
         (
-            f"P2: warm {last}-token TTFT after a restart, from disk, ms (<= {DISK_BAR_MS:g})",
-            ms(DISK, last),
-            judge(ms(DISK, last), DISK_BAR_MS, at_least=False, hits=_hits(runs(DISK, last)),
-                  expected=EXACT),
+            f"P2: first repeat of a {last}-token prompt after a restart (SIGTERM, default "
+            f"config), exact, ms (<= {RESTART_BAR_MS:g})",
+            ms(RESTART, last),
+            f"NOT MET (not exact in {cold_after} of {len(restart)} rounds)"
+            if cold_after
+            else verdict(ms(RESTART, last), RESTART_BAR_MS, at_least=False),
             ".2f",
-        ),
-        (
-            f"P2: disk speed-up vs cold, {last} tokens (>= {SPEEDUP_BAR:g}x)",
-            speedup(DISK, last),
-            judge(speedup(DISK, last), SPEEDUP_BAR, at_least=True,
-                  hits=_hits(runs(DISK, last)), expected=EXACT),
-            ".0f",
         ),
     ]  # fmt: skip
     agents = [r.agents for r in rounds if r.agents is not None]
     if agents:
         body += "\n" + agents_section(agents)
-        shares = [a.share for a in agents]
+        shares = [a.prefix_ms for a in agents]
         bars.append(
             (
-                f"P6: agents 2-{AGENTS} p50 TTFT / agent 1's (<= {AGENTS_SHARE_BAR:g})",
+                f"P6: the prefix's share of agents 2-{AGENTS} TTFT (TTFT - queue_ms - "
+                f"prefill_ms, median over agents), ms (<= {PREFIX_BAR_MS:g})",
                 shares,
-                judge(shares, AGENTS_SHARE_BAR, at_least=False,
-                      hits=[m.hit for a in agents for m in a.others], expected=PARTIAL),
-                ".4f",
+                verdict(shares, PREFIX_BAR_MS, at_least=False),
+                ".2f",
             )
-        )  # fmt: skip
+        )
     bar_table = table(
         ["bar", "median", "spread (rounds, min-max)", "verdict"],
         [
@@ -284,7 +334,10 @@ def report(rounds: list[Round], settings: str) -> str:
     note = (
         "Verdicts: met only if every round clears the bar; within noise if the bar lies "
         "inside the rounds' spread; NOT MEASURED if a request the bar is about was not the "
-        "hit it measures (exact for P1/P2, partial for agents 2-8)."
+        "path it measures (P1: an exact hit from a tier, not live KV); P2 is NOT MET when a "
+        "round's first repeat after the restart was not exact. SPEC P1's and P6's ratios to "
+        "llama-server and P12 (the back-to-back repeat against llama-server's live-slot hit) "
+        "are judged by bench/peers_bench.py, which runs llama-server in the same rounds."
     )
     return f"{body}\n### Bars\n\n{bar_table}\n\n{note}\n"
 
@@ -294,10 +347,12 @@ def _hits(ms: Iterable[Measure]) -> list[str]:
 
 
 def agents_section(agents: list[Agents]) -> str:
-    """P6: agent 1's TTFT, agents 2-8 p50/p99 per round, and the worker's stats."""
+    """P6: agent 1's TTFT, agents 2-8 p50/p99 per round, the prefix's share and
+    the worker's stats."""
     firsts = [a.first.ttft_ms for a in agents]
     others = [m for a in agents for m in a.others]
     pooled = [m.ttft_ms for m in others]
+    tier = [float(m.source("ram") + m.source("ram_file") + m.source("disk")) for m in others]
     rows = [
         ["agent 1, TTFT ms", spread(firsts, ".0f")],
         ["agent 1, cache_hit_kind / tokens prefilled",
@@ -307,16 +362,23 @@ def agents_section(agents: list[Agents]) -> str:
         [f"agents 2-{AGENTS}, p99 TTFT ms (per round)", spread([a.p99_ms for a in agents], ".1f")],
         [f"agents 2-{AGENTS}, all rounds pooled: p10 / p50 / p90 / p99 TTFT ms",
          " / ".join(f"{percentile(pooled, q):.1f}" for q in (10, 50, 90, 99))],
-        [f"agents 2-{AGENTS}, p50 / agent 1 (per round)", spread([a.share for a in agents], ".4f")],
+        [f"agents 2-{AGENTS}, the prefix's share: TTFT - queue_ms - prefill_ms, median over "
+         "agents (per round)", spread([a.prefix_ms for a in agents], ".2f")],
+        [f"agents 2-{AGENTS}, p50 / agent 1 (per round; information)",
+         spread([a.share for a in agents], ".4f")],
         [f"agents 2-{AGENTS}, cache_hit_kind", "/".join(sorted({m.hit for m in others}))],
-        [f"agents 2-{AGENTS}, restore_ms / prefill_ms / queue_ms (medians)",
-         f"{median([m.restore_ms for m in others]):.2f} / "
-         f"{median([m.prefill_ms for m in others]):.2f} / "
-         f"{median([m.queue_ms for m in others]):.2f}"],
+        [f"agents 2-{AGENTS}, prompt tokens from (median live / tier / computed)",
+         f"{median([float(m.source('live')) for m in others]):.0f} / "
+         f"{median(tier):.0f} / "
+         f"{median([float(m.source('computed')) for m in others]):.0f}"],
+        [f"agents 2-{AGENTS}, queue_ms / restore_ms (of it wait_ms) / prefill_ms (medians)",
+         f"{median([m.queue_ms for m in others]):.2f} / "
+         f"{median([m.restore_ms for m in others]):.2f} "
+         f"({median([m.wait_ms for m in others]):.2f}) / "
+         f"{median([m.prefill_ms for m in others]):.2f}"],
         [f"agents 2-{AGENTS}, tokens prefilled (median)",
          f"{median([float(m.prefill_tokens) for m in others]):.0f}"],
-        [f"agents 2-{AGENTS}, tokens prefilled together / agent 1's (per round; about the "
-         "least their p50 share can be while their tails prefill in the same batches)",
+        [f"agents 2-{AGENTS}, tokens prefilled together / agent 1's (per round)",
          spread([a.tail_share for a in agents], ".4f")],
         [f"agents 2-{AGENTS}, client TTFT - worker, ms (median; includes waiting for the "
          "tick in progress before the worker reads the request)",
@@ -324,6 +386,8 @@ def agents_section(agents: list[Agents]) -> str:
     ]  # fmt: skip
     return (
         f"### {AGENTS} agents sharing a {PREFIX_TOKENS}-token prefix (SPEC P6)\n\n"
+        "Agent 1 alone on a fresh prefix and its tail; the moment its reply ended, agents "
+        f"2-{AGENTS} together (threads released by one barrier), no save waited for.\n\n"
         + table(["", "median (min-max over rounds)"], rows)
         + "\n"
     )

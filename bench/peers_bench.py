@@ -1,4 +1,5 @@
-"""llamad against its peers: P1-P9 side by side in one invocation (issue 11, SPEC bars).
+"""llamad against its peers: P1-P9 and P12 side by side in one invocation (issue 11,
+issue 15 item 7; SPEC bars).
 
     python -m bench.peers_bench [--rounds 3] [--quick] [--no-record]
                                 [--skip llama-server|llama-cpp-python ...]
@@ -8,12 +9,14 @@ The systems, every one on the default model (SmolLM2-135M-Instruct Q4_1),
 auto, greedy:
 
 - **llamad**: a real ``python -m llamad.daemon`` (private directory, own
-  cache instance) driven through the public :class:`llamad.Client`; model
-  ``ram`` saves to and restores from the ``ram`` tier, model ``disk`` the
-  ``disk`` tier only (so P2's restore after a restart is from disk), both
-  ``n_seq_max`` 4. A second daemon serves P8's ``saves`` (small
-  ``continued_interval``) and ``nosaves`` (``min_tokens`` beyond any prompt)
-  models; a third, the default single model, is P9's idle daemon.
+  cache instance) driven through the public :class:`llamad.Client`; one
+  model, ``n_seq_max`` 4, with the cache's **default configuration**: no
+  save or restore tier chosen, no quota, no policy set (the cache decides
+  where a save lands; every tier may be read). A second daemon serves P8's
+  ``saves`` (small ``continued_interval``) and ``nosaves`` (``min_tokens``
+  beyond any prompt) models: P8 is about saves firing, so it sets the policy
+  that makes them fire; a third, the default single model, is P9's idle
+  daemon.
 - **llama-server** and **llama-bench** from the same pinned tree and build
   folder as the libraries llamad loads (``bench/peers_setup.py``): ``-np 4
   --kv-unified``, prompt cache and host-RAM cache on (bench/peers/server_sys.py).
@@ -22,14 +25,18 @@ auto, greedy:
   ``LlamaRAMCache`` / ``LlamaDiskCache`` (bench/peers/lcpp_sys.py). Without
   that venv it is skipped, and the result file says why.
 
-Every scenario runs every system in one round, the systems' order rotating
-between rounds (P1/P2/P5 TTFT and prefill, llama-bench pp, P3/P4 decode, P6
-agents, P7 chat, P8 ITL), after an unrecorded warm-up round. P9 is measured
-once at the end. Verdicts (bench/peers_report.py) are computed here;
-plots (bench/peers_plots.py) lie beside the result file,
-``bench/results/<date>-<machine>.md``. ``--quick`` is one round at 512 tokens
-with short generations, for developing on a busy machine; ``--no-record``
-prints the report instead of writing it.
+Requests go back to back, as a user's would: nothing waits for a save
+(bench/peers/scenarios.py says how a scenario that needs a row in a tier
+gets one). Every scenario runs every system in one round, the systems'
+order rotating between rounds (TTFT: cold, back-to-back repeat, repeat from
+a tier, after a restart; llama-bench pp; P3/P4 decode; P6 agents; P7 chat;
+P8 ITL), after an unrecorded warm-up round. P9 is measured once at the end.
+Verdicts (bench/peers_report.py) are computed here; plots
+(bench/peers_plots.py) lie beside the result file,
+``bench/results/<date>-<machine>.md``, which only this script writes.
+``--quick`` is one round at 512 tokens with short generations, for
+developing on a busy machine; ``--no-record`` prints the report instead of
+writing it.
 """
 
 from __future__ import annotations
@@ -83,14 +90,7 @@ def build_rig(args: argparse.Namespace, res: Results, work: Path) -> scenarios.R
     sizes = workload.Sizes.quick() if args.quick else workload.Sizes.full()
     model = str(paths.default_model_path())
     tools = peers_setup.llama_tools()
-    main = LlamadDaemon(
-        "main",
-        [
-            ModelTable("ram", N_CTX, N_SEQ, threads, "ram", ("ram",)),
-            ModelTable("disk", N_CTX, N_SEQ, threads, "disk", ("disk",)),
-        ],
-        threads,
-    )
+    main = LlamadDaemon("main", [ModelTable(scenarios.MAIN, N_CTX, N_SEQ, threads)], threads)
     itl = LlamadDaemon(
         "itl",
         [
@@ -141,8 +141,10 @@ def build_rig(args: argparse.Namespace, res: Results, work: Path) -> scenarios.R
     res.setup.update(
         {
             "model": f"{Path(model).name} (n_ctx {N_CTX}, {N_SEQ} sequences, threads {threads})",
-            "llamad": "python -m llamad.daemon through llamad.Client (models ram, disk; "
-            f"P8: continued_interval {sizes.itl_interval} vs saves off)",
+            "llamad": "python -m llamad.daemon through llamad.Client; one model, the cache's "
+            "default configuration (no save or restore tier, quota or policy set: the cache "
+            "chooses where a save lands). P8 only: a second daemon, continued_interval "
+            f"{sizes.itl_interval} vs min_tokens beyond any prompt (saves on and off)",
             "llama-server": " ".join(
                 Path(a).name if i == 0 else a for i, a in enumerate(server.args)
             )
@@ -155,14 +157,29 @@ def build_rig(args: argparse.Namespace, res: Results, work: Path) -> scenarios.R
             else "-",
             "threads": f"{threads} for every system; llamad's thread governor may decode on "
             "fewer when a step collapses (a busy machine), the peers keep theirs",
-            "after a restart": "every system is stopped and started again; llamad's disk rows "
-            "and llama-cpp-python's disk cache are read with the page cache as the restart "
-            "left it (not dropped); llamad's cache-meta reads its newest disk rows into the "
-            "page cache when it starts (cache.disk.prefetch, 256 MiB by default), and the "
-            "'pages dropped' path drops them after that prefetch, so it times the device",
-            "warm paths": "llamad: a request without a session restores from the cache every "
-            "time; llama-server: a filler request first takes another slot, so the prompt comes "
-            "back from its host-RAM cache; llama-cpp-python: the context is reset first",
+            "waits": "none: every request is sent the moment the previous reply ended "
+            "(P6's agents 2-8 together, the moment agent 1's ended); no scenario waits for a "
+            "save to be published",
+            "back-to-back repeat (P12)": "the prompt again the moment its cold reply ended: "
+            "llamad keeps the finished request's KV as an idle entry; llama-server picks the "
+            "slot whose prompt shares the most with it (same slot and timings.cache_n recorded)",
+            "repeat from a tier (P1)": f"llamad: {N_SEQ} (n_seq_max) other "
+            f"{scenarios.FILLER_TOKENS}-token requests first, back to back, so every sequence "
+            "is taken, the prompt's idle entry's last (a new request takes an empty sequence "
+            "first, then the least recently used idle entry's): the repeat is looked up in the "
+            "cache, its finish save not waited for (where its tokens came from: "
+            "cache_delta.sources); llama-server: one filler takes another slot and idle slots "
+            "go to its host-RAM cache; llama-cpp-python: the context is reset first",
+            "after a restart (P2)": "every system is stopped and started again; llamad: "
+            "SIGTERM (its clean stop), a new daemon over the same runtime, state and "
+            "ram_file directories, default configuration, then each size's prompt: its "
+            "first repeat since; where its tokens came from is reported "
+            "(cache_delta.sources). The former 'pages dropped' variant is gone: it timed a "
+            "read from a disk-only model with the row's pages dropped; with the default "
+            "configuration the cache decides which tier keeps a row across a clean stop "
+            "(SPEC C12: ram rows demoted to ram_file, a copy on disk), so dropping the disk "
+            "files' pages times no path P2 names; a reboot (disk only, pages cold) is "
+            "another scenario",
         }
     )
     return scenarios.Rig(
@@ -346,7 +363,7 @@ def main() -> int:
 
 def record_at(stem: str, body: str) -> Path:
     """bench.common.record names files <name>-<date>; this result is <date>-<machine>."""
-    path = record(stem, "llamad against its peers (P1-P9)", body)
+    path = record(stem, "llamad against its peers (P1-P9, P12)", body)
     day = path.name[len(stem) + 1 : -3]
     final = path.with_name(f"{stem}.md")
     if day:

@@ -8,6 +8,14 @@ from bench.common import median
 from bench.peers_report import LCPP, LLAMAD, SERVER, TTFT_PATHS, Results
 
 COLORS = {LLAMAD: "tab:blue", SERVER: "tab:orange", LCPP: "tab:green"}
+STYLES = {
+    "cold": ":",
+    "repeat": "-",
+    "ram": "-.",
+    "ram-cache": "-.",
+    "restart": "--",
+    "disk-restart": "--",
+}
 
 
 def plot_all(results: Results, out: Path, stem: str) -> list[Path]:
@@ -24,9 +32,10 @@ def plot_all(results: Results, out: Path, stem: str) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for system, paths in TTFT_PATHS.items():
-        # One colour per system; cold dotted, warm solid, after a restart dashed
-        # (llamad's pages-dropped variant dash-dotted).
-        for (variant, what), style in zip(paths, (":", "-", "--", "-."), strict=False):
+        # One colour per system; cold dotted, back to back solid, from a tier
+        # or a host-RAM cache dash-dotted, after a restart dashed.
+        for variant, what in paths:
+            style = STYLES.get(variant, "-")
             xs = [n for n in results.sizes if results.get("ttft", system, variant, n)]
             if xs:
                 ys = [median(results.get("ttft", system, variant, n)) for n in xs]

@@ -5,8 +5,16 @@
 
 ``python -m llamad.daemon`` over a private temporary directory serves the
 default model twice (``a``: n_ctx 4096, ``b``: n_ctx 2048; one thread each,
-``n_seq_max`` 4) with small ``ram`` and ``disk`` quotas, so rows are evicted
-all along. 12 threads with a blocking ``Client`` each and 4 tasks sharing an
+``n_seq_max`` 4). What this scenario configures, and why: small quotas on
+every tier (``ram``, ``ram_file``, ``disk``; none turned off), so rows are
+saved, moved between tiers and evicted all along, which is what a soak is
+for; a cache policy that saves the soak's short prompts (``min_tokens`` 16
+and its companions: by default nothing under 512 tokens is saved, and these
+prompts are 40-280 tokens); two models on one thread each, so both fit the
+machine's cores at once. The cache chooses the tier a save lands in; how
+long the daemon waits for a save in flight is its default. No client waits
+for a save: every client sends its next request the moment the previous one
+ended. 12 threads with a blocking ``Client`` each and 4 tasks sharing an
 ``AsyncClient`` send a mix (:mod:`bench.soak_load`): completions, streams
 read to the end, streams left after a few tokens (``break``) or cancelled
 (``stream.cancel()``), sessions (``session_id``, ``continue``,
@@ -66,8 +74,9 @@ ASYNC_TASKS = 4
 class SoakDaemon:
     """``python -m llamad.daemon --config FILE`` over a private directory."""
 
-    def __init__(self, ram_quota: str, disk_quota: str) -> None:
+    def __init__(self, ram_quota: str, ram_file_quota: str, disk_quota: str) -> None:
         self.base = Path(tempfile.mkdtemp(prefix="lsk-", dir="/tmp"))
+        self.instance = f"k{uuid.uuid4().hex[:10]}"
         self.runtime = self.base / "run"
         self.runtime.mkdir(mode=0o700)
         self.endpoint = f"ipc://{self.runtime}/llamad.sock"
@@ -93,11 +102,11 @@ state_dir = "{self.base / "state"}"
 log_format = "json"
 log_level = "warning"
 [cache]
-instance = "k{uuid.uuid4().hex[:10]}"
+instance = "{self.instance}"
 [cache.ram]
 quota = "{ram_quota}"
 [cache.ram_file]
-quota = 0
+quota = "{ram_file_quota}"
 [cache.disk]
 quota = "{disk_quota}"
 [cache.policy]
@@ -105,7 +114,6 @@ min_tokens = 16
 cold_min_tokens = 16
 boundary_trim_tokens = 0
 boundary_align_tokens = 16
-session_resume_wait_ms = 5000
 [cache.lookup]
 common_min_tokens = 16
 [security]
@@ -136,6 +144,17 @@ model_dirs = ["{paths.default_model_path().parent}"]
                         if time.monotonic() > deadline or self.proc.poll() is not None:
                             raise
                         time.sleep(0.2)
+
+    @property
+    def ram_file_root(self) -> Path:
+        """This instance's ``ram_file`` directory: the default root, on /dev/shm,
+        outside :attr:`base` (``cache.ram_file.root``'s default)."""
+        return Path(f"/dev/shm/llamad-{os.getuid()}/{self.instance}")
+
+    def remove(self) -> None:
+        """Its directory and its ``ram_file`` rows (stop it first)."""
+        shutil.rmtree(self.base, ignore_errors=True)
+        shutil.rmtree(self.ram_file_root, ignore_errors=True)
 
     @property
     def pid(self) -> int:
@@ -184,17 +203,19 @@ model_dirs = ["{paths.default_model_path().parent}"]
 
 
 @contextmanager
-def soak_daemon(ram_quota: str, disk_quota: str, keep: bool) -> Iterator[SoakDaemon]:
-    d = SoakDaemon(ram_quota, disk_quota)
+def soak_daemon(
+    ram_quota: str, ram_file_quota: str, disk_quota: str, keep: bool
+) -> Iterator[SoakDaemon]:
+    d = SoakDaemon(ram_quota, ram_file_quota, disk_quota)
     try:
         d.start()
         yield d
     finally:
         d.stop()
         if keep:
-            print(f"kept {d.base}", file=sys.stderr)
+            print(f"kept {d.base} and {d.ram_file_root}", file=sys.stderr)
         else:
-            shutil.rmtree(d.base, ignore_errors=True)
+            d.remove()
 
 
 # -- the killer ----------------------------------------------------------------------
@@ -301,7 +322,7 @@ def run(args: argparse.Namespace) -> int:
     ledger = Ledger()
     stop_load, stop_watch = threading.Event(), threading.Event()
     load_start = os.getloadavg()
-    with soak_daemon(args.ram_quota, args.disk_quota, args.keep) as d:
+    with soak_daemon(args.ram_quota, args.ram_file_quota, args.disk_quota, args.keep) as d:
         with Client(d.endpoint, timeout=60) as c:
             vocab: Vocab = build_vocab(c, next(iter(MODELS)))
         t0, wall_t0 = time.monotonic(), time.time()
@@ -362,8 +383,12 @@ def run(args: argparse.Namespace) -> int:
         f"windows {span:.0f} s, fresh workers compared at age {age:.0f} s",
         "daemon": "python -m llamad.daemon, default model twice: "
         + ", ".join(f"{m} n_ctx {n}" for m, n in MODELS.items())
-        + f"; n_seq_max 4, 1 thread each; ram quota {args.ram_quota}, "
-        f"disk {args.disk_quota}, ram_file off",
+        + f"; n_seq_max 4, 1 thread each; quotas ram {args.ram_quota}, ram_file "
+        f"{args.ram_file_quota}, disk {args.disk_quota} (small, so rows move and are "
+        "evicted all along); policy min_tokens 16 (the soak's prompts are short); the "
+        "save tier and the wait for a save in flight are the defaults",
+        "waits": "none: each client sends its next request the moment the previous one "
+        "ended; no client waits for a save",
         "clients": f"{THREADS} threads with a Client each + {ASYNC_TASKS} tasks on one AsyncClient "
         "(timeout 120 s, idle 60 s, connect 60 s)",
         "kills": f"SIGKILL a worker every {args.kill_every:.0f} s, models in turn",
@@ -420,6 +445,7 @@ def main() -> int:
         "--warmup", type=float, default=None, help="seconds (default: 2 min, at most a fifth)"
     )
     ap.add_argument("--ram-quota", default="32MiB")
+    ap.add_argument("--ram-file-quota", default="32MiB")
     ap.add_argument("--disk-quota", default="64MiB")
     ap.add_argument("--no-record", dest="record", action="store_false")
     ap.add_argument("--no-plot", action="store_true", help="no PNGs (no matplotlib needed)")

@@ -1,10 +1,13 @@
 """llamad as a peer: a real ``python -m llamad.daemon`` driven through the public Client.
 
-The daemon runs in a private 0700 directory (runtime dir, state, ram_file,
-log, its own cache instance), from a configuration file this module writes;
-the user's ``LLAMAD_*`` settings are not passed on, so no other daemon is
-reached or disturbed. Every model is the default GGUF with the same context
-as the peers get (``n_ctx``, ``n_seq_max``, threads).
+The daemon runs in a private 0700 directory (runtime dir, state dir with the
+disk tier, log) under its own cache instance (so its ``ram`` segments and its
+``ram_file`` directory, ``/dev/shm/llamad-<uid>/<instance>`` by default, are
+its own), from a configuration file this module writes; the user's
+``LLAMAD_*`` settings are not passed on, so no other daemon is reached or
+disturbed. Every model is the default GGUF with the same context as the peers
+get (``n_ctx``, ``n_seq_max``, threads); the cache's tiers, quotas and policy
+are the defaults, but where a model table asks for a policy (P8).
 """
 
 from __future__ import annotations
@@ -31,37 +34,30 @@ if TYPE_CHECKING:
     from llamad.model.results import Completion
 
 READY_TIMEOUT_S = 240.0
-SAVE_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
 class ModelTable:
-    """One ``[models.<id>]`` table: the shared context plus its cache settings."""
+    """One ``[models.<id>]`` table: the context the peers get too (``n_ctx``,
+    ``n_seq_max``, threads) and, only where a scenario needs one (P8's saves
+    on and off), a cache policy. No tier is chosen: the cache decides where a
+    save lands and every tier may be read, as with no configuration."""
 
     model_id: str
     n_ctx: int
     n_seq_max: int
     threads: int
-    save_tier: str = "ram"
-    restore_tiers: tuple[str, ...] | None = None
     policy: Mapping[str, int] | None = None
 
     def toml(self) -> str:
         lines = [
             f"[models.{self.model_id}]",
             'path = "default"',
-            'keep_alive = "24h"',
             f"n_ctx = {self.n_ctx}",
             f"n_seq_max = {self.n_seq_max}",
             f"n_threads = {self.threads}",
             f"n_threads_batch = {self.threads}",
-            f"[models.{self.model_id}.cache]",
-            f'save_tier = "{self.save_tier}"',
         ]
-        if self.restore_tiers is not None:
-            lines.append(
-                "restore_tiers = [" + ", ".join(f'"{t}"' for t in self.restore_tiers) + "]"
-            )
         if self.policy:
             lines.append(f"[models.{self.model_id}.cache.policy]")
             lines += [f"{k} = {v}" for k, v in self.policy.items()]
@@ -85,15 +81,13 @@ class LlamadDaemon:
         self.endpoint = f"ipc://{self.runtime}/llamad.sock"
         self.log_path = self.base / "daemon.log"
         config = self.base / "llamad.toml"
+        # The daemon's own settings only (its thread budget, quiet logs) and
+        # the models' tables: the cache runs as configured by default.
         config.write_text(
             "[daemon]\n"
             'log_level = "warning"\n'
             "[daemon.threads]\n"
-            f"cores = {threads}\n"
-            "[cache.ram]\n"
-            'quota = "2GiB"\n'
-            "[cache.disk]\n"
-            'quota = "4GiB"\n\n' + "\n".join(m.toml() for m in models)
+            f"cores = {threads}\n\n" + "\n".join(m.toml() for m in models)
         )
         keep = ("LLAMAD_CACHE_DIR", "LLAMAD_DEFAULT_MODEL")
         env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMAD_") or k in keep}
@@ -102,7 +96,6 @@ class LlamadDaemon:
             LLAMAD_RUNTIME_DIR=str(self.runtime),
             STATE_DIRECTORY=str(self.base / "state"),
             LLAMAD_CACHE__INSTANCE=f"peers-{uuid.uuid4().hex[:12]}",
-            LLAMAD_CACHE__RAM_FILE__ROOT=str(self.base / "ram_file"),
             LLAMAD_LOG_FORMAT="console",
         )
         self.env = env
@@ -168,13 +161,23 @@ class LlamadDaemon:
             return None
 
     def restart(self) -> Client:
-        """A full daemon restart: every process new, the disk tier kept."""
+        """A full daemon restart: SIGTERM (its clean stop), then every process
+        new over the same state dir (the disk tier) and ``ram_file`` root."""
         self.stop()
         return self.start()
 
     def remove(self) -> None:
+        """Stop it and remove everything it wrote: its directory and its
+        ``ram_file`` tier's (the default, on /dev/shm, outside that directory)."""
         self.stop()
         shutil.rmtree(self.base, ignore_errors=True)
+        shutil.rmtree(self.ram_file_root, ignore_errors=True)
+
+    @property
+    def ram_file_root(self) -> Path:
+        """Where the default configuration puts this instance's ``ram_file`` rows
+        (``cache.ram_file.root``'s default, llamad/config/load.py)."""
+        return Path(f"/dev/shm/llamad-{os.getuid()}/{self.instance}")
 
     def log_tail(self, lines: int = 30) -> str:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -197,49 +200,6 @@ class LlamadDaemon:
         segments, named by the cache instance); 0 if none."""
         sizes = [p.stat().st_size for p in Path("/dev/shm").glob(f"llamad-ram.{self.instance}.*")]
         return max(sizes, default=0)
-
-    def drop_disk_pages(self) -> int:
-        """POSIX_FADV_DONTNEED on every file of the daemon's state dir (its disk
-        tier): their pages leave the page cache. How many files. A running
-        daemon's startup prefetch is waited for first (untimed): it could read
-        the dropped rows back behind the drop."""
-        self.wait_prefetched()
-        n = 0
-        for path in (self.base / "state").rglob("*"):
-            if path.is_file():
-                fd = os.open(path, os.O_RDONLY)
-                try:
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                    n += 1
-                finally:
-                    os.close(fd)
-        return n
-
-    def wait_prefetched(self) -> None:
-        """Until cache-meta's startup prefetch of disk rows is over (untimed)."""
-        if self.proc is None:
-            return
-        from llamad.cache.client import CacheClient  # noqa: PLC0415
-
-        deadline = time.monotonic() + SAVE_TIMEOUT_S
-        with CacheClient(registry_root=self.runtime / "actors", timeout=10.0) as cache:
-            # An older cache-meta reports no prefetch: nothing to wait for.
-            while cache.status().get("prefetch", {}).get("state") in ("planned", "running"):
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"prefetch not over in {SAVE_TIMEOUT_S:.0f} s")
-                time.sleep(0.02)
-
-    def saves(self) -> int:
-        assert self.client is not None
-        return int(self.client.counters().get("saves_finish", 0))
-
-    def wait_saved(self, before: int) -> None:
-        """Until a finish save after ``before`` is published (untimed)."""
-        deadline = time.monotonic() + SAVE_TIMEOUT_S
-        while self.saves() <= before:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no finish save published in {SAVE_TIMEOUT_S:.0f} s")
-            time.sleep(0.02)
 
     def first_token(
         self, model_id: str, prompt: list[int], max_tokens: int = 1

@@ -7,19 +7,34 @@ from collections.abc import Sequence
 from bench.common import median, table
 from bench.peers_report import (
     CLIENT,
+    COPY_FLOOR,
+    INFO,
     LBENCH,
     LCPP,
     LLAMAD,
+    P6_PREFIX_MS,
     PRIMER,
     RESTORE,
     SERVER,
+    SOURCES,
     TTFT_PATHS,
+    WAIT,
     Results,
     bars,
     floor_parts,
     itl_p,
     spread,
 )
+
+
+def exit_line(results: Results) -> list[str]:
+    """llamad's exit status on the SIGTERM before P2, every round (-1: killed
+    after the stop's timeout)."""
+    codes = results.get("exit", LLAMAD, "restart")
+    if not codes:
+        return []
+    said = ", ".join(f"{c:.0f}" for c in codes)
+    return [f"llamad's exit status on the SIGTERM before P2, per round: {said}.", ""]
 
 
 def bars_table(results: Results) -> str:
@@ -49,15 +64,72 @@ def cached_table(results: Results) -> str:
             ]
             if any(c != "-" for c in cells):
                 rows.append([system, what, *cells])
-    moved = [v for n in results.sizes for v in results.get("moved", SERVER, "ram-cache", n)]
     text = table(["system", "path", *(f"of {n}" for n in results.sizes)], rows)
+    same = [v for n in results.sizes for v in results.get("same-slot", SERVER, "repeat", n)]
+    if same:
+        text += (
+            f"\n\nllama-server's back-to-back repeats served by the slot that ran the prompt "
+            f"first (a live-slot hit, P12's peer): {sum(same):.0f} of {len(same)}."
+        )
+    moved = [v for n in results.sizes for v in results.get("moved", SERVER, "ram-cache", n)]
     if moved:
         text += (
-            f"\n\nllama-server's warm hits served by another slot than the prefill's "
-            f"(so from its host-RAM prompt cache, not KV left in the slot): "
+            f"\n\nllama-server's repeats after a filler served by another slot than the "
+            f"prefill's (so from its host-RAM prompt cache, not KV left in the slot): "
             f"{sum(moved):.0f} of {len(moved)}."
         )
     return text
+
+
+def _sources_cell(results: Results, variant: str, n: int) -> str:
+    """``live 2047 / ram 0 / ... / computed 1`` (medians over rounds; a source
+    no round used is left out; a source that varied shows its range)."""
+    parts = []
+    for source in SOURCES:
+        v = results.get("sources", LLAMAD, variant, n, source)
+        if v and max(v) > 0:
+            parts.append(f"{source} {spread(v, '.0f')}")
+    return " / ".join(parts) or "-"
+
+
+def sources_table(results: Results) -> str:
+    """llamad's own account of every prompt token of its warm paths:
+    ``cache_delta.sources`` (live KV, a tier, or computed)."""
+    rows = []
+    for variant, what in TTFT_PATHS[LLAMAD]:
+        cells = [_sources_cell(results, variant, n) for n in results.sizes]
+        if any(c != "-" for c in cells):
+            rows.append([what, *cells])
+    return table(["llamad path", *(f"{n} tokens" for n in results.sizes)], rows)
+
+
+def worker_table(results: Results) -> str:
+    """llamad's warm paths at every size by the worker's own clock, and what it
+    did not see (medians over rounds)."""
+    rows = []
+    for variant, what in TTFT_PATHS[LLAMAD][1:]:
+        for n in results.sizes:
+            ttft = results.get("ttft", LLAMAD, variant, n)
+            if not ttft:
+                continue
+            parts = [
+                _m(results.get("worker", LLAMAD, variant, n, name), ".2f")
+                for name in ("queue_ms", "restore_ms", "wait_ms", "prefill_ms", "unseen_ms")
+            ]
+            rows.append([what, n, _m(ttft, ".2f"), *parts])
+    return table(
+        [
+            "llamad path",
+            "tokens",
+            "TTFT ms",
+            "queue_ms",
+            "restore_ms",
+            "of it wait_ms",
+            "prefill_ms",
+            "not seen by the worker, ms",
+        ],
+        rows,
+    )
 
 
 def decode_table(results: Results) -> str:
@@ -78,43 +150,111 @@ def prefill_table(results: Results) -> str:
     return table(["system", *(f"pp {n}, tok/s" for n in results.sizes)], rows)
 
 
+def agents_table(results: Results) -> str:
+    """P6, per system: agent 1, agents 2-8 p50, their ratio to agent 1's
+    (information), and what each system reported of agents 2-8 (medians)."""
+    rows = []
+    for system in (LLAMAD, SERVER):
+        first = results.get("p6", system, "agent1")
+        if not first:
+            continue
+        if system == LLAMAD:
+            said = (
+                f"queue {spread(results.get('p6', system, 'queue_ms'))} + restore "
+                f"{spread(results.get('p6', system, 'restore_ms'))} (of it waiting "
+                f"{spread(results.get('p6', system, 'wait_ms'))}) + not seen by the worker "
+                f"{spread(results.get('p6', system, 'unseen_ms'))} + tail prefill "
+                f"{spread(results.get('p6', system, 'prefill_ms'))} ms of "
+                f"{spread(results.get('p6', system, 'prefill_tokens'), '.0f')} tokens; "
+                f"prefix from live KV {spread(results.get('p6', system, 'live'), '.0f')}, "
+                f"from a tier {spread(results.get('p6', system, 'tier'), '.0f')} tokens"
+            )
+            prefix = spread(results.get("p6", system, "prefix_ms"))
+        else:
+            said = (
+                f"cache_n {spread(results.get('p6', system, 'cache_n'), '.0f')}, prompt_n "
+                f"{spread(results.get('p6', system, 'prompt_n'), '.0f')}, prompt_ms "
+                f"{spread(results.get('p6', system, 'prompt_ms'))}"
+            )
+            prefix = "-"
+        rows.append(
+            [
+                system,
+                spread(first),
+                spread(results.get("p6", system, "others")),
+                spread([x * 100 for x in results.get("p6", system, "share")]),
+                prefix,
+                said,
+            ]
+        )
+    return table(
+        [
+            "system",
+            "agent 1 TTFT, ms",
+            "agents 2-8 p50 TTFT, ms",
+            "p50 / agent 1, %",
+            "prefix's share, ms",
+            "agents 2-8, as the system reports them (medians)",
+        ],
+        rows,
+    )
+
+
+def chat_table(results: Results) -> str:
+    """P7, per system: reuse of the reusable tokens and of all prompt tokens,
+    turns 2 on; for llamad where the reused tokens came from."""
+    rows = []
+    for system in (LLAMAD, SERVER):
+        share = results.get("p7", system, "share")
+        if not share:
+            continue
+        where = "-"
+        if system == LLAMAD:
+            where = " / ".join(
+                f"{source} {spread(v, '.0f')}"
+                for source in SOURCES
+                if (v := results.get("p7", system, "sources", source)) and max(v) > 0
+            )
+        rows.append(
+            [
+                system,
+                f"{spread([x * 100 for x in share])}%",
+                f"{spread([x * 100 for x in results.get('p7', system, 'share of prompt')])}%",
+                spread(results.get("p7", system, "prompt tokens"), ".0f"),
+                spread(results.get("p7", system, "message tokens"), ".0f"),
+                where or "-",
+            ]
+        )
+    return table(
+        [
+            "system",
+            "reused / reusable",
+            "reused / all prompt tokens",
+            "prompt tokens per turn (mean)",
+            "user message tokens (mean)",
+            "prompt tokens of turns 2 on by source (sum per round)",
+        ],
+        rows,
+    )
+
+
 def scenario_table(results: Results) -> str:
     rows = []
     for system in (LLAMAD, SERVER, LCPP):
-        p6a = results.get("p6", system, "agent1")
-        p6r = results.get("p6", system, "others")
-        p6 = results.get("p6", system, "share")
-        p7 = results.get("p7", system, "share")
-        p7p = results.get("p7", system, "share of prompt")
         p8s, p8n = (
             results.get("p8", system, "saves", "p99"),
             results.get("p8", system, "no saves", "p99"),
         )
         p9 = results.get("p9", system, "mb")
-        if any((p6, p7, p8s, p9)):
+        if any((p8s, p9)):
             rows.append(
                 [
                     system,
-                    f"{spread(p6a)} / {spread(p6r)} ({spread([x * 100 for x in p6])}%)"
-                    if p6
-                    else "-",
-                    f"{spread([x * 100 for x in p7])}% ({spread([x * 100 for x in p7p])}%)"
-                    if p7
-                    else "-",
                     f"{spread(p8n)} / {spread(p8s)}" if p8s else "-",
                     spread(p9, ".0f") if p9 else "-",
                 ]
             )
-    return table(
-        [
-            "system",
-            "P6 agent 1 / agents 2-8 p50, ms (share)",
-            "P7 reused: of reusable (of prompt)",
-            "P8 p99 ITL off / saves, ms",
-            "P9 idle MB",
-        ],
-        rows,
-    )
+    return table(["system", "P8 p99 ITL off / saves, ms", "P9 idle MB"], rows)
 
 
 def itl_table(results: Results) -> str:
@@ -146,6 +286,11 @@ def _m(values: Sequence[float], fmt: str = ".1f") -> str:
     return f"{median(values):{fmt}}" if values else "-"
 
 
+def _sources_of(results: Results, variant: str, n: int) -> str:
+    cell = _sources_cell(results, variant, n)
+    return "no sources reported" if cell == "-" else cell
+
+
 def notes(results: Results) -> list[str]:
     """For each bar measured and not met: where the time (or memory) goes, from
     this run's own numbers, and what would close it."""
@@ -153,26 +298,33 @@ def notes(results: Results) -> list[str]:
     size = max(r.sizes)
     parts = floor_parts(r)
     out: list[str] = []
+    noted: set[str] = set()
     for b in bars(r):
-        if b.verdict == "met" or b.verdict.startswith("not measured"):
+        if b.verdict in ("met", INFO) or b.verdict.startswith("not measured") or b.id in noted:
             continue
+        # One note per bar id: the first row it misses names itself.
+        noted.add(b.id)
         if b.id == "P1":
             server = _m(r.get("ttft", SERVER, "ram-cache", size))
             out.append(
-                f"P1 ({b.what}: {b.verdict}): the warm ram path at {size} tokens is restore "
-                f"{_m(parts.get(RESTORE, []))} ms + primer {_m(parts.get(PRIMER, []))} ms + "
-                f"client/transport {_m(parts.get(CLIENT, []))} ms; llama-server's RAM-cache hit "
-                f"{server} ms. Closing it means shrinking the largest of these parts."
+                f"P1 ({b.what}: {b.verdict}): the repeat from a tier at {size} tokens is restore "
+                f"{_m(parts.get(RESTORE, []))} ms (of it waiting for the row's save "
+                f"{_m(parts.get(WAIT, []))} ms) + first token {_m(parts.get(PRIMER, []))} ms + "
+                f"client/transport {_m(parts.get(CLIENT, []))} ms (the row copied once: "
+                f"{_m(parts.get(COPY_FLOOR, []))} ms); its tokens came from "
+                f"{_sources_of(r, 'ram', size)}; llama-server's host-RAM cache hit {server} ms."
             )
         elif b.id == "P2":
             out.append(
-                f"P2 ({b.verdict}): after the restart, restore from disk "
-                f"{_m(r.get('restore', LLAMAD, 'disk-restart', size))} ms + primer "
-                f"{_m(r.get('primer', LLAMAD, 'disk-restart', size))} ms of "
-                f"{_m(r.get('ttft', LLAMAD, 'disk-restart', size))} ms; the file's pages were "
-                "left as the restart and cache-meta's startup prefetch found them (not "
-                "dropped). With them dropped the read runs at the device's speed: "
-                f"{_m(r.get('ttft', LLAMAD, 'disk-dropped', size))} ms."
+                f"P2 ({b.verdict}): the first repeat after the restart took "
+                f"{_m(r.get('ttft', LLAMAD, 'restart', size))} ms (restore "
+                f"{_m(r.get('worker', LLAMAD, 'restart', size, 'restore_ms'))} ms, first token "
+                f"{_m(r.get('worker', LLAMAD, 'restart', size, 'prefill_ms'))} ms); its tokens "
+                "came from "
+                f"{_sources_of(r, 'restart', size)}. With the default configuration a row "
+                "survives a restart only where the cache keeps it across a clean stop "
+                "(SPEC C12: ram rows demoted to ram_file, disk copies): 'computed' means "
+                "nothing survived."
             )
         elif b.id in ("P3", "P4"):
             n = 4 if b.id == "P3" else 1
@@ -191,14 +343,21 @@ def notes(results: Results) -> list[str]:
             )
         elif b.id == "P6":
             out.append(
-                f"P6 ({b.verdict}): agents 2-8 median TTFT {_m(r.get('p6', LLAMAD, 'others'))} ms "
-                f"= restore {_m(r.get('p6', LLAMAD, 'restore_ms'))} ms + prefill of "
-                f"{_m(r.get('p6', LLAMAD, 'prefill_tokens'), '.0f')} tail tokens "
-                f"{_m(r.get('p6', LLAMAD, 'prefill_ms'))} ms + queue "
-                f"{_m(r.get('p6', LLAMAD, 'queue_ms'))} ms; the bar is 5% of agent 1's "
-                f"{_m(r.get('p6', LLAMAD, 'agent1'))} ms. The tail's prefill is the floor a "
-                "restore cannot remove; llama-server: "
-                f"{_m([x * 100 for x in r.get('p6', SERVER, 'share')])}%."
+                f"P6 ({b.what}: {b.verdict}): llamad's agents 2-8 p50 TTFT "
+                f"{_m(r.get('p6', LLAMAD, 'others'))} ms = queue "
+                f"{_m(r.get('p6', LLAMAD, 'queue_ms'))} + restore "
+                f"{_m(r.get('p6', LLAMAD, 'restore_ms'))} (waiting "
+                f"{_m(r.get('p6', LLAMAD, 'wait_ms'))}) + tail prefill "
+                f"{_m(r.get('p6', LLAMAD, 'prefill_ms'))} ms + not seen by the worker "
+                f"{_m(r.get('p6', LLAMAD, 'unseen_ms'))} ms (medians, each over agents); the "
+                "prefix's share (TTFT - queue - tail prefill) "
+                f"{_m(r.get('p6', LLAMAD, 'prefix_ms'))} ms against {P6_PREFIX_MS:g}. The "
+                "prefix itself, by the worker's clock, is the restore (live cells shared); "
+                "the time it does not see is the way in and out and, for an agent that "
+                "arrived while another agent's tail was being prefilled, that whole tick "
+                "(no worker stat counts it: docs/internals/model-worker.md, 'What is left'). "
+                f"llama-server's p50 {_m(r.get('p6', SERVER, 'others'))} ms "
+                f"(cache_n {_m(r.get('p6', SERVER, 'cache_n'), '.0f')})."
             )
         elif b.id == "P7":
             out.append(
@@ -226,6 +385,18 @@ def notes(results: Results) -> list[str]:
                 "it: cache_sup, model_sup and the front hosted in the root process (ARCHITECTURE "
                 "requires only the root, cache-meta and each worker to be their own processes)."
             )
+        elif b.id == "P12":
+            n = b.size or size
+            worker = r.get("worker", LLAMAD, "repeat", n, "unseen_ms")
+            out.append(
+                f"P12 ({b.verdict}): llamad's back-to-back repeat "
+                f"{_m(r.get('ttft', LLAMAD, 'repeat', n))} ms, of it "
+                f"{_m(worker)} ms not seen by the worker's clock (the way in and out, and "
+                "the worker's loop busy before it read the request), its tokens from "
+                f"{_sources_of(r, 'repeat', n)}; against llama-server's live-slot hit "
+                f"{_m(r.get('ttft', SERVER, 'repeat', n))} ms (cache_n "
+                f"{_m(r.get('cached', SERVER, 'repeat', n), '.0f')})."
+            )
     return out
 
 
@@ -242,7 +413,7 @@ def report(results: Results, *, plots: Sequence[str] = ()) -> str:
         *(f"- {k}: {v}" for k, v in r.setup.items()),
         *(f"- **skipped** {k}: {v}" for k, v in r.skipped.items()),
         "",
-        "### Bars (SPEC P1-P9)",
+        "### Bars (SPEC P1-P9, P12)",
         "",
         bars_table(r),
         "",
@@ -251,6 +422,22 @@ def report(results: Results, *, plots: Sequence[str] = ()) -> str:
         "### Time to first token",
         "",
         ttft_table(r),
+        "",
+        *exit_line(r),
+        "Where llamad's prompt tokens came from, by its own account "
+        "(`cache_delta.sources`: live KV, a tier, or computed here; median (min-max) "
+        "over rounds):",
+        "",
+        sources_table(r),
+        "",
+        "llamad's warm paths by the worker's own clock (`Completion.stats`, medians): "
+        "`restore_ms` includes `wait_ms` (for a save of this prompt still in flight); "
+        "`prefill_ms` runs to the first token (sampled from kept logits where there are "
+        "some); the last column is the client's TTFT less queue, restore and prefill: the "
+        "request's way in and the token's way out, and any time the worker's loop was busy "
+        "before it read the request:",
+        "",
+        worker_table(r),
         "",
         "Prompt tokens reused, as each system reports it (llamad `cache_delta.read`, "
         "llama-server `timings.cache_n`, llama-cpp-python: its own cache lookup):",
@@ -265,7 +452,28 @@ def report(results: Results, *, plots: Sequence[str] = ()) -> str:
         "",
         prefill_table(r),
         "",
-        "### Agents, chat, saves, idle memory",
+        "### Agents (P6)",
+        "",
+        "Agent 1 alone, then agents 2-8 together the moment its reply ended. The prefix's "
+        "share of an agent's TTFT is its client TTFT less the worker's `queue_ms` (waiting "
+        "for a sequence while other agents' tails prefill) and `prefill_ms` (its own tail "
+        "prefilled, to its first token's logits): what is left is `restore_ms` (keeping or "
+        "sharing the prefix's live cells, or a lookup and restore, and `wait_ms`, any wait "
+        "for another agent's prefill of it) and the request's way in and out (transport, "
+        "front, admission, sampling, a tick in progress when it arrived). The bar takes "
+        "the median over agents 2-8 of each round.",
+        "",
+        agents_table(r),
+        "",
+        "### Chat (P7)",
+        "",
+        "Six turns, the whole chat resent through the template each turn, the moment the "
+        "previous reply ended; reusable = the prompt's common prefix with the previous "
+        "turn's prompt and reply.",
+        "",
+        chat_table(r),
+        "",
+        "### Saves and idle memory",
         "",
         scenario_table(r),
         "",
@@ -279,11 +487,12 @@ def report(results: Results, *, plots: Sequence[str] = ()) -> str:
         ]
     if r.breakdown:
         parts += [
-            "### Where the time goes (llamad, warm ram hit at the largest size)",
+            "### Where the time goes (llamad, repeat from a tier at the largest size)",
             "",
             "From the worker's own timings (`Completion.stats`) and the client's clock; "
-            "the floor is copying the row's KV bytes once plus one single-token decode step. "
-            "The worker reports its restore as one time (lookup, validated read, unpack); "
+            "the floor (SPEC P1) is copying the row's KV bytes once plus one sample (the "
+            "worker's own time to the first token, from the row's kept logits). The worker "
+            "reports its restore as one time (lookup, validated read, unpack); "
             "bench/worker_bench_restore.py times those parts apart, in process.",
             "",
             breakdown_table(r),

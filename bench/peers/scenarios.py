@@ -1,9 +1,18 @@
-"""P1-P8 for every system, one round at a time (P9: bench/peers/idle.py).
+"""P1-P8 and P12 for every system, one round at a time (P9: bench/peers/idle.py).
 
 Each function runs one round of one scenario on every system the rig has,
 in the order given (the caller alternates it between rounds), and adds the
-round's values to :class:`bench.peers_report.Results`. Waiting for llamad's
-finish saves to be published is untimed (the time a user takes to read).
+round's values to :class:`bench.peers_report.Results`.
+
+Requests go as a user's would: back to back, each sent the moment the
+previous reply ended, and llamad runs its default cache configuration. No
+scenario waits for a save to be published. Where a scenario needs a row in a
+tier (P1), it gets there as traffic does: ``n_seq_max`` other short requests
+take every sequence, the least recently used idle entry's last, so the
+prompt's idle entry is gone and its repeat is looked up in the cache. If the
+row's save were still in flight, that request waits for it or runs partly
+cold; either way ``cache_delta.sources`` says where every prompt token came
+from, and the report shows it.
 """
 
 from __future__ import annotations
@@ -14,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -32,15 +41,23 @@ from bench.peers_report import (
     QUEUE,
     RESTORE,
     SERVER,
+    SOURCES,
     TOTAL,
+    WAIT,
     Results,
     intervals_ms,
     itl_p,
+    prefix_share_ms,
     reuse_share,
 )
 from bench.worker_bench_report import steady_rate
 
-RAM, DISK, SAVES, NO_SAVES = "ram", "disk", "saves", "nosaves"
+if TYPE_CHECKING:
+    from llamad.model.results import Completion
+
+MAIN, SAVES, NO_SAVES = "main", "saves", "nosaves"
+FILLER_TOKENS = 64  # a short request: far below min_tokens, never saved
+T = TypeVar("T")
 
 
 @dataclass
@@ -63,35 +80,61 @@ class Rig:
 
     def tokenize(self, text: str) -> list[int]:
         assert self.llamad.client is not None
-        return self.llamad.client.tokenize(RAM, text)
+        return self.llamad.client.tokenize(MAIN, text)
+
+    def tokenize_tail(self, text: str) -> list[int]:
+        """Tokens of text that follows other tokens (no special tokens added)."""
+        assert self.llamad.client is not None
+        return self.llamad.client.tokenize(MAIN, text, add_special=False)
 
 
-# -- P1 / P2 / P5 (cold side): TTFT -------------------------------------------------------
+def add_llamad(res: Results, ms: float, c: Completion, variant: str, n: int) -> None:
+    """One llamad request of a TTFT path: its client TTFT; where its prompt
+    tokens came from (``cache_delta.sources``), one series per source; the
+    tokens the cache supplied (``cache_delta.read``); and the worker's own
+    clock (queue, restore, of it waiting, prefill to the first token) with
+    what it did not see (TTFT less those: the way in and out, and any time
+    the worker's loop was busy before it read the request)."""
+    res.add(ms, "ttft", LLAMAD, variant, n)
+    got = c.cache_delta.sources.as_dict()
+    for source in SOURCES:
+        res.add(float(got.get(source, 0)), "sources", LLAMAD, variant, n, source)
+    res.add(float(c.cache_delta.read), "cached", LLAMAD, variant, n)
+    s = c.stats
+    for name, v in (
+        ("queue_ms", s.queue_ms),
+        ("restore_ms", s.restore_ms),
+        ("wait_ms", s.wait_ms),
+        ("prefill_ms", s.prefill_ms),
+        ("unseen_ms", ms - s.queue_ms - s.restore_ms - s.prefill_ms),
+    ):
+        res.add(v, "worker", LLAMAD, variant, n, name)
+
+
+# -- P1 / P2 / P5 (cold side) / P12: TTFT -------------------------------------------------
 
 
 def ttft_round(rig: Rig, res: Results, rnd: int, order: Sequence[str]) -> None:
-    """Cold, warm, and after-a-restart TTFT at every size on every system."""
+    """At every size, every system, back to back: a fresh prompt cold; the same
+    prompt again the moment its reply ended (P12); ``n_seq_max`` short fillers
+    for llamad (every sequence taken, the prompt's idle entry last), one for
+    llama-server (its slot goes to the host-RAM cache); the prompt again (P1).
+    Then every system restarts and each size's prompt is sent once more (P2:
+    llamad's first repeat after a SIGTERM and a start, default configuration)."""
     prompts = {n: workload.exact_tokens(rig.tokenize, f"t{rnd}-{n}", n) for n in rig.sizes.ttft}
-    # llamad's disk model gets prompts of its own: rows are keyed by the model
-    # file and context, not the model id, so the same prompt's finish save
-    # would find the ram model's row already written and add no disk row.
-    on_disk = {n: workload.exact_tokens(rig.tokenize, f"d{rnd}-{n}", n) for n in rig.sizes.ttft}
-    filler = workload.exact_tokens(rig.tokenize, f"filler{rnd}", 64)
+    fillers = {
+        n: [
+            workload.exact_tokens(rig.tokenize, f"filler{rnd}-{n}-{i}", FILLER_TOKENS)
+            for i in range(rig.n_seq_max)
+        ]
+        for n in rig.sizes.ttft
+    }
     for system in order:
         for n, ids in prompts.items():
             if system == LLAMAD:
-                _llamad_warm(rig, res, n, ids, on_disk[n])
+                _llamad_ttft(rig, res, n, ids, fillers[n])
             elif system == SERVER and rig.server is not None:
-                cold = rig.server.complete(ids, 1)
-                res.add(cold.ttft_ms, "ttft", SERVER, "cold", n)
-                rig.server.complete(filler, 1)  # another task takes the context
-                warm = rig.server.complete(ids, 1)
-                res.add(warm.ttft_ms, "ttft", SERVER, "ram-cache", n)
-                res.add(float(warm.timings.get("cache_n", 0)), "cached", SERVER, "ram-cache", n)
-                # Served by another slot than the prefill's: the prompt came from
-                # the host-RAM cache, not from KV still resident in its slot.
-                moved = cold.slot is not None and warm.slot is not None and cold.slot != warm.slot
-                res.add(float(moved), "moved", SERVER, "ram-cache", n)
+                _server_ttft(rig.server, res, n, ids, fillers[n][0])
             elif system == LCPP and rig.lcpp_ram is not None:
                 first = rig.lcpp_ram.complete(ids, 1, forget=True)
                 res.add(first.ttft_ms, "ttft", LCPP, "cold", n)
@@ -101,22 +144,7 @@ def ttft_round(rig: Rig, res: Results, rnd: int, order: Sequence[str]) -> None:
     # Every system restarts; then each prompt again.
     for system in order:
         if system == LLAMAD:
-            rig.llamad.restart()
-            for n, ids in on_disk.items():
-                ms, c = rig.llamad.first_token(DISK, ids)
-                res.add(ms, "ttft", LLAMAD, "disk-restart", n)
-                res.add(c.stats.restore_ms, "restore", LLAMAD, "disk-restart", n)
-                res.add(c.stats.prefill_ms, "primer", LLAMAD, "disk-restart", n)
-                res.add(float(c.cache_delta.read), "cached", LLAMAD, "disk-restart", n)
-            # The same rows again with their files' pages out of the page cache
-            # (as after a reboot, or a row not read for long): one untimed drop
-            # after every size's restart read (a drop between sizes made the
-            # next sizes' "restart" reads cold ones too).
-            rig.llamad.drop_disk_pages()
-            for n, ids in on_disk.items():
-                ms, c = rig.llamad.first_token(DISK, ids)
-                res.add(ms, "ttft", LLAMAD, "disk-dropped", n)
-                res.add(float(c.cache_delta.read), "cached", LLAMAD, "disk-dropped", n)
+            _llamad_restart(rig, res, prompts)
         elif system == SERVER and rig.server is not None:
             rig.server.restart()
             for n, ids in prompts.items():
@@ -135,18 +163,23 @@ def ttft_round(rig: Rig, res: Results, rnd: int, order: Sequence[str]) -> None:
                 res.add(float(d.reused), "cached", LCPP, "disk-restart", n)
 
 
-def _llamad_warm(rig: Rig, res: Results, n: int, ids: list[int], disk_ids: list[int]) -> None:
+def _llamad_ttft(rig: Rig, res: Results, n: int, ids: list[int], fillers: list[list[int]]) -> None:
     d = rig.llamad
-    before = d.saves()
-    ms, cold = d.first_token(RAM, ids)
+    ms, cold = d.first_token(MAIN, ids)
     res.add(ms, "ttft", LLAMAD, "cold", n)
     s = cold.stats
     if s.prefill_ms > 0:
         res.add(s.prefill_tokens / (s.prefill_ms / 1e3), "prefill", LLAMAD, n)
-    d.wait_saved(before)
-    ms, warm = d.first_token(RAM, ids)
-    res.add(ms, "ttft", LLAMAD, "ram", n)
-    res.add(float(warm.cache_delta.read), "cached", LLAMAD, "ram", n)
+    # P12: the moment the reply ended. Its idle entry is still in place.
+    ms, repeat = d.first_token(MAIN, ids)
+    add_llamad(res, ms, repeat, "repeat", n)
+    # P1: other users' short requests take every sequence; the last of them
+    # the least recently used idle entry's, the prompt's. Back to back, none
+    # waiting for the prompt's finish save.
+    for filler in fillers:
+        d.first_token(MAIN, filler)
+    ms, warm = d.first_token(MAIN, ids)
+    add_llamad(res, ms, warm, "ram", n)
     if n == max(rig.sizes.ttft):
         w = warm.stats
         worker = w.queue_ms + w.restore_ms + w.prefill_ms
@@ -155,6 +188,7 @@ def _llamad_warm(rig: Rig, res: Results, n: int, ids: list[int], disk_ids: list[
             CLIENT: ms - worker,
             QUEUE: w.queue_ms,
             RESTORE: w.restore_ms,
+            WAIT: w.wait_ms,
             PRIMER: w.prefill_ms,
         }
         for part, v in parts.items():
@@ -162,10 +196,41 @@ def _llamad_warm(rig: Rig, res: Results, n: int, ids: list[int], disk_ids: list[
         row = d.largest_ram_row()
         if row:
             res.breakdown.setdefault(COPY_FLOOR, []).append(copy_ms(row))
-    # The disk model's row for the after-restart measurement (untimed).
-    before = d.saves()
-    d.first_token(DISK, disk_ids)
-    d.wait_saved(before)
+
+
+def _server_ttft(
+    server: LlamaServer, res: Results, n: int, ids: list[int], filler: list[int]
+) -> None:
+    cold = server.complete(ids, 1)
+    res.add(cold.ttft_ms, "ttft", SERVER, "cold", n)
+    # P12's peer: the repeat the moment the reply ended. llama-server gives it
+    # the slot whose prompt shares the most with it, the one that just served
+    # it, and reuses that slot's KV: recorded (same slot, cache_n) so the bar
+    # compares only with a live-slot hit.
+    repeat = server.complete(ids, 1)
+    res.add(repeat.ttft_ms, "ttft", SERVER, "repeat", n)
+    res.add(float(repeat.timings.get("cache_n", 0)), "cached", SERVER, "repeat", n)
+    same = cold.slot is not None and cold.slot == repeat.slot
+    res.add(float(same), "same-slot", SERVER, "repeat", n)
+    server.complete(filler, 1)  # another task takes a slot; idle slots go to host RAM
+    warm = server.complete(ids, 1)
+    res.add(warm.ttft_ms, "ttft", SERVER, "ram-cache", n)
+    res.add(float(warm.timings.get("cache_n", 0)), "cached", SERVER, "ram-cache", n)
+    # Served by another slot than the prefill's: the prompt came from the
+    # host-RAM cache, not from KV still resident in its slot.
+    moved = repeat.slot is not None and warm.slot is not None and repeat.slot != warm.slot
+    res.add(float(moved), "moved", SERVER, "ram-cache", n)
+
+
+def _llamad_restart(rig: Rig, res: Results, prompts: dict[int, list[int]]) -> None:
+    """P2: SIGTERM (a clean stop, exit status recorded), a new daemon over the
+    same directories, then each size's prompt: its first repeat since."""
+    code = rig.llamad.stop()
+    res.add(float(-1 if code is None else code), "exit", LLAMAD, "restart")
+    rig.llamad.start()
+    for n, ids in prompts.items():
+        ms, c = rig.llamad.first_token(MAIN, ids)
+        add_llamad(res, ms, c, "restart", n)
 
 
 def copy_ms(nbytes: int) -> float:
@@ -226,7 +291,7 @@ def _decoder(rig: Rig, system: str, n: int) -> Callable[[list[int]], list[float]
     """One greedy stream of ``n`` tokens on ``system``: its token arrival times."""
     if system == LLAMAD:
         d = rig.llamad
-        return lambda p: d.arrivals(RAM, p, n)
+        return lambda p: d.arrivals(MAIN, p, n)
     if system == SERVER and rig.server is not None:
         server = rig.server
         return lambda p: server.complete(p, n).arrivals
@@ -237,20 +302,26 @@ def _decoder(rig: Rig, system: str, n: int) -> Callable[[list[int]], list[float]
 
 
 def concurrently(
-    run: Callable[[list[int]], list[float]], prompts: Sequence[list[int]]
-) -> list[list[float]]:
-    out: list[list[float]] = [[] for _ in prompts]
+    run: Callable[[T], Any], items: Sequence[T], prepare: Callable[[], object] | None = None
+) -> list[Any]:
+    """``run(item)`` for every item, each on a thread of its own, released
+    together by a barrier once every thread has run ``prepare`` (untimed: a
+    client's connection, say); the results in the items' order."""
+    out: list[Any] = [None] * len(items)
     errors: list[BaseException] = []
-    go = threading.Barrier(len(prompts))
+    go = threading.Barrier(len(items))
 
     def one(i: int) -> None:
         try:
+            if prepare is not None:
+                prepare()
             go.wait()
-            out[i] = run(prompts[i])
+            out[i] = run(items[i])
         except BaseException as exc:  # re-raised below
             errors.append(exc)
+            go.abort()
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(items))]
     for t in threads:
         t.start()
     for t in threads:
@@ -263,88 +334,203 @@ def concurrently(
 # -- P6: agents over a shared prefix ------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Agent:
+    """One agent's request: the client's TTFT and what the system said of it
+    (llamad: the worker's stats and sources; llama-server: ``timings``)."""
+
+    ttft_ms: float
+    stats: dict[str, float]
+
+
 def agents_round(rig: Rig, res: Results, rnd: int, order: Sequence[str]) -> None:
+    """SPEC P6: agent 1 sends a fresh prefix and its tail alone (it warms the
+    prefix, as an orchestrator's first agent would); the moment its reply
+    ended, agents 2-8 send the prefix with their own tails together (threads
+    released by one barrier), waiting for no save, on llamad and
+    llama-server alike."""
     z = rig.sizes
     for system in order:
+        send = _agent_sender(rig, system)
+        if send is None:
+            continue
         prefix = workload.exact_tokens(rig.tokenize, f"agents{rnd}-{system}", z.agents_prefix)
         tails = [
-            workload.exact_tokens(rig.tokenize, f"agent{rnd}-{system}-{i}", z.agent_tail)
+            workload.agent_tail(rig.tokenize_tail, f"agent{rnd}-{system}", i, z.agent_tail)
             for i in range(8)
         ]
-        ttfts: list[float] = []
-        parts: dict[str, list[float]] = {}
-        for i, tail in enumerate(tails):
-            ids = prefix + tail
-            if system == LLAMAD:
-                before = rig.llamad.saves()
-                ms, c = rig.llamad.first_token(RAM, ids)
-                if i == 0:
-                    rig.llamad.wait_saved(before)
-                else:  # where agents 2-8's time goes, by the worker's own clock
-                    s = c.stats
-                    for name, v in (
-                        ("restore_ms", s.restore_ms),
-                        ("prefill_ms", s.prefill_ms),
-                        ("prefill_tokens", float(s.prefill_tokens)),
-                        ("queue_ms", s.queue_ms),
-                    ):
-                        parts.setdefault(name, []).append(v)
-            elif system == SERVER and rig.server is not None:
-                ms = rig.server.complete(ids, 1).ttft_ms
-            else:
-                break
-            ttfts.append(ms)
-        if len(ttfts) == 8:
-            others = float(np.median(ttfts[1:]))
-            res.add(ttfts[0], "p6", system, "agent1")
-            res.add(others, "p6", system, "others")
-            res.add(others / ttfts[0], "p6", system, "share")
-            for name, values in parts.items():
-                res.add(float(np.median(values)), "p6", system, name)
+        first = send(prefix + tails[0])
+        others: list[Agent] = concurrently(
+            send, [prefix + t for t in tails[1:]], _connect(rig, system)
+        )
+        add_agents(res, system, first, others)
+
+
+def add_agents(res: Results, system: str, first: Agent, others: Sequence[Agent]) -> None:
+    """One round of P6 for ``system``: agent 1's TTFT, agents 2-8 p50 (and, for
+    information, its ratio to agent 1's), and the medians of what the system
+    reported of agents 2-8; for llamad the prefix's share
+    (:func:`bench.peers_report.prefix_share_ms`)."""
+    p50 = float(np.median([a.ttft_ms for a in others]))
+    res.add(first.ttft_ms, "p6", system, "agent1")
+    res.add(p50, "p6", system, "others")
+    res.add(p50 / first.ttft_ms, "p6", system, "share")
+    for name in sorted({k for a in others for k in a.stats}):
+        res.add(float(np.median([a.stats.get(name, 0.0) for a in others])), "p6", system, name)
+    if system == LLAMAD:
+        agents = [{"ttft_ms": a.ttft_ms, **a.stats} for a in others]
+        res.add(prefix_share_ms(agents), "p6", system, "prefix_ms")
+
+
+def _connect(rig: Rig, system: str) -> Callable[[], object] | None:
+    """What an agent's thread does before the barrier: llamad's client opens
+    each thread's sockets on its first call (an agent's process would have its
+    connection already); llama-server gets a new HTTP connection per request."""
+    client = rig.llamad.client
+    if system == LLAMAD and client is not None:
+        return lambda: client.tokenize(MAIN, "connect")
+    return None
+
+
+def _agent_sender(rig: Rig, system: str) -> Callable[[list[int]], Agent] | None:
+    if system == LLAMAD:
+        d = rig.llamad
+
+        def llamad_agent(ids: list[int]) -> Agent:
+            ms, c = d.first_token(MAIN, ids)
+            s, src = c.stats, c.cache_delta.sources
+            return Agent(
+                ms,
+                {
+                    "queue_ms": s.queue_ms,
+                    "restore_ms": s.restore_ms,
+                    "wait_ms": s.wait_ms,
+                    "prefill_ms": s.prefill_ms,
+                    "prefill_tokens": float(s.prefill_tokens),
+                    "unseen_ms": ms - s.queue_ms - s.restore_ms - s.prefill_ms,
+                    "live": float(src.live),
+                    "tier": float(src.reused - src.live),
+                },
+            )
+
+        return llamad_agent
+    if system == SERVER and rig.server is not None:
+        server = rig.server
+
+        def server_agent(ids: list[int]) -> Agent:
+            r = server.complete(ids, 1)
+            t = r.timings
+            return Agent(
+                r.ttft_ms,
+                {
+                    "cache_n": float(t.get("cache_n", 0)),
+                    "prompt_n": float(t.get("prompt_n", 0)),
+                    "prompt_ms": float(t.get("prompt_ms", 0.0)),
+                },
+            )
+
+        return server_agent
+    return None
 
 
 # -- P7: stateless multi-turn chat --------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class ChatTurn:
+    """One turn as sent and answered: the messages sent (the whole chat so
+    far), the reply, the prompt's tokens and those the system reports it
+    reused, llamad's sources, and llamad's context (prompt + generated)."""
+
+    messages: list[dict[str, str]]
+    reply: str
+    prompt_tokens: int
+    reused: int
+    sources: dict[str, int] | None = None
+    context: list[int] | None = None
+
+
 def chat_round(rig: Rig, res: Results, rnd: int, order: Sequence[str]) -> None:
-    """Each turn resends the whole chat. Per turn from 2 on: the prompt's tokens,
-    those the server reports it reused, and those it could have (the prompt's
-    common prefix with the previous turn's prompt and reply, rendered by the
-    model's template: a new user message can never come from a cache)."""
+    """SPEC P7: each turn resends the whole chat through the model's chat
+    template, the moment the previous reply ended (~30-token user messages,
+    replies of up to ``chat_reply`` tokens, greedy). Per turn from 2 on: the
+    prompt's tokens, those the system reports it reused, and those it could
+    have (the prompt's common prefix with the previous turn's prompt and
+    reply, rendered by the model's template: a new user message can never
+    come from a cache). All of that is worked out after the chat's last
+    turn, so nothing runs between two turns."""
     z = rig.sizes
-    assert rig.llamad.client is not None
     client = rig.llamad.client
+    assert client is not None
     for system in order:
         if system not in (LLAMAD, SERVER) or (system == SERVER and rig.server is None):
             continue
-        messages: list[dict[str, str]] = []
+        turns = _chat(rig, system, f"{system}{rnd}", z.chat_turns, z.chat_reply)
         prompt_tokens: list[int] = []
         reused: list[int] = []
         reusable: list[int] = []
+        sums = dict.fromkeys(SOURCES, 0)
         previous: list[int] = []
-        for turn in range(1, z.chat_turns + 1):
-            messages.append({"role": "user", "content": workload.chat_turn(f"{system}{rnd}", turn)})
-            rendered = client.apply_chat_template(RAM, messages, add_generation_prompt=True)
-            if system == LLAMAD:
-                c = _llamad_chat(rig, messages, z.chat_reply)
-                reply, prompt_n, read = c.reply, c.stats.prompt_tokens, c.cache_delta.read
-                context = list(c.context_tokens)
-            else:
-                assert rig.server is not None
-                r = rig.server.chat(messages, z.chat_reply)
-                reply = r.content
-                read = int(r.timings.get("cache_n", 0))
-                prompt_n = read + int(r.timings.get("prompt_n", 0))
-                context = rendered + client.tokenize(RAM, reply, add_special=False)
-            messages.append({"role": "assistant", "content": reply})
-            if turn >= 2:
-                prompt_tokens.append(prompt_n)
-                reused.append(read)
+        for i, t in enumerate(turns, start=1):
+            rendered = client.apply_chat_template(MAIN, t.messages, add_generation_prompt=True)
+            context = t.context
+            if context is None:
+                context = rendered + client.tokenize(MAIN, t.reply, add_special=False)
+            if i >= 2:
+                prompt_tokens.append(t.prompt_tokens)
+                reused.append(t.reused)
                 reusable.append(common_prefix(previous, rendered))
+                for source, v in (t.sources or {}).items():
+                    sums[source] = sums.get(source, 0) + v
             previous = context
         if prompt_tokens:
             res.add(reuse_share(prompt_tokens, reused), "p7", system, "share of prompt")
             res.add(reuse_share(reusable, reused), "p7", system, "share")
+            res.add(float(np.mean(prompt_tokens)), "p7", system, "prompt tokens")
+        if system == LLAMAD:
+            for source, v in sums.items():
+                res.add(float(v), "p7", system, "sources", source)
+        said = [
+            len(client.tokenize(MAIN, m["content"], add_special=False))
+            for m in turns[-1].messages
+            if m["role"] == "user"
+        ]
+        res.add(float(np.mean(said)), "p7", system, "message tokens")
+
+
+def _chat(rig: Rig, system: str, nonce: str, n_turns: int, max_tokens: int) -> list[ChatTurn]:
+    """The chat itself: each turn sent the moment the previous reply ended."""
+    from llamad.model.results import DoneEvent  # noqa: PLC0415
+
+    messages: list[dict[str, str]] = []
+    turns: list[ChatTurn] = []
+    for turn in range(1, n_turns + 1):
+        messages.append({"role": "user", "content": workload.chat_turn(nonce, turn)})
+        sent = [dict(m) for m in messages]
+        if system == LLAMAD:
+            client = rig.llamad.client
+            assert client is not None
+            result = None
+            for event in client.infer(MAIN, messages=sent, max_tokens=max_tokens, temperature=0.0):
+                if isinstance(event, DoneEvent):
+                    result = event.result
+            assert result is not None
+            t = ChatTurn(
+                sent,
+                result.reply,
+                result.stats.prompt_tokens,
+                result.cache_delta.read,
+                result.cache_delta.sources.as_dict(),
+                list(result.context_tokens),
+            )
+        else:
+            assert rig.server is not None
+            r = rig.server.chat(sent, max_tokens)
+            read = int(r.timings.get("cache_n", 0))
+            t = ChatTurn(sent, r.content, read + int(r.timings.get("prompt_n", 0)), read)
+        turns.append(t)
+        messages.append({"role": "assistant", "content": t.reply})
+    return turns
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -354,22 +540,6 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
             break
         n += 1
     return n
-
-
-def _llamad_chat(rig: Rig, messages: list[dict[str, str]], n: int) -> Any:
-    from llamad.model.results import DoneEvent  # noqa: PLC0415
-
-    d = rig.llamad
-    assert d.client is not None
-    before = d.saves()
-    result = None
-    for event in d.client.infer(RAM, messages=messages, max_tokens=n, temperature=0.0):
-        if isinstance(event, DoneEvent):
-            result = event.result
-    assert result is not None
-    if result.stats.prompt_tokens >= 512:  # the default min_tokens: shorter is never saved
-        d.wait_saved(before)
-    return result
 
 
 # -- P8: inter-token latency with saves firing ----------------------------------------------

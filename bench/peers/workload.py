@@ -32,11 +32,11 @@ class Sizes:
 
     @classmethod
     def full(cls) -> Sizes:
-        return cls((512, 1024, 2048), 128, 1024, 32, 6, 48, 640, 384, 64)
+        return cls((512, 1024, 2048), 128, 1024, 32, 6, 40, 640, 384, 64)
 
     @classmethod
     def quick(cls) -> Sizes:
-        return cls((512,), 32, 512, 16, 3, 16, 560, 96, 32)
+        return cls((512,), 32, 512, 16, 6, 40, 560, 96, 32)
 
 
 def words(nonce: str, n: int) -> str:
@@ -74,16 +74,23 @@ def long_counting_tokens(tokenize: Tokenize, start: int, at_least: int) -> list[
     return ids
 
 
-def chat_turn(nonce: str, turn: int) -> str:
-    """The user's message of one turn: a note and a question (~80 tokens); the
-    first turn also carries a ~600-token document, so every turn's prompt is
-    past llamad's default ``min_tokens`` (512: a shorter prefill beats a restore)."""
-    if turn == 1:
-        return (
-            f"Please read this document and answer my questions about it.\n"
-            f"{words(f'doc-{nonce}', 450)}\n\n" + chat_turn(nonce, 0)
-        )
-    return (
-        f"Turn {turn} of conversation {nonce}. Here is a note: {words(f'{nonce}-{turn}', 40)}. "
-        "Which of these things would you keep, and why? Answer briefly."
+def agent_tail(tokenize: Tokenize, nonce: str, i: int, n: int) -> list[int]:
+    """Agent ``i``'s tail after a shared prefix: exactly ``n`` tokens (``tokenize``
+    adds no special token), led by a word of its own, so the tails part from
+    one another at their first token."""
+    rng = random.Random(f"{nonce}-{i}")
+    text = " " + " ".join(
+        [_WORDS[i % len(_WORDS)], str(i), *(rng.choice(_WORDS) for _ in range(n))]
     )
+    ids = tokenize(text)
+    if len(ids) < n:
+        raise ValueError(f"a tail of {len(ids)} tokens, wanted {n}")
+    return ids[:n]
+
+
+def chat_turn(nonce: str, turn: int) -> str:
+    """The user's message of one turn: a short note and a question, about 30
+    tokens (the report prints the run's mean)."""
+    rng = random.Random(f"{nonce}-{turn}")
+    note = " ".join(rng.choice(_WORDS) for _ in range(8))
+    return f"Note {turn} ({nonce}): {note}. Which of these would you keep, and why?"

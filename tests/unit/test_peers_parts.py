@@ -138,19 +138,23 @@ def test_the_result_is_recorded_as_date_machine_md_and_nothing_else(
     assert "## Machine" in text and "| P1 | ... |" in text
 
 
-def test_dropping_the_disk_tiers_pages_touches_every_file_of_the_state_dir() -> None:
+def test_a_model_table_sets_only_its_context_and_a_policy_when_asked() -> None:
     llamad_sys = importlib.import_module("bench.peers.llamad_sys")
-    table = llamad_sys.ModelTable("disk", 4096, 4, 2, "disk", ("disk",), {"min_tokens": 9})
-    daemon = llamad_sys.LlamadDaemon("t", [table], 2)
-    try:
-        config = (daemon.base / "llamad.toml").read_text()
-        assert 'restore_tiers = ["disk"]' in config
-        assert "[models.disk.cache.policy]\nmin_tokens = 9" in config
-        kvc = daemon.base / "state" / "kvc" / "ab"
-        kvc.mkdir(parents=True)
-        for name in ("1.kvc", "2.kvc"):
-            (kvc / name).write_bytes(b"x" * 4096)
-        assert daemon.drop_disk_pages() == 2
-    finally:
-        daemon.remove()
-    assert not daemon.base.exists()
+    table = llamad_sys.ModelTable("saves", 4096, 4, 2, {"continued_interval": 64})
+    text = table.toml()
+    assert "n_seq_max = 4" in text and "n_threads = 2" in text
+    assert "[models.saves.cache.policy]\ncontinued_interval = 64" in text
+    assert "[models.main.cache" not in llamad_sys.ModelTable("main", 4096, 4, 2).toml()
+
+
+def test_removing_the_peers_daemon_removes_its_ram_file_rows_too() -> None:
+    # The default ram_file root lies on /dev/shm, outside the daemon's directory.
+    llamad_sys = importlib.import_module("bench.peers.llamad_sys")
+    daemon = llamad_sys.LlamadDaemon("t", [llamad_sys.ModelTable("m", 4096, 1, 2)], 2)
+    root = daemon.ram_file_root
+    assert root.parent == Path(f"/dev/shm/llamad-{os.getuid()}")
+    assert root.name == daemon.instance
+    root.mkdir(parents=True)
+    (root / "x.kvc").write_bytes(b"x")
+    daemon.remove()
+    assert not root.exists() and not daemon.base.exists()
