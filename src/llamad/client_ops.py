@@ -10,6 +10,8 @@ ops), built and validated in the caller's process: a bad parameter raises
 
 from __future__ import annotations
 
+import time
+
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, TypeVar
@@ -134,6 +136,8 @@ def infer_body(
             "chat": chat_options,
             "request_id": request_id,
             "add_special": add_special,
+            # Same-host workers count the request's queue_ms from here.
+            "sent_at": time.monotonic(),
         },
         "",
     )

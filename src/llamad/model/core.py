@@ -132,11 +132,21 @@ class WorkerCore:
 
     # -- requests --------------------------------------------------------------------
 
-    def submit(self, request_id: str, tokens: Sequence[int], params: RequestParams) -> int | None:
+    def submit(
+        self,
+        request_id: str,
+        tokens: Sequence[int],
+        params: RequestParams,
+        *,
+        waited_s: float = 0.0,
+    ) -> int | None:
         """Admit a request: ``None`` when it holds a sequence now, else its queue
         position. Refusals raise at once: ``overloaded``, ``sticky_busy``,
         ``no_session``, ``transcript_mismatch``, ``context_overflow``,
-        ``invalid_token``, ``bad_request``, or the sampler's own errors."""
+        ``invalid_token``, ``bad_request``, or the sampler's own errors.
+
+        ``waited_s``: how long before now the client sent it (it waited for a
+        tick in progress, or on its way); counted in its ``queue_ms``."""
         if self.closed:
             raise Unavailable("the worker is shutting down")
         if request_id in self.requests:
@@ -145,13 +155,14 @@ class WorkerCore:
             )
         checked = checked_tokens(tokens, self.backend.n_vocab)
         now = self.clock()
+        sent = now - max(0.0, waited_s)
         session = None
         if params.session_id is not None:
             if params.continue_:
                 self.sessions.known(params.session_id)
             session = self.sessions.claim(params.session_id, request_id, params.salt, now)
         try:
-            req = self._new_request(request_id, checked, params, session, now)
+            req = self._new_request(request_id, checked, params, session, sent)
             return self._admit_or_queue(req, now)
         except BaseException:
             if session is not None:

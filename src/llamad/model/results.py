@@ -137,7 +137,10 @@ class Stats(msgspec.Struct, frozen=True):
     ``prompt_tokens``: tokens the sequence had to hold before generating
     (prompt, or session transcript plus tail); ``prefill_tokens``: how many of
     them were decoded here (the rest came from the cache or the live session).
-    ``queue_ms``: waiting for a sequence; ``restore_ms``: from admission to a
+    ``queue_ms``: from when the request was sent (by a client on the same
+    host; else from when the worker read it) to its admission to a sequence:
+    transport, a tick already running when it arrived, and the wait for a
+    free sequence; ``restore_ms``: from admission to a
     resolved start (live KV kept or shared, cache lookup and restore, and any
     wait); ``wait_ms``: the part of it spent waiting, for a save of this
     prompt still in flight or for another request prefilling the prefix they

@@ -104,6 +104,10 @@ class InferBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ``request_id`` names the request for ``cancel`` from another connection
     (unique among the worker's running requests; ``None``: the worker makes
     one). ``add_special``: whether a text prompt gets the model's BOS.
+    ``sent_at``: the client's ``time.monotonic()`` when it sent the request;
+    a worker on the same host counts the request's ``queue_ms`` from it (the
+    wait for a tick already running when it arrived, routing, transport),
+    and ignores it from another host or when it is not a plausible past time.
     """
 
     prompt: Text | Tokens | None = None
@@ -112,6 +116,7 @@ class InferBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     chat: ChatOptions = ChatOptions()
     request_id: Id | None = None
     add_special: bool = True
+    sent_at: float | None = None
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):

@@ -11,6 +11,9 @@ Schemas: :mod:`llamad.model.wire`.
 
 from __future__ import annotations
 
+import math
+import time
+
 import itertools
 from collections import deque
 from collections.abc import Callable
@@ -72,6 +75,20 @@ class _Held:
     req: Request[InferBody]
     handle: StreamSender | PendingReply
     prefill_only: bool = False
+
+
+_MAX_WAITED_S = 600.0
+
+
+def _waited(body: InferBody, *, local: bool) -> float:
+    """How long before now the client sent the request, by its ``sent_at``:
+    only from a client on this host (``time.monotonic()`` is host-wide on
+    Linux) and only when plausible; else 0."""
+    sent = body.sent_at
+    if not local or sent is None or not math.isfinite(sent):
+        return 0.0
+    waited = time.monotonic() - sent
+    return waited if 0.0 <= waited <= _MAX_WAITED_S else 0.0
 
 
 class WorkerOps:
@@ -156,7 +173,9 @@ class WorkerOps:
         if prefill_only and not params.prefill_only:
             params = msgspec.structs.replace(params, prefill_only=True)
         request_id = body.request_id or f"r{next(self._ids)}.{req.peer.process.pid}"
-        self.core.submit(request_id, self._tokens(body), params)
+        self.core.submit(
+            request_id, self._tokens(body), params, waited_s=_waited(body, local=req.peer.local)
+        )
         self.requests_total += 1
         return request_id
 

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from worker_harness import Clock, make, prompt
 
 from llamad.model.planner import BatchPlan
+from llamad.model.requests import RequestParams
+from llamad.model.wire import InferBody
+from llamad.model.worker_ops import _waited
 from llamad.model.results import CacheHitKind
 from llamad.model.stub import StubBackend
 from llamad.model.stub_cache import MemoryCache
@@ -50,3 +55,25 @@ def test_prefill_ms_counts_the_decode_that_computes_the_first_tokens_logits() ->
     assert warm.stats.prefill_tokens == 1
     # The held-back token is decoded again: that decode is the warm path's prefill.
     assert warm.stats.prefill_ms >= DECODE_S * 1000
+
+
+def test_queue_ms_counts_from_when_the_client_sent_the_request() -> None:
+    """A request read after a tick that was already running when it arrived
+    waited that tick: its client's send time puts the wait in queue_ms."""
+    h = make()
+    h.submit("a", prompt(10), max_tokens=2)
+    h.core.submit("b", prompt(10, start=9), RequestParams(max_tokens=2), waited_s=0.25)
+    h.run()
+    assert h.result("a").stats.queue_ms < 250.0
+    assert h.result("b").stats.queue_ms >= 250.0
+
+
+def test_only_a_plausible_send_time_from_this_host_is_taken() -> None:
+    now = time.monotonic()
+    sent = InferBody(prompt="x", sent_at=now - 0.5)
+    assert 0.5 <= _waited(sent, local=True) < 60.0
+    assert _waited(sent, local=False) == 0.0  # another host's clock means nothing here
+    assert _waited(InferBody(prompt="x"), local=True) == 0.0
+    assert _waited(InferBody(prompt="x", sent_at=now + 30.0), local=True) == 0.0
+    assert _waited(InferBody(prompt="x", sent_at=float("nan")), local=True) == 0.0
+    assert _waited(InferBody(prompt="x", sent_at=now - 10_000.0), local=True) == 0.0
