@@ -10,9 +10,8 @@ ops), built and validated in the caller's process: a bad parameter raises
 
 from __future__ import annotations
 
-import time
-
 import os
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 

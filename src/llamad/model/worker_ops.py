@@ -11,10 +11,9 @@ Schemas: :mod:`llamad.model.wire`.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
-
-import itertools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass

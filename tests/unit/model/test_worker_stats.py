@@ -9,11 +9,11 @@ from worker_harness import Clock, make, prompt
 
 from llamad.model.planner import BatchPlan
 from llamad.model.requests import RequestParams
-from llamad.model.wire import InferBody
-from llamad.model.worker_ops import _waited
 from llamad.model.results import CacheHitKind
 from llamad.model.stub import StubBackend
 from llamad.model.stub_cache import MemoryCache
+from llamad.model.wire import InferBody
+from llamad.model.worker_ops import _waited
 
 pytestmark = pytest.mark.timeout(30)
 
