@@ -46,13 +46,20 @@ class _Body(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     pass
 
 
+# The tiers a caller may read from (lookups) or write to (a save whose tier
+# cache-meta chooses); absent: any.
+Tiers = Annotated[list[TierKind], msgspec.Meta(min_length=1, max_length=len(TierKind))]
+
+
 class ReserveSave(_Body, frozen=True, forbid_unknown_fields=True):
     key: Key
     namespace: Header
-    tier: TierKind
+    # None: cache-meta chooses (the fastest of ``tiers`` with room).
+    tier: TierKind | None
     size: Annotated[int, msgspec.Meta(gt=0, le=2**62)]
     reason: Annotated[int, msgspec.Meta(ge=1, le=5)]
     ttl_s: Annotated[float, msgspec.Meta(gt=0, le=86_400)] | None = None
+    tiers: Tiers | None = None
 
 
 class TokenRef(_Body, frozen=True, forbid_unknown_fields=True):
@@ -77,26 +84,36 @@ class KeyBody(_Body, frozen=True, forbid_unknown_fields=True):
     key: Key
 
 
+class Forget(_Body, frozen=True, forbid_unknown_fields=True):
+    key: Key
+    # The copy the loader found missing or damaged (None: every copy).
+    tier: TierKind | None = None
+
+
 class LookupExact(_Body, frozen=True, forbid_unknown_fields=True):
     key: Key
     pin: bool = True
+    tiers: Tiers | None = None
 
 
 class LookupWait(_Body, frozen=True, forbid_unknown_fields=True):
     key: Key
     wait_s: Wait
+    tiers: Tiers | None = None
 
 
 class LongestPrefix(_Body, frozen=True, forbid_unknown_fields=True):
     namespace: Header
     parent_key: Key | None = None
     pin: bool = True
+    tiers: Tiers | None = None
 
 
 class Resolve(_Body, frozen=True, forbid_unknown_fields=True):
     namespace: Header
     parent_key: Key | None = None
     wait_s: Wait = 0.0
+    tiers: Tiers | None = None
 
 
 class Checkin(_Body, frozen=True, forbid_unknown_fields=True):
@@ -116,9 +133,11 @@ class NoArgs(_Body, frozen=True, forbid_unknown_fields=True):
 
 
 class Reserved(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """``reserve_save``'s answer: the reservation token for the later stages."""
+    """``reserve_save``'s answer: the reservation token for the later stages, and
+    the tier the row goes to (the one asked for, or cache-meta's choice)."""
 
     token: Token
+    tier: TierKind | None = None
 
 
 class Evicted(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -136,14 +155,14 @@ def _call(name: str, body: Any, doc: str, *, tokens: bool = False) -> OpSpec:
 OPS: Final = {
     spec.name: spec
     for spec in (
-        _call("reserve_save", ReserveSave, "stage 1: claim a key; -> {token}", tokens=True),
+        _call("reserve_save", ReserveSave, "stage 1: claim a key; -> {token, tier}", tokens=True),
         _call("check_reservation", TokenRef, "stage 3: is the token still live?"),
         _call("mark_published", MarkPublished, "stage 4 done: final file linked"),
         _call("announce_saved", AnnounceSaved, "stage 5: row visible; -> row"),
         _call("cancel_reservation", TokenRef, "writer gave up; -> bool"),
         _call("checkout", KeyBody, "pin a row; -> row | nil"),
         _call("checkin", Checkin, "release a pin; -> bool"),
-        _call("forget", KeyBody, "drop a row a loader found corrupt; -> bool"),
+        _call("forget", Forget, "drop a copy (or row) a loader found corrupt; -> bool"),
         _call("lookup_exact", LookupExact, "-> row | nil (pinned unless pin=false)"),
         _call("lookup_exact_or_wait", LookupWait, "-> row | nil, waiting for an in-flight save"),
         _call("longest_prefix", LongestPrefix, "-> lookup", tokens=True),
@@ -153,7 +172,7 @@ OPS: Final = {
         _call("dump", NoArgs, "-> [row | reservation]"),
         _call("counters", NoArgs, "-> {name: value}"),
         _call("reset_counters", NoArgs, "-> nil"),
-        _call("status", NoArgs, "-> {rows, reservations, pins, waiters, tiers, pressure}"),
+        _call("status", NoArgs, "-> {rows, reservations, pins, waiters, moves, tiers, ...}"),
         _call("pressure_check", NoArgs, "force a pressure check; -> report"),
     )
 }

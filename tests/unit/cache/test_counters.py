@@ -39,6 +39,7 @@ def test_every_spec_counter_exists_and_starts_at_zero(tmp_path: Path) -> None:
         "hits_exact", "hits_resume", "hits_longest_prefix", "misses",
         "saves_cold", "saves_continued", "saves_finish", "saves_evict", "saves_shutdown",
         "saves_dropped", "evictions", "corrupt_files", "duplicate_dropped",
+        "demotions", "promotions", "write_behind_copies", "moves_linked", "moves_failed",
         "bytes_ram", "bytes_ram_file", "bytes_disk",
         "pack_total_ns", "load_total_ns", "longest_prefix_ns", "longest_prefix_probes",
     }  # fmt: skip
