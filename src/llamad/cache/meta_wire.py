@@ -7,6 +7,11 @@ with ``bad_request``). Token ids never ride inside msgpack: ops that carry a
 prompt or a row's tokens take them as one binary frame of u32 little-endian
 ids (:data:`TOKENS_BLOB`), which also lifts the msgpack header's size cap.
 
+Lookups name the tiers the caller restores from (``tiers``; absent: any), and
+a save may leave its tier to cache-meta (``ReserveSave.tier`` null; the
+``tiers`` it may use), whose :class:`Reserved` reply names the tier chosen;
+``forget`` names the copy (its tier) a loader found missing or damaged.
+
 Rows and lookups are answered as :class:`~llamad.cache.lookup.RowRef` and
 :class:`~llamad.cache.lookup.Lookup` msgspec structs, which travel as msgpack
 arrays in field order; ``reserve_save``, ``evict_bytes`` and ``gc`` answer
