@@ -552,8 +552,10 @@ class CacheMeta:
                 )
                 # A file larger than the source said may push the tier over.
                 self._enforce_quota(self.ledgers[job.dst_tier])
-            else:
-                # The row went (forgotten, evicted) while its copy was made.
+            elif not alive:
+                # The row went (forgotten, evicted) while its copy was made;
+                # no save can have taken the key meanwhile (reserve refuses a
+                # key with a move in flight), so the file is the mover's.
                 self._delete_file(job.dst_tier, job.key, result.location)
         else:
             self.counters.add("moves_failed")
