@@ -299,7 +299,13 @@ class LookupSection(Table, frozen=True, kw_only=True):
     """When restoring a diverging row and truncating it beats a shorter prefix."""
 
     common_min_tokens: Annotated[
-        int, Key("A diverging row is used only if it covers this many prompt tokens.", _count)
+        int,
+        Key(
+            "A diverging row is used only if it covers this many prompt tokens (a row "
+            "that starts with the whole prompt, its earlier turn saved with the reply, "
+            "is an exact hit whatever the prompt's length).",
+            _count,
+        ),
     ] = 256
     restore_cost: Annotated[
         float,
