@@ -35,7 +35,7 @@ from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
 from llamad.errors import LlamadError
 
-pytestmark = [pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 CHILD = Path(__file__).with_name("meta_fault_child.py")
 RAM, RAM_FILE, DISK = TierKind.RAM, TierKind.RAM_FILE, TierKind.DISK

@@ -39,7 +39,7 @@ from llamad.errors import LlamadError
 from llamad.front_wire import ModelState
 from llamad.model.results import Completion
 
-pytestmark = [pytest.mark.model, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(420)]
 
 #: "Eventually" on a 2-core machine shared with other test runs.
 EVENTUALLY = 120.0
