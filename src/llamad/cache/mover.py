@@ -10,8 +10,9 @@ in cache-meta, not the writer pool:
   workers); the cache must move its rows with no model loaded (C11), and a
   move's bytes are already in a file, which cache-meta's process can read
   as well as any.
-- Everything slow releases the GIL (``link``, ``sendfile``, ``fdatasync``,
-  ``fsync``); the loop's lookups pay a lock hand-off per 8 MiB chunk at most.
+- Everything slow releases the GIL (``link``, ``preadv``/``write``,
+  ``fdatasync``, ``fsync``; CRC32C of a chunk is a hardware instruction
+  loop); the loop's lookups pay a lock hand-off per 8 MiB chunk at most.
 - A mover dies with cache-meta, and every state a move can leave is
   recovered by the next start's scan (below).
 
@@ -23,7 +24,9 @@ publish (C5), and tells cache-meta only once they are done:
 2. same filesystem: ``link(2)`` the source to the destination's final name,
    a hard link, no byte copied (``ram`` and the default ``ram_file``
    directory are both on ``/dev/shm``); otherwise write
-   ``<key>.kvc.<writer>.tmp`` (``O_EXCL``, ``fallocate``, ``sendfile``,
+   ``<key>.kvc.<writer>.tmp`` (``O_EXCL``, ``fallocate``, then the bytes
+   through one reused buffer, the payload's CRC32C checked on the way, so a
+   source damaged since it was written is found here and not copied;
    ``fdatasync``) and ``link(2)`` it to the final name;
 3. an existing final file (a copy a killed cache-meta made but never
    indexed) is adopted when it parses as this key, else replaced by
@@ -53,11 +56,12 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Final
 
+import crc32c
 import structlog
 
 from llamad.cache.counters import CounterAdd
 from llamad.cache.errors import KvcCorrupt, TierError, TierFull
-from llamad.cache.kvc import read_meta
+from llamad.cache.kvc import KvcMeta, read_meta
 from llamad.cache.moves import MoveJob, MoveResult
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier, discard_damaged
@@ -66,8 +70,8 @@ __all__ = ["MoveStage", "Mover", "move_file"]
 
 log = structlog.get_logger("llamad.cache.mover")
 
-# sendfile(2) per call: large enough that the per-call GIL round trip is noise,
-# small enough that a stop is noticed within a few milliseconds.
+# Bytes per read and write: large enough that the per-call GIL round trip is
+# noise, small enough that a stop is noticed within a few milliseconds.
 _CHUNK: Final = 8 << 20
 
 
@@ -148,7 +152,16 @@ def _move(
         if _same_filesystem(source, dst.root):
             linked = _link_final(source, final, dst, job)
         if not linked:
-            tmp = _write_tmp(fd, dst, job, meta.file_size, stopping)
+            try:
+                tmp = _write_tmp(fd, dst, job, meta, stopping)
+            except KvcCorrupt as exc:
+                log.warning(
+                    "cache.corrupt_file", tier=src.name, path=str(source), reason=exc.reason
+                )
+                discard_damaged(src, source, counters)
+                return MoveResult(
+                    job.id, None, error=f"source damaged: {exc.reason}", source_damaged=True
+                )
             hook(MoveStage.WRITTEN, job)
             try:
                 _link_final(tmp, final, dst, job, replace_with=tmp)
@@ -208,18 +221,36 @@ def _link_final(
     return True
 
 
-def _write_tmp(fd: int, dst: Tier, job: MoveJob, size: int, stopping: Callable[[], bool]) -> Path:
-    """The copy as ``<key>.kvc.<writer>.tmp`` in ``dst``: whole, fdatasync'ed."""
+def _write_tmp(
+    fd: int, dst: Tier, job: MoveJob, meta: KvcMeta, stopping: Callable[[], bool]
+) -> Path:
+    """The copy as ``<key>.kvc.<writer>.tmp`` in ``dst``: whole, fdatasync'ed.
+
+    Raises :class:`KvcCorrupt` (the tmp file removed) when the payload read
+    does not match its checksum, or the file ends early.
+    """
+    size = meta.file_size
     tmp, out = dst.create_tmp(job.key, f"mv-{os.getpid()}-{job.id}", size)
     try:
+        buffer = bytearray(min(_CHUNK, size))
+        view = memoryview(buffer)
+        crc = 0
         done = 0
         while done < size:
             if stopping():
                 raise _Stopped
-            n = os.sendfile(out, fd, done, min(_CHUNK, size - done))
+            n = os.preadv(fd, [view[: min(_CHUNK, size - done)]], done)
             if n <= 0:
-                raise TierError(f"{job.src_location} ended at {done} of {size} bytes")
+                raise KvcCorrupt("truncated", f"{job.src_location} ended at {done} of {size}")
+            chunk = view[:n]
+            if done + n > meta.payload_offset:
+                crc = crc32c.crc32c(chunk[max(0, meta.payload_offset - done) :], crc)
+            written = 0
+            while written < n:
+                written += os.write(out, chunk[written:])
             done += n
+        if crc != meta.payload_crc32c:
+            raise KvcCorrupt("payload_crc", "payload checksum mismatch")
         os.fdatasync(out)
     except BaseException as exc:
         os.close(out)

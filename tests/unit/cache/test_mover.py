@@ -116,6 +116,25 @@ def test_a_damaged_source_is_deleted_counted_once_and_never_spread(
     assert counters.get("corrupt_files") == 1
 
 
+def test_a_payload_damaged_after_it_was_written_is_found_by_a_copy_and_never_spread(
+    tiers: dict[TierKind, Tier],
+) -> None:
+    # Header and TLV intact: only the copy's pass over the payload can tell.
+    ram, disk = tiers[TierKind.RAM], tiers[TierKind.DISK]
+    spec = put(ram, 8)
+    path = ram.path_for(spec.key)
+    with open(path, "r+b") as f:
+        f.seek(-10, os.SEEK_END)
+        byte = f.read(1)[0]
+        f.seek(-10, os.SEEK_END)
+        f.write(bytes((byte ^ 0x40,)))
+    counters = DictCounters()
+    result = move_file(ram, disk, job(ram, disk, spec), counters=counters)
+    assert not result.ok and result.source_damaged
+    assert not path.exists() and not disk.path_for(spec.key).exists()
+    assert tmp_files(disk) == [] and counters.get("corrupt_files") == 1
+
+
 def test_a_missing_source_is_a_failed_move(tiers: dict[TierKind, Tier]) -> None:
     ram, disk = tiers[TierKind.RAM], tiers[TierKind.DISK]
     spec = put(ram, 5)
