@@ -27,7 +27,7 @@ A client is not thread-safe: use one per thread.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -42,7 +42,7 @@ from llamad.cache.key import HEADER_LEN, Namespace, TokenSeq, tokens_to_bytes
 from llamad.cache.kvc import KvcMeta
 from llamad.cache.lookup import Lookup, RowRef
 from llamad.cache.meta import GcReport
-from llamad.cache.reservation import SaveIntent, check_bytes
+from llamad.cache.reservation import Grant, SaveIntent, check_bytes
 from llamad.cache.tier_kind import TierKind, check_tier
 from llamad.cache.tiers import LoadedRow, Tier, TierConfig, load_mapped_row, load_row
 from llamad.errors import BadRequest
@@ -60,6 +60,13 @@ def _header(namespace: Namespace | bytes) -> bytes:
     if isinstance(namespace, Namespace):
         return namespace.header()
     return check_bytes("namespace", namespace, HEADER_LEN)
+
+
+def _tier_list(tiers: Collection[TierKind] | None) -> list[TierKind] | None:
+    # Sorted fastest first: the same set is always the same message.
+    if tiers is None:
+        return None
+    return [t for t in TierKind if t in tiers]
 
 
 # Replies decode straight into these msgspec types (validated in C).
@@ -142,6 +149,17 @@ class CacheClient:
 
     def reserve_save(self, intent: SaveIntent, *, ttl_s: float | None = None) -> int:
         """Stage 1: claim ``intent.key``; returns the reservation token."""
+        return self.reserve(intent, ttl_s=ttl_s).token
+
+    def reserve(
+        self,
+        intent: SaveIntent,
+        *,
+        ttl_s: float | None = None,
+        tiers: Collection[TierKind] | None = None,
+    ) -> Grant:
+        """Stage 1: claim ``intent.key``; returns the token and the tier to write to
+        (``intent.tier``, or cache-meta's choice among ``tiers`` when it is None)."""
         body = wire.ReserveSave(
             key=intent.key,
             namespace=intent.namespace,
@@ -149,11 +167,15 @@ class CacheClient:
             size=intent.size,
             reason=int(intent.reason),
             ttl_s=ttl_s,
+            tiers=_tier_list(tiers),
         )
         reply: wire.Reserved = self._call(
             "reserve_save", body, intent.tokens, reply_type=wire.Reserved
         )
-        return reply.token
+        tier = reply.tier if reply.tier is not None else intent.tier
+        if tier is None:
+            raise BadRequest("cache-meta chose no tier for the save")
+        return Grant(reply.token, tier)
 
     def check_reservation(self, key: bytes, token: int) -> None:
         """Stage 3: raises :class:`~llamad.cache.errors.PublishAbandoned` if stale."""
@@ -177,18 +199,25 @@ class CacheClient:
 
     # -- lookups (model workers) ----------------------------------------------
 
-    def lookup_exact(self, key: bytes, *, pin: bool = True) -> RowRef | None:
-        """The row of exactly ``key`` (pinned for this process unless ``pin=False``)."""
-        ref: RowRef | None = self._call(
-            "lookup_exact", wire.LookupExact(key, pin=pin), reply_type=_ROW_OR_NONE
-        )
+    def lookup_exact(
+        self, key: bytes, *, pin: bool = True, tiers: Collection[TierKind] | None = None
+    ) -> RowRef | None:
+        """The row of exactly ``key`` (pinned for this process unless ``pin=False``).
+
+        ``tiers``: the tiers the caller reads (default any); the answer is the
+        row's fastest copy among them, and a row with none there is a miss.
+        The same holds for every lookup below."""
+        body = wire.LookupExact(key, pin=pin, tiers=_tier_list(tiers))
+        ref: RowRef | None = self._call("lookup_exact", body, reply_type=_ROW_OR_NONE)
         return ref
 
-    def lookup_exact_or_wait(self, key: bytes, wait_s: float) -> RowRef | None:
+    def lookup_exact_or_wait(
+        self, key: bytes, wait_s: float, *, tiers: Collection[TierKind] | None = None
+    ) -> RowRef | None:
         """Like :meth:`lookup_exact`, waiting up to ``wait_s`` for an in-flight save."""
         ref: RowRef | None = self._call(
             "lookup_exact_or_wait",
-            wire.LookupWait(key, wait_s),
+            wire.LookupWait(key, wait_s, tiers=_tier_list(tiers)),
             timeout=wait_s + 30.0,
             reply_type=_ROW_OR_NONE,
         )
@@ -201,9 +230,12 @@ class CacheClient:
         *,
         parent_key: bytes | None = None,
         pin: bool = True,
+        tiers: Collection[TierKind] | None = None,
     ) -> Lookup:
         """Longest saved prefix of ``tokens`` (or a row to restore and truncate)."""
-        body = wire.LongestPrefix(_header(namespace), parent_key=parent_key, pin=pin)
+        body = wire.LongestPrefix(
+            _header(namespace), parent_key=parent_key, pin=pin, tiers=_tier_list(tiers)
+        )
         found: Lookup = self._client.call(
             "longest_prefix", body, blobs=(tokens_to_bytes(tokens),), reply_type=Lookup
         )
@@ -217,13 +249,18 @@ class CacheClient:
         parent_key: bytes | None = None,
         wait_s: float = 0.0,
         timeout: float | None = None,
+        tiers: Collection[TierKind] | None = None,
     ) -> Lookup:
         """A model worker's whole cache resolution in one round trip (pinned).
 
         ``timeout`` bounds the whole call, the wait included (default
         ``wait_s + 30``); past it :class:`~llamad.errors.RequestTimeout`.
+        ``tiers``: the tiers this worker restores from (the answer is a copy
+        in one of them; default any).
         """
-        body = wire.Resolve(_header(namespace), parent_key=parent_key, wait_s=wait_s)
+        body = wire.Resolve(
+            _header(namespace), parent_key=parent_key, wait_s=wait_s, tiers=_tier_list(tiers)
+        )
         limit = wait_s + 30.0 if timeout is None else timeout
         found: Lookup = self._call(
             "resolve", body, tokens_to_bytes(tokens), timeout=limit, reply_type=Lookup
@@ -241,9 +278,10 @@ class CacheClient:
             return False
         return bool(self._call("checkin", wire.Checkin(pin), reply_type=bool))
 
-    def forget(self, key: bytes) -> bool:
-        """Tell cache-meta a row is gone or corrupt so it stops serving it."""
-        return bool(self._call("forget", wire.KeyBody(key), reply_type=bool))
+    def forget(self, key: bytes, *, tier: TierKind | None = None) -> bool:
+        """Tell cache-meta a row's copy in ``tier`` is gone or corrupt so it stops
+        serving it (its copies elsewhere stay); without ``tier``, the whole row."""
+        return bool(self._call("forget", wire.Forget(key, tier), reply_type=bool))
 
     @contextmanager
     def pinned(self, ref: RowRef | None) -> Iterator[RowRef | None]:
@@ -268,7 +306,7 @@ class CacheClient:
         ``payload_len`` and the logits it keeps (``meta.logits``), if any."""
         meta = load_row(self._tier(ref), ref.location, buffer, self.load_counters)
         if meta is None:
-            self.forget(ref.key)
+            self.forget(ref.key, tier=ref.tier)
         return meta
 
     @contextmanager
@@ -289,7 +327,7 @@ class CacheClient:
         (``row.meta.logits``: the logits the row keeps, if any)."""
         with load_mapped_row(self._tier(ref), ref.location, self.load_counters) as row:
             if row is None:
-                self.forget(ref.key)
+                self.forget(ref.key, tier=ref.tier)
             yield row
 
     def _tier(self, ref: RowRef) -> Tier:

@@ -41,6 +41,14 @@ COUNTERS: Final = (
     "saves_shutdown",
     "saves_dropped",
     "evictions",
+    # Moves between tiers (SPEC C12; llamad.cache.moves): copies demoted by
+    # quota, promoted on hits, written behind to disk, made by a link(2)
+    # instead of a copy, and failed.
+    "demotions",
+    "promotions",
+    "write_behind_copies",
+    "moves_linked",
+    "moves_failed",
     "corrupt_files",
     "duplicate_dropped",
     "pack_total_ns",

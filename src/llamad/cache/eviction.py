@@ -45,9 +45,13 @@ R = TypeVar("R", bound=Evictable)
 
 
 class TierLedger(Generic[R]):
-    """Bytes in use, bytes promised to in-flight saves, and the LRU of one tier."""
+    """Bytes in use, bytes promised to in-flight saves and moves, and the LRU of one tier.
 
-    __slots__ = ("_lru", "name", "quota", "reserved", "used")
+    It accounts *copies* (:class:`llamad.cache.rows.Copy`): a row with a copy
+    in two tiers is in two ledgers.
+    """
+
+    __slots__ = ("_lru", "leaving", "name", "quota", "reserved", "used")
 
     def __init__(self, name: TierKind, quota: int) -> None:
         if isinstance(quota, bool) or not isinstance(quota, int) or quota < 0:
@@ -58,6 +62,10 @@ class TierLedger(Generic[R]):
         self.quota = quota
         self.used = 0
         self.reserved = 0
+        # Bytes of copies demoted out of this tier whose files are still there
+        # (readable until their destination lands): out of ``used``, so the
+        # quota already counts them free. Only for status and the gauge.
+        self.leaving = 0
         # Insertion order is use order: the first entry is the least recently used.
         self._lru: OrderedDict[bytes, R] = OrderedDict()
 

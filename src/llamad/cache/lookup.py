@@ -39,8 +39,11 @@ class HitKind(StrEnum):
     PREFIX = "prefix"
     """The row's tokens are a proper prefix of the prompt: restore, prefill the rest."""
     COMMON = "common"
-    """The row shares ``use_tokens`` leading tokens with the prompt and then diverges:
-    restore it, truncate the sequence to ``use_tokens``, prefill the rest."""
+    """The row shares ``use_tokens`` leading tokens with the prompt and then diverges
+    (or goes on past the prompt's end): restore it, truncate the sequence to
+    ``use_tokens``, prefill the rest. With ``use_tokens`` equal to the prompt's
+    length (the prompt's earlier turn saved with its reply) nothing is left
+    to prefill: cache-meta counts that an exact hit."""
 
 
 class RowRef(msgspec.Struct, frozen=True, array_like=True):
@@ -107,7 +110,9 @@ class LookupPolicy:
     one (restoring 2048 tokens of the default model costs ~5 ms, prefilling
     them seconds, so the true ratio is far below the default 0.05, which errs
     towards not reading big rows for a small gain). A diverging row is used
-    only when it covers at least ``common_min_tokens`` prompt tokens.
+    only when it covers at least ``common_min_tokens`` prompt tokens, unless
+    it covers the whole prompt (a short prompt repeated exactly, found in
+    the row that saved it with its reply).
     """
 
     common_min_tokens: int = 256
@@ -147,7 +152,9 @@ def choose_restore(
 
     The score of a candidate is the prefill it saves minus the cost of reading
     the whole row: ``use - restore_cost * row_tokens``. A row that is a prefix
-    of the prompt needs no truncation and wins ties.
+    of the prompt needs no truncation and wins ties. ``common_min_tokens``
+    does not apply to a row that starts with the whole prompt: it leaves
+    nothing to prefill, whatever the prompt's length.
     """
     prefix_key, prefix_tokens, common_key, common_tokens, common_row_tokens, _ = match
     best: RestorePlan | None = None
@@ -160,7 +167,7 @@ def choose_restore(
         common_key is not None
         and common_key != prefix_key
         and policy.allow_common
-        and common_tokens >= policy.common_min_tokens
+        and (common_tokens >= policy.common_min_tokens or common_tokens == prompt_tokens)
     ):
         score = common_tokens - policy.restore_cost * common_row_tokens
         if score > best_score and score > 0:

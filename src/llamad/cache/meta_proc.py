@@ -4,8 +4,11 @@
 from the tiers (``ram_file`` and ``disk`` scans, plus this daemon run's
 ``ram`` segments), serves the ops of :mod:`llamad.cache.meta_wire` on the
 actor endpoint ``cache-meta``, and steps everything that is due between
-messages: reservation TTLs and waiter deadlines, the pressure scheduler, and
-the write-back of hit counts.
+messages: reservation TTLs and waiter deadlines, the pressure scheduler, the
+write-back of hit counts, and the moves between tiers (handed to the
+:class:`~llamad.cache.mover.Mover`'s threads, whose results come back
+through an eventfd in the same poll). A clean stop demotes the ``ram`` rows
+first (:meth:`MetaServer.close`).
 
 Owners. Every pin, reservation and waiter belongs to the process that asked
 for it (the caller's pid from the actor handshake). cache-meta watches each
@@ -25,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any, Final
 
@@ -42,6 +45,7 @@ from llamad.cache.counters import Counters
 from llamad.cache.kvc import SaveReason
 from llamad.cache.lookup import Lookup, RowRef
 from llamad.cache.meta import CacheMeta, GcReport
+from llamad.cache.mover import MoveHook, Mover
 from llamad.cache.prefetch import Prefetcher, plan
 from llamad.cache.pressure import PressureScheduler, PressureSource, make_source
 from llamad.cache.reservation import Owner, SaveIntent
@@ -89,10 +93,15 @@ class MetaServer:
     """
 
     def __init__(
-        self, settings: CacheSettings, *, pressure_source: PressureSource | None = None
+        self,
+        settings: CacheSettings,
+        *,
+        pressure_source: PressureSource | None = None,
+        mover_hook: MoveHook | None = None,
     ) -> None:
         """``pressure_source`` overrides the configured one (e.g. a
-        :class:`~llamad.cache.pressure.CallablePressure` when embedding)."""
+        :class:`~llamad.cache.pressure.CallablePressure` when embedding);
+        ``mover_hook`` runs after each step of a move (fault tests)."""
         self.settings = settings
         self.tiers: dict[TierKind, Tier] = build_tiers(list(settings.tiers))
         with contextlib.ExitStack() as undo:
@@ -115,7 +124,10 @@ class MetaServer:
             self.pressure = PressureScheduler(settings.pressure, source, self.meta.evict_bytes)
             registry = Registry(settings.registry_root)
             self.actor = Actor(settings.actor_name, registry=registry, limits=_LIMITS)
+            self.mover = Mover(self.tiers, counters=self.counters, hook=mover_hook)
+            undo.callback(self.mover.close)
             undo.pop_all()  # from here on close() releases them
+        self.actor.add_reader(self.mover.fileno(), self._moves_done)
         self._owners = ProcessWatch()
         self._owner_refs: dict[Owner, ProcessRef] = {}
         self._owner_fds: set[int] = set()
@@ -164,17 +176,23 @@ class MetaServer:
         self._next_flush = now + self.settings.stats_flush_s
         self._next_sweep = now + _OWNER_SWEEP_S
         budget = self.settings.prefetch_bytes
-        self.prefetch = Prefetcher(plan(self.meta.rows.values(), budget), budget=budget)
+        fastest = [c for r in self.meta.rows.values() if (c := r.fastest()) is not None]
+        self.prefetch = Prefetcher(plan(fastest, budget), budget=budget)
         self.prefetch.start()
         return endpoint
 
     def close(self) -> None:
-        """Persist hit counts, close the actor, release watches, counters and the tiers."""
+        """Demote the ``ram`` rows, persist hit counts, close the actor, release
+        watches, counters and the tiers."""
         self.prefetch.stop()
         try:
+            self._stop_moves()
             self.meta.flush_stats()
         finally:
             try:
+                # The poller lets go of the eventfd's number before it is closed.
+                self.actor.remove_reader(self.mover.fileno())
+                self.mover.close()
                 self.actor.close()
                 self._owners.close()
                 source_close = getattr(self.pressure.source, "close", None)
@@ -208,12 +226,13 @@ class MetaServer:
         """Handle pending messages (waiting up to ``timeout``), then run what is due.
 
         Housekeeping (reaping, waiter deadlines, deferred answers, pressure,
-        hit-count flushes, owner sweeps, heartbeats) is skipped after a
-        lookup when nothing is due: it costs more than the lookup's own
-        bookkeeping, and a lookup changes no deadline.
+        hit-count flushes, owner sweeps, heartbeats, handing moves to the
+        mover) is skipped after a lookup when nothing is due: it costs more
+        than the lookup's own bookkeeping, and a lookup changes no deadline
+        (one that asked for a promotion leaves a move to hand over).
         """
         self.actor.poll(timeout)
-        if self._dirty or time.monotonic() >= self._due:
+        if self._dirty or self.meta.has_moves or time.monotonic() >= self._due:
             self._maintain()
 
     def _timeout(self) -> float:
@@ -247,8 +266,48 @@ class MetaServer:
         if now >= self._next_sweep:
             self._sweep_owners()
             self._next_sweep = now + _OWNER_SWEEP_S
+        for job in self.meta.take_moves():
+            self.mover.submit(job)
         heartbeat()
         self._due = self._next_due(now)
+
+    # -- moves between tiers --------------------------------------------------
+
+    def _moves_done(self) -> None:
+        for result in self.mover.drain():
+            self.meta.move_done(result)
+        # Landed moves may free a write-behind slot or ask for more moves.
+        self._dirty = True
+
+    def _stop_moves(self) -> None:
+        """A clean stop: demote ``ram`` rows and finish the moves in flight, for
+        at most ``settings.stop_moves_s``.
+
+        What the budget leaves undone loses nothing: a demoted copy's file is
+        only deleted once its destination is indexed, the daemon's purge of
+        ``ram`` links what is left into ``ram_file``
+        (:func:`llamad.cache.sup.purge_ram`), and the next start asks again
+        for the write-behind copies rows lack.
+        """
+        asked = self.meta.begin_stop()
+        deadline = time.monotonic() + self.settings.stop_moves_s
+        for job in self.meta.take_moves():
+            self.mover.submit(job)
+        while self.meta.moves_in_flight():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            if self.mover.wait(left):
+                for result in self.mover.drain():
+                    self.meta.move_done(result)
+                for job in self.meta.take_moves():
+                    self.mover.submit(job)
+        log.info(
+            "cache.stop_moves",
+            demotions=asked,
+            unfinished=self.meta.moves_in_flight(),
+            write_behind_waiting=self.meta.moves.behind,
+        )
 
     # -- owners ---------------------------------------------------------------
 
@@ -349,7 +408,8 @@ class MetaServer:
             size=b.size,
             reason=SaveReason(b.reason),
         )
-        return wire.Reserved(self.meta.reserve_save(intent, self._owner(req), ttl_s=b.ttl_s))
+        grant = self.meta.reserve(intent, self._owner(req), ttl_s=b.ttl_s, tiers=_tiers(b.tiers))
+        return wire.Reserved(grant.token, grant.tier)
 
     def _op_check_reservation(self, req: Request[wire.TokenRef]) -> None:
         self.meta.check_reservation(req.body.key, req.body.token)
@@ -382,17 +442,19 @@ class MetaServer:
     def _op_checkin(self, req: Request[wire.Checkin]) -> bool:
         return self.meta.checkin(req.body.pin)
 
-    def _op_forget(self, req: Request[wire.KeyBody]) -> bool:
-        return self.meta.forget(req.body.key)
+    def _op_forget(self, req: Request[wire.Forget]) -> bool:
+        return self.meta.forget(req.body.key, req.body.tier)
 
     def _op_lookup_exact(self, req: Request[wire.LookupExact]) -> RowRef | None:
-        owner = self._owner(req) if req.body.pin else None
-        return self.meta.lookup_exact(req.body.key, owner)
+        b = req.body
+        owner = self._owner(req) if b.pin else None
+        return self.meta.lookup_exact(b.key, owner, _tiers(b.tiers))
 
     def _op_lookup_exact_or_wait(self, req: Request[wire.LookupWait]) -> None:
+        b = req.body
         owner = self._owner(req)
         handle = req.defer()
-        found = self.meta.lookup_exact_or_wait(req.body.key, owner, req.body.wait_s, handle)
+        found = self.meta.lookup_exact_or_wait(b.key, owner, b.wait_s, handle, _tiers(b.tiers))
         if found is not WAIT:
             self._reply(handle, found)
 
@@ -400,7 +462,7 @@ class MetaServer:
         b = req.body
         owner = self._owner(req) if b.pin else None
         return self.meta.longest_prefix(
-            b.namespace, bytes(req.blobs[0]), owner, parent_key=b.parent_key
+            b.namespace, bytes(req.blobs[0]), owner, parent_key=b.parent_key, tiers=_tiers(b.tiers)
         )
 
     def _op_resolve(self, req: Request[wire.Resolve]) -> None:
@@ -414,6 +476,7 @@ class MetaServer:
             parent_key=b.parent_key,
             wait_s=b.wait_s,
             handle=handle,
+            tiers=_tiers(b.tiers),
         )
         if found is not WAIT:
             self._reply(handle, found)
@@ -443,6 +506,10 @@ class MetaServer:
 
     def _op_pressure_check(self, req: Request[wire.NoArgs]) -> dict[str, Any]:
         return self.pressure.force_check().to_wire()
+
+
+def _tiers(tiers: Collection[TierKind] | None) -> frozenset[TierKind] | None:
+    return None if tiers is None else frozenset(tiers)
 
 
 @notifies_ready

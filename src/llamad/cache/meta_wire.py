@@ -7,6 +7,11 @@ with ``bad_request``). Token ids never ride inside msgpack: ops that carry a
 prompt or a row's tokens take them as one binary frame of u32 little-endian
 ids (:data:`TOKENS_BLOB`), which also lifts the msgpack header's size cap.
 
+Lookups name the tiers the caller restores from (``tiers``; absent: any), and
+a save may leave its tier to cache-meta (``ReserveSave.tier`` null; the
+``tiers`` it may use), whose :class:`Reserved` reply names the tier chosen;
+``forget`` names the copy (its tier) a loader found missing or damaged.
+
 Rows and lookups are answered as :class:`~llamad.cache.lookup.RowRef` and
 :class:`~llamad.cache.lookup.Lookup` msgspec structs, which travel as msgpack
 arrays in field order; ``reserve_save``, ``evict_bytes`` and ``gc`` answer
@@ -46,13 +51,20 @@ class _Body(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     pass
 
 
+# The tiers a caller may read from (lookups) or write to (a save whose tier
+# cache-meta chooses); absent: any.
+Tiers = Annotated[list[TierKind], msgspec.Meta(min_length=1, max_length=len(TierKind))]
+
+
 class ReserveSave(_Body, frozen=True, forbid_unknown_fields=True):
     key: Key
     namespace: Header
-    tier: TierKind
+    # None: cache-meta chooses (the fastest of ``tiers`` with room).
+    tier: TierKind | None
     size: Annotated[int, msgspec.Meta(gt=0, le=2**62)]
     reason: Annotated[int, msgspec.Meta(ge=1, le=5)]
     ttl_s: Annotated[float, msgspec.Meta(gt=0, le=86_400)] | None = None
+    tiers: Tiers | None = None
 
 
 class TokenRef(_Body, frozen=True, forbid_unknown_fields=True):
@@ -77,26 +89,36 @@ class KeyBody(_Body, frozen=True, forbid_unknown_fields=True):
     key: Key
 
 
+class Forget(_Body, frozen=True, forbid_unknown_fields=True):
+    key: Key
+    # The copy the loader found missing or damaged (None: every copy).
+    tier: TierKind | None = None
+
+
 class LookupExact(_Body, frozen=True, forbid_unknown_fields=True):
     key: Key
     pin: bool = True
+    tiers: Tiers | None = None
 
 
 class LookupWait(_Body, frozen=True, forbid_unknown_fields=True):
     key: Key
     wait_s: Wait
+    tiers: Tiers | None = None
 
 
 class LongestPrefix(_Body, frozen=True, forbid_unknown_fields=True):
     namespace: Header
     parent_key: Key | None = None
     pin: bool = True
+    tiers: Tiers | None = None
 
 
 class Resolve(_Body, frozen=True, forbid_unknown_fields=True):
     namespace: Header
     parent_key: Key | None = None
     wait_s: Wait = 0.0
+    tiers: Tiers | None = None
 
 
 class Checkin(_Body, frozen=True, forbid_unknown_fields=True):
@@ -116,9 +138,11 @@ class NoArgs(_Body, frozen=True, forbid_unknown_fields=True):
 
 
 class Reserved(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """``reserve_save``'s answer: the reservation token for the later stages."""
+    """``reserve_save``'s answer: the reservation token for the later stages, and
+    the tier the row goes to (the one asked for, or cache-meta's choice)."""
 
     token: Token
+    tier: TierKind | None = None
 
 
 class Evicted(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -136,14 +160,14 @@ def _call(name: str, body: Any, doc: str, *, tokens: bool = False) -> OpSpec:
 OPS: Final = {
     spec.name: spec
     for spec in (
-        _call("reserve_save", ReserveSave, "stage 1: claim a key; -> {token}", tokens=True),
+        _call("reserve_save", ReserveSave, "stage 1: claim a key; -> {token, tier}", tokens=True),
         _call("check_reservation", TokenRef, "stage 3: is the token still live?"),
         _call("mark_published", MarkPublished, "stage 4 done: final file linked"),
         _call("announce_saved", AnnounceSaved, "stage 5: row visible; -> row"),
         _call("cancel_reservation", TokenRef, "writer gave up; -> bool"),
         _call("checkout", KeyBody, "pin a row; -> row | nil"),
         _call("checkin", Checkin, "release a pin; -> bool"),
-        _call("forget", KeyBody, "drop a row a loader found corrupt; -> bool"),
+        _call("forget", Forget, "drop a copy (or row) a loader found corrupt; -> bool"),
         _call("lookup_exact", LookupExact, "-> row | nil (pinned unless pin=false)"),
         _call("lookup_exact_or_wait", LookupWait, "-> row | nil, waiting for an in-flight save"),
         _call("longest_prefix", LongestPrefix, "-> lookup", tokens=True),
@@ -153,7 +177,7 @@ OPS: Final = {
         _call("dump", NoArgs, "-> [row | reservation]"),
         _call("counters", NoArgs, "-> {name: value}"),
         _call("reset_counters", NoArgs, "-> nil"),
-        _call("status", NoArgs, "-> {rows, reservations, pins, waiters, tiers, pressure}"),
+        _call("status", NoArgs, "-> {rows, reservations, pins, waiters, moves, tiers, ...}"),
         _call("pressure_check", NoArgs, "force a pressure check; -> report"),
     )
 }

@@ -5,9 +5,10 @@ process; ``checkin`` releases the pin. A row counts its pins (``row.pins``)
 so eviction can skip it without asking this table; the table remembers who
 holds what, so a process that dies loses all its pins at once.
 
-A pin refers to the row *object* it pinned, not to its key: a row dropped
-while pinned (a loader found it corrupt) and saved again under the same key
-is another row, and checking the old pin in must not touch the new one.
+A pin refers to the *object* it pinned (cache-meta pins one copy of a row,
+:class:`llamad.cache.rows.Copy`), not to its key: a row dropped while pinned
+(a loader found it corrupt) and saved again under the same key is another
+row, and checking the old pin in must not touch the new one.
 """
 
 from __future__ import annotations
@@ -50,9 +51,13 @@ class PinTable(Generic[R]):
 
     def release(self, pin: int) -> bool:
         """Release a pin; returns whether it was held."""
+        return self.take(pin) is not None
+
+    def take(self, pin: int) -> R | None:
+        """Release a pin; returns what it pinned (None when it was not held)."""
         held = self._pins.pop(pin, None)
         if held is None:
-            return False
+            return None
         owner, row = held
         pins = self._by_owner.get(owner)
         if pins is not None:
@@ -60,7 +65,7 @@ class PinTable(Generic[R]):
             if not pins:
                 del self._by_owner[owner]
         row.pins -= 1
-        return True
+        return row
 
     def of_owner(self, owner: Owner) -> list[int]:
         """The pins ``owner`` holds, oldest first."""

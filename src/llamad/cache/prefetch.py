@@ -55,7 +55,8 @@ DEFAULT_PREFETCH_BYTES: Final = 256 << 20
 
 
 class _IndexedRow(Protocol):
-    """What the plan needs of an index row (:class:`llamad.cache.meta.Row`)."""
+    """What the plan needs of the copy a row is restored from (its fastest,
+    :class:`llamad.cache.rows.Copy`)."""
 
     @property
     def tier(self) -> TierKind: ...
@@ -84,7 +85,10 @@ def check_budget(value: object, field: str = "prefetch_bytes") -> int:
 
 def plan(rows: Iterable[_IndexedRow], budget: int) -> list[PrefetchItem]:
     """The ``disk`` rows to read: most recently used first, whole rows whose
-    sizes sum to at most ``budget`` (one that does not fit is skipped)."""
+    sizes sum to at most ``budget`` (one that does not fit is skipped).
+
+    ``rows``: the copy each row is restored from, its fastest; a row that
+    also has a faster copy than its ``disk`` one is not read from disk."""
     budget = check_budget(budget)
     disk = sorted(
         (r for r in rows if r.tier is TierKind.DISK), key=lambda r: r.last_used_ns, reverse=True

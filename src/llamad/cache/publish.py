@@ -2,7 +2,8 @@
 
 One save, from payload in memory to a row readers can find::
 
-    1 reserve_save        cache-meta claims the key for this writer (token)
+    1 reserve_save        cache-meta claims the key for this writer (token), in the
+                          tier asked for or, with none, the fastest that can take it
     2 write tmp           <key>.kvc.<writer>.tmp, O_EXCL, whole file, fdatasync
     3 check_reservation   still ours? (else delete the tmp and abandon)
     4 link(2)             tmp -> <key>.kvc; EEXIST: adopt the existing file when it
@@ -30,7 +31,7 @@ import contextlib
 import itertools
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 from typing import TYPE_CHECKING, Protocol
@@ -39,7 +40,7 @@ import structlog
 
 from llamad.cache.errors import AlreadyCached, CacheFull, PublishAbandoned, SaveInFlight
 from llamad.cache.kvc import KvcSpec, write_kvc
-from llamad.cache.reservation import Owner, SaveIntent
+from llamad.cache.reservation import Grant, Owner, SaveIntent
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import RowMissing, Tier
 
@@ -54,8 +55,10 @@ log = structlog.get_logger("llamad.cache.publish")
 class PublishMeta(Protocol):
     """The cache-meta operations a writer needs (``CacheClient`` provides them)."""
 
-    def reserve_save(self, intent: SaveIntent) -> int:
-        """Stage 1; raises ``AlreadyCached``, ``SaveInFlight`` or ``CacheFull``."""
+    def reserve(self, intent: SaveIntent, *, tiers: Collection[TierKind] | None = None) -> Grant:
+        """Stage 1: the token and the tier to write (``intent.tier``, or cache-meta's
+        choice among ``tiers``); raises ``AlreadyCached``, ``SaveInFlight`` or
+        ``CacheFull``."""
         ...
 
     def check_reservation(self, key: bytes, token: int) -> None:
@@ -85,9 +88,14 @@ class LocalMeta:
         self.owner = os.getpid() if owner is None else owner
         self._lock = threading.Lock()  # CacheMeta is single-caller; writer threads are not
 
-    def reserve_save(self, intent: SaveIntent) -> int:
+    def reserve(self, intent: SaveIntent, *, tiers: Collection[TierKind] | None = None) -> Grant:
         with self._lock:
-            return self.meta.reserve_save(intent, self.owner)
+            return self.meta.reserve(
+                intent, self.owner, tiers=None if tiers is None else frozenset(tiers)
+            )
+
+    def reserve_save(self, intent: SaveIntent) -> int:
+        return self.reserve(intent).token
 
     def check_reservation(self, key: bytes, token: int) -> None:
         with self._lock:
@@ -137,9 +145,12 @@ class PublishOutcome(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class PublishResult:
+    """What a save came to; ``tier`` is where it went (None: refused before
+    cache-meta chose one)."""
+
     outcome: PublishOutcome
     key: bytes
-    tier: TierKind
+    tier: TierKind | None
     size: int
     location: str | None = None
 
@@ -208,14 +219,17 @@ def _link(tier: Tier, key: bytes, tmp: str, size: int) -> PublishOutcome:
 
 def publish(
     meta: PublishMeta,
-    tier: Tier,
+    tier: Tier | Mapping[TierKind, Tier],
     spec: KvcSpec,
     payload: Buffer,
     *,
     writer: str | None = None,
     on_stage: StageHook | None = None,
 ) -> PublishResult:
-    """Save ``payload`` as the row ``spec`` describes in ``tier``, crash-safely.
+    """Save ``payload`` as the row ``spec`` describes, crash-safely.
+
+    ``tier``: the tier to save to, or the tiers cache-meta may choose from
+    (it picks the fastest that can take the row, and says which).
 
     Returns what happened; refusals (duplicate, no room, superseded) are
     outcomes, not exceptions, because a writer's job is then simply done.
@@ -228,21 +242,29 @@ def publish(
     writer = writer or new_writer_id()
     key = spec.key
     size = spec.file_size(memoryview(payload).nbytes)
+    choices = None if isinstance(tier, Tier) else dict(tier)
+    asked = tier.name if isinstance(tier, Tier) else None
     intent = SaveIntent(
         key=key,
         namespace=spec.namespace.header(),
         tokens=spec.tokens,
-        tier=tier.name,
+        tier=asked,
         size=size,
         reason=spec.reason,
     )
     try:
-        token = meta.reserve_save(intent)
+        token, chosen = meta.reserve(intent, tiers=None if choices is None else list(choices))
     except (AlreadyCached, SaveInFlight):
-        return PublishResult(PublishOutcome.DUPLICATE, key, tier.name, size)
+        return PublishResult(PublishOutcome.DUPLICATE, key, asked, size)
     except CacheFull as exc:
-        log.info("cache.save_refused", key=key.hex(), tier=tier.name, why=exc.message)
-        return PublishResult(PublishOutcome.REFUSED, key, tier.name, size)
+        log.info("cache.save_refused", key=key.hex(), tier=asked or "auto", why=exc.message)
+        return PublishResult(PublishOutcome.REFUSED, key, asked, size)
+    if choices is not None:
+        if chosen not in choices:  # pragma: no cover - cache-meta chooses among them
+            _cancel(meta, key, token)
+            raise PublishAbandoned(f"cache-meta chose {chosen}, which this writer lacks")
+        tier = choices[chosen]
+    assert isinstance(tier, Tier)
     hook(PublishStage.RESERVED, key)
 
     try:

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from llamad.cache.errors import InvalidCacheValue
 from llamad.cache.key import HEADER_LEN, KEY_LEN, TOKEN_BYTES, row_key
 from llamad.cache.kvc import MAX_TOKENS, KvcMeta, SaveReason
-from llamad.cache.tier_kind import TierKind, check_tier
+from llamad.cache.tier_kind import TierKind, check_save_tier
 
 __all__ = [
     "Adopted",
+    "Grant",
     "Owner",
     "Reservation",
     "SaveIntent",
@@ -63,14 +64,16 @@ class SaveIntent:
 
     ``namespace`` is :meth:`llamad.cache.key.Namespace.header` (65 bytes),
     ``tokens`` the u32 little-endian token ids, ``size`` the expected
-    ``.kvc`` file size. cache-meta re-derives the key from namespace and
-    tokens, so an index row can never claim tokens it was not saved from.
+    ``.kvc`` file size. ``tier`` is where the row goes, or ``None`` to let
+    cache-meta choose (the fastest tier with room; its reply names it).
+    cache-meta re-derives the key from namespace and tokens, so an index row
+    can never claim tokens it was not saved from.
     """
 
     key: bytes
     namespace: bytes
     tokens: bytes
-    tier: TierKind
+    tier: TierKind | None
     size: int
     reason: SaveReason
 
@@ -78,7 +81,7 @@ class SaveIntent:
         object.__setattr__(self, "key", check_bytes("key", self.key, KEY_LEN))
         object.__setattr__(self, "namespace", check_bytes("namespace", self.namespace, HEADER_LEN))
         object.__setattr__(self, "tokens", check_tokens(self.tokens))
-        object.__setattr__(self, "tier", check_tier(self.tier))
+        object.__setattr__(self, "tier", check_save_tier(self.tier, "tier"))
         if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size <= 0:
             raise InvalidCacheValue("size", f"{self.size!r} is not a positive byte count")
         try:
@@ -93,21 +96,29 @@ class SaveIntent:
         return len(self.tokens) // TOKEN_BYTES
 
 
+class Grant(NamedTuple):
+    """cache-meta's yes to a save: the reservation token and the tier to write to."""
+
+    token: int
+    tier: TierKind
+
+
 @dataclass(slots=True)
 class Reservation:
-    """An in-flight save: who writes it, how far it got, when it expires."""
+    """An in-flight save: who writes it, to which tier, how far it got, when it expires."""
 
     token: int
     intent: SaveIntent
     owner: Owner
     stage: Stage
     deadline: float
+    tier: TierKind
     location: str | None = None
 
     def describe(self) -> dict[str, Any]:
         return {
             "key": self.intent.key.hex(),
-            "tier": self.intent.tier,
+            "tier": self.tier,
             "size": self.intent.size,
             "n_tokens": self.intent.n_tokens,
             "owner": self.owner,

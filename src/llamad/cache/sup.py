@@ -24,11 +24,22 @@ down):
   daemon-wide cap is the permits file (:class:`llamad.cache.writer.PermitSet`)
   that cache-meta creates when it starts, beside the counters file; a writer
   pool attaches to it (:meth:`llamad.cache.writer.WriterPool.from_settings`).
+- **The mover** (demotions, promotions, write-behind copies to ``disk``) is
+  two threads in cache-meta's process (:mod:`llamad.cache.mover`): cache-meta
+  decides each move on its loop and alone changes the index; the threads do
+  the file work off that loop (a link, or a tmp file written, fdatasync'ed
+  and linked) and report back through an eventfd it polls. Not the writer
+  pool: the cache must move rows with no model loaded, and a move's bytes
+  are already in a file. A mover dies with cache-meta; the next scan deletes
+  a move's ``*.tmp`` and adopts a linked destination as a copy.
 
 The ``ram`` tier's segments belong to one daemon run: the daemon calls
 :func:`purge_ram` when it starts and when it stops. A cache-meta restart in
 between re-adopts them, so no published row of any tier is lost to a
-cache-meta crash.
+cache-meta crash. A clean stop demotes them first (cache-meta, to
+``ram_file`` by a link when both are on ``/dev/shm``), and the purge links
+into ``ram_file`` any valid segment a crashed run left there, so no row is
+lost to the purge either.
 """
 
 from __future__ import annotations
@@ -38,24 +49,45 @@ import os
 import shutil
 import tempfile
 import uuid
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+import structlog
+
 from llamad.cache.errors import InvalidCacheValue
 from llamad.cache.lookup import LookupPolicy
 from llamad.cache.meta import MetaConfig
 from llamad.cache.meta_wire import ACTOR_NAME
+from llamad.cache.mover import move_file
+from llamad.cache.moves import MoveJob, MoveKind
 from llamad.cache.prefetch import DEFAULT_PREFETCH_BYTES, check_budget
 from llamad.cache.pressure import PressureConfig
-from llamad.cache.tier_kind import TierKind
+from llamad.cache.tier_kind import TierKind, slower_tiers
 from llamad.cache.tier_lock import TierLocks
-from llamad.cache.tiers import SHM_ROOT, Tier, TierConfig
+from llamad.cache.tiers import (
+    DEFAULT_DISK_QUOTA,
+    DEFAULT_RAM_FILE_QUOTA,
+    DEFAULT_RAM_QUOTA,
+    SHM_ROOT,
+    Tier,
+    TierConfig,
+)
 from llamad.cache.writer import MAX_PERMITS, PermitSet
 from llamad.supervisor.spec import ChildSpec, Start, Strategy, SupervisorSpec, SupFlags
 
-__all__ = ["CacheSettings", "cache_sup_spec", "discard", "meta_child_spec", "purge_ram"]
+__all__ = [
+    "CacheSettings",
+    "cache_sup_spec",
+    "discard",
+    "meta_child_spec",
+    "purge_ram",
+    "rescue_ram",
+]
+
+log = structlog.get_logger("llamad.cache.sup")
 
 GIB = 1 << 30
 
@@ -83,6 +115,12 @@ class CacheSettings:
     file headers. ``liveness_timeout`` enables heartbeats to the supervisor.
     ``prefetch_bytes`` bounds the ``disk`` rows cache-meta reads into the page
     cache when it starts, newest first (0: none; see :mod:`llamad.cache.prefetch`).
+    ``promote_hits``: a row read from a slower tier than the reader could read
+    is copied up once its lifetime hit count reaches this (0: never).
+    ``write_behind``: rows saved in ``ram`` or ``ram_file`` get a ``disk`` copy
+    in the background. ``stop_moves_s``: how long a clean stop may spend
+    demoting ``ram`` rows and finishing moves (cache-meta's shutdown timeout
+    in the tree is this plus 5 s).
     """
 
     tiers: tuple[TierConfig, ...]
@@ -98,6 +136,9 @@ class CacheSettings:
     permits_path: Path | None = None
     save_permits: int = 4
     prefetch_bytes: int = DEFAULT_PREFETCH_BYTES
+    promote_hits: int = 2
+    write_behind: bool = True
+    stop_moves_s: float = 5.0
 
     def __post_init__(self) -> None:
         tiers = tuple(self.tiers)
@@ -129,6 +170,9 @@ class CacheSettings:
                 "stats_flush_s", f"{flush!r} is not a positive number of seconds"
             )
         check_budget(self.prefetch_bytes, "prefetch_bytes")
+        stop = self.stop_moves_s
+        if isinstance(stop, bool) or not isinstance(stop, int | float) or not 0 <= stop <= 600:
+            raise InvalidCacheValue("stop_moves_s", f"{stop!r} is not in [0, 600] seconds")
         if self.liveness_timeout is not None and not self.liveness_timeout > 0:
             raise InvalidCacheValue("liveness_timeout", "must be > 0 seconds when set")
         if not isinstance(self.pressure, PressureConfig):
@@ -142,6 +186,8 @@ class CacheSettings:
             reservation_ttl_s=self.reservation_ttl_s,
             max_wait_s=self.max_wait_s,
             lookup=self.lookup,
+            promote_hits=self.promote_hits,
+            write_behind=self.write_behind,
         )
 
     def tier(self, kind: TierKind) -> TierConfig | None:
@@ -172,9 +218,9 @@ class CacheSettings:
         state_dir: Path,
         runtime_dir: Path,
         instance: str = "default",
-        ram_quota: int = 2 * GIB,
-        ram_file_quota: int = 4 * GIB,
-        disk_quota: int = 64 * GIB,
+        ram_quota: int = DEFAULT_RAM_QUOTA,
+        ram_file_quota: int = DEFAULT_RAM_FILE_QUOTA,
+        disk_quota: int = DEFAULT_DISK_QUOTA,
         ram_file_root: Path | None = None,
         **overrides: Any,
     ) -> CacheSettings:
@@ -269,6 +315,9 @@ class CacheSettings:
             "permits_path": str(self._permits_file()),
             "save_permits": self.save_permits,
             "prefetch_bytes": self.prefetch_bytes,
+            "promote_hits": self.promote_hits,
+            "write_behind": self.write_behind,
+            "stop_moves_s": self.stop_moves_s,
         }
 
     @classmethod
@@ -321,6 +370,9 @@ _WIRE_OPTIONAL: Final[Mapping[str, Callable[[Any], Any]]] = {
     "permits_path": Path,
     "save_permits": _as_is,
     "prefetch_bytes": _as_is,
+    "promote_hits": _as_is,
+    "write_behind": _as_is,
+    "stop_moves_s": _as_is,
 }
 _WIRE_NULLABLE: Final = frozenset({"registry_root", "liveness_timeout", "permits_path"})
 
@@ -330,7 +382,9 @@ def meta_child_spec(settings: CacheSettings, *, child_id: str = "cache-meta") ->
     return ChildSpec(
         id=child_id,
         start=Start("llamad.cache.meta_proc:run_meta", (), {"settings": settings.to_wire()}),
-        shutdown=10.0,
+        # A clean stop demotes ram rows and finishes moves for up to
+        # stop_moves_s, then flushes hit counts.
+        shutdown=settings.stop_moves_s + 5.0,
         liveness_timeout=settings.liveness_timeout,
         start_timeout=120.0,
     )
@@ -371,15 +425,57 @@ def discard(settings: CacheSettings) -> None:
 
 
 def purge_ram(settings: CacheSettings) -> int:
-    """Delete this daemon instance's ``ram`` segments (at daemon start and stop).
+    """Delete this daemon instance's ``ram`` segments (at daemon start and stop),
+    after saving the rows they hold a tier down; returns the segments deleted.
 
-    Only while no cache-meta owns them: with one running (this instance
+    A clean stop has demoted its ``ram`` rows already; segments still here
+    were left by a run that crashed (or ran out of its stop budget). Each
+    one whose key has no file in a slower tier yet is first linked (one
+    filesystem) or copied, crash-safely, into the fastest slower tier with a
+    quota (:func:`rescue_ram`). Those files are judged by the next cache-meta
+    start like any other: its scan validates them and its quota enforcement
+    demotes what does not fit.
+
+    Only while no cache-meta owns the tiers: with one running (this instance
     started twice), raises :class:`~llamad.cache.errors.TierLocked` and
     deletes nothing.
     """
     cfg = settings.tier(TierKind.RAM)
     if cfg is None:
         return 0
-    tier = Tier(cfg)
-    with TierLocks.take([tier]):
-        return tier.purge()
+    ram = Tier(cfg)
+    below = [
+        Tier(c)
+        for kind in slower_tiers(TierKind.RAM)
+        if (c := settings.tier(kind)) is not None and c.quota > 0
+    ]
+    with TierLocks.take([ram, *below]):
+        rescue_ram(ram, below)
+        return ram.purge()
+
+
+def rescue_ram(ram: Tier, below: Sequence[Tier]) -> Counter[str]:
+    """Give every row segment of ``ram`` a file in the first of ``below`` (a link
+    when possible), unless one of ``below`` has that key's file already.
+
+    The caller holds the tiers' locks. Returns what happened, by outcome
+    (``linked``, ``copied``, ``kept``: a file was there, ``failed``).
+    """
+    done: Counter[str] = Counter()
+    if not below:
+        return done
+    target = below[0]
+    for key in ram.row_keys():
+        if any(t.path_for(key).exists() for t in below):
+            done["kept"] += 1
+            continue
+        job = MoveJob(0, MoveKind.DEMOTE, key, ram.name, ram.location_for(key), target.name, 0)
+        result = move_file(ram, target, job)
+        if result.ok:
+            done["linked" if result.linked else "copied"] += 1
+        else:
+            done["failed"] += 1
+            log.warning("cache.ram_rescue_failed", key=key.hex(), error=result.error)
+    if done:
+        log.info("cache.ram_rescued", tier=target.name, **done)
+    return done

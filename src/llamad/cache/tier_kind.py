@@ -16,7 +16,7 @@ from typing import Final
 
 from llamad.cache.errors import InvalidCacheValue
 
-__all__ = ["TIER_ORDER", "TierKind", "check_tier"]
+__all__ = ["AUTO", "TIER_ORDER", "TierKind", "check_save_tier", "check_tier", "slower_tiers"]
 
 
 class TierKind(StrEnum):
@@ -34,6 +34,15 @@ class TierKind(StrEnum):
 TIER_ORDER: Final[tuple[TierKind, ...]] = tuple(TierKind)
 """Every tier, fastest first."""
 
+AUTO: Final = "auto"
+"""The save tier that is no tier: cache-meta puts the row in the fastest tier
+with room when it reserves the save (a save tier of ``None`` inside llamad)."""
+
+
+def slower_tiers(tier: TierKind) -> tuple[TierKind, ...]:
+    """The tiers below ``tier``, fastest first (where a demotion from it may go)."""
+    return TIER_ORDER[TIER_ORDER.index(tier) + 1 :]
+
 
 def check_tier(value: object, field: str = "tier") -> TierKind:
     """``value`` as a :class:`TierKind` (a member or its value), else :class:`InvalidCacheValue`."""
@@ -45,3 +54,10 @@ def check_tier(value: object, field: str = "tier") -> TierKind:
         except ValueError:
             pass
     raise InvalidCacheValue(field, f"{value!r} is not one of {', '.join(TIER_ORDER)}")
+
+
+def check_save_tier(value: object, field: str = "save_tier") -> TierKind | None:
+    """A save tier: a :class:`TierKind`, or ``None`` for :data:`AUTO` (``"auto"`` or ``None``)."""
+    if value is None or value == AUTO:
+        return None
+    return check_tier(value, field)

@@ -59,6 +59,19 @@ if TYPE_CHECKING:
 log = structlog.get_logger("llamad.cache.tiers")
 
 SHM_ROOT: Final = Path("/dev/shm")
+
+_GIB: Final = 1 << 30
+DEFAULT_RAM_QUOTA: Final = 2 * _GIB
+DEFAULT_RAM_FILE_QUOTA: Final = 4 * _GIB
+DEFAULT_DISK_QUOTA: Final = 32 * _GIB
+"""The quotas with no configuration. Sized for the smallest machine llamad
+is built on (2 cores, 24 GiB of memory, ``/dev/shm`` at half of it, ~50 GB
+of free disk): ``ram`` and ``ram_file`` share ``/dev/shm`` and take at most
+6 GiB of its 12, leaving the rest of memory to the models' weights and KV;
+``disk`` takes 32 GiB of the ~50 GB, room for ~700 full 2048-token rows of
+the default model (47 MB each) with a margin left free. ``ram_file`` is
+twice ``ram`` so that a clean stop can link every ``ram`` row into it."""
+
 _KEY_HEX: Final = re.compile(r"[0-9a-f]{64}")
 _INSTANCE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _WRITER: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -262,6 +275,15 @@ class Tier:
             if self._tmp.fullmatch(entry.name) or self._final.fullmatch(entry.name):
                 n += _unlink(Path(entry.path))
         return n
+
+    def row_keys(self) -> list[bytes]:
+        """The keys of the published files in this tier now (not validated)."""
+        keys = []
+        for entry in self._entries():
+            m = self._final.fullmatch(entry.name)
+            if m is not None:
+                keys.append(bytes.fromhex(m.group(1)))
+        return keys
 
     def usage(self) -> int:
         """Bytes held by published rows on the filesystem (for checks, not accounting)."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -229,13 +229,21 @@ class WriterPool:
                 self._metas.append(meta)
         return meta
 
-    def _tier(self, kind: TierKind) -> Tier:
+    def _tier(
+        self, kind: TierKind | None, tiers: Collection[TierKind] | None = None
+    ) -> Tier | dict[TierKind, Tier]:
+        """The tier to write, or (``kind`` None) those cache-meta may choose from."""
+        if kind is None:
+            allowed = {k: t for k, t in self.tiers.items() if tiers is None or k in tiers}
+            if not allowed:
+                raise InvalidCacheValue("tiers", "none of them is configured")
+            return allowed
         try:
             return self.tiers[kind]
         except KeyError:
             raise InvalidCacheValue("tier", f"tier {kind!r} is not configured") from None
 
-    def _dropped(self, spec: KvcSpec, tier: TierKind, why: str) -> None:
+    def _dropped(self, spec: KvcSpec, tier: TierKind | None, why: str) -> None:
         if self.counters is not None:
             self.counters.add("saves_dropped")
         log.info("cache.save_dropped", key=spec.key.hex(), tier=tier, why=why)
@@ -248,16 +256,18 @@ class WriterPool:
     def save_async(
         self,
         spec: KvcSpec,
-        tier: TierKind,
+        tier: TierKind | None,
         payload: Buffer,
         *,
         on_done: DoneCallback | None = None,
+        tiers: Collection[TierKind] | None = None,
     ) -> Future[PublishResult] | None:
         """Start a save in the background; None when it was dropped under back-pressure.
 
-        Returns at once either way: the caller's loop never waits for I/O.
+        ``tier`` None lets cache-meta choose the tier (among ``tiers`` when
+        given). Returns at once either way: the caller's loop never waits for I/O.
         """
-        target = self._tier(tier)
+        target = self._tier(tier, tiers)
         with self._lock:
             if self._closed:
                 self._dropped(spec, tier, "closed")
@@ -287,14 +297,21 @@ class WriterPool:
                 self._in_flight -= 1
 
     def save_sync(
-        self, spec: KvcSpec, tier: TierKind, payload: Buffer, *, timeout_s: float
+        self,
+        spec: KvcSpec,
+        tier: TierKind | None,
+        payload: Buffer,
+        *,
+        timeout_s: float,
+        tiers: Collection[TierKind] | None = None,
     ) -> PublishResult:
         """Save in the calling thread (evict, shutdown), waiting up to ``timeout_s`` for a permit.
 
-        Raises :class:`SaveRefused` (after counting ``saves_dropped``) when no
-        permit frees up in time.
+        ``tier`` and ``tiers`` as for :meth:`save_async`. Raises
+        :class:`SaveRefused` (after counting ``saves_dropped``) when no permit
+        frees up in time.
         """
-        target = self._tier(tier)
+        target = self._tier(tier, tiers)
         permit = self.permits.acquire(timeout_s)
         if permit is None:
             self._dropped(spec, tier, "permit_timeout")
@@ -305,23 +322,30 @@ class WriterPool:
             self._in_flight += 1
         return self._run(permit, target, spec, payload)
 
-    def _run(self, permit: Permit, tier: Tier, spec: KvcSpec, payload: Buffer) -> PublishResult:
+    def _run(
+        self,
+        permit: Permit,
+        tier: Tier | dict[TierKind, Tier],
+        spec: KvcSpec,
+        payload: Buffer,
+    ) -> PublishResult:
         try:
             result = publish(self._meta(), tier, spec, payload, on_stage=self._on_stage)
         except BaseException as exc:
-            self._dropped(spec, tier.name, f"{type(exc).__name__}: {exc}")
+            self._dropped(spec, _name(tier), f"{type(exc).__name__}: {exc}")
             raise
         finally:
             permit.release()
             with self._lock:
                 self._in_flight -= 1
         if result.outcome is PublishOutcome.PUBLISHED:
-            log.debug("cache.saved", key=spec.key.hex(), tier=tier.name, size=result.size)
-        if self.warm and result.stored and result.location is not None:
+            log.debug("cache.saved", key=spec.key.hex(), tier=result.tier, size=result.size)
+        written = None if result.tier is None else self.tiers.get(result.tier)
+        if self.warm and result.stored and result.location is not None and written is not None:
             # The saving process is the likeliest to restore this row next
             # (the next turn of the same conversation): map it now, here,
             # rather than on the restore's critical path.
-            tier.warm(result.location)
+            written.warm(result.location)
         return result
 
     def close(self, *, wait: bool = True) -> None:
@@ -341,3 +365,7 @@ class WriterPool:
                 if close is not None and id(meta) not in seen:
                     seen.add(id(meta))
                     close()
+
+
+def _name(tier: Tier | Mapping[TierKind, Tier]) -> TierKind | None:
+    return tier.name if isinstance(tier, Tier) else None

@@ -38,7 +38,7 @@ from llamad.cache.lookup import LookupPolicy
 from llamad.cache.policy import CachePolicy
 from llamad.cache.pressure import PressureConfig
 from llamad.cache.sup import CacheSettings
-from llamad.cache.tier_kind import TierKind
+from llamad.cache.tier_kind import TierKind, check_save_tier
 from llamad.cache.tiers import SHM_ROOT, TierConfig
 from llamad.config.keys import fields_of
 from llamad.config.model_schema import ModelConfig, ModelPolicy, ModelThreads
@@ -185,6 +185,9 @@ def cache_settings(config: LlamadConfig) -> CacheSettings:
             prefetch_bytes=c.disk.prefetch,
             lookup=lookup,
             pressure=pressure,
+            promote_hits=c.promote_hits,
+            write_behind=c.disk.write_behind,
+            stop_moves_s=c.stop_moves_s,
         ),
         _under(
             ("cache",),
@@ -196,6 +199,7 @@ def cache_settings(config: LlamadConfig) -> CacheSettings:
                 "max_wait": ("cache", "max_wait_s"),
                 "reservation_ttl": ("cache", "reservation_ttl_s"),
                 "prefetch_bytes": ("cache", "disk", "prefetch"),
+                "write_behind": ("cache", "disk", "write_behind"),
             },
         ),
     )
@@ -324,7 +328,7 @@ def cache_view_config(
     )
     view = _built(
         lambda: CacheViewConfig(
-            save_tier=TierKind(v.save_tier),
+            save_tier=check_save_tier(v.save_tier),
             restore_tiers=frozenset(TierKind(t) for t in v.restore_tiers or tuple(TierKind)),
             fingerprint_mode=v.fingerprint_mode,  # type: ignore[arg-type]  # checked by the class
             supplied_fingerprint=None if v.fingerprint is None else bytes.fromhex(v.fingerprint),

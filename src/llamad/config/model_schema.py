@@ -20,7 +20,7 @@ from typing import Annotated
 import msgspec
 
 from llamad.cache.key import FingerprintMode
-from llamad.cache.tier_kind import TierKind
+from llamad.cache.tier_kind import AUTO, TierKind
 from llamad.config.keys import Key, Section
 from llamad.config.kinds import (
     AbsPath,
@@ -101,14 +101,16 @@ class ModelCache(Table, frozen=True, kw_only=True):
         str,
         Key(
             "The tier every save of this model is written to (the cache must have it, "
-            "with a quota > 0).",
-            OneOf(TIER_NAMES),
+            'with a quota > 0), or "auto": the fastest of restore_tiers with room, ram '
+            "while it has some, its older rows demoting down the tiers.",
+            OneOf((AUTO, *TIER_NAMES)),
         ),
-    ] = TierKind.RAM.value
+    ] = AUTO
     restore_tiers: Annotated[
         tuple[str, ...] | None,
         Key(
-            "The tiers a restore may read; a row found elsewhere counts as a miss.",
+            "The tiers a restore may read: a lookup answers a row's fastest copy among "
+            "them, and a row with none there counts as a miss.",
             ManyOf(TIER_NAMES),
             default_text="every tier the cache has",
             example=list(TIER_NAMES),

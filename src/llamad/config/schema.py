@@ -21,6 +21,7 @@ import msgspec
 from llamad.cache.policy import CachePolicy
 from llamad.cache.prefetch import DEFAULT_PREFETCH_BYTES
 from llamad.cache.pressure import SOURCES
+from llamad.cache.tiers import DEFAULT_DISK_QUOTA, DEFAULT_RAM_FILE_QUOTA, DEFAULT_RAM_QUOTA
 from llamad.cache.writer import MAX_PERMITS
 from llamad.config.keys import Key, Section, Tables
 from llamad.config.kinds import (
@@ -59,7 +60,6 @@ __all__ = [
 DEFAULT_MODEL_ID = "smollm2"
 """The id the default model is served as when no model is configured."""
 
-GIB = 1 << 30
 MIB = 1 << 20
 
 _seconds = Duration(positive=True)
@@ -181,15 +181,32 @@ class DaemonSection(Table, frozen=True, kw_only=True):
 
 
 class RamTier(Table, frozen=True, kw_only=True):
-    """The ``ram`` tier: shared memory, gone when the daemon stops."""
+    """The ``ram`` tier: shared memory, the fastest; purged when the daemon stops,
+    after a clean stop has demoted its rows to ``ram_file``."""
 
-    quota: Annotated[int, Key("Bytes this tier may hold (0 turns it off).", Size())] = 2 * GIB
+    quota: Annotated[
+        int,
+        Key(
+            "Bytes this tier may hold (0 turns it off). Saves land here while it has "
+            "room; its least recently used rows then demote to ram_file.",
+            Size(),
+        ),
+    ] = DEFAULT_RAM_QUOTA
 
 
 class RamFileTier(Table, frozen=True, kw_only=True):
     """The ``ram_file`` tier: files on tmpfs, survive a daemon restart."""
 
-    quota: Annotated[int, Key("Bytes this tier may hold (0 turns it off).", Size())] = 4 * GIB
+    quota: Annotated[
+        int,
+        Key(
+            "Bytes this tier may hold (0 turns it off). It takes the rows ram demotes "
+            "(a link, no copy, when both are on /dev/shm as by default) and ram's rows at "
+            "a clean stop, so keep it at least as large as ram; its least recently used "
+            "rows demote to disk.",
+            Size(),
+        ),
+    ] = DEFAULT_RAM_FILE_QUOTA
     root: Annotated[
         str | None,
         Key(
@@ -205,7 +222,13 @@ class RamFileTier(Table, frozen=True, kw_only=True):
 class DiskTier(Table, frozen=True, kw_only=True):
     """The ``disk`` tier: files that survive a reboot."""
 
-    quota: Annotated[int, Key("Bytes this tier may hold (0 turns it off).", Size())] = 64 * GIB
+    quota: Annotated[
+        int,
+        Key(
+            "Bytes this tier may hold (0 turns it off). Its least recently used rows are deleted.",
+            Size(),
+        ),
+    ] = DEFAULT_DISK_QUOTA
     root: Annotated[
         str | None,
         Key(
@@ -224,6 +247,15 @@ class DiskTier(Table, frozen=True, kw_only=True):
             Size(),
         ),
     ] = DEFAULT_PREFETCH_BYTES
+    write_behind: Annotated[
+        bool,
+        Key(
+            "Copy every row saved in ram or ram_file to this tier in the background, one "
+            "at a time, so that it survives a reboot (false: rows reach disk only by "
+            "demotion).",
+            Boolean(),
+        ),
+    ] = True
 
 
 _POLICY = CachePolicy()
@@ -267,7 +299,13 @@ class LookupSection(Table, frozen=True, kw_only=True):
     """When restoring a diverging row and truncating it beats a shorter prefix."""
 
     common_min_tokens: Annotated[
-        int, Key("A diverging row is used only if it covers this many prompt tokens.", _count)
+        int,
+        Key(
+            "A diverging row is used only if it covers this many prompt tokens (a row "
+            "that starts with the whole prompt, its earlier turn saved with the reply, "
+            "is an exact hit whatever the prompt's length).",
+            _count,
+        ),
     ] = 256
     restore_cost: Annotated[
         float,
@@ -330,6 +368,23 @@ class CacheSection(Table, frozen=True, kw_only=True):
     stats_flush_s: Annotated[
         float, Key("How often hit counts are written back into file headers.", _seconds)
     ] = 10.0
+    promote_hits: Annotated[
+        int,
+        Key(
+            "A row restored from a slower tier than the model could read gets a copy in "
+            "the faster one (a link from ram_file to ram) once it has been hit this many "
+            "times in its life (0: never).",
+            Integer(ge=0, le=2**32 - 1),
+        ),
+    ] = 2
+    stop_moves_s: Annotated[
+        float,
+        Key(
+            "How long a clean stop may spend demoting ram rows to ram_file and finishing "
+            "copies to disk (what is left is picked up at the next start).",
+            Number(ge=0, le=600),
+        ),
+    ] = 5.0
     policy: Annotated[PolicySection, Section("The save policy (SPEC C7).")] = msgspec.field(
         default_factory=PolicySection
     )

@@ -15,14 +15,17 @@ come back through :class:`~llamad.model.save_completions.SaveCompletions`.
   raises a :class:`~llamad.errors.LlamadError` (``worker_crashed``,
   ``unavailable``, ``timeout``), which the core turns into a cold start; after
   a timeout, lookups are skipped for ``cooldown_s``. The client reconnects by
-  itself once cache-meta is back (it follows the registry name). A row in a
-  tier this model does not restore from is answered as a miss.
+  itself once cache-meta is back (it follows the registry name). The lookup
+  names the tiers this model restores from, and cache-meta answers the
+  fastest copy among them (a row with none there is a miss).
 - **read**: a ``ram`` row's payload in place (the shared-memory mapping,
   validated, no copy); any other tier's through plain reads into one reusable
   pre-faulted buffer; with either, the logits the row keeps (validated with
   its TLV). A missing or damaged row is ``None`` (deleted and counted once by
   the loader, forgotten by cache-meta).
-- **save**: asynchronous reasons go to the writer pool and return at once
+- **save**: to the configured tier, or with ``auto`` to the one cache-meta
+  picks among the restore tiers (the fastest with room). Asynchronous
+  reasons go to the writer pool and return at once
   (``False`` when the pool refuses: no permit, closed); synchronous ones
   (evict, shutdown) are written by a dedicated thread while the loop waits,
   at most until ``job.deadline``. A packed state is released exactly once,
@@ -144,6 +147,17 @@ class ClientCacheView:
         self.config = config if config is not None else CacheViewConfig()
         quotas = {k: t.quota for k, t in client.tiers.items() if k in writer.tiers}
         self.restore_tiers = self.config.check_against(quotas)
+        # What the lookups send: nothing when this model reads every tier the
+        # cache has (the common case, and the cheapest message).
+        self._lookup_tiers = (
+            None if self.restore_tiers >= client.tiers.keys() else self.restore_tiers
+        )
+        # An auto save may land in any tier this model restores from that holds bytes.
+        self._save_tiers = (
+            None
+            if self.config.save_tier is not None
+            else frozenset(t for t in self.restore_tiers if quotas.get(t, 0) > 0)
+        )
         self._ctx = ctx
         self._shared: Namespace | None = None
         self._adapters: tuple[tuple[bytes, float], ...] | None = None
@@ -270,6 +284,7 @@ class ClientCacheView:
                 parent_key=parent_key,
                 wait_s=wait_s,
                 timeout=wait_s + self.config.lookup_timeout_s,
+                tiers=self._lookup_tiers,
             )
         except RequestTimeout:
             self.stats.lookup_failures += 1
@@ -284,6 +299,8 @@ class ClientCacheView:
             raise Unavailable(f"cache lookup failed: {exc!r}") from exc
         row = found.row
         if row is not None and row.tier not in self.restore_tiers:
+            # cache-meta answers only the tiers asked for; this guards a
+            # cache-meta that would not (it is never trusted with a restore).
             self.checkin(row.pin)
             return msgspec.structs.replace(found, kind=None, row=None, use_tokens=0)
         return found
@@ -349,7 +366,9 @@ class ClientCacheView:
     def _missed(self, row: RowRef) -> None:
         self.stats.read_misses += 1
         try:
-            self._client.forget(row.key)
+            # Only the copy this read found missing or damaged: the row's
+            # copies in other tiers stay served.
+            self._client.forget(row.key, tier=row.tier)
         except Exception as exc:
             # The loader deleted the file; cache-meta drops the row when it
             # next finds the file gone.
@@ -392,7 +411,9 @@ class ClientCacheView:
 
         self._count_unposted(+1)
         try:
-            future = self._writer.save_async(spec, self.config.save_tier, payload, on_done=done)
+            future = self._writer.save_async(
+                spec, self.config.save_tier, payload, on_done=done, tiers=self._save_tiers
+            )
         except Exception as exc:
             log.warning("model.save_refused", key=key.hex(), error=repr(exc))
             future = None
@@ -417,7 +438,12 @@ class ClientCacheView:
             release()
             return False
         future = self._sync.submit(
-            self._writer.save_sync, spec, self.config.save_tier, payload, timeout_s=budget
+            self._writer.save_sync,
+            spec,
+            self.config.save_tier,
+            payload,
+            timeout_s=budget,
+            tiers=self._save_tiers,
         )
         try:
             result = future.result(timeout=budget)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from llamad.cache.key import FINGERPRINT_LEN, FingerprintMode
-from llamad.cache.tier_kind import TierKind
+from llamad.cache.tier_kind import AUTO, TierKind
 from llamad.errors import ConfigError
 
 __all__ = ["ALL_TIERS", "CacheViewConfig"]
@@ -40,6 +40,12 @@ def _tier(name: str, value: object) -> TierKind:
         raise _bad(name, f"{value!r} is not a tier ({known})") from None
 
 
+def _save_tier(value: object) -> TierKind | None:
+    if value is None or value == AUTO:
+        return None
+    return _tier("save_tier", value)
+
+
 def _seconds(name: str, value: object, *, zero_ok: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise _bad(name, f"{value!r} is not a number of seconds")
@@ -52,10 +58,13 @@ def _seconds(name: str, value: object, *, zero_ok: bool = False) -> float:
 class CacheViewConfig:
     """How one model worker uses the cache.
 
-    ``save_tier``: the tier every save of this model is written to (default
-    ``ram``: the next turn of a conversation restores from shared memory in
-    place). ``restore_tiers``: the tiers a restore may read (default: any);
-    a row found elsewhere is answered as a miss. ``fingerprint_mode`` /
+    ``save_tier``: the tier every save of this model is written to, or
+    ``None`` (``"auto"``, the default) to let cache-meta put each row in the
+    fastest of ``restore_tiers`` with room: ``ram`` while it has some (the
+    next turn of a conversation restores from shared memory in place), its
+    older rows demoting down the tiers. ``restore_tiers``: the tiers a
+    restore may read (default: any); cache-meta answers a row's fastest copy
+    among them, and a row with none there is a miss. ``fingerprint_mode`` /
     ``supplied_fingerprint``: how the model file is identified
     (:func:`llamad.model.identity.base_fingerprint`).
     ``lookup_timeout_s``: the most a lookup, checkin or forget may hold the
@@ -67,7 +76,7 @@ class CacheViewConfig:
     ``writer_threads``: threads of the writer pool.
     """
 
-    save_tier: TierKind = TierKind.RAM
+    save_tier: TierKind | None = None
     restore_tiers: frozenset[TierKind] = field(default=ALL_TIERS)
     fingerprint_mode: FingerprintMode = FingerprintMode.GGUF_CHUNKED
     supplied_fingerprint: bytes | None = None
@@ -77,7 +86,7 @@ class CacheViewConfig:
     writer_threads: int = 2
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "save_tier", _tier("save_tier", self.save_tier))
+        object.__setattr__(self, "save_tier", _save_tier(self.save_tier))
         tiers = self.restore_tiers
         if isinstance(tiers, str | bytes) or not isinstance(tiers, Iterable):
             raise _bad("restore_tiers", f"{tiers!r} is not a collection of tiers")
@@ -114,14 +123,18 @@ class CacheViewConfig:
 
         ``quotas``: the byte quota of every tier this process can read and
         write (its client's and writer pool's). The save tier must be one of
-        them and hold bytes; restores read the configured tiers the cache has
-        (at least one).
+        them and hold bytes (with ``auto``, one of the restore tiers must);
+        restores read the configured tiers the cache has (at least one).
         """
-        quota = quotas.get(self.save_tier)
-        if quota is None:
-            raise _bad("save_tier", f"the cache has no {self.save_tier.value} tier")
-        if quota <= 0:
-            raise _bad("save_tier", f"the {self.save_tier.value} tier holds 0 bytes")
+        if self.save_tier is None:
+            if not any(quotas.get(t, 0) > 0 for t in self.restore_tiers):
+                raise _bad("save_tier", "auto: none of restore_tiers holds a byte in this cache")
+        else:
+            quota = quotas.get(self.save_tier)
+            if quota is None:
+                raise _bad("save_tier", f"the cache has no {self.save_tier.value} tier")
+            if quota <= 0:
+                raise _bad("save_tier", f"the {self.save_tier.value} tier holds 0 bytes")
         usable = self.restore_tiers & quotas.keys()
         if not usable:
             wanted = sorted(t.value for t in self.restore_tiers)

@@ -5,6 +5,10 @@ python meta_fault_child.py pin SETTINGS.json KEYHEX
 python meta_fault_child.py write SETTINGS.json TIER STAGE TOKENS_SEED
     publishes one row through the real cache-meta and SIGKILLs itself
     right after publish stage STAGE (1..6, see PublishStage)
+python meta_fault_child.py meta SETTINGS.json KIND STAGE
+    runs cache-meta (prints READY like ``python -m llamad.cache.meta_proc``)
+    and SIGKILLs it right after its mover's first move of KIND reaches
+    STAGE (1..4, see MoveStage)
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ from llamad import logs
 from llamad.cache.client import CacheClient
 from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcSpec, SaveReason
+from llamad.cache.meta_proc import MetaServer
+from llamad.cache.mover import MoveStage
+from llamad.cache.moves import MoveJob, MoveKind
 from llamad.cache.publish import PublishStage, publish
 from llamad.cache.sup import CacheSettings, cache_sup_spec
 from llamad.cache.tiers import Tier
@@ -59,6 +66,18 @@ def main() -> None:
 
         result = publish(cache, Tier(cfg), row_spec(seed), row_payload(seed), on_stage=die)
         print(f"DONE {result.outcome}", flush=True)
+    elif cmd == "meta":
+        cache.close()
+        kind, at = MoveKind(rest[0]), MoveStage(int(rest[1]))
+
+        def kill(stage: MoveStage, job: MoveJob) -> None:
+            if stage is at and job.kind is kind:
+                print(f"DYING {kind} {stage.name} {job.key.hex()}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        server = MetaServer(settings, mover_hook=kill)
+        endpoint = server.start()
+        server.serve(lambda: print(f"READY {endpoint} {os.getpid()}", flush=True))
     elif cmd == "sup":
         cache.close()
         run_root(cache_sup_spec(settings, intensity=10, period=60))

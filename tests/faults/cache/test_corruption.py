@@ -14,6 +14,7 @@ copied span is zeroed and the rest is still the sentinel.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import uuid
@@ -169,7 +170,10 @@ def test_damaged_rows_load_as_misses_and_are_counted(
 
 def test_a_damaged_row_is_a_miss_through_the_real_cache_meta(cache_settings: CacheSettings) -> None:
     # What a model worker sees: resolve (pinned), load_into -> None, and the
-    # row is forgotten by cache-meta, so no later lookup offers it again.
+    # copy is forgotten by cache-meta, so no later lookup offers it again.
+    # Each row here has its one copy: no write-behind copy to disk (a row
+    # with another copy keeps it, test_forget_names_the_copy_and_keeps_the_others).
+    cache_settings = dataclasses.replace(cache_settings, write_behind=False)
     with MetaProcess(cache_settings):
         counters = Counters.attach(cache_settings.counters_path)
         cache = CacheClient.from_settings(cache_settings, counters=counters)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+from collections.abc import Collection
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcSpec, SaveReason, parse
 from llamad.cache.meta import CacheMeta, MetaConfig
 from llamad.cache.publish import LocalMeta, PublishOutcome, PublishStage, publish
-from llamad.cache.reservation import SaveIntent
+from llamad.cache.reservation import Grant, SaveIntent
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier, TierConfig, TierStore, build_tiers
 from llamad.cache.writer import PermitSet, WriterPool
@@ -56,9 +57,10 @@ class PipeMeta:
             raise from_wire(value)
         return value
 
-    def reserve_save(self, intent: SaveIntent) -> int:
+    def reserve(self, intent: SaveIntent, *, tiers: Collection[TierKind] | None = None) -> Grant:
         token: int = self._call("reserve_save", intent)
-        return token
+        assert intent.tier is not None
+        return Grant(token, intent.tier)
 
     def check_reservation(self, key: bytes, token: int) -> None:
         self._call("check_reservation", key, token)

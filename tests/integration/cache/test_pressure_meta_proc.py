@@ -32,6 +32,9 @@ def test_pressure_in_the_meta_loop_evicts_ram_rows_down_to_the_low_watermark(
         pressure=PressureConfig(
             enabled=True, source="callable", interval_s=0.05, min_evict_bytes=1
         ),
+        # The disk tier's bytes must stay put while pressure evicts ram rows;
+        # a write-behind copy landing meanwhile would add to them.
+        write_behind=False,
     )
     # Host memory, scaled to the cache's size once the rows exist.
     host = {"other": 0, "total": 10 * GIB}

@@ -238,9 +238,18 @@ def prompt(n: int, start: int = 1) -> list[int]:
 
 @contextmanager
 def scratch_cache(prefix: str) -> Iterator[tuple[CacheSettings, Meta]]:
-    """A scratch cache and its running cache-meta for a module of real-model tests."""
+    """A scratch cache and its running cache-meta for a module of real-model tests.
+
+    One copy per row (no write-behind to disk): these modules damage the
+    files of rows they saved, and a mover copying the row (or finding the
+    damage first) would race what they check. test_cache_view_model.py
+    covers a real model's rows written behind to disk.
+    """
     settings = CacheSettings.scratch(
-        prefix=prefix, stats_flush_s=0.5, lookup=LookupPolicy(common_min_tokens=8)
+        prefix=prefix,
+        stats_flush_s=0.5,
+        lookup=LookupPolicy(common_min_tokens=8),
+        write_behind=False,
     )
     try:
         meta = Meta(settings)

@@ -42,8 +42,15 @@ pytestmark = [pytest.mark.timeout(180)]
 
 @pytest.fixture(scope="module")
 def settings() -> Iterator[CacheSettings]:
+    # One copy per row: a disk copy written behind a save would race the
+    # tests that damage a row's file (the mover would find the damage first,
+    # or copy the row before it).
     s = CacheSettings.scratch(
-        prefix="lcvf", stats_flush_s=0.5, save_permits=8, lookup=LookupPolicy(common_min_tokens=8)
+        prefix="lcvf",
+        stats_flush_s=0.5,
+        save_permits=8,
+        lookup=LookupPolicy(common_min_tokens=8),
+        write_behind=False,
     )
     try:
         yield s

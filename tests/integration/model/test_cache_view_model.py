@@ -10,6 +10,7 @@ the original context produced.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 
 import pytest
@@ -22,7 +23,6 @@ from llamad.cache.tier_kind import TierKind
 from llamad.llama_ffi import Context, Model, Sampler, SamplerParams, StateBuffer
 from llamad.model import identity
 from llamad.model.cache_view import ClientCacheView
-from llamad.model.cache_view_config import CacheViewConfig
 from llamad.model.savepoints import SaveJob
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
@@ -135,30 +135,36 @@ def test_a_state_saved_to_ram_restores_in_place_into_another_context_identically
 def test_a_state_restored_from_disk_after_its_ram_copy_is_evicted_continues_identically(
     model: Model, make_ctx: MakeCtx, settings: CacheSettings, meta: Meta, admin: CacheClient
 ) -> None:
+    # Saved with no tier named: it lands in ram, and cache-meta writes a disk
+    # copy behind it. Waiting for that copy (polled through dump) is the one
+    # wait here: it is the point of the test, and it is asynchronous.
     source, target = worker_ctx(make_ctx), worker_ctx(make_ctx)
     tokens = model.tokenize(TEXT + "The Danube", parse_special=True)
     packed = Packed(model, source, tokens)
-    to_ram = ClientCacheView.from_settings(settings, source)
-    to_disk = ClientCacheView.from_settings(
-        settings, source, config=CacheViewConfig(save_tier=TierKind.DISK)
-    )
+    view = ClientCacheView.from_settings(settings, source)
     try:
-        ns = to_ram.namespace(None)
+        ns = view.namespace(None)
         job = SaveJob(SaveReason.FINISH, ns.key(packed.head), ns, tuple(packed.head), seq=0)
-        assert to_ram.save(job, packed.state())
-        assert settle_saves(to_ram) == [(job.key, True)]
+        assert view.save(job, packed.state())
+        assert settle_saves(view) == [(job.key, True)]
+
+        def copies() -> set[str]:
+            found = [r for r in admin.dump() if r.get("key") == job.key.hex()]
+            return {c["tier"] for c in found[0]["copies"]} if found else set()
+
+        deadline = time.monotonic() + 30
+        while copies() != {"ram", "disk"}:
+            assert time.monotonic() < deadline, f"no disk copy written behind: {copies()}"
+            time.sleep(0.02)
         rows, _ = admin.evict_bytes(1 << 40, tiers=[TierKind.RAM])
-        assert rows >= 1 and admin.lookup_exact(job.key, pin=False) is None
-        assert to_disk.save(job, packed.state())
-        assert settle_saves(to_disk) == [(job.key, True)]
+        assert rows >= 1
         row = admin.lookup_exact(job.key, pin=False)
         assert row is not None and row.tier is TierKind.DISK
 
-        restored, readonly = restore_and_continue(model, to_ram, target, packed)
+        restored, readonly = restore_and_continue(model, view, target, packed)
         assert restored == packed.expected
         assert not readonly  # the view's own pre-faulted buffer, filled by plain reads
-        assert to_ram.stats.reads_copied == 1 and to_ram.stats.reads_mapped == 0
+        assert view.stats.reads_copied == 1 and view.stats.reads_mapped == 0
         assert admin.status()["pins"] == 0
     finally:
-        to_ram.close()
-        to_disk.close()
+        view.close()

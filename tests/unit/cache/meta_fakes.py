@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from llamad.cache.counters import DictCounters
 from llamad.cache.key import FingerprintMode, Namespace
 from llamad.cache.kvc import KvcMeta, SaveReason
 from llamad.cache.meta import CacheMeta, MetaConfig
+from llamad.cache.mover import move_file
+from llamad.cache.moves import MoveJob, MoveResult
 from llamad.cache.reservation import Adopted, SaveIntent
 from llamad.cache.tier_kind import TierKind
+from llamad.cache.tiers import Tier
 
 NS = Namespace(fingerprint=b"f" * 32, quant=3, ctx_hash=b"c" * 32)
 OTHER_NS = Namespace(fingerprint=b"g" * 32, quant=3, ctx_hash=b"c" * 32)
@@ -106,6 +110,10 @@ def kvc_meta(it: SaveIntent, *, hits: int = 0, last_used_ns: int = 0) -> KvcMeta
 def make_meta(
     quotas: dict[str, int] | None = None, *, ttl: float = 60.0, **kwargs: object
 ) -> tuple[CacheMeta, FakeStore, FakeClock, DictCounters]:
+    # Off unless a test asks: each asks for moves a test has to land
+    # (test_tier_hierarchy.py is about them).
+    kwargs.setdefault("write_behind", False)
+    kwargs.setdefault("promote_hits", 0)
     store = FakeStore()
     clock = FakeClock()
     counters = DictCounters()
@@ -133,3 +141,31 @@ def publish(meta: CacheMeta, store: FakeStore, it: SaveIntent, owner: int = 7) -
 
 def sha(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()
+
+
+def run_moves(meta: CacheMeta, tiers: Mapping[TierKind, Tier]) -> list[MoveResult]:
+    """Carry out every move cache-meta asks for, with real files, until none is left."""
+    results = []
+    while jobs := meta.take_moves():
+        for job in jobs:
+            result = move_file(tiers[job.src_tier], tiers[job.dst_tier], job)
+            meta.move_done(result)
+            results.append(result)
+    return results
+
+
+def land(meta: CacheMeta, store: FakeStore, job: MoveJob, *, linked: bool = False) -> None:
+    """The fake mover: ``job``'s destination file exists; tell cache-meta."""
+    location = f"/{job.dst_tier}/{job.key.hex()}.kvc"
+    store.files[(job.dst_tier, location)] = job.key
+    meta.move_done(MoveResult(job.id, location, size=job.size, linked=linked))
+
+
+def land_all(meta: CacheMeta, store: FakeStore) -> list[MoveJob]:
+    """Land every move asked for (and those they ask for in turn); returns them."""
+    done = []
+    while jobs := meta.take_moves():
+        for job in jobs:
+            land(meta, store, job)
+            done.append(job)
+    return done

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import multiprocessing as mp
 import os
 import signal
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from llamad.cache import counters as counters_module
 from llamad.cache.counters import (
     COUNTERS,
     GAUGES,
@@ -39,6 +41,7 @@ def test_every_spec_counter_exists_and_starts_at_zero(tmp_path: Path) -> None:
         "hits_exact", "hits_resume", "hits_longest_prefix", "misses",
         "saves_cold", "saves_continued", "saves_finish", "saves_evict", "saves_shutdown",
         "saves_dropped", "evictions", "corrupt_files", "duplicate_dropped",
+        "demotions", "promotions", "write_behind_copies", "moves_linked", "moves_failed",
         "bytes_ram", "bytes_ram_file", "bytes_disk",
         "pack_total_ns", "load_total_ns", "longest_prefix_ns", "longest_prefix_probes",
         "hits_live", "prompt_tokens_live", "prompt_tokens_ram", "prompt_tokens_ram_file",
@@ -198,3 +201,32 @@ def test_add_many_adds_each_counter_and_refuses_unknown_names_before_adding(
         900,
     )
     c.close()
+
+
+def test_a_counters_file_of_an_older_layout_is_replaced_at_start_and_workers_attach_to_the_new(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The runtime directory outlives the daemon: after an upgrade that added
+    # counters (the tier moves, say), the next cache-meta finds the previous
+    # version's file. It must replace it (counts start again) rather than
+    # refuse to start, and the model workers, which attach after it, count.
+    path = tmp_path / "cache-counters"
+    old_names = tuple(n for n in counters_module.NAMES if n not in {"demotions", "promotions"})
+    with monkeypatch.context() as old:
+        old.setattr(counters_module, "NAMES", old_names)
+        old.setattr(
+            counters_module,
+            "_NAMES_DIGEST",
+            hashlib.sha256("\n".join(old_names).encode()).digest()[:8],
+        )
+        stale = Counters.create(path)
+        stale.add("misses", 5)
+        stale.close()
+    with pytest.raises(CountersUnavailable):
+        Counters.attach(path)  # a worker of this version cannot use it...
+    meta = Counters.open_or_create(path)  # ...so cache-meta, which starts first, replaces it
+    worker = Counters.attach(path)
+    worker.add("demotions", 2)
+    assert meta.snapshot()["demotions"] == 2 and meta.snapshot()["misses"] == 0
+    worker.close()
+    meta.close()

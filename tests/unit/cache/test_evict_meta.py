@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from meta_fakes import NS, intent, kvc_meta, make_meta, publish
+from meta_fakes import NS, intent, kvc_meta, make_meta, publish, run_moves
 
 from llamad.cache.counters import DictCounters
 from llamad.cache.errors import CacheFull
@@ -116,15 +116,23 @@ def test_rebuild_over_quota_evicts_down_to_it() -> None:
     assert counters.get("bytes_disk") == 2000
 
 
-def test_duplicate_key_in_a_slower_tier_is_dropped_at_rebuild() -> None:
+def test_a_key_found_in_two_tiers_at_rebuild_is_one_row_with_two_copies() -> None:
+    # A row written behind to disk (or demoted by a link) has a file in two
+    # tiers: the scan keeps both, and the row is served from the faster one.
     meta, store, _, counters = make_meta()
     it = intent([1])
-    assert meta.adopt_file(kvc_meta(it), TierKind.DISK, "/disk/a")
-    assert meta.adopt_file(kvc_meta(it), TierKind.RAM_FILE, "/shm/a")
+    assert meta.adopt_file(kvc_meta(it, hits=3, last_used_ns=5), TierKind.DISK, "/disk/a")
+    assert meta.adopt_file(kvc_meta(it, hits=1, last_used_ns=9), TierKind.RAM_FILE, "/shm/a")
+    row = meta.rows[it.key]
+    assert set(row.copies) == {TierKind.DISK, TierKind.RAM_FILE}
+    assert row.tier is TierKind.RAM_FILE
+    assert (row.hits, row.last_used_ns) == (3, 9)
+    assert meta.ledgers[TierKind.DISK].used == meta.ledgers[TierKind.RAM_FILE].used == 1000
+    # A second file of the key in one tier is not a copy: it is deleted.
     assert not meta.adopt_file(kvc_meta(it), TierKind.DISK, "/disk/b")
-    assert meta.rows[it.key].tier is TierKind.RAM_FILE
-    assert counters.get("duplicate_dropped") == 2
-    assert store.deleted == [it.key, it.key]
+    assert counters.get("duplicate_dropped") == 1
+    assert store.deleted == [it.key]
+    assert meta.rows[it.key].copies[TierKind.DISK].location == "/disk/a"
 
 
 def test_eviction_removes_rows_from_the_prefix_index() -> None:
@@ -157,18 +165,19 @@ def test_rebuild_survives_a_duplicate_file_that_cannot_be_deleted() -> None:
         raise PermissionError("EACCES")
 
     store.delete = broken  # type: ignore[method-assign]
-    # The slower copy is not indexed; the file is left to the next scan.
-    assert not meta.adopt_file(kvc_meta(it), TierKind.DISK, "/disk/a")
-    assert meta.rows[it.key].tier is TierKind.RAM_FILE
-    # A faster copy still replaces the indexed one.
+    # A second file of the key in one tier is not indexed; it is left to the next scan.
+    assert not meta.adopt_file(kvc_meta(it), TierKind.RAM_FILE, "/shm/b")
+    assert meta.rows[it.key].copies[TierKind.RAM_FILE].location == "/shm/a"
+    # A copy in another tier is still indexed, and served first when faster.
     assert meta.adopt_file(kvc_meta(it), TierKind.RAM, "/ram/a")
     assert meta.rows[it.key].tier is TierKind.RAM
-    assert meta.ledgers[TierKind.RAM_FILE].used == 0
-    assert counters.get("duplicate_dropped") == 2
+    assert meta.ledgers[TierKind.RAM_FILE].used == 1000
+    assert counters.get("duplicate_dropped") == 1
 
 
 def test_tier_files_stay_within_quota_under_a_stream_of_saves(tmp_path: Path) -> None:
-    # The same invariant on real files: evicted rows' bytes really leave the tier.
+    # The same invariant on real files: evicted rows' bytes really leave the
+    # tier once the moves they asked for (demotions, write-behind) have run.
     quota = 300_000
     tiers = build_tiers(
         [
@@ -191,7 +200,14 @@ def test_tier_files_stay_within_quota_under_a_stream_of_saves(tmp_path: Path) ->
         result = publish_file(writer, tier, spec, bytes(rnd.randrange(10_000, 90_000)))
         stored += result.stored
         for t in tiers.values():
+            # Before the mover ran: over the quota by the demoted copies at most.
+            ledger = meta.ledgers[t.name]
+            assert t.usage() == ledger.used + ledger.leaving
+            assert ledger.used + ledger.reserved <= quota
+        run_moves(meta, tiers)
+        for t in tiers.values():
             assert t.usage() <= quota
             assert t.usage() == meta.ledgers[t.name].used
     assert stored == 60  # every save fitted by evicting older rows
     assert counters.get("evictions") > 0
+    assert counters.get("demotions") > 0 and counters.get("write_behind_copies") > 0

@@ -158,7 +158,7 @@ def test_cache_settings_round_trip_through_their_wire_form(tmp_path: Path) -> No
     assert s.meta_config().quotas == {
         TierKind.RAM: 2 << 30,
         TierKind.RAM_FILE: 4 << 30,
-        TierKind.DISK: 64 << 30,
+        TierKind.DISK: 32 << 30,
     }
 
 

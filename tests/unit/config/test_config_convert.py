@@ -19,7 +19,7 @@ from llamad.cache.lookup import LookupPolicy
 from llamad.cache.policy import CachePolicy
 from llamad.cache.pressure import PressureConfig
 from llamad.cache.sup import CacheSettings
-from llamad.cache.tier_kind import TierKind
+from llamad.cache.tier_kind import AUTO, TierKind
 from llamad.config import LlamadConfig
 from llamad.config.keys import fields_of
 from llamad.config.model_schema import ModelCache, ModelConfig, ModelPolicy, ModelThreads
@@ -384,9 +384,14 @@ def test_a_tier_with_quota_0_is_left_out(ws: Workspace) -> None:
 
 
 def test_the_save_tier_must_be_one_the_cache_has(ws: Workspace) -> None:
-    problems = ws.refused(ws.data({("cache", "ram", "quota"): 0}))
-    # The default save tier is ram.
+    data = ws.data({("cache", "ram", "quota"): 0, ("models", "smol", "cache", "save_tier"): "ram"})
+    problems = ws.refused(data)
     assert problems == {"models.smol.cache.save_tier": "the cache has no ram tier"}
+
+
+def test_the_default_save_tier_is_auto_and_takes_whatever_tier_there_is(ws: Workspace) -> None:
+    config = ws.loaded(ws.data({("cache", "ram", "quota"): 0}))
+    assert config.cache_view_config("smol").save_tier is None
 
 
 def test_with_no_thread_settings_the_worker_chooses(ws: Workspace) -> None:
@@ -423,7 +428,8 @@ SAME_DEFAULTS: list[tuple[type[msgspec.Struct], Any, set[str]]] = [
     (LookupSection, LookupPolicy(), set()),
     (PressureSection, PressureConfig(), set()),
     (ThreadsSection, ThreadPolicy(max_threads=1), {"cores"}),
-    (ModelCache, CacheViewConfig(), {"restore_tiers", "fingerprint", "policy"}),
+    # save_tier: "auto" in the file is None in the class (test below).
+    (ModelCache, CacheViewConfig(), {"restore_tiers", "fingerprint", "policy", "save_tier"}),
 ]
 
 
@@ -469,8 +475,17 @@ def test_cache_and_security_defaults_are_the_daemons_classes() -> None:
     assert DiskTier().quota == tiers["disk_quota"].default
     settings = inspect.signature(CacheSettings).parameters
     cache = CacheSection()
-    for name in ("save_permits", "reservation_ttl_s", "max_wait_s", "stats_flush_s"):
+    for name in (
+        "save_permits",
+        "reservation_ttl_s",
+        "max_wait_s",
+        "stats_flush_s",
+        "promote_hits",
+        "stop_moves_s",
+    ):
         assert getattr(cache, name) == settings[name].default, name
+    assert cache.disk.write_behind == settings["write_behind"].default
+    assert ModelCache().save_tier == AUTO and CacheViewConfig().save_tier is None
     limits, security = Limits(), SecuritySection()
     assert security.max_message_bytes == limits.max_frame_bytes
     assert security.max_header_bytes == limits.max_header_bytes

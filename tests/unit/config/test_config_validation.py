@@ -65,7 +65,7 @@ BAD_CHOICES = [
     ((*M, "pooling"), "max", "one of unspecified"),
     ((*M, "strategy"), "greedy", "one of decode_maximal"),
     ((*M, "load_mode"), "MMAP", "one of auto"),
-    ((*M, "cache", "save_tier"), "ssd", "one of ram, ram_file, disk"),
+    ((*M, "cache", "save_tier"), "ssd", "one of auto, ram, ram_file, disk"),
     ((*M, "cache", "fingerprint_mode"), "fast", "one of safe"),
     (("cache", "pressure", "source"), "callable", "one of system, nvidia_smi, noop"),
 ]

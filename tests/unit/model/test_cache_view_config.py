@@ -16,9 +16,10 @@ pytestmark = pytest.mark.timeout(30)
 ALL_QUOTAS = {TierKind.RAM: 1 << 20, TierKind.RAM_FILE: 1 << 20, TierKind.DISK: 1 << 20}
 
 
-def test_defaults_save_to_ram_and_restore_from_any_tier() -> None:
+def test_defaults_let_the_cache_choose_the_save_tier_and_restore_from_any_tier() -> None:
     cfg = CacheViewConfig()
-    assert cfg.save_tier is TierKind.RAM
+    assert cfg.save_tier is None  # auto: the fastest tier with room
+    assert CacheViewConfig(save_tier="auto").save_tier is None  # type: ignore[arg-type]
     assert cfg.restore_tiers == ALL_TIERS == frozenset(TierKind)
     assert cfg.fingerprint_mode is FingerprintMode.GGUF_CHUNKED
     assert cfg.check_against(ALL_QUOTAS) == ALL_TIERS
@@ -66,11 +67,17 @@ def test_fast_unsafe_needs_a_supplied_digest() -> None:
 
 def test_a_save_tier_the_cache_lacks_or_cannot_hold_is_a_refusal_to_start() -> None:
     only_disk = {TierKind.DISK: 1 << 20}
+    ram = CacheViewConfig(save_tier=TierKind.RAM)
     with pytest.raises(ConfigError) as err:
-        CacheViewConfig().check_against(only_disk)
+        ram.check_against(only_disk)
     assert err.value.details["field"] == "save_tier"
     with pytest.raises(ConfigError) as err:
-        CacheViewConfig().check_against({**ALL_QUOTAS, TierKind.RAM: 0})
+        ram.check_against({**ALL_QUOTAS, TierKind.RAM: 0})
+    assert err.value.details["field"] == "save_tier"
+    # auto needs one restore tier that holds bytes.
+    assert CacheViewConfig().check_against(only_disk) == {TierKind.DISK}
+    with pytest.raises(ConfigError) as err:
+        CacheViewConfig(restore_tiers={TierKind.RAM}).check_against({**ALL_QUOTAS, TierKind.RAM: 0})
     assert err.value.details["field"] == "save_tier"
 
 

@@ -1,0 +1,233 @@
+"""With no configuration, the cache stays warm across a restart and a reboot (SPEC C12).
+
+A real daemon (``python -m llamad.daemon``, no config file) serving the
+default model, the way ``make run`` starts one: only its directories are
+private (runtime and state directories, and a cache instance name of its own,
+so its ``ram`` segments and its default ``ram_file`` directory under
+``/dev/shm/llamad-<uid>/`` are its own), and the model runs one thread.
+Everything else is the defaults: rows saved with no tier named land in
+``ram``, a clean stop demotes them into ``ram_file`` (a link on
+``/dev/shm``), and each gets a ``disk`` copy behind it.
+
+Each test sends a prompt, waits for its finish save to be published (the
+``saves_finish`` counter: the save is asynchronous, and a restart keeps
+only what was published before it), restarts the daemon and sends the
+prompt again: the repeat must be an exact hit restoring every prompt token
+(the finish row holds prompt and reply, and is truncated to the prompt).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llamad.cache.client import CacheClient
+from llamad.client import Client
+from llamad.config import DEFAULT_MODEL_ID
+from llamad.errors import LlamadError
+from llamad.front_wire import ModelState
+from llamad.model.results import Completion
+
+pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(420)]
+
+#: "Eventually" on a 2-core machine shared with other test runs.
+EVENTUALLY = 120.0
+MODEL = DEFAULT_MODEL_ID.upper()
+
+
+def chat(topic: str, notes: int = 24) -> list[dict[str, str]]:
+    """A chat of ``notes`` notes (~27 tokens each) about ``topic``: long enough
+    for the default save policy (512 tokens), distinct from the first tokens."""
+    places = ("river", "bridge", "market", "library", "tower", "harbour")
+    body = " ".join(
+        f"Note {i + 1}: the {places[i % len(places)]} of district {i // 6 + 1} "
+        f"was built in {1500 + i * 3} and repaired {i % 5 + 1} times."
+        for i in range(notes)
+    )
+    return [{"role": "user", "content": f"{topic}.\n{body}\nWhat do these notes describe?"}]
+
+
+class Unconfigured:
+    """The daemon with no configuration, its directories private (see the module doc)."""
+
+    def __init__(self, **env: str) -> None:
+        self.base = Path(tempfile.mkdtemp(prefix="lwr-", dir="/tmp"))
+        self.runtime = self.base / "run"
+        self.instance = f"wr-{uuid.uuid4().hex[:12]}"
+        # The default ram_file directory: this instance's, on /dev/shm.
+        self.ram_file = Path(f"/dev/shm/llamad-{os.getuid()}/{self.instance}")
+        keep = ("LLAMAD_CACHE_DIR", "LLAMAD_DEFAULT_MODEL")
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMAD_") or k in keep}
+        self.env.update(
+            LLAMAD_RUNTIME_DIR=str(self.runtime),
+            STATE_DIRECTORY=str(self.base / "state"),
+            LLAMAD_CACHE__INSTANCE=self.instance,
+            LLAMAD_LOG_FORMAT="json",
+            # One thread, as every real-model test (and the default model's path,
+            # which defining its table requires).
+            **{
+                f"LLAMAD_MODELS__{MODEL}__PATH": "default",
+                f"LLAMAD_MODELS__{MODEL}__N_THREADS": "1",
+                f"LLAMAD_MODELS__{MODEL}__N_THREADS_BATCH": "1",
+            },
+            **env,
+        )
+        self.endpoint = f"ipc://{self.runtime}/llamad.sock"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Unconfigured:
+        with (self.base / "daemon.log").open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "llamad.daemon"],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env=self.env,
+            )
+        deadline = time.monotonic() + EVENTUALLY
+        with self.client() as client:
+            while True:
+                assert self.proc.poll() is None, self.log_tail()
+                try:
+                    states = {m.model_id: m.state for m in client.list_models(timeout=5.0)}
+                except LlamadError:
+                    states = {}
+                if states.get(DEFAULT_MODEL_ID) is ModelState.READY:
+                    return self
+                assert time.monotonic() < deadline, "the model never got ready"
+                time.sleep(0.05)
+
+    def stop(self) -> int:
+        """SIGTERM (the clean stop: shutdown saves, demotions, the ram purge)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(EVENTUALLY)
+
+    def client(self) -> Client:
+        return Client(self.endpoint, connect_timeout=10.0, timeout=EVENTUALLY)
+
+    def cache(self) -> CacheClient:
+        return CacheClient(registry_root=self.runtime / "actors", timeout=30.0)
+
+    def copies(self, key: bytes) -> set[str]:
+        """The tiers holding a copy of the row ``key`` now."""
+        with self.cache() as cache:
+            rows = [r for r in cache.dump() if r.get("key") == key.hex()]
+        return {c["tier"] for c in rows[0]["copies"]} if rows else set()
+
+    def log_tail(self, lines: int = 40) -> str:
+        path = self.base / "daemon.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.base, ignore_errors=True)
+        shutil.rmtree(self.ram_file, ignore_errors=True)
+        for leftover in Path("/dev/shm").glob(f"llamad-ram.{self.instance}.*"):
+            leftover.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[Unconfigured]:
+    d = Unconfigured()
+    try:
+        yield d.start()
+    finally:
+        d.close()
+
+
+def ask(client: Client, messages: list[dict[str, str]]) -> Completion:
+    return client.complete(DEFAULT_MODEL_ID, messages=messages, max_tokens=8, temperature=0.0)
+
+
+def cold_and_saved(daemon: Unconfigured, messages: list[dict[str, str]]) -> tuple[Completion, int]:
+    """The prompt sent once, and its finish save published; the completion and
+    the prompt's token count."""
+    with daemon.client() as client:
+        prompt = client.apply_chat_template(DEFAULT_MODEL_ID, messages, add_generation_prompt=True)
+        before = client.counters().get("saves_finish", 0)
+        cold = ask(client, messages)
+        assert cold.finish_key is not None
+        deadline = time.monotonic() + EVENTUALLY
+        while client.counters().get("saves_finish", 0) <= before:
+            assert time.monotonic() < deadline, "the finish save was never published"
+            time.sleep(0.05)
+    return cold, len(prompt)
+
+
+def assert_exact_repeat(
+    daemon: Unconfigured, messages: list[dict[str, str]], cold: Completion, n_prompt: int
+) -> Completion:
+    with daemon.client() as client:
+        warm = ask(client, messages)
+    assert warm.cache_hit_kind.value == "exact", (warm.cache_hit_kind, warm.cache_miss)
+    assert warm.cache_delta.read == n_prompt
+    assert warm.stats.prefill_tokens == 0
+    assert warm.reply == cold.reply
+    return warm
+
+
+def test_a_restart_keeps_the_cache_warm(daemon: Unconfigured) -> None:
+    messages = chat("Notes about an old city")
+    cold, n_prompt = cold_and_saved(daemon, messages)
+    assert cold.cache_hit_kind.value == "cold"
+    assert daemon.stop() == 0
+    daemon.start()
+    # The row is in ram_file now (the clean stop demoted it; ram was purged).
+    assert cold.finish_key is not None
+    assert "ram_file" in daemon.copies(cold.finish_key)
+    assert "ram" not in daemon.copies(cold.finish_key)
+    assert_exact_repeat(daemon, messages, cold, n_prompt)
+
+
+def test_a_reboot_keeps_the_cache_warm_from_disk(daemon: Unconfigured) -> None:
+    messages = chat("Notes about a harbour town")
+    cold, n_prompt = cold_and_saved(daemon, messages)
+    assert daemon.stop() == 0
+    # A reboot: the tmpfs (ram segments and ram_file) is gone; the disk stays.
+    shutil.rmtree(daemon.ram_file)
+    daemon.start()
+    assert cold.finish_key is not None
+    assert daemon.copies(cold.finish_key) == {"disk"}
+    assert_exact_repeat(daemon, messages, cold, n_prompt)
+
+
+def test_a_small_ram_quota_demotes_older_rows_into_ram_file(tmp_path: Path) -> None:
+    # Room in ram for one of these rows (~16 MB each), not two.
+    d = Unconfigured(LLAMAD_CACHE__RAM__QUOTA="24MiB")
+    try:
+        d.start()
+        first_chat, second_chat = chat("Notes about a river valley"), chat("Notes about a mine")
+        first, n_first = cold_and_saved(d, first_chat)
+        assert first.finish_key is not None and "ram" in d.copies(first.finish_key)
+        second, _ = cold_and_saved(d, second_chat)
+        assert second.finish_key is not None
+        # The mover demotes asynchronously: wait for its counter.
+        with d.client() as client:
+            deadline = time.monotonic() + EVENTUALLY
+            while client.counters().get("demotions", 0) < 1:
+                assert time.monotonic() < deadline, "nothing was demoted"
+                time.sleep(0.05)
+            counters: Mapping[str, Any] = client.counters()
+        assert counters["moves_linked"] >= 1  # ram and ram_file share /dev/shm
+        assert "ram" not in d.copies(first.finish_key)
+        assert "ram_file" in d.copies(first.finish_key)
+        assert "ram" in d.copies(second.finish_key)
+        assert_exact_repeat(d, first_chat, first, n_first)
+        assert d.stop() == 0
+    finally:
+        d.close()
