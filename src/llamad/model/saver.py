@@ -14,7 +14,9 @@ them when its tokens reach that position.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from typing import Final
 
 import structlog
 
@@ -31,6 +33,10 @@ from llamad.model.slots import Slot
 __all__ = ["Saver"]
 
 log = structlog.get_logger("llamad.model")
+
+RECENT_KEYS: Final = 4096
+"""Keys of rows this worker wrote (or has a write of in flight) that it
+remembers, so the same KV is not packed again for the same row."""
 
 
 def _holds_saved_row(slot: Slot, namespace: Namespace) -> bool:
@@ -53,6 +59,11 @@ class Saver:
         """Jobs handed to the cache since the core last reported them."""
         self.inflight_finish: dict[bytes, int] = {}
         """Finish saves handed to the writer and not yet reported: key → tokens."""
+        self.recent: OrderedDict[bytes, int] = OrderedDict()
+        """Rows this worker saved, or has a save of in flight (key → tokens),
+        the most recent last."""
+        self.skipped = 0
+        """Saves not taken because the row was just written (status, tests)."""
 
     def save(
         self,
@@ -69,9 +80,19 @@ class Saver:
         logits = None if req is None else req.prompt_logits
         if logits is not None and logits.position >= len(tokens):
             logits = None
+        key = namespace.key(tokens)
+        if key in self.recent:
+            # This very row was written a moment ago (or its write is in
+            # flight): live reuse hands a request KV whose finish row another
+            # request just saved, and an exact repeat would pack the same
+            # 47 MB again, on the loop, before its first token goes out.
+            self.recent.move_to_end(key)
+            self.skipped += 1
+            self._saved(slot, req, key, len(tokens))
+            return True
         job = SaveJob(
             reason=reason,
-            key=namespace.key(tokens),
+            key=key,
             namespace=namespace,
             tokens=tokens,
             seq=slot.seq,
@@ -94,15 +115,22 @@ class Saver:
         self.jobs.append(job)
         if not ok:
             return False
-        if req is not None:
-            req.saved_max = max(req.saved_max, job.n_tokens)
-            if req.schedule is not None:
-                req.schedule.record(job.n_tokens)
-        if session is not None:
-            self.sessions.saved(session, job.key, job.n_tokens)
+        self._saved(slot, req, job.key, job.n_tokens)
+        self.recent[job.key] = job.n_tokens
+        if len(self.recent) > RECENT_KEYS:
+            self.recent.popitem(last=False)
         if reason is SaveReason.FINISH:
             self.inflight_finish[job.key] = job.n_tokens
         return True
+
+    def _saved(self, slot: Slot, req: ActiveRequest | None, key: bytes, n_tokens: int) -> None:
+        """The row of ``slot``'s first ``n_tokens`` tokens exists (or is being written)."""
+        if req is not None:
+            req.saved_max = max(req.saved_max, n_tokens)
+            if req.schedule is not None:
+                req.schedule.record(n_tokens)
+        if slot.session is not None:
+            self.sessions.saved(slot.session, key, n_tokens)
 
     def save_due(self, req: ActiveRequest, slot: Slot) -> None:
         """The cold or continued save the schedule calls for at the slot's length."""
@@ -156,6 +184,7 @@ class Saver:
         """An asynchronous save ended; a failed one no longer counts as a session's row."""
         self.inflight_finish.pop(key, None)
         if not published:
+            self.recent.pop(key, None)
             for session in self.sessions.values():
                 if session.saved_key == key:
                     session.saved_key, session.saved_len = None, 0

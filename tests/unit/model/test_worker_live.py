@@ -274,3 +274,22 @@ def test_a_request_cancelled_before_it_resolves_leaves_the_idle_entry_it_took() 
     kept = old.context_tokens[: old.committed_tokens]
     again = h.complete("again", [*kept, 5], max_tokens=2)
     assert again.cache_delta.sources.live == old.committed_tokens
+
+
+def test_an_exact_repeat_packs_no_second_copy_of_the_row_its_kv_already_has() -> None:
+    """The repeat of a one-token request ends holding exactly the KV whose row
+    the first one saved (still in flight here): nothing is packed again, and
+    the repeat reports that row as its finish key."""
+    h = make(n_seq_max=1, cache=MemoryCache(defer_async=True))
+    p = prompt(40)
+    first = h.complete("a", p, max_tokens=1)
+    packs = h.backend.packs
+    again = h.complete("b", p, max_tokens=1)
+    assert again.cache_delta.sources.live == 40
+    assert h.backend.packs == packs
+    assert again.finish_key == first.finish_key is not None
+    # Once its write failed, the row is packed and saved again.
+    for key in h.cache.publish_pending():
+        h.core.save_done(key, published=False)
+    h.complete("c", p, max_tokens=1)
+    assert h.backend.packs == packs + 1
