@@ -78,6 +78,9 @@ class Lookup(msgspec.Struct, frozen=True, array_like=True):
     even when that row was not chosen (or on a miss), so callers can see what
     a restore-and-truncate could have saved. ``resumed`` says the answer waited
     for an in-flight save to publish. ``probes`` counts index comparisons.
+    ``inflight_key`` / ``inflight_tokens``: a save still being written that
+    would cover more of the prompt (that many tokens) than the answered row;
+    the caller may wait for it and ask again (SPEC M18).
 
     On the wire: a msgpack array in field order, ``kind`` as its string
     value and ``row`` as :class:`RowRef`'s array.
@@ -90,6 +93,8 @@ class Lookup(msgspec.Struct, frozen=True, array_like=True):
     common_key: bytes | None
     resumed: bool = False
     probes: int = 0
+    inflight_key: bytes | None = None
+    inflight_tokens: int = 0
 
     @property
     def hit(self) -> bool:

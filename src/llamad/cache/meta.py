@@ -224,6 +224,10 @@ class CacheMeta:
         self.rows: dict[bytes, Row] = {}
         self.prefix = PrefixIndex()
         self.reservations: dict[bytes, Reservation] = {}
+        # The tokens of every save in flight, by namespace: a lookup that a
+        # row still being written would serve better than any published row
+        # says so (Lookup.inflight_*), and may wait for it (SPEC M18).
+        self.inflight = PrefixIndex()
         self.pins: PinTable[Copy] = PinTable()
         self.waiters = WaiterTable()
         self.moves = MoveTable()
@@ -674,6 +678,7 @@ class CacheMeta:
             deadline=self._clock() + ttl,
             tier=tier,
         )
+        self.inflight.add(intent.namespace, intent.tokens, intent.key)
         self.ledgers[tier].reserved += intent.size
         return Grant(token, tier)
 
@@ -791,6 +796,7 @@ class CacheMeta:
     ) -> Row:
         intent = res.intent
         del self.reservations[intent.key]
+        self.inflight.remove(intent.namespace, intent.tokens)
         ledger = self.ledgers[res.tier]
         ledger.reserved -= intent.size
         row = Row(
@@ -820,6 +826,7 @@ class CacheMeta:
 
     def _drop_reservation(self, res: Reservation) -> None:
         del self.reservations[res.intent.key]
+        self.inflight.remove(res.intent.namespace, res.intent.tokens)
         self.ledgers[res.tier].reserved -= res.intent.size
         self.waiters.release(res.intent.key, False)
 
@@ -1031,13 +1038,22 @@ class CacheMeta:
             # here, not a row the caller would have to turn into one.
             copy = row.fastest(tiers)
         if plan is None or row is None or copy is None:
+            inflight_key, inflight_tokens = self._inflight_beyond(namespace, tokens, 0)
             self.counters.add_many(
                 ("longest_prefix_probes", match.probes),
                 ("misses", 1),
                 ("longest_prefix_ns", time.perf_counter_ns() - started),
             )
             return Lookup(
-                None, None, 0, match.common_tokens, match.common_key, resumed, match.probes
+                None,
+                None,
+                0,
+                match.common_tokens,
+                match.common_key,
+                resumed,
+                match.probes,
+                inflight_key,
+                inflight_tokens,
             )
         if resumed and row.key == parent_key:
             hit = "hits_resume"
@@ -1049,6 +1065,7 @@ class CacheMeta:
         else:
             hit = "hits_longest_prefix"
         ref = self._hit(row, copy, owner, tiers)
+        inflight_key, inflight_tokens = self._inflight_beyond(namespace, tokens, plan.use_tokens)
         self.counters.add_many(
             ("longest_prefix_probes", match.probes),
             (hit, 1),
@@ -1062,7 +1079,23 @@ class CacheMeta:
             match.common_key,
             resumed,
             match.probes,
+            inflight_key,
+            inflight_tokens,
         )
+
+    def _inflight_beyond(
+        self, namespace: bytes, tokens: bytes, use: int
+    ) -> tuple[bytes | None, int]:
+        """The save in flight that would serve the prompt better than ``use``
+        tokens (the published answer), as ``(key, tokens it would cover)``;
+        ``(None, 0)`` when none would. No pin, no count: it is a report."""
+        if not len(self.inflight):
+            return None, 0
+        match = self.inflight.match(namespace, tokens)
+        plan = choose_restore(match, len(tokens) // TOKEN_BYTES, self.config.lookup)
+        if plan is None or plan.use_tokens <= use:
+            return None, 0
+        return plan.key, plan.use_tokens
 
     def _verified(self, row: Row, plan: RestorePlan, namespace: bytes, prompt: bytes) -> bool:
         """Whether ``row`` holds the prompt's first ``plan.use_tokens`` tokens.
@@ -1104,30 +1137,42 @@ class CacheMeta:
     ) -> Lookup | Deferred:
         """The model worker's whole cache resolution in one round trip.
 
-        With a ``parent_key`` whose save is still in flight, wait up to
-        ``wait_s`` for it to publish (a deferred answer, :data:`WAIT`); then,
-        or straight away, run :meth:`longest_prefix` on the prompt (answering
-        a copy in ``tiers``). The parent key is a hint, never trusted: the row
-        is used only if its tokens are a prefix of the prompt.
+        With ``wait_s`` > 0, a save still in flight is waited for (a deferred
+        answer, :data:`WAIT`) when it is ``parent_key``'s, or when it would
+        serve the prompt better than every published row (SPEC M18: a lookup
+        never runs cold past a save in flight without saying so); then, or
+        straight away, run :meth:`longest_prefix` on the prompt (answering a
+        copy in ``tiers``). An answer that waited says ``resumed``. The
+        parent key is a hint, never trusted: the row is used only if its
+        tokens are a prefix of the prompt.
         """
         namespace = check_bytes("namespace", namespace, HEADER_LEN)
         tokens = check_tokens(tokens)
+        awaited: bytes | None = None
         if parent_key is not None:
             parent_key = check_bytes("parent_key", parent_key, KEY_LEN)
-            if parent_key not in self.rows and parent_key in self.reservations and wait_s > 0:
+            if parent_key not in self.rows and parent_key in self.reservations:
+                awaited = parent_key
+        if awaited is None and wait_s > 0 and len(self.inflight):
+            match = self.prefix.match(namespace, tokens)
+            plan = choose_restore(match, len(tokens) // TOKEN_BYTES, self.config.lookup)
+            published = 0 if plan is None else plan.use_tokens
+            awaited = self._inflight_beyond(namespace, tokens, published)[0]
+        if awaited is not None and wait_s > 0:
+            key = awaited
 
-                def finish(published: bool) -> Lookup:
-                    return self._longest_prefix(
-                        namespace,
-                        tokens,
-                        owner,
-                        parent_key=parent_key,
-                        resumed=published,
-                        tiers=tiers,
-                    )
+            def finish(published: bool) -> Lookup:
+                return self._longest_prefix(
+                    namespace,
+                    tokens,
+                    owner,
+                    parent_key=key,
+                    resumed=published,
+                    tiers=tiers,
+                )
 
-                self._park(parent_key, owner, wait_s, handle, finish)
-                return WAIT
+            self._park(key, owner, wait_s, handle, finish)
+            return WAIT
         return self._longest_prefix(
             namespace, tokens, owner, parent_key=parent_key, resumed=False, tiers=tiers
         )

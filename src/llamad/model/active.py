@@ -105,6 +105,9 @@ class ActiveRequest:
     wait_until: float | None = None
     waited_from: float | None = None
     """When a wait began: for a save in flight, or for a leader's prefill."""
+    inflight_until: float | None = None
+    """Until when it may wait for a save in flight that would serve it better
+    than anything published or live (set when it first sees one)."""
     wait_ms: float = 0.0
     following: ActiveRequest | None = None
     """A running request prefilling a prefix this one shares: this one waits

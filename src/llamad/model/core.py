@@ -356,6 +356,8 @@ class WorkerCore:
             # than miss it (SPEC C8 resume).
             if req.wait_until is None:
                 req.wait_until = now + self.config.policy.session_resume_wait_ms / 1000.0
+                # One bound for the request, whichever save it waits for.
+                req.inflight_until = req.wait_until
                 req.waited_from = now
                 req.phase = Phase.WAITING
             if now < req.wait_until:
@@ -367,6 +369,16 @@ class WorkerCore:
             r is not req and r.phase is Phase.RUNNING for r in self.requests.values()
         )
         res = self.restorer.resolve(req, self.slots[req.seq], may_wait=may_wait)
+        if res is None:
+            # A save in flight would serve it better: wait between ticks
+            # (other sequences decode), asking again, until it lands or the
+            # bound passes (SPEC M18).
+            req.phase = Phase.WAITING
+            req.wait_until = req.inflight_until
+            if req.waited_from is None:
+                req.waited_from = now
+            return
+        req.wait_until = None
         self.last_cache_hit = res.kind
         if res.live and req.session is None and res.keep > 0:
             self.live_hits += 1

@@ -68,7 +68,12 @@ def has_work(core: WorkerCore) -> bool:
     if core.pending_events:
         return True
     if any(
-        r.cancel_requested or r.phase in (Phase.ADMITTED, Phase.RUNNING) or r.following is not None
+        r.cancel_requested
+        or r.phase in (Phase.ADMITTED, Phase.RUNNING)
+        or r.following is not None
+        # Waiting for a save in flight: the next step asks cache-meta again
+        # (and, with nothing else running, waits there for it).
+        or (r.phase is Phase.WAITING and r.inflight_until is not None)
         for r in core.requests.values()
     ):
         return True

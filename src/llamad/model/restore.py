@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import msgspec
 import structlog
 
 from llamad.cache.kvc import KvcLogits
@@ -111,11 +112,13 @@ class Restorer:
         self.clock = clock
         self.seqs = seqs
 
-    def resolve(self, req: ActiveRequest, slot: Slot, *, may_wait: bool) -> Resolution:
-        """Bring ``slot`` to a prefix of ``req.target`` and start the request.
+    def resolve(self, req: ActiveRequest, slot: Slot, *, may_wait: bool) -> Resolution | None:
+        """Bring ``slot`` to a prefix of ``req.target`` and start the request;
+        ``None`` when it should wait for a save still in flight instead (the
+        caller asks again at a later tick, until ``req.inflight_until``).
 
-        ``may_wait``: the cache may block for an in-flight parent save (nothing
-        else is running that the wait would hold up).
+        ``may_wait``: the cache may block for a save in flight (nothing else
+        is running that the wait would hold up).
         """
         session = req.session
         if slot.kv and slot.namespace != req.namespace:
@@ -145,6 +148,9 @@ class Restorer:
             live_common = 0 if live is None else live.common
             if sticky_needs_lookup(live_common, n, wants_logits=wants):
                 lookup = self._lookup(req, hint, may_wait)
+                if self._waits_for_inflight(req, lookup, live_common):
+                    self._checkin(lookup)
+                    return None
             res = decide_fresh(n, lookup, wants_logits=wants, live=live)
         try:
             res = self._apply(req, slot, res)
@@ -153,19 +159,44 @@ class Restorer:
         self._start(req, res, lookup)
         return res
 
+    def _waits_for_inflight(
+        self, req: ActiveRequest, lookup: Lookup | None, live_common: int
+    ) -> bool:
+        """Whether ``req`` should wait for a save in flight that would serve it
+        better than the published row and the live KV (SPEC M18), within its
+        bound (``session_resume_wait_ms`` from the first time it saw one)."""
+        if lookup is None or lookup.inflight_key is None or lookup.resumed:
+            return False
+        usable = max(0, min(lookup.use_tokens, len(req.target))) if lookup.row else 0
+        if lookup.inflight_tokens <= max(usable, live_common):
+            return False
+        now = self.clock()
+        if req.inflight_until is None:
+            req.inflight_until = now + self.config.policy.session_resume_wait_ms / 1000.0
+        return now < req.inflight_until
+
     def _lookup(
         self, req: ActiveRequest, parent_key: bytes | None, may_wait: bool
     ) -> Lookup | None:
         wait_s = 0.0
-        if parent_key is not None and may_wait:
-            wait_s = self.config.policy.session_resume_wait_ms / 1000.0
+        started = self.clock()
+        if may_wait:
+            # The cache waits only for a save in flight: the parent's, or one
+            # that would serve this prompt better than any published row. One
+            # bound for the request, however many times it asks.
+            if req.inflight_until is None:
+                req.inflight_until = started + self.config.policy.session_resume_wait_ms / 1000.0
+            wait_s = max(0.0, req.inflight_until - started)
         try:
-            return self.cache.resolve(
+            lookup = self.cache.resolve(
                 req.namespace, req.target, parent_key=parent_key, wait_s=wait_s
             )
         except (LlamadError, OSError) as exc:
             log.warning("model.lookup_failed", request_id=req.request_id, error=repr(exc))
             return None
+        if wait_s > 0 and req.waited_from is None and (lookup.resumed or lookup.inflight_key):
+            req.waited_from = started  # the cache held the answer back for it
+        return lookup
 
     def _restore(
         self, req: ActiveRequest, slot: Slot, row: RowRef, covered: int
@@ -266,6 +297,16 @@ class Restorer:
                 window=self.config.miss_window,
                 piece=self.backend.piece,
             )
+            if lookup is not None and lookup.inflight_key is not None:
+                # It went on without the row still being written: say which,
+                # and how long it waited for it (SPEC M18).
+                waited = 0.0 if req.waited_from is None else self.clock() - req.waited_from
+                req.miss = msgspec.structs.replace(
+                    req.miss,
+                    inflight_key=lookup.inflight_key,
+                    inflight_tokens=lookup.inflight_tokens,
+                    waited_ms=round(max(0.0, waited) * 1000.0, 3),
+                )
         req.resolution = res
         req.sources = _sources(res, n)
         req.start_feed(req.target[res.keep :])

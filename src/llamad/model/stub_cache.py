@@ -20,6 +20,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import msgspec
+
 from llamad.cache.key import Namespace, tokens_to_bytes
 from llamad.cache.lookup import Lookup, LookupPolicy, RowRef, choose_restore
 from llamad.cache.prefix import PrefixIndex
@@ -74,6 +76,7 @@ class MemoryCache:
         self.pins: dict[int, bytes] = {}
         self.accounted: list[TokenSources] = []
         self._index = PrefixIndex()
+        self._pending = PrefixIndex()
         self._pin_ids = itertools.count(1)
 
     # -- CacheView -----------------------------------------------------------------------
@@ -112,8 +115,22 @@ class MemoryCache:
             answer = Lookup(
                 plan.kind, ref, plan.use_tokens, match.common_tokens, match.common_key, False
             )
+        answer = self._with_inflight(namespace, tokens, answer)
         self.resolves.append(_Resolve(len(tokens), parent_key, wait_s, answer))
         return answer
+
+    def _with_inflight(self, namespace: Namespace, tokens: Sequence[int], answer: Lookup) -> Lookup:
+        """``answer`` naming a held-back save that would serve ``tokens`` better,
+        as cache-meta names a save in flight (it never waits for one here)."""
+        if not len(self._pending):
+            return answer
+        match = self._pending.match(namespace.header(), tokens_to_bytes(tokens))
+        plan = choose_restore(match, len(tokens), self.policy)
+        if plan is None or plan.use_tokens <= answer.use_tokens:
+            return answer
+        return msgspec.structs.replace(
+            answer, inflight_key=plan.key, inflight_tokens=plan.use_tokens
+        )
 
     @contextmanager
     def read(self, row: RowRef) -> Iterator[RowRead | None]:
@@ -145,6 +162,7 @@ class MemoryCache:
             return False
         if not job.sync and self.defer_async:
             self.pending.append(stored)
+            self._pending.add(job.namespace.header(), tokens_to_bytes(job.tokens), job.key)
             return True
         self._publish(stored)
         return True
@@ -167,6 +185,8 @@ class MemoryCache:
         """Finish every held-back asynchronous save; returns their keys."""
         done, self.pending = self.pending, []
         for stored in done:
+            job = stored.job
+            self._pending.remove(job.namespace.header(), tokens_to_bytes(job.tokens))
             self._publish(stored)
         return [s.job.key for s in done]
 

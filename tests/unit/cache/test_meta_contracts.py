@@ -79,8 +79,15 @@ def test_lookup_travels_as_its_fields_in_order_and_round_trips(found: Lookup) ->
         found.common_key,
         found.resumed,
         found.probes,
+        found.inflight_key,
+        found.inflight_tokens,
     ]
     assert LOOKUP_DECODER.decode(wire) == found
+    # A cache-meta from before the in-flight report sends seven fields.
+    older = msgspec.msgpack.encode(msgspec.msgpack.decode(wire)[:7])
+    assert LOOKUP_DECODER.decode(older) == msgspec.structs.replace(
+        found, inflight_key=None, inflight_tokens=0
+    )
 
 
 @pytest.mark.parametrize(

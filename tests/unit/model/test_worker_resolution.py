@@ -255,7 +255,9 @@ def waits(cache: MemoryCache) -> Sequence[float]:
     return [r.wait_s for r in cache.resolves]
 
 
-def test_the_cache_may_block_on_a_parent_only_while_nothing_else_runs() -> None:
+def test_the_cache_may_block_only_while_nothing_else_runs() -> None:
+    """A lookup may wait for a save in flight (the parent's, or a better row's:
+    the cache decides) only when no other sequence runs: the wait blocks the loop."""
     h = make(n_seq_max=2)
     h.submit("alone", prompt(12), max_tokens=2, parent_key=KEY)
     h.run()
@@ -264,4 +266,47 @@ def test_the_cache_may_block_on_a_parent_only_while_nothing_else_runs() -> None:
     h.step()
     h.submit("second", prompt(12, start=9), max_tokens=2, parent_key=KEY)
     h.run()
-    assert waits(h.cache) == [0.5, 0.0, 0.0]
+    assert waits(h.cache) == [0.5, 0.5, 0.0]
+
+
+def test_a_repeat_waits_for_its_row_still_being_written_instead_of_running_cold() -> None:
+    """No idle entry holds it (live reuse off), no parent key names it: the row
+    the first request is still writing is what the cache reports in flight, and
+    the repeat waits for it between ticks while another request decodes."""
+    h = make(n_seq_max=2, cache=MemoryCache(defer_async=True), live_reuse=False)
+    p = prompt(40)
+    first = h.complete("a", p, max_tokens=3)
+    h.submit("busy", prompt(20, start=90), max_tokens=40)
+    h.step()
+    h.submit("b", p, max_tokens=3)
+    h.step()
+    assert h.core.requests["b"].phase is Phase.WAITING
+    h.clock.advance(0.1)
+    for key in h.cache.publish_pending():
+        h.core.save_done(key, published=True)
+    h.run()
+    got = h.result("b")
+    assert got.cache_hit_kind is CacheHitKind.EXACT
+    assert got.generated == first.generated
+    assert got.stats.wait_ms >= 100.0
+    assert got.cache_miss is None
+
+
+def test_a_row_that_does_not_land_in_time_is_named_in_the_miss() -> None:
+    h = make(n_seq_max=2, cache=MemoryCache(defer_async=True), live_reuse=False)
+    p = prompt(40)
+    first = h.complete("a", p, max_tokens=3)
+    h.submit("busy", prompt(20, start=90), max_tokens=80)
+    h.step()
+    h.submit("b", [*first.context_tokens[: first.committed_tokens], 9], max_tokens=3)
+    h.step()
+    assert h.core.requests["b"].phase is Phase.WAITING
+    h.clock.advance(0.6)  # past session_resume_wait_ms (500)
+    h.run()
+    got = h.result("b")
+    # Every save is still held back: cold, and it says what it went without.
+    assert got.cache_hit_kind is CacheHitKind.COLD
+    miss = got.cache_miss
+    assert miss is not None and miss.inflight_key == first.finish_key
+    assert miss.inflight_tokens == first.committed_tokens
+    assert miss.waited_ms >= 500.0
