@@ -1,10 +1,13 @@
-"""`make run` (``python -m llamad.demo``): the daemon serves the default model cold, then warm.
+"""`make run` (``python -m llamad.demo``): the daemon serves the default model cold,
+then warm at once, then again after a restart.
 
 The demo starts a real daemon with no configuration file, talks to it through
-the public client, and stops it. These tests check what it prints against
-what must hold (an exact warm hit with the cold reply), and check on their
-own that it left nothing behind: no process of the daemon's tree, no private
-directory, also when it is interrupted with Ctrl-C mid-request.
+the public client, restarts it, and stops it. These tests check what it
+prints against what must hold (an exact hit on the live KV for the repeat
+sent back to back, an exact hit from a tier after the restart, both with the
+cold reply), and check on their own that it left nothing behind: no process
+of the daemon's tree, no private directory, also when it is interrupted with
+Ctrl-C mid-request.
 """
 
 from __future__ import annotations
@@ -64,14 +67,21 @@ def test_make_run_serves_cold_then_an_exact_warm_hit_and_stops_cleanly() -> None
     assert re.search(
         r"daemon   pid \d+, serving smollm2 \(n_ctx \d+\) on ipc:///tmp/llamad-run-", out
     )
-    cold = re.search(r"^cold +cache_hit_kind=cold .* (\d+) tokens prefilled", out, re.M)
-    # The exact hit samples its first token from the logits kept with the row
-    # (the memoised primer): nothing is prefilled, not even the last token.
-    warm = re.search(r"^warm +cache_hit_kind=exact .* 0 tokens prefilled", out, re.M)
+    cold = re.search(r"^cold +cache_hit_kind=cold .* prompt tokens: computed (\d+);", out, re.M)
+    # Back to back: the live KV the cold request left, the first token sampled
+    # from the logits it kept; nothing prefilled, nothing restored.
+    warm = re.search(r"^warm +cache_hit_kind=exact .* prompt tokens: live (\d+);", out, re.M)
+    # After SIGTERM and a start with no configuration: the row the cache kept
+    # across the restart, restored whole.
+    again = re.search(
+        r"^restart +cache_hit_kind=exact .* prompt tokens: (ram|ram_file|disk) (\d+);", out, re.M
+    )
     assert cold is not None and int(cold.group(1)) > 512, out
-    assert warm is not None, out
-    assert re.search(r"^speed-up \d+x to the first token", out, re.M), out
+    assert warm is not None and warm.group(1) == cold.group(1), out
+    assert again is not None and again.group(2) == cold.group(1), out
+    assert re.search(r"^speed-up to the first token through the client: \d+x warm", out, re.M)
     assert "warm reply identical to the cold one; warm hit exact" in out
+    assert "restart reply identical to the cold one; restart hit exact" in out
     assert "daemon   stopped with SIGTERM: exit 0, no llamad process left" in out
     assert not base.exists(), "the private directory is removed"
     assert _processes_of(base) == []
