@@ -112,11 +112,13 @@ class WorkerCore:
         self.queue: AdmissionQueue[ActiveRequest] = AdmissionQueue(config.max_queue)
         self.sessions = SessionTable()
         self.requests: dict[str, ActiveRequest] = {}
-        self.saver = Saver(backend, cache, self.sessions)
+        self.saver = Saver(backend, cache, self.sessions, clock)
         self.seqs = SequenceTable(
             config.n_seq_max, backend, self.sessions, self.saver, keep_idle=config.live_reuse
         )
-        self.restorer = Restorer(config, backend, cache, clock, self.seqs)
+        self.restorer = Restorer(
+            config, backend, cache, clock, self.seqs, on_bad_row=self.saver.forget_written
+        )
         self.endings = Endings(self.seqs, self.saver, backend)
         self.ticks = 0
         self.last_cache_hit: CacheHitKind | None = None

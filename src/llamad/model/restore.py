@@ -105,7 +105,11 @@ class Restorer:
         cache: CacheView,
         clock: Callable[[], float],
         seqs: SequenceTable,
+        *,
+        on_bad_row: Callable[[bytes], None] = lambda key: None,
     ) -> None:
+        self.on_bad_row = on_bad_row
+        """Told the key of a row that could not be read (missing, damaged)."""
         self.config = config
         self.backend = backend
         self.cache = cache
@@ -209,12 +213,14 @@ class Restorer:
         try:
             with self.cache.read(row) as got:
                 if got is None:
+                    self.on_bad_row(row.key)
                     return False, None
                 self.backend.unpack(slot.seq, got.payload)
                 logits = got.logits
         except (LlamadError, OSError) as exc:
             log.warning("model.restore_failed", seq=slot.seq, key=row.key.hex(), error=repr(exc))
             self.seqs.forget(slot)
+            self.on_bad_row(row.key)
             return False, None
         # Past `covered`, a diverging row holds tokens that are not the
         # target's: they are cut below, never read as the target's.

@@ -14,6 +14,7 @@ them when its tokens reach that position.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Final
@@ -37,6 +38,9 @@ log = structlog.get_logger("llamad.model")
 RECENT_KEYS: Final = 4096
 """Keys of rows this worker wrote (or has a write of in flight) that it
 remembers, so the same KV is not packed again for the same row."""
+RECENT_S: Final = 60.0
+"""How long a row counts as just written. Past it, the row may have been
+evicted since: the same KV is saved again (a duplicate is only refused)."""
 
 
 def _holds_saved_row(slot: Slot, namespace: Namespace) -> bool:
@@ -51,7 +55,14 @@ def _holds_saved_row(slot: Slot, namespace: Namespace) -> bool:
 class Saver:
     """Executes save points for one core."""
 
-    def __init__(self, backend: Backend, cache: CacheView, sessions: SessionTable) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        cache: CacheView,
+        sessions: SessionTable,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.clock = clock
         self.backend = backend
         self.cache = cache
         self.sessions = sessions
@@ -59,8 +70,8 @@ class Saver:
         """Jobs handed to the cache since the core last reported them."""
         self.inflight_finish: dict[bytes, int] = {}
         """Finish saves handed to the writer and not yet reported: key → tokens."""
-        self.recent: OrderedDict[bytes, int] = OrderedDict()
-        """Rows this worker saved, or has a save of in flight (key → tokens),
+        self.recent: OrderedDict[bytes, float] = OrderedDict()
+        """Rows this worker saved, or has a save of in flight (key → when),
         the most recent last."""
         self.skipped = 0
         """Saves not taken because the row was just written (status, tests)."""
@@ -81,7 +92,7 @@ class Saver:
         if logits is not None and logits.position >= len(tokens):
             logits = None
         key = namespace.key(tokens)
-        if key in self.recent:
+        if self._just_written(key):
             # This very row was written a moment ago (or its write is in
             # flight): live reuse hands a request KV whose finish row another
             # request just saved, and an exact repeat would pack the same
@@ -116,12 +127,26 @@ class Saver:
         if not ok:
             return False
         self._saved(slot, req, job.key, job.n_tokens)
-        self.recent[job.key] = job.n_tokens
+        self.recent[job.key] = self.clock()
+        self.recent.move_to_end(job.key)
         if len(self.recent) > RECENT_KEYS:
             self.recent.popitem(last=False)
         if reason is SaveReason.FINISH:
             self.inflight_finish[job.key] = job.n_tokens
         return True
+
+    def _just_written(self, key: bytes) -> bool:
+        written = self.recent.get(key)
+        if written is None:
+            return False
+        if key in self.inflight_finish or self.clock() - written < RECENT_S:
+            return True
+        del self.recent[key]
+        return False
+
+    def forget_written(self, key: bytes) -> None:
+        """``key``'s row turned out missing or damaged: save it again next time."""
+        self.recent.pop(key, None)
 
     def _saved(self, slot: Slot, req: ActiveRequest | None, key: bytes, n_tokens: int) -> None:
         """The row of ``slot``'s first ``n_tokens`` tokens exists (or is being written)."""

@@ -175,10 +175,12 @@ def test_status_reports_models_workers_supervisors_and_tiers(daemon: Daemon) -> 
     assert "model.smol" in {c.id for c in sups["model_sup"].children}
     assert set(status.tiers) == {"ram", "disk"}
     assert status.tiers["ram"].quota == 256 << 20
-    # The front reads cache-meta's counters: a hit this test makes shows there
-    # (at cache-meta's next stats flush, so polled). cache-meta files a warm
-    # repeat under the lookup that found it (exact, or the longest-prefix walk).
-    hits = ("hits_exact", "hits_longest_prefix", "hits_resume")
+    # The front reads the shared counters: a hit this test makes shows there
+    # (cache-meta's at its next stats flush, so polled). A repeat sent back to
+    # back reuses the live KV the first request left (the worker counts
+    # hits_live); a later one goes to cache-meta, which files it under the
+    # lookup that found it (exact, or the longest-prefix walk).
+    hits = ("hits_exact", "hits_longest_prefix", "hits_resume", "hits_live")
     before = daemon.front.call("counters", {})
     worker = daemon.worker("smol")
     prompt = prompt_text(7)

@@ -144,7 +144,9 @@ def test_lookups_while_cache_meta_is_down_are_cold_at_once(
         drv.complete("up", tokens, max_tokens=4)
         meta.kill()
         started = time.monotonic()
-        down = drv.complete("down", tokens, max_tokens=4)
+        # A longer prompt: its rows are new (the worker does not pack a row it
+        # has just written again), so it tries to save them.
+        down = drv.complete("down", [*tokens, *prompt(9, start=5)], max_tokens=4)
         assert down.cache_hit_kind is CacheHitKind.COLD
         assert time.monotonic() - started < 2.0
         # Its saves could not be written: reported unpublished, never raised.

@@ -293,3 +293,31 @@ def test_an_exact_repeat_packs_no_second_copy_of_the_row_its_kv_already_has() ->
         h.core.save_done(key, published=False)
     h.complete("c", p, max_tokens=1)
     assert h.backend.packs == packs + 1
+
+
+def test_a_row_found_damaged_is_saved_again_though_it_was_just_written() -> None:
+    h = make(n_seq_max=1, live_reuse=False)
+    p = prompt(40)
+    first = h.complete("a", p, max_tokens=1)
+    assert first.finish_key in h.cache.rows
+    h.cache.corrupt.add(first.finish_key)
+    packs = h.backend.packs
+    again = h.complete("b", p, max_tokens=1)
+    assert again.cache_hit_kind is CacheHitKind.COLD  # the damaged row was not served
+    assert h.backend.packs > packs  # and its KV was saved again
+    h.cache.corrupt.clear()
+    assert first.finish_key in h.cache.rows
+
+
+def test_a_row_written_long_ago_is_saved_again() -> None:
+    h = make(n_seq_max=1, cache=MemoryCache(defer_async=True))
+    p = prompt(40)
+    h.complete("a", p, max_tokens=1)
+    for key in h.cache.publish_pending():
+        h.core.save_done(key, published=True)
+    packs = h.backend.packs
+    h.complete("b", p, max_tokens=1)
+    assert h.backend.packs == packs  # just written: not packed again
+    h.clock.advance(120)  # it may have been evicted since
+    h.complete("c", p, max_tokens=1)
+    assert h.backend.packs == packs + 1
