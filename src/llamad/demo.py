@@ -8,8 +8,9 @@ What it does, as a user would:
    directory under ``/tmp`` holds its runtime directory (the endpoint and the
    actor registry), its state (the disk tier) and its log; the cache gets an
    instance name of its own (``ram`` segments and ``ram_file`` files are named
-   by it). Environment settings (``LLAMAD_RUNTIME_DIR``, ``STATE_DIRECTORY``,
-   two ``LLAMAD_CACHE__*`` overrides) do this; a user's ``LLAMAD_*`` settings
+   by it, and ``ram_file`` keeps its default place under ``/dev/shm``).
+   Environment settings (``LLAMAD_RUNTIME_DIR``, ``STATE_DIRECTORY``,
+   ``LLAMAD_CACHE__INSTANCE``) do this; a user's ``LLAMAD_*`` settings
    are not passed on, so a daemon of theirs is never reached nor disturbed;
 2. waits until the model is ready (``list_models`` through :class:`llamad.Client`);
 3. sends a chat of ~1,500 tokens (notes about a city, then a question) with
@@ -21,7 +22,7 @@ What it does, as a user would:
 5. restarts the daemon (SIGTERM, start again) and sends the chat a third
    time: **restart**, an exact hit restored from the tier the cache kept the
    row in across the restart (its ``ram`` rows move to ``ram_file`` at a clean
-   stop, and ``disk`` keeps a copy);
+   stop and back into ``ram`` at the start, and ``disk`` keeps a copy);
 6. prints each ``cache_hit_kind``, where the prompt's tokens came from, the
    worker's restore and prefill times, the client's time to the first token,
    the speed-ups, and checks that all three replies are identical;
@@ -88,13 +89,16 @@ class _Daemon:
         self.runtime = self.base / "run"
         self.endpoint = f"ipc://{self.runtime}/llamad.sock"
         self.log_path = self.base / "daemon.log"
+        instance = f"run-{uuid.uuid4().hex[:12]}"
+        # The ram_file tier stays where the default configuration puts it (on
+        # /dev/shm, beside ram: its moves are links); the demo removes it.
+        self.ram_file_root = Path(f"/dev/shm/llamad-{os.getuid()}/{instance}")
         keep = ("LLAMAD_CACHE_DIR", "LLAMAD_DEFAULT_MODEL")
         env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMAD_") or k in keep}
         env.update(
             LLAMAD_RUNTIME_DIR=str(self.runtime),
             STATE_DIRECTORY=str(self.base / "state"),
-            LLAMAD_CACHE__INSTANCE=f"run-{uuid.uuid4().hex[:12]}",
-            LLAMAD_CACHE__RAM_FILE__ROOT=str(self.base / "ram_file"),
+            LLAMAD_CACHE__INSTANCE=instance,
             LLAMAD_LOG_FORMAT="console",
         )
         if threads is not None:
@@ -164,6 +168,7 @@ class _Daemon:
 
     def remove(self) -> None:
         shutil.rmtree(self.base, ignore_errors=True)
+        shutil.rmtree(self.ram_file_root, ignore_errors=True)
 
 
 def _term_with_parent() -> None:

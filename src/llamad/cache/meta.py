@@ -489,6 +489,35 @@ class CacheMeta:
                 self._start_move(MoveKind.PROMOTE, copy, tier, victims)
                 return
 
+    def promote_newest(self, src: TierKind, dst: TierKind) -> int:
+        """Promote the rows whose fastest copy is in ``src`` into ``dst``, the
+        most recently used first, while ``dst`` has headroom (nothing is
+        evicted for them); returns how many moves started.
+
+        For a start (SPEC C12): a clean stop demoted the ``ram`` rows into
+        ``ram_file`` before the purge, and the caller links them back, so a
+        restart begins with the rows it stopped with, restored from ``ram``
+        like before it. The caller asks only where the move is a link.
+        """
+        if self._stopping or src not in self._usable or dst not in self._usable:
+            return 0
+        rows = [
+            row
+            for row in self.rows.values()
+            if (copy := row.fastest()) is not None
+            and copy.tier is src
+            and dst not in row.copies
+            and not self.moves.to(row.key, dst)
+        ]
+        rows.sort(key=lambda r: r.last_used_ns, reverse=True)
+        started = 0
+        for row in rows:
+            copy = row.copies[src]
+            if self._room_in(dst, copy.size) == []:
+                self._start_move(MoveKind.PROMOTE, copy, dst, [])
+                started += 1
+        return started
+
     def _pump(self) -> None:
         """Ask for the next write-behind copies while there is a slot for them."""
         while (

@@ -2,9 +2,10 @@
 
 Rows are saved with no tier named (cache-meta chooses), demoted by quota,
 written behind to disk, demoted at a clean stop, rescued by the daemon's
-purge of ``ram``, and promoted when hot; the files are real: ``ram`` and
-``ram_file`` share ``/dev/shm`` (demotions and promotions between them are
-links), ``disk`` is under ``/tmp``. The mover is asynchronous: a test waits
+purge of ``ram``, linked back into ``ram`` at the next start, and promoted
+when hot; the files are real: ``ram`` and ``ram_file`` share ``/dev/shm``
+(demotions and promotions between them are links), ``disk`` is under
+``/tmp``. The mover is asynchronous: a test waits
 for the counter of the move it is about (polled with a deadline).
 """
 
@@ -130,9 +131,15 @@ def test_rows_survive_a_clean_stop_the_ram_purge_and_the_loss_of_ram_file(
         assert t[DISK].path_for(key).exists()
     assert purge_ram(settings) == 0  # the daemon's stop: nothing left to purge
     with MetaProcess(settings), CacheClient.from_settings(settings) as cache:
+        # The start links them back into ram (the mover is asynchronous).
+        wait_for("the rows back in ram", lambda: cache.counters()["promotions"] == 3)
         for seed, key in zip((1, 2, 3), keys, strict=True):
+            assert copies(cache, key) == {RAM, RAM_FILE, DISK}
+            assert t[RAM].path_for(key).stat().st_ino == t[RAM_FILE].path_for(key).stat().st_ino
             found = cache.lookup_exact(key)
-            assert found is not None and found.tier is RAM_FILE and loads(cache, found, seed)
+            assert found is not None and found.tier is RAM and loads(cache, found, seed)
+            from_file = cache.lookup_exact(key, tiers={RAM_FILE})
+            assert from_file is not None and loads(cache, from_file, seed)
     # A reboot: ram_file is gone with the tmpfs; disk serves.
     shutil.rmtree(t[RAM_FILE].root)
     with MetaProcess(settings), CacheClient.from_settings(settings) as cache:
@@ -159,8 +166,11 @@ def test_the_ram_purge_after_a_crash_links_the_rows_into_ram_file(
     assert purge_ram(settings) == 1  # the next daemon's start
     assert t[RAM_FILE].path_for(key).exists() and not t[RAM].path_for(key).exists()
     with MetaProcess(settings), CacheClient.from_settings(settings) as cache:
-        found = cache.lookup_exact(key)
+        found = cache.lookup_exact(key, tiers={RAM_FILE})
         assert found is not None and found.tier is RAM_FILE and loads(cache, found, 5)
+        wait_for("the row back in ram", lambda: copies(cache, key) == {RAM, RAM_FILE})
+        found = cache.lookup_exact(key)
+        assert found is not None and found.tier is RAM and loads(cache, found, 5)
 
 
 def test_lookups_answer_the_callers_tiers_and_forget_drops_one_copy(
@@ -194,27 +204,25 @@ def test_a_hot_row_in_ram_file_is_promoted_into_ram_by_a_link(settings: CacheSet
     # A row a previous run left in ram_file.
     row = spec(9)
     with MetaProcess(settings), CacheClient.from_settings(settings) as cache:
+        # Saved into ram_file while this cache-meta runs (a row found there at
+        # its start would be linked back into ram at once).
         assert publish(cache, t[RAM_FILE], row, payload(9)).stored
-    with MetaProcess(settings), CacheClient.from_settings(settings) as cache:
+        # A reader that may not restore from ram is never promoted into it.
+        for _ in range(3):
+            ref = cache.lookup_exact(row.key, pin=False, tiers={RAM_FILE, DISK})
+            assert ref is not None and ref.tier is RAM_FILE
+        assert cache.status()["moves"]["in_flight"] == 0
+        assert cache.counters()["promotions"] == 0
+        assert copies(cache, row.key) == {RAM_FILE}
+        # Hot (promote_hits 2) and read by a reader of every tier: served from
+        # ram_file, promoted behind.
         first = cache.lookup_exact(row.key, pin=False)
         assert first is not None and first.tier is RAM_FILE
-        second = cache.lookup_exact(row.key, pin=False)
-        assert second is not None and second.tier is RAM_FILE  # hot now: promoted behind
         wait_for("the promotion", lambda: cache.counters()["promotions"] == 1)
         found = cache.lookup_exact(row.key)
         assert found is not None and found.tier is RAM and loads(cache, found, 9)
         assert t[RAM].path_for(row.key).stat().st_ino == t[RAM_FILE].path_for(row.key).stat().st_ino
         assert copies(cache, row.key) == {RAM, RAM_FILE}
-    # A reader that may not restore from ram is never promoted into it.
-    assert purge_ram(settings) == 1  # the daemon's stop; ram_file holds the row
-    with MetaProcess(settings), CacheClient.from_settings(settings) as cache:
-        before = cache.counters()["promotions"]
-        for _ in range(3):
-            ref = cache.lookup_exact(row.key, pin=False, tiers={RAM_FILE, DISK})
-            assert ref is not None and ref.tier is RAM_FILE
-        assert cache.status()["moves"]["in_flight"] == 0
-        assert cache.counters()["promotions"] == before
-        assert copies(cache, row.key) == {RAM_FILE}
 
 
 def test_an_auto_save_goes_to_the_fastest_tier_that_can_take_it(settings: CacheSettings) -> None:

@@ -276,6 +276,10 @@ max_header_bytes = "{max_message_bytes}"
             psutil.wait_procs(tree, timeout=5)
         self.close_clients()
         shutil.rmtree(self.base, ignore_errors=True)
+        # A daemon SIGKILLed by its test never purged its ram segments, and no
+        # later daemon of this instance will: they would outlive the run.
+        for segment in Path("/dev/shm").glob(f"llamad-ram.{self.instance}.*"):
+            segment.unlink(missing_ok=True)
 
     def log_events(self) -> list[str]:
         return (self.base / "daemon.log").read_text(errors="replace").splitlines()

@@ -382,6 +382,33 @@ def test_a_clean_stop_demotes_ram_rows_most_recent_first() -> None:
     assert pinned.key not in meta.rows
 
 
+def test_a_start_links_the_newest_ram_file_rows_back_into_ram_while_it_has_room() -> None:
+    meta, store = hierarchy(ram=2000, ram_file=4000)
+    its = [intent([i], tier=RAM_FILE) for i in range(3)]
+    for age, it in enumerate(its):
+        meta.adopt_file(kvc_meta(it, last_used_ns=1_000 + age), RAM_FILE, f"/ram_file/{age}")
+    on_disk = intent([7], tier=DISK)
+    meta.adopt_file(kvc_meta(on_disk, last_used_ns=9_000), DISK, "/disk/7")
+    meta.finish_rebuild()
+    assert meta.promote_newest(RAM_FILE, RAM) == 2
+    jobs = meta.take_moves()
+    # The two most recently used fit ram; the oldest stays below, and a row
+    # with no ram_file copy is not the caller's to move.
+    assert {j.key for j in jobs} == {its[2].key, its[1].key}
+    assert all((j.kind, j.src_tier, j.dst_tier) == (MoveKind.PROMOTE, RAM_FILE, RAM) for j in jobs)
+    for job in jobs:
+        land(meta, store, job, linked=True)
+    assert tiers_of(meta, its[2].key) == {RAM, RAM_FILE}
+    assert tiers_of(meta, its[0].key) == {RAM_FILE}
+    found = meta.lookup_exact(its[2].key)
+    assert found is not None and found.tier is RAM
+    assert meta.ledgers[RAM].used == 2000
+    # Nothing is moved twice, and nothing once a stop began.
+    assert meta.promote_newest(RAM_FILE, RAM) == 0
+    meta.begin_stop()
+    assert meta.promote_newest(RAM_FILE, RAM) == 0
+
+
 # -- exact hits from rows that run past the prompt -----------------------------------------------
 
 
