@@ -43,7 +43,7 @@ from llamad.model.deliveries import Deliveries
 from llamad.model.heartbeat import BusyMark, HeartbeatThread
 from llamad.model.observed import ObservedBackend
 from llamad.model.planner import BatchPlan
-from llamad.model.results import TokenEvent
+from llamad.model.results import Event, TokenEvent
 from llamad.model.status_board import StatusBoard, Throughput, WorkerSnapshot, status_path
 from llamad.model.worker_ops import WorkerOps
 from llamad.model.worker_parts import WorkerParts, build_parts
@@ -96,6 +96,8 @@ class WorkerProcess:
                 curve=None if remote is None or remote.curve is None else remote.curve.load(),
             )
             self.deliveries = Deliveries()
+            self._early_tokens = 0
+            self.core.send_early = self._send_early
             self.ops = WorkerOps(
                 self.core,
                 self.parts,
@@ -234,8 +236,15 @@ class WorkerProcess:
         wake = self.core.next_wakeup()
         return None if wake is None else max(0.0, wake - self.clock())
 
+    def _send_early(self, events: list[tuple[str, Event]]) -> None:
+        """A tick's events so far, sent before a finish save packs (WorkerCore._finish)."""
+        for request_id, event in events:
+            if type(event) is TokenEvent and event.token is not None:
+                self._early_tokens += 1
+            self.deliveries.deliver(request_id, event)
+
     def _deliver(self, report: TickReport) -> None:
-        generated = 0
+        generated, self._early_tokens = self._early_tokens, 0
         for request_id, event in report.events:
             if type(event) is TokenEvent and event.token is not None:
                 generated += 1

@@ -7,7 +7,7 @@ from worker_harness import SMALL_POLICY, Clock, make, prompt
 
 from llamad.cache.kvc import SaveReason
 from llamad.model.backend import PackedState
-from llamad.model.results import CacheHitKind, DoneEvent
+from llamad.model.results import CacheHitKind, DoneEvent, Event
 from llamad.model.savepoints import SaveJob, SaveSchedule
 from llamad.model.stub_cache import MemoryCache
 
@@ -160,3 +160,33 @@ def test_shutdown_saves_live_sequences_synchronously_within_the_cap() -> None:
     assert all(r.cancelled for r in done) and len(done) == 4
     assert not [j for j in cache.saves if j.reason is SaveReason.FINISH]
     assert h.core.requests == {} and h.backend.samplers_open == 0
+
+
+def test_tokens_sampled_in_a_tick_leave_before_a_finish_save_packs() -> None:
+    # Two requests that end on their first token in the same tick: their
+    # tokens go to the shell before the first finish save packs a sequence,
+    # not after both packs (the packs of long rows take milliseconds each).
+    h = make(n_seq_max=2)
+    order: list[str] = []
+    real_pack = h.backend.pack
+
+    def pack(seq: int) -> PackedState:
+        order.append(f"pack {seq}")
+        return real_pack(seq)
+
+    h.backend.pack = pack  # type: ignore[method-assign]
+
+    def send_early(events: list[tuple[str, Event]]) -> None:
+        order.extend(f"{type(e).__name__} {rid}" for rid, e in events)
+
+    h.core.send_early = send_early
+    h.submit("a", prompt(20, start=1), max_tokens=1)
+    h.submit("b", prompt(20, start=40), max_tokens=1)
+    h.run()
+    # (Each prompt's cold save packed first, during the prefill.)
+    first = order.index("TokenEvent a")
+    assert order[first:] == ["TokenEvent a", "TokenEvent b", "pack 0", "DoneEvent a", "pack 1"]
+    # Nothing is sent twice: the report holds what did not go early.
+    reported = [f"{type(e).__name__} {rid}" for r in h.reports for rid, e in r.events]
+    assert reported == ["DoneEvent b"]
+    assert [reason for reason, _ in saves(h.cache)].count(SaveReason.FINISH) == 2
