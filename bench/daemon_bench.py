@@ -95,6 +95,7 @@ from bench.peers.workload import exact_tokens
 from bench.worker_bench import WORDS
 from bench.worker_bench_report import governor_note
 from llamad import Client, TokenEvent, logs
+from llamad.config.dirs import default_ram_file_root
 from llamad.front_wire import ModelState
 
 if TYPE_CHECKING:
@@ -139,7 +140,7 @@ n_seq_max = {AGENTS}
     def ram_file_root(self) -> Path:
         """The default ``ram_file`` directory of this instance (on /dev/shm,
         outside :attr:`base`; ``cache.ram_file.root``'s default)."""
-        return Path(f"/dev/shm/llamad-{os.getuid()}/{self.instance}")
+        return Path(default_ram_file_root(self.instance))
 
     def start(self) -> Client:
         """Start it; a client once the model is ready and has decoded once."""

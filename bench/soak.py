@@ -62,6 +62,7 @@ from bench.soak_procs import Sampler
 from bench.soak_report import Exit, Kill, Sample, Windows
 from llamad import Client, paths
 from llamad.actors import Registry
+from llamad.config.dirs import default_ram_file_root
 
 MODELS = {"a": 4096, "b": 2048}  # model id -> n_ctx
 THREADS = 12
@@ -149,7 +150,7 @@ model_dirs = ["{paths.default_model_path().parent}"]
     def ram_file_root(self) -> Path:
         """This instance's ``ram_file`` directory: the default root, on /dev/shm,
         outside :attr:`base` (``cache.ram_file.root``'s default)."""
-        return Path(f"/dev/shm/llamad-{os.getuid()}/{self.instance}")
+        return Path(default_ram_file_root(self.instance))
 
     def remove(self) -> None:
         """Its directory and its ``ram_file`` rows (stop it first)."""

@@ -176,8 +176,10 @@ class LlamadDaemon:
     @property
     def ram_file_root(self) -> Path:
         """Where the default configuration puts this instance's ``ram_file`` rows
-        (``cache.ram_file.root``'s default, llamad/config/load.py)."""
-        return Path(f"/dev/shm/llamad-{os.getuid()}/{self.instance}")
+        (``cache.ram_file.root``'s default)."""
+        from llamad.config.dirs import default_ram_file_root  # noqa: PLC0415
+
+        return Path(default_ram_file_root(self.instance))
 
     def log_tail(self, lines: int = 30) -> str:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

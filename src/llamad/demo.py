@@ -55,6 +55,7 @@ from llamad import logs
 from llamad.cli_render import sources_text
 from llamad.client import Client
 from llamad.config import DEFAULT_MODEL_ID
+from llamad.config.dirs import default_ram_file_root
 from llamad.config.model_schema import DEFAULT_MODEL_PATH
 from llamad.errors import LlamadError
 from llamad.front_wire import ModelState
@@ -92,7 +93,7 @@ class _Daemon:
         instance = f"run-{uuid.uuid4().hex[:12]}"
         # The ram_file tier stays where the default configuration puts it (on
         # /dev/shm, beside ram: its moves are links); the demo removes it.
-        self.ram_file_root = Path(f"/dev/shm/llamad-{os.getuid()}/{instance}")
+        self.ram_file_root = Path(default_ram_file_root(instance))
         keep = ("LLAMAD_CACHE_DIR", "LLAMAD_DEFAULT_MODEL")
         env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMAD_") or k in keep}
         env.update(

@@ -20,6 +20,7 @@ __all__ = [
     "ENDPOINT_NAME",
     "default_endpoint",
     "default_model_dirs",
+    "default_ram_file_root",
     "default_runtime_dir",
     "default_state_dir",
 ]
@@ -45,6 +46,13 @@ def default_state_dir(env: Mapping[str, str]) -> str:
         return posixpath.join(env["XDG_STATE_HOME"], "llamad")
     home = env.get("HOME") or os.path.expanduser("~")
     return posixpath.join(home, ".local", "state", "llamad")
+
+
+def default_ram_file_root(instance: str) -> str:
+    """``[cache.ram_file] root`` when unset: beside the ``ram`` segments on
+    /dev/shm (one filesystem, so moves between them are links), a directory
+    per user and per cache instance."""
+    return f"/dev/shm/llamad-{os.getuid()}/{instance}"
 
 
 def default_endpoint(runtime_dir: str) -> str:

@@ -41,6 +41,7 @@ from llamad.cache.meta_wire import ACTOR_NAME as CACHE_META
 from llamad.config.dirs import (
     default_endpoint,
     default_model_dirs,
+    default_ram_file_root,
     default_runtime_dir,
     default_state_dir,
 )
@@ -132,7 +133,7 @@ def _socket_fits(runtime_dir: str, actor: str) -> bool:
 
 
 def _resolve_cache(c: CacheSection, state_dir: str, problems: Problems) -> CacheSection:
-    ram_file_root = c.ram_file.root or f"/dev/shm/llamad-{os.getuid()}/{c.instance}"
+    ram_file_root = c.ram_file.root or default_ram_file_root(c.instance)
     disk_root = c.disk.root or os.path.join(state_dir, "kvc")
     if c.ram_file.quota and c.disk.quota and ram_file_root == disk_root:
         problems.add(("cache", "disk", "root"), "is the ram_file tier's directory too")

@@ -35,6 +35,7 @@ import pytest
 from llamad.cache.client import CacheClient
 from llamad.client import Client
 from llamad.config import DEFAULT_MODEL_ID
+from llamad.config.dirs import default_ram_file_root
 from llamad.errors import LlamadError
 from llamad.front_wire import ModelState
 from llamad.model.results import Completion
@@ -66,7 +67,7 @@ class Unconfigured:
         self.runtime = self.base / "run"
         self.instance = f"wr-{uuid.uuid4().hex[:12]}"
         # The default ram_file directory: this instance's, on /dev/shm.
-        self.ram_file = Path(f"/dev/shm/llamad-{os.getuid()}/{self.instance}")
+        self.ram_file = Path(default_ram_file_root(self.instance))
         keep = ("LLAMAD_CACHE_DIR", "LLAMAD_DEFAULT_MODEL")
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMAD_") or k in keep}
         self.env.update(
