@@ -653,6 +653,34 @@ class Client:
             slot.terminal = True
         slot.arrivals.append(_Arrival(kind, env.body, blobs))
 
+    def _send_hello(self, sock: zmq.Socket[bytes], frame: bytes, deadline: float) -> None:
+        """Send the HELLO within the connect deadline.
+
+        A DEALER's send blocks while it has no pipe, and a refused CURVE
+        handshake takes the pipe away for good: a refusal that lands before
+        the HELLO is sent (a loaded machine) would hang a blocking send. The
+        monitor says why instead, and the deadline bounds the rest.
+        """
+        while True:
+            try:
+                sock.send(frame, NOBLOCK)
+                return
+            except zmq.Again:
+                pass
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Unavailable(f"actor {self.target!r} did not accept the handshake")
+            items: list[tuple[Any, int]] = [(sock, zmq.POLLOUT)]
+            if self._monitor is not None:
+                items.append((self._monitor, POLLIN))
+            ready = zmq.zmq_poll(items, max(1, min(int(left * 1000 + 0.999), _CRASH_CHECK_MS)))
+            if any(item is self._monitor for item, _ in ready) and self._disconnected():
+                refusal, self._refusal = self._refusal, None
+                if refusal is not None:
+                    raise refusal
+            if self._watch.exited():
+                raise Unavailable(f"actor {self.target!r} exited during the handshake")
+
     def _disconnected(self) -> bool:
         monitor = self._monitor
         assert monitor is not None
@@ -717,8 +745,8 @@ class Client:
         hello = Hello(me.pid, me.start_ticks, me.boot_id, me.pidns, self.client_name)
         cid = self._cid()
         slot = self._slots[cid] = _Slot()
-        sock.send(encode_envelope(Kind.HELLO, cid, "", hello))
         try:
+            self._send_hello(sock, encode_envelope(Kind.HELLO, cid, "", hello), deadline)
             while not slot.arrivals:
                 left = deadline - time.monotonic()
                 if left <= 0:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq
 
 from llamad.actors import Actor, Client, Registry
 from llamad.actors.curve import (
@@ -31,6 +32,7 @@ from llamad.actors.curve import (
 from llamad.actors.errors import ActorConfigError
 from llamad.actors.testing import build_toy
 from llamad.client_async_actor import AsyncActorClient
+from llamad.client_async_link import AsyncLink
 from llamad.errors import PermissionDenied
 
 pytestmark = pytest.mark.timeout(60)
@@ -152,6 +154,57 @@ def test_a_plain_client_is_refused_at_once(secured: Actor) -> None:
     err = refused_fast(lambda: call_once(secured.tcp_endpoint, None))
     # Which of the two the client sees first depends on the race between the
     # server's greeting and its close.
+    assert err.details["reason"] in ("security_mismatch", "handshake_failed")
+
+
+def _until_the_pipe_is_gone(sock: zmq.Socket[bytes]) -> None:
+    """Hold a client before its HELLO, as a loaded machine does, until the
+    refused handshake has taken its socket's only pipe away (a protocol
+    error ends the connection for good): from then on a send cannot go out."""
+    deadline = time.monotonic() + FAST / 2
+    while sock.getsockopt(zmq.EVENTS) & zmq.POLLOUT:
+        if time.monotonic() > deadline:
+            pytest.fail("the refused handshake never took the client's pipe away")
+        time.sleep(0.01)
+
+
+def test_a_plain_client_refused_before_it_sends_its_hello_is_refused_at_once(
+    secured: Actor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rebuild = Client._rebuild_items
+    held: list[bool] = []
+
+    def late(self: Client) -> None:
+        rebuild(self)
+        if not held and self._sock is not None:
+            held.append(True)
+            _until_the_pipe_is_gone(self._sock)
+
+    monkeypatch.setattr(Client, "_rebuild_items", late)
+    err = refused_fast(lambda: call_once(secured.tcp_endpoint, None))
+    assert held
+    assert err.details["reason"] in ("security_mismatch", "handshake_failed")
+
+
+def test_the_asyncio_client_refused_before_it_sends_its_hello_is_refused_at_once(
+    secured: Actor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    init = AsyncLink.__init__
+
+    def late(self: AsyncLink, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        _until_the_pipe_is_gone(self._sock)
+
+    monkeypatch.setattr(AsyncLink, "__init__", late)
+
+    async def call() -> Any:
+        client = AsyncActorClient(secured.tcp_endpoint, connect_timeout=CONNECT_TIMEOUT, timeout=10)
+        try:
+            return await client.call("echo", {"n": 2})
+        finally:
+            client.close()
+
+    err = refused_fast(lambda: asyncio.run(call()))
     assert err.details["reason"] in ("security_mismatch", "handshake_failed")
 
 
