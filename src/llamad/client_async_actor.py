@@ -430,13 +430,11 @@ class AsyncActorClient:
         cid = self._next_cid = self._next_cid + 1 if self._next_cid < MAX_CID else 1
         slot = self._slots[cid] = _Slot()
         try:
-            try:
+            # No pipe: a refused CURVE handshake takes it away for good. The
+            # monitor reports the refusal onto this slot; the deadline bounds
+            # the wait when nothing does.
+            with contextlib.suppress(Unavailable):
                 self._send(encode_envelope(Kind.HELLO, cid, "", hello))
-            except Unavailable:
-                # No pipe: a refused CURVE handshake takes it away for good.
-                # The monitor reports the refusal onto this slot; the
-                # deadline bounds the wait when nothing does.
-                pass
             try:
                 arrival = await self._next_arrival(slot, deadline)
             except RequestTimeout:
