@@ -31,7 +31,7 @@ ffi: native
 	$(PY) -m compileall -q src/llamad
 
 run: setup
-	$(PY) -m llamad.demo
+	$(PY) -m llamad.cli.demo
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -6,7 +6,7 @@ streams from one event loop through a real daemon.
 
 **Transport** (a toy actor, no model): call round trip p50 and stream events
 per second, the blocking ``llamad.actors.Client`` against
-``llamad.client_async_actor.AsyncActorClient``, alternating rounds.
+``llamad.actors.aio_client.AsyncActorClient``, alternating rounds.
 
 **16 streams** (``python -m llamad.daemon`` with the default model,
 ``n_seq_max`` 16): 16 concurrent ``infer`` streams of 32 tokens, from one
@@ -38,8 +38,8 @@ from pathlib import Path
 from bench.common import median, percentile, record, table
 from llamad import AsyncClient, Client, TokenEvent, logs, paths
 from llamad.actors import Client as ActorClient
+from llamad.actors.aio_client import AsyncActorClient
 from llamad.actors.testing import spawn_toy
-from llamad.client_async_actor import AsyncActorClient
 
 STREAMS = 16
 TOKENS = 32

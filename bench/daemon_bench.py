@@ -96,11 +96,11 @@ from bench.worker_bench import WORDS
 from bench.worker_bench_report import governor_note
 from llamad import Client, TokenEvent, logs
 from llamad.config.dirs import default_ram_file_root
-from llamad.front_wire import ModelState
+from llamad.front.wire import ModelState
 
 if TYPE_CHECKING:
     from llamad.model.results import Completion
-    from llamad.model.status_board import WorkerSnapshot
+    from llamad.model.wire import WorkerSnapshot
 
 MIN_ROUNDS = 5
 MODEL = "m"

@@ -1,6 +1,6 @@
 """What every test shares: structlog's configuration is put back after each test.
 
-A test that runs ``llamad.cli.main`` in this process runs ``logs.configure``
+A test that runs ``llamad.cli.main.main`` in this process runs ``logs.configure``
 (a level filter, a renderer printing to the ``sys.stderr`` of that moment,
 often a ``redirect_stderr`` buffer). Left in place, it made every later
 ``structlog.testing.capture_logs`` see nothing below WARNING, and
@@ -18,7 +18,7 @@ import pytest
 import structlog
 
 import llamad
-from llamad import cli_install
+from llamad.cli import install as cli_install
 
 
 @pytest.fixture(autouse=True)

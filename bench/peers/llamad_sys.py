@@ -124,7 +124,7 @@ class LlamadDaemon:
 
     def _wait_ready(self) -> None:
         from llamad.errors import LlamadError  # noqa: PLC0415
-        from llamad.front_wire import ModelState  # noqa: PLC0415
+        from llamad.front.wire import ModelState  # noqa: PLC0415
 
         assert self.client is not None and self.proc is not None
         wanted = {m.model_id for m in self.models}

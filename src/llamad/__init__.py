@@ -12,10 +12,13 @@ ones the daemon's processes raise; each error code arrives as its own class.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from llamad._lazy import lazy_face
+from llamad._pins import LLAMAD_VERSION
+
+__version__ = LLAMAD_VERSION
+
 
 if TYPE_CHECKING:
     from llamad.actors.errors import (
@@ -40,13 +43,12 @@ if TYPE_CHECKING:
         TierFull,
         TierLocked,
     )
-    from llamad.cache.meta import GcReport
     from llamad.cache.tiers import RowMissing
-    from llamad.client import Client
-    from llamad.client_async import AsyncClient
-    from llamad.client_async_stream import AsyncStream
-    from llamad.client_ops import AdapterInfo
-    from llamad.client_stream import Stream
+    from llamad.client.aio import AsyncClient
+    from llamad.client.aio_stream import AsyncStream
+    from llamad.client.bodies import AdapterInfo
+    from llamad.client.stream import Stream
+    from llamad.client.sync import Client
     from llamad.errors import (
         BadRequest,
         Cancelled,
@@ -71,8 +73,9 @@ if TYPE_CHECKING:
         VersionMismatch,
         WorkerCrashed,
     )
-    from llamad.front_wire import (
+    from llamad.front.wire import (
         DaemonStatus,
+        GcReport,
         LoadProgress,
         ModelFailed,
         ModelInfo,
@@ -124,8 +127,7 @@ if TYPE_CHECKING:
         ToolCallEvent,
         TopLogprob,
     )
-    from llamad.model.status_board import WorkerSnapshot
-    from llamad.model.wire import ChatOptions
+    from llamad.model.wire import ChatOptions, WorkerSnapshot
     from llamad.paths import AssetMissing
     from llamad.supervisor.errors import (
         ChildAlreadyPresent,
@@ -140,149 +142,136 @@ if TYPE_CHECKING:
         SupervisorStopped,
     )
 
-_CLIENT = {
-    "Client": "llamad.client",
-    "AsyncClient": "llamad.client_async",
-    "Stream": "llamad.client_stream",
-    "AsyncStream": "llamad.client_async_stream",
-    "AdapterInfo": "llamad.client_ops",
-}
-_RESULTS = {
-    name: "llamad.model.results"
-    for name in (
-        "CacheDelta",
-        "CacheHitKind",
-        "CacheMiss",
-        "Completion",
-        "DoneEvent",
-        "ErrorEvent",
-        "Event",
-        "EventKind",
-        "FinishReason",
-        "Stats",
-        "ThinkingEvent",
-        "TokenEvent",
-        "TokenLogprob",
-        "ToolCallEvent",
-        "TopLogprob",
-    )
-}
-_TYPES = {
-    **dict.fromkeys(
-        (
+
+__getattr__, __dir__ = lazy_face(
+    __name__,
+    {
+        "llamad.actors.errors": (
+            "ActorConfigError",
+            "ClientClosed",
+            "NameTaken",
+            "WrongProcess",
+        ),
+        "llamad.cache.counters": (
+            "CountersFull",
+            "CountersUnavailable",
+        ),
+        "llamad.cache.errors": (
+            "AlreadyCached",
+            "CacheError",
+            "CacheFull",
+            "FingerprintMismatch",
+            "GgufMalformed",
+            "InvalidCacheValue",
+            "KvcCorrupt",
+            "PublishAbandoned",
+            "SaveInFlight",
+            "SaveRefused",
+            "TierError",
+            "TierFull",
+            "TierLocked",
+        ),
+        "llamad.cache.tiers": ("RowMissing",),
+        "llamad.client.sync": ("Client",),
+        "llamad.client.aio": ("AsyncClient",),
+        "llamad.client.aio_stream": ("AsyncStream",),
+        "llamad.client.bodies": ("AdapterInfo",),
+        "llamad.client.stream": ("Stream",),
+        "llamad.errors": (
+            "BadRequest",
+            "Cancelled",
+            "ConfigError",
+            "ContextOverflow",
+            "LlamadError",
+            "LlamaError",
+            "ModelNotFound",
+            "NoSession",
+            "Overloaded",
+            "PermissionDenied",
+            "RequestTimeout",
+            "SchemaError",
+            "SessionExists",
+            "StickyBusy",
+            "TemplateError",
+            "TemplateSecurityError",
+            "TooLarge",
+            "TranscriptMismatch",
+            "Unavailable",
+            "UnknownOp",
+            "VersionMismatch",
+            "WorkerCrashed",
+        ),
+        "llamad.front.wire": (
             "DaemonStatus",
+            "GcReport",
             "LoadProgress",
+            "ModelFailed",
             "ModelInfo",
             "ModelState",
             "ModelStatus",
+            "PathNotAllowed",
             "SupervisedChild",
             "SupervisorStatus",
             "TierUsage",
         ),
-        "llamad.front_wire",
-    ),
-    "RequestParams": "llamad.model.requests",
-    "ChatOptions": "llamad.model.wire",
-    "WorkerSnapshot": "llamad.model.status_board",
-    "GcReport": "llamad.cache.meta",
-}
+        "llamad.llama_ffi.errors": (
+            "AdapterError",
+            "BatchTooLarge",
+            "BufferTooSmall",
+            "ChatTemplateError",
+            "Closed",
+            "ContextCreateError",
+            "DecodeError",
+            "EmbeddingsUnavailable",
+            "GrammarError",
+            "InvalidSequence",
+            "InvalidToken",
+            "LoadCancelled",
+            "ModelFileError",
+            "ModelLoadError",
+            "NoLogits",
+            "NotGGUF",
+            "StateError",
+            "ThreadpoolError",
+            "ThreadsExceedPool",
+            "TruncatedGGUF",
+            "Unsupported",
+        ),
+        "llamad.model.requests": ("RequestParams",),
+        "llamad.model.results": (
+            "CacheDelta",
+            "CacheHitKind",
+            "CacheMiss",
+            "Completion",
+            "DoneEvent",
+            "ErrorEvent",
+            "Event",
+            "EventKind",
+            "FinishReason",
+            "Stats",
+            "ThinkingEvent",
+            "TokenEvent",
+            "TokenLogprob",
+            "ToolCallEvent",
+            "TopLogprob",
+        ),
+        "llamad.model.wire": ("ChatOptions", "WorkerSnapshot"),
+        "llamad.paths": ("AssetMissing",),
+        "llamad.supervisor.errors": (
+            "ChildAlreadyPresent",
+            "ChildAlreadyStarted",
+            "ChildNotFound",
+            "ChildRestarting",
+            "ChildRunning",
+            "InvalidSpec",
+            "SimpleOneForOne",
+            "StartFailed",
+            "SupervisorError",
+            "SupervisorStopped",
+        ),
+    },
+)
 
-
-def _names(module: str, *names: str) -> dict[str, str]:
-    return dict.fromkeys(names, module)
-
-
-# Every error class of the package, by the name it has where it is defined
-# (tests/unit/client/test_exports.py fails when a class with a code is missing).
-_ERRORS = {
-    **_names(
-        "llamad.errors",
-        "BadRequest",
-        "Cancelled",
-        "ConfigError",
-        "ContextOverflow",
-        "LlamadError",
-        "LlamaError",
-        "ModelNotFound",
-        "NoSession",
-        "Overloaded",
-        "PermissionDenied",
-        "RequestTimeout",
-        "SchemaError",
-        "SessionExists",
-        "StickyBusy",
-        "TemplateError",
-        "TemplateSecurityError",
-        "TooLarge",
-        "TranscriptMismatch",
-        "Unavailable",
-        "UnknownOp",
-        "VersionMismatch",
-        "WorkerCrashed",
-    ),
-    **_names(
-        "llamad.actors.errors", "ActorConfigError", "ClientClosed", "NameTaken", "WrongProcess"
-    ),
-    **_names("llamad.cache.counters", "CountersFull", "CountersUnavailable"),
-    **_names(
-        "llamad.cache.errors",
-        "AlreadyCached",
-        "CacheError",
-        "CacheFull",
-        "FingerprintMismatch",
-        "GgufMalformed",
-        "InvalidCacheValue",
-        "KvcCorrupt",
-        "PublishAbandoned",
-        "SaveInFlight",
-        "SaveRefused",
-        "TierError",
-        "TierFull",
-        "TierLocked",
-    ),
-    **_names("llamad.cache.tiers", "RowMissing"),
-    **_names(
-        "llamad.llama_ffi.errors",
-        "AdapterError",
-        "BatchTooLarge",
-        "BufferTooSmall",
-        "ChatTemplateError",
-        "Closed",
-        "ContextCreateError",
-        "DecodeError",
-        "EmbeddingsUnavailable",
-        "GrammarError",
-        "InvalidSequence",
-        "InvalidToken",
-        "LoadCancelled",
-        "ModelFileError",
-        "ModelLoadError",
-        "NoLogits",
-        "NotGGUF",
-        "StateError",
-        "ThreadpoolError",
-        "ThreadsExceedPool",
-        "TruncatedGGUF",
-        "Unsupported",
-    ),
-    **_names("llamad.front_wire", "ModelFailed", "PathNotAllowed"),
-    **_names("llamad.paths", "AssetMissing"),
-    **_names(
-        "llamad.supervisor.errors",
-        "ChildAlreadyPresent",
-        "ChildAlreadyStarted",
-        "ChildNotFound",
-        "ChildRestarting",
-        "ChildRunning",
-        "InvalidSpec",
-        "SimpleOneForOne",
-        "StartFailed",
-        "SupervisorError",
-        "SupervisorStopped",
-    ),
-}
-
-_EXPORTS: dict[str, str] = {**_CLIENT, **_RESULTS, **_TYPES, **_ERRORS}
 
 __all__ = [
     "ActorConfigError",
@@ -394,16 +383,3 @@ __all__ = [
     "WorkerSnapshot",
     "WrongProcess",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'llamad' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})

@@ -8,6 +8,10 @@ for a new source.
 
 from __future__ import annotations
 
+# llamad's own version (pyproject.toml says the same; a test holds them equal).
+# Written into every .kvc header, so it lives here, below every package.
+LLAMAD_VERSION = "0.1.0"
+
 # llama.cpp comes from the vendored tree of this llama-cpp-python sdist: it is
 # the only registry-reachable source of the pinned commit.
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"

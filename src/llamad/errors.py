@@ -34,7 +34,7 @@ ERROR_MODULES: tuple[str, ...] = (
     "llamad.cache.tiers",
     "llamad.llama_ffi.errors",
     "llamad.paths",
-    "llamad.front_wire",
+    "llamad.front.wire",
 )
 _modules_loaded = False
 

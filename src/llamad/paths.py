@@ -8,10 +8,11 @@ moves it; ``LLAMAD_DEFAULT_MODEL`` points at another GGUF.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from llamad import _pins
-from llamad.errors import LlamadError
+from llamad.errors import ConfigError, LlamadError, PathNotAllowed
 
 
 class AssetMissing(LlamadError):
@@ -63,3 +64,25 @@ def default_model_path() -> Path:
     if not path.is_file():
         raise AssetMissing(f"default model not found at {path}; run `make setup`")
     return path
+
+
+def contained_model_path(
+    path: str | os.PathLike[str], model_dirs: Sequence[str | os.PathLike[str]], field: str = "path"
+) -> Path:
+    """The real path of ``path`` (every symlink and ``..`` resolved, as the
+    kernel would) if it lies in one of ``model_dirs``; nothing says whether
+    it exists. :class:`~llamad.errors.ConfigError` if it is not absolute,
+    :class:`~llamad.errors.PathNotAllowed` if it lies outside (``details``:
+    ``field``, ``problem``)."""
+    text = os.fspath(path)
+    if not os.path.isabs(text) or "\0" in text:
+        problem = f"{text!r} is not an absolute path"
+        raise ConfigError(f"{field}: {problem}", details={"field": field, "problem": problem})
+    real = Path(os.path.realpath(text))
+    allowed = [Path(os.path.realpath(d)) for d in model_dirs]
+    if not any(real.is_relative_to(d) for d in allowed):
+        dirs = ", ".join(str(d) for d in model_dirs) or "none configured"
+        shown = text if real == Path(text) else f"{text} (which resolves to {real})"
+        problem = f"{shown} is outside the allowed model directories ({dirs})"
+        raise PathNotAllowed(f"{field}: {problem}", details={"field": field, "problem": problem})
+    return real

@@ -1,4 +1,4 @@
-"""`make run` (``python -m llamad.demo``): the daemon serves the default model cold,
+"""`make run` (``python -m llamad.cli.demo``): the daemon serves the default model cold,
 then warm at once, then again after a restart.
 
 The demo starts a real daemon with no configuration file, talks to it through
@@ -27,7 +27,17 @@ pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
 
 # A shorter prompt than the default (~650 tokens, still above the save
 # policy's 512-token minimum) and one thread: the machine is shared.
-DEMO = [sys.executable, "-m", "llamad.demo", "--facts", "24", "--max-tokens", "8", "--threads", "1"]
+DEMO = [
+    sys.executable,
+    "-m",
+    "llamad.cli.demo",
+    "--facts",
+    "24",
+    "--max-tokens",
+    "8",
+    "--threads",
+    "1",
+]
 
 
 def _env() -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""llamad.daemon_notify's rules, stepped without a daemon: readiness, status lines,
+"""llamad.daemon.readiness's rules, stepped without a daemon: readiness, status lines,
 the start-timeout extension, STOPPING, and the watchdog's lateness rule."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from llamad.daemon_notify import (
+from llamad.daemon.readiness import (
     EXTEND_BY_S,
     EXTEND_EVERY_S,
     LOADING_POLL_S,
@@ -19,7 +19,7 @@ from llamad.daemon_notify import (
     late_children,
     readiness,
 )
-from llamad.front_wire import ModelState
+from llamad.front.wire import ModelState
 from llamad.supervisor.events import (
     ChildExited,
     ChildRestarted,

@@ -28,8 +28,8 @@ _BINDING_BUILT = importlib.util.find_spec(_BINDING) is not None
 
 def _all_error_classes() -> list[type[errors.LlamadError]]:
     for info in pkgutil.walk_packages(llamad.__path__, "llamad."):
-        if info.name == _BINDING:
-            continue
+        if info.name == _BINDING or info.name.endswith(".__main__"):
+            continue  # a __main__ runs its program when imported
         try:
             importlib.import_module(info.name)
         except errors.LlamaError:

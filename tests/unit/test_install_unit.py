@@ -1,4 +1,4 @@
-"""``llamad install-unit`` and the unit it renders (``cli_install``, ``systemd_unit``).
+"""``llamad install-unit`` and the unit it renders (``llamad.cli.install``, ``llamad.daemon.unit``).
 
 The unit is checked here line by line; ``systemd-analyze verify`` and
 ``security`` run on it in ``tests/integration/systemd/test_unit_file.py``.
@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from llamad.cli import main
-from llamad.cli_errors import EXIT_CONFIG, EXIT_ERROR, EXIT_OK
-from llamad.cli_install import Refused, _exposure
-from llamad.daemon_notify import LATE_FRACTION
-from llamad.daemon_tree import SUPERVISOR_LIVENESS_S
-from llamad.systemd_unit import WATCHDOG_S, UnitPlan, render_unit, shipped_plan
+from llamad.cli.errors import EXIT_CONFIG, EXIT_ERROR, EXIT_OK
+from llamad.cli.install import Refused, _exposure
+from llamad.cli.main import main
+from llamad.daemon.readiness import LATE_FRACTION
+from llamad.daemon.tree import SUPERVISOR_LIVENESS_S
+from llamad.daemon.unit import WATCHDOG_S, UnitPlan, render_unit, shipped_plan
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -59,7 +59,7 @@ def visible_dir() -> Iterator[Path]:
 
 def test_the_shipped_unit_is_what_install_unit_renders_for_the_shipped_layout() -> None:
     # One source for both: regenerate with
-    # python -c "from llamad.systemd_unit import *; print(render_unit(shipped_plan()), end='')"
+    # python -c "from llamad.daemon.unit import *; print(render_unit(shipped_plan()), end='')"
     assert SHIPPED.read_text() == render_unit(shipped_plan())
 
 

@@ -1,4 +1,4 @@
-"""llamad.notify: the sd_notify datagram protocol over real sockets (no daemon)."""
+"""llamad.daemon.notify: the sd_notify datagram protocol over real sockets (no daemon)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from llamad.notify import Notifier, notify_address, status_line, watchdog_interval
+from llamad.daemon.notify import Notifier, notify_address, status_line, watchdog_interval
 
 pytestmark = pytest.mark.timeout(10)
 

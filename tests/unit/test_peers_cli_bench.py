@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from llamad import cli
+from llamad.cli import main as cli
 
 pytestmark = pytest.mark.timeout(30)
 

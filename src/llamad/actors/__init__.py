@@ -42,14 +42,66 @@ following restarts).
 
 from __future__ import annotations
 
-from llamad.actors.actor import Actor, ActorStats, Handler
-from llamad.actors.client import Client, StreamCall
-from llamad.actors.errors import ActorConfigError, ClientClosed, NameTaken, WrongProcess
-from llamad.actors.handles import Peer, PendingReply, Request, StreamSender
-from llamad.actors.monitor import ProcessRef, ProcessWatch
-from llamad.actors.ops import OpKind, OpSpec
-from llamad.actors.registry import Registry, RegistryEntry, runtime_dir
-from llamad.actors.wire import PROTOCOL_VERSION, Kind, Limits, Message, Welcome
+from typing import TYPE_CHECKING
+
+from llamad._lazy import lazy_face
+
+if TYPE_CHECKING:
+    from llamad.actors.actor import Actor, ActorStats, Handler
+    from llamad.actors.client import Client, StreamCall
+    from llamad.actors.errors import ActorConfigError, ClientClosed, NameTaken, WrongProcess
+    from llamad.actors.handles import Peer, PendingReply, Request, StreamSender
+    from llamad.actors.monitor import ProcessRef, ProcessWatch
+    from llamad.actors.ops import OpKind, OpSpec
+    from llamad.actors.registry import Registry, RegistryEntry, runtime_dir
+    from llamad.actors.wire import PROTOCOL_VERSION, Kind, Limits, Message, Welcome
+
+__getattr__, __dir__ = lazy_face(
+    __name__,
+    {
+        "llamad.actors.actor": (
+            "Actor",
+            "ActorStats",
+            "Handler",
+        ),
+        "llamad.actors.client": (
+            "Client",
+            "StreamCall",
+        ),
+        "llamad.actors.errors": (
+            "ActorConfigError",
+            "ClientClosed",
+            "NameTaken",
+            "WrongProcess",
+        ),
+        "llamad.actors.handles": (
+            "Peer",
+            "PendingReply",
+            "Request",
+            "StreamSender",
+        ),
+        "llamad.actors.monitor": (
+            "ProcessRef",
+            "ProcessWatch",
+        ),
+        "llamad.actors.ops": (
+            "OpKind",
+            "OpSpec",
+        ),
+        "llamad.actors.registry": (
+            "Registry",
+            "RegistryEntry",
+            "runtime_dir",
+        ),
+        "llamad.actors.wire": (
+            "PROTOCOL_VERSION",
+            "Kind",
+            "Limits",
+            "Message",
+            "Welcome",
+        ),
+    },
+)
 
 __all__ = [
     "PROTOCOL_VERSION",

@@ -12,38 +12,124 @@ process uses (:mod:`.client`) and cache_sup (:mod:`.sup`).
 
 from __future__ import annotations
 
-from llamad.cache.client import CacheClient
-from llamad.cache.counters import Counters
-from llamad.cache.key import (
-    KEY_LEN,
-    QUANT_BYTES,
-    FingerprintMode,
-    Namespace,
-    ctx_params_hash,
-    effective_fingerprint,
-    model_fingerprint,
-    quant_byte,
-    tokens_to_bytes,
+from typing import TYPE_CHECKING
+
+from llamad._lazy import lazy_face
+
+if TYPE_CHECKING:
+    from llamad.cache.client import CacheClient
+    from llamad.cache.counters import Counters
+    from llamad.cache.key import (
+        KEY_LEN,
+        QUANT_BYTES,
+        FingerprintMode,
+        Namespace,
+        ctx_params_hash,
+        effective_fingerprint,
+        model_fingerprint,
+        quant_byte,
+        tokens_to_bytes,
+    )
+    from llamad.cache.kvc import KvcMeta, KvcSpec, SaveReason, parse, parse_meta, write_kvc
+    from llamad.cache.lookup import HitKind, Lookup, LookupPolicy, RowRef
+    from llamad.cache.meta import CacheMeta, MetaConfig
+    from llamad.cache.meta_wire import GcResult
+    from llamad.cache.policy import (
+        CachePolicy,
+        cold_save_split,
+        should_continued_save,
+        should_finish_save,
+        trim_boundary,
+    )
+    from llamad.cache.prefix import PrefixIndex, PrefixMatch
+    from llamad.cache.pressure import PressureConfig, PressureScheduler
+    from llamad.cache.publish import PublishMeta, PublishOutcome, PublishResult
+    from llamad.cache.reservation import SaveIntent, Stage
+    from llamad.cache.sup import CacheSettings, cache_sup_spec, purge_ram
+    from llamad.cache.tier_kind import TierKind
+    from llamad.cache.tier_lock import TierLocks
+    from llamad.cache.tiers import Tier, TierConfig, TierStore, load, load_mapped
+    from llamad.cache.writer import PermitSet, WriterPool
+
+__getattr__, __dir__ = lazy_face(
+    __name__,
+    {
+        "llamad.cache.client": ("CacheClient",),
+        "llamad.cache.counters": ("Counters",),
+        "llamad.cache.key": (
+            "KEY_LEN",
+            "QUANT_BYTES",
+            "FingerprintMode",
+            "Namespace",
+            "ctx_params_hash",
+            "effective_fingerprint",
+            "model_fingerprint",
+            "quant_byte",
+            "tokens_to_bytes",
+        ),
+        "llamad.cache.kvc": (
+            "KvcMeta",
+            "KvcSpec",
+            "SaveReason",
+            "parse",
+            "parse_meta",
+            "write_kvc",
+        ),
+        "llamad.cache.lookup": (
+            "HitKind",
+            "Lookup",
+            "LookupPolicy",
+            "RowRef",
+        ),
+        "llamad.cache.meta_wire": ("GcResult",),
+        "llamad.cache.meta": (
+            "CacheMeta",
+            "MetaConfig",
+        ),
+        "llamad.cache.policy": (
+            "CachePolicy",
+            "cold_save_split",
+            "should_continued_save",
+            "should_finish_save",
+            "trim_boundary",
+        ),
+        "llamad.cache.prefix": (
+            "PrefixIndex",
+            "PrefixMatch",
+        ),
+        "llamad.cache.pressure": (
+            "PressureConfig",
+            "PressureScheduler",
+        ),
+        "llamad.cache.publish": (
+            "PublishMeta",
+            "PublishOutcome",
+            "PublishResult",
+        ),
+        "llamad.cache.reservation": (
+            "SaveIntent",
+            "Stage",
+        ),
+        "llamad.cache.sup": (
+            "CacheSettings",
+            "cache_sup_spec",
+            "purge_ram",
+        ),
+        "llamad.cache.tier_kind": ("TierKind",),
+        "llamad.cache.tier_lock": ("TierLocks",),
+        "llamad.cache.tiers": (
+            "Tier",
+            "TierConfig",
+            "TierStore",
+            "load",
+            "load_mapped",
+        ),
+        "llamad.cache.writer": (
+            "PermitSet",
+            "WriterPool",
+        ),
+    },
 )
-from llamad.cache.kvc import KvcMeta, KvcSpec, SaveReason, parse, parse_meta, write_kvc
-from llamad.cache.lookup import HitKind, Lookup, LookupPolicy, RowRef
-from llamad.cache.meta import CacheMeta, GcReport, MetaConfig
-from llamad.cache.policy import (
-    CachePolicy,
-    cold_save_split,
-    should_continued_save,
-    should_finish_save,
-    trim_boundary,
-)
-from llamad.cache.prefix import PrefixIndex, PrefixMatch
-from llamad.cache.pressure import PressureConfig, PressureScheduler
-from llamad.cache.publish import PublishMeta, PublishOutcome, PublishResult, publish
-from llamad.cache.reservation import SaveIntent, Stage
-from llamad.cache.sup import CacheSettings, cache_sup_spec, purge_ram
-from llamad.cache.tier_kind import TierKind
-from llamad.cache.tier_lock import TierLocks
-from llamad.cache.tiers import Tier, TierConfig, TierStore, load, load_mapped
-from llamad.cache.writer import PermitSet, WriterPool
 
 __all__ = [
     "KEY_LEN",
@@ -54,7 +140,7 @@ __all__ = [
     "CacheSettings",
     "Counters",
     "FingerprintMode",
-    "GcReport",
+    "GcResult",
     "HitKind",
     "KvcMeta",
     "KvcSpec",
@@ -89,7 +175,6 @@ __all__ = [
     "model_fingerprint",
     "parse",
     "parse_meta",
-    "publish",
     "purge_ram",
     "quant_byte",
     "should_continued_save",

@@ -41,7 +41,7 @@ from llamad.cache import meta_wire as wire
 from llamad.cache.key import HEADER_LEN, Namespace, TokenSeq, tokens_to_bytes
 from llamad.cache.kvc import KvcMeta
 from llamad.cache.lookup import Lookup, RowRef
-from llamad.cache.meta import GcReport
+from llamad.cache.meta_wire import GcResult
 from llamad.cache.reservation import Grant, SaveIntent, check_bytes
 from llamad.cache.tier_kind import TierKind, check_tier
 from llamad.cache.tiers import LoadedRow, Tier, TierConfig, load_mapped_row, load_row
@@ -346,9 +346,9 @@ class CacheClient:
         )
         return reply.rows, reply.bytes
 
-    def gc(self) -> GcReport:
+    def gc(self) -> GcResult:
         """Reap, drop vanished rows, enforce quotas, persist hit counts."""
-        report: GcReport = self._call("gc", _NO_ARGS, reply_type=GcReport)
+        report: GcResult = self._call("gc", _NO_ARGS, reply_type=GcResult)
         return report
 
     def dump(self) -> list[dict[str, Any]]:

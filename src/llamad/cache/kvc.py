@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 import crc32c
 import structlog
 
-from llamad import __version__
+from llamad._pins import LLAMAD_VERSION
 from llamad.cache.errors import InvalidCacheValue, KvcCorrupt
 from llamad.cache.key import (
     CTX_HASH_LEN,
@@ -241,7 +241,7 @@ class KvcSpec:
     created_ns: int = field(default_factory=time.time_ns)
     last_used_ns: int = 0
     hostname: str = field(default_factory=socket.gethostname)
-    llamad_version: str = __version__
+    llamad_version: str = LLAMAD_VERSION
     logits: KvcLogits | None = None
     """Logits the row keeps (a finish save's: its prompt's last position); version 2."""
     _tlv: bytes = field(init=False, repr=False, compare=False, default=b"")

@@ -56,7 +56,6 @@ from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
-import msgspec
 import structlog
 
 from llamad.cache.counters import CounterSink, DictCounters
@@ -78,6 +77,7 @@ from llamad.cache.lookup import (
     RowRef,
     choose_restore,
 )
+from llamad.cache.meta_wire import GcResult
 from llamad.cache.moves import MoveJob, MoveKind, MoveResult, MoveTable
 from llamad.cache.pins import PinTable
 from llamad.cache.prefix import PrefixIndex
@@ -95,7 +95,7 @@ from llamad.cache.rows import Copy, Row
 from llamad.cache.tier_kind import TIER_ORDER, TierKind, check_tier, slower_tiers
 from llamad.cache.waiters import WAIT, Deferred, Waiter, WaiterTable
 
-__all__ = ["CacheMeta", "GcReport", "MetaConfig", "Row", "RowStore"]
+__all__ = ["CacheMeta", "MetaConfig", "Row", "RowStore"]
 
 log = structlog.get_logger("llamad.cache.meta")
 
@@ -183,17 +183,6 @@ class MetaConfig:
             raise InvalidCacheValue("promote_hits", f"{hits!r} is not a hit count >= 0")
         if not isinstance(self.write_behind, bool):
             raise InvalidCacheValue("write_behind", f"{self.write_behind!r} is not a boolean")
-
-
-class GcReport(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """What :meth:`CacheMeta.gc` did; also the ``gc`` op's reply, as is.
-
-    ``missing`` counts copies whose files had vanished."""
-
-    evicted: int
-    bytes_freed: int
-    missing: int
-    reaped: int
 
 
 class CacheMeta:
@@ -1228,7 +1217,7 @@ class CacheMeta:
         names = list(self.ledgers) if tiers is None else list(tiers)
         return sum(self.ledgers[t].used for t in names if t in self.ledgers)
 
-    def gc(self) -> GcReport:
+    def gc(self) -> GcResult:
         """A full maintenance pass: reap expired reservations, drop copies whose
         files vanished, bring every tier under its quota, persist hit counts."""
         reaped = self.reap_expired()
@@ -1248,7 +1237,7 @@ class CacheMeta:
             evicted += n
             freed += b
         self.flush_stats()
-        return GcReport(evicted=evicted, bytes_freed=freed, missing=missing, reaped=reaped)
+        return GcResult(evicted=evicted, bytes_freed=freed, missing=missing, reaped=reaped)
 
     # ------------------------------------------------------ time, waiters
 

@@ -44,7 +44,7 @@ from llamad.cache import meta_wire as wire
 from llamad.cache.counters import Counters
 from llamad.cache.kvc import SaveReason
 from llamad.cache.lookup import Lookup, RowRef
-from llamad.cache.meta import CacheMeta, GcReport
+from llamad.cache.meta import CacheMeta
 from llamad.cache.mover import MoveHook, Mover
 from llamad.cache.prefetch import Prefetcher, plan
 from llamad.cache.pressure import PressureScheduler, PressureSource, make_source
@@ -510,7 +510,7 @@ class MetaServer:
         rows, freed = self.meta.evict_bytes(req.body.n, req.body.tiers)
         return wire.Evicted(rows, freed)
 
-    def _op_gc(self, req: Request[wire.NoArgs]) -> GcReport:
+    def _op_gc(self, req: Request[wire.NoArgs]) -> wire.GcResult:
         return self.meta.gc()
 
     def _op_dump(self, req: Request[wire.NoArgs]) -> list[dict[str, Any]]:

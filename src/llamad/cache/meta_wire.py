@@ -15,7 +15,7 @@ a save may leave its tier to cache-meta (``ReserveSave.tier`` null; the
 Rows and lookups are answered as :class:`~llamad.cache.lookup.RowRef` and
 :class:`~llamad.cache.lookup.Lookup` msgspec structs, which travel as msgpack
 arrays in field order; ``reserve_save``, ``evict_bytes`` and ``gc`` answer
-:class:`Reserved`, :class:`Evicted` and :class:`~llamad.cache.meta.GcReport`.
+:class:`Reserved`, :class:`Evicted` and :class:`GcResult`.
 :class:`llamad.cache.client.CacheClient` builds its requests from the body
 structs below and decodes replies straight back into these types. The
 inspection ops (``dump``, ``counters``, ``status``, ``pressure_check``)
@@ -31,7 +31,7 @@ import msgspec
 from llamad.actors.ops import OpKind, OpSpec
 from llamad.cache.tier_kind import TierKind
 
-__all__ = ["ACTOR_NAME", "OPS", "TOKENS_BLOB", "Evicted", "Reserved"]
+__all__ = ["ACTOR_NAME", "OPS", "TOKENS_BLOB", "Evicted", "GcResult", "Reserved"]
 
 ACTOR_NAME: Final = "cache-meta"
 """The registry name cache-meta serves under."""
@@ -143,6 +143,16 @@ class Reserved(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     token: Token
     tier: TierKind | None = None
+
+
+class GcResult(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What :meth:`~llamad.cache.meta.CacheMeta.gc` did; also the ``gc`` op's
+    reply, as is. ``missing`` counts copies whose files had vanished."""
+
+    evicted: int
+    bytes_freed: int
+    missing: int
+    reaped: int
 
 
 class Evicted(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -21,13 +21,49 @@ Importing this package never loads libllama; building a worker's spec (and
 
 from __future__ import annotations
 
-from llamad.config.load import CONFIG_ENV, client_curve, client_endpoint, load_config
-from llamad.config.model_schema import DEFAULT_MODEL_PATH, ModelConfig
-from llamad.config.problems import Problem
-from llamad.config.schema import DEFAULT_MODEL_ID, LlamadConfig
-from llamad.config.security import check_endpoint, resolve_model_path
-from llamad.config.units import parse_duration, parse_size
-from llamad.errors import ConfigError
+from typing import TYPE_CHECKING
+
+from llamad._lazy import lazy_face
+
+if TYPE_CHECKING:
+    from llamad.config.client import CONFIG_ENV, client_curve, client_endpoint
+    from llamad.config.load import load_config
+    from llamad.config.model_schema import DEFAULT_MODEL_PATH, ModelConfig
+    from llamad.config.problems import Problem
+    from llamad.config.schema import DEFAULT_MODEL_ID, LlamadConfig
+    from llamad.config.security import check_endpoint, resolve_model_path
+    from llamad.config.units import parse_duration, parse_size
+    from llamad.errors import ConfigError
+
+__getattr__, __dir__ = lazy_face(
+    __name__,
+    {
+        "llamad.config.client": (
+            "CONFIG_ENV",
+            "client_curve",
+            "client_endpoint",
+        ),
+        "llamad.config.load": ("load_config",),
+        "llamad.config.model_schema": (
+            "DEFAULT_MODEL_PATH",
+            "ModelConfig",
+        ),
+        "llamad.config.problems": ("Problem",),
+        "llamad.config.schema": (
+            "DEFAULT_MODEL_ID",
+            "LlamadConfig",
+        ),
+        "llamad.config.security": (
+            "check_endpoint",
+            "resolve_model_path",
+        ),
+        "llamad.config.units": (
+            "parse_duration",
+            "parse_size",
+        ),
+        "llamad.errors": ("ConfigError",),
+    },
+)
 
 __all__ = [
     "CONFIG_ENV",

@@ -33,6 +33,7 @@ from llamad.config.kinds import (
     OneOf,
     Text,
 )
+from llamad.config.sections import Table
 from llamad.model.strategies import DEFAULT_STRATEGY, STRATEGIES
 
 __all__ = [
@@ -60,10 +61,6 @@ def _binding_names(enum_name: str) -> Callable[[], tuple[str, ...]]:
         return tuple(m.name.lower() for m in getattr(options, enum_name))
 
     return names
-
-
-class Table(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Base of every schema table: frozen, keyword-only."""
 
 
 _count = Integer(ge=1)

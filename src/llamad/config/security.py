@@ -6,7 +6,7 @@
   check comes before any existence check, so a refusal never says whether a
   file outside the allowed directories exists. The daemon checks every
   ``load_model`` path the same way and loads the resolved path; a worker
-  checks every ``load_adapter`` path with :func:`contained_model_path`
+  checks every ``load_adapter`` path with :func:`llamad.paths.contained_model_path`
   (its spec carries the directories).
 - The client-facing endpoint is ``ipc://`` or ``tcp://`` on a loopback
   address, unless CURVE keys are configured (``security.curve_secret_key``
@@ -24,9 +24,10 @@ from pathlib import Path
 
 from llamad.actors.errors import ActorConfigError
 from llamad.actors.sockets import validate_endpoint
-from llamad.errors import ConfigError, PathNotAllowed
+from llamad.errors import ConfigError
+from llamad.paths import contained_model_path
 
-__all__ = ["DAEMON_CURVE_KEYS", "check_endpoint", "contained_model_path", "resolve_model_path"]
+__all__ = ["DAEMON_CURVE_KEYS", "check_endpoint", "resolve_model_path"]
 
 DAEMON_CURVE_KEYS = "security.curve_secret_key and security.curve_client_keys"
 """The keys that let the daemon serve tcp beyond loopback."""
@@ -34,27 +35,6 @@ DAEMON_CURVE_KEYS = "security.curve_secret_key and security.curve_client_keys"
 
 def _refuse(field: str, problem: str) -> ConfigError:
     return ConfigError(f"{field}: {problem}", details={"field": field, "problem": problem})
-
-
-def contained_model_path(
-    path: str | os.PathLike[str], model_dirs: Sequence[str | os.PathLike[str]], field: str = "path"
-) -> Path:
-    """The real path of ``path`` (every symlink and ``..`` resolved, as the
-    kernel would) if it lies in one of ``model_dirs``; nothing says whether
-    it exists. :class:`~llamad.errors.ConfigError` if it is not absolute,
-    :class:`~llamad.errors.PathNotAllowed` if it lies outside (``details``:
-    ``field``, ``problem``)."""
-    text = os.fspath(path)
-    if not os.path.isabs(text) or "\0" in text:
-        raise _refuse(field, f"{text!r} is not an absolute path")
-    real = Path(os.path.realpath(text))
-    allowed = [Path(os.path.realpath(d)) for d in model_dirs]
-    if not any(real.is_relative_to(d) for d in allowed):
-        dirs = ", ".join(str(d) for d in model_dirs) or "none configured"
-        shown = text if real == Path(text) else f"{text} (which resolves to {real})"
-        problem = f"{shown} is outside the allowed model directories ({dirs})"
-        raise PathNotAllowed(f"{field}: {problem}", details={"field": field, "problem": problem})
-    return real
 
 
 def resolve_model_path(

@@ -1,7 +1,7 @@
 """The daemon's front: the client-facing control plane (``docs/internals/daemon.md``).
 
 - :mod:`~llamad.front.proc`: the process (actor ``llamad.front`` on the daemon's
-  endpoint, its loop, the ops of :mod:`llamad.front_wire`);
+  endpoint, its loop, the ops of :mod:`llamad.front.wire`);
 - :mod:`~llamad.front.models`: loads, unloads, routes waiting on them, load
   progress, keep_alive;
 - :mod:`~llamad.front.table`: the table of models and its rules (a plain object);

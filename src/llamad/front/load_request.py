@@ -35,12 +35,11 @@ from llamad.config import DEFAULT_MODEL_PATH, LlamadConfig, ModelConfig, resolve
 from llamad.config.convert import conversion_problems
 from llamad.config.problems import Problems
 from llamad.config.reader import read_table
-from llamad.config.security import contained_model_path
 from llamad.errors import ConfigError, ModelNotFound
 from llamad.llama_ffi.errors import ModelFileError
 from llamad.llama_ffi.gguf_check import check_gguf
 from llamad.model.worker_spec import WorkerSpec
-from llamad.paths import default_model_path
+from llamad.paths import contained_model_path, default_model_path
 
 __all__ = ["LoadRequest", "TemplateLimits", "load_request"]
 

@@ -27,7 +27,7 @@ from llamad.errors import LlamadError, ModelNotFound, WorkerCrashed
 from llamad.front.lanes import Lane, Outcome
 from llamad.front.persist import save_table
 from llamad.front.table import GiveUp, ModelEntry, ModelTable, child_id_of
-from llamad.front_wire import LoadProgress, ModelFailed, ModelState, Route
+from llamad.front.wire import LoadProgress, ModelFailed, ModelState, Route
 from llamad.llama_ffi.errors import ModelLoadError
 from llamad.model.status_board import (
     WorkerSnapshot,

@@ -19,7 +19,7 @@ import msgspec
 import structlog
 
 from llamad.front.table import ModelEntry, ModelTable
-from llamad.front_wire import ModelState
+from llamad.front.wire import ModelState
 
 __all__ = ["TABLE_FILE", "load_table", "save_table", "table_path"]
 

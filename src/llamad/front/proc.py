@@ -1,12 +1,12 @@
 """The front process: the daemon's client-facing actor (control plane).
 
 :func:`run_front` is the supervised entry point (the root's last child, see
-:mod:`llamad.daemon_tree`). It binds ``config.endpoint`` as actor
+:mod:`llamad.daemon.tree`). It binds ``config.endpoint`` as actor
 ``llamad.front`` (message limits from ``[security]``; a tcp endpoint with the
 daemon's CURVE keys when they are set), rebuilds its table
 (the file a previous front of this daemon left, ``model_sup``'s
 ``which_children``), reports ready, loads the configured models, and serves
-:data:`llamad.front_wire.OPS` until SIGTERM:
+:data:`llamad.front.wire.OPS` until SIGTERM:
 
 .. code-block:: text
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -36,10 +37,8 @@ from llamad import logs
 from llamad.actors import Actor, Handler, PendingReply, Registry, Request
 from llamad.cache.client import CacheClient
 from llamad.cache.counters import Counters
-from llamad.cache.meta import GcReport
 from llamad.cache.tier_kind import TierKind
 from llamad.config import LlamadConfig
-from llamad.daemon_tree import CACHE_SUP_SERVICE, MODEL_SUP_SERVICE, ROOT_SERVICE
 from llamad.errors import BadRequest, ModelNotFound, Unavailable
 from llamad.front.lanes import Lane, Mailbox, Outcome
 from llamad.front.load_request import TemplateLimits, load_request
@@ -48,11 +47,12 @@ from llamad.front.persist import load_table, table_path
 from llamad.front.status import Supervisors, daemon_status
 from llamad.front.table import ModelEntry, ModelTable
 from llamad.front.watch import SupervisorWatch
-from llamad.front_wire import (
+from llamad.front.wire import (
     FRONT_ACTOR,
     OPS,
     DaemonStatus,
     EvictBytes,
+    GcReport,
     LoadModel,
     ModelInfo,
     ModelRef,
@@ -72,14 +72,30 @@ log = structlog.get_logger("llamad.front")
 _INSPECT_TIMEOUT_S = 2.0
 
 
+@dataclass(frozen=True, slots=True)
+class TreeServices:
+    """The actor names of the supervisors the front asks (given by the tree
+    that starts it: a child never imports its parent's tree)."""
+
+    root: str
+    cache_sup: str
+    model_sup: str
+
+
 @notifies_ready
-def run_front(config: Mapping[str, Any], started_at: float, limits: Mapping[str, float]) -> None:
+def run_front(
+    config: Mapping[str, Any],
+    started_at: float,
+    limits: Mapping[str, float],
+    services: Mapping[str, str],
+) -> None:
     """Supervised entry point: rebuild, bind, report ready, serve until SIGTERM."""
     logs.configure()
     front = Front(
         msgspec.convert(config, LlamadConfig),
         started_at=started_at,
         limits=TemplateLimits(**limits),
+        services=TreeServices(**services),
     )
     front.serve(ready=notify_ready)
 
@@ -101,10 +117,10 @@ def _entry_of(
 class _Inspect:
     """The inspection lane's clients (made on its thread)."""
 
-    def __init__(self, registry: Registry) -> None:
-        self.root = SupervisorClient(ROOT_SERVICE, registry=registry, timeout=_INSPECT_TIMEOUT_S)
+    def __init__(self, registry: Registry, services: TreeServices) -> None:
+        self.root = SupervisorClient(services.root, registry=registry, timeout=_INSPECT_TIMEOUT_S)
         self.cache_sup = SupervisorClient(
-            CACHE_SUP_SERVICE, registry=registry, timeout=_INSPECT_TIMEOUT_S
+            services.cache_sup, registry=registry, timeout=_INSPECT_TIMEOUT_S
         )
 
     def children(self) -> Supervisors:
@@ -129,8 +145,16 @@ def _children(sup: SupervisorClient) -> list[ChildInfo] | str:
 class Front:
     """The front actor, its table and its lanes (see the module doc)."""
 
-    def __init__(self, config: LlamadConfig, *, started_at: float, limits: TemplateLimits) -> None:
+    def __init__(
+        self,
+        config: LlamadConfig,
+        *,
+        started_at: float,
+        limits: TemplateLimits,
+        services: TreeServices,
+    ) -> None:
         self.config = config
+        self.services = services
         self.started_at = started_at
         self.limits = limits
         self.registry = Registry(config.registry_root)
@@ -168,11 +192,14 @@ class Front:
         self.sup_lane: Lane[SupervisorClient] = Lane(
             "model_sup",
             self.mailbox,
-            lambda: SupervisorClient(MODEL_SUP_SERVICE, registry=self.registry),
+            lambda: SupervisorClient(self.services.model_sup, registry=self.registry),
             lambda c: c.close(),
         )
         self.inspect_lane: Lane[_Inspect] = Lane(
-            "inspect", self.mailbox, lambda: _Inspect(self.registry), lambda i: i.close()
+            "inspect",
+            self.mailbox,
+            lambda: _Inspect(self.registry, self.services),
+            lambda i: i.close(),
         )
         self.cache_lane: Lane[CacheClient] = Lane(
             "cache",
@@ -188,7 +215,7 @@ class Front:
             server_key=None if self.curve is None else self.curve.public_key,
         )
         self.watch = SupervisorWatch(
-            MODEL_SUP_SERVICE, self.registry, self.mailbox, self.models.on_event, self._resync
+            self.services.model_sup, self.registry, self.mailbox, self.models.on_event, self._resync
         )
         try:
             self._rebuild()
@@ -334,7 +361,10 @@ class Front:
 
     def gc(self, req: Request[NoArgs]) -> None:
         pending = req.defer()
-        self.cache_lane.submit(lambda cache: cache.gc(), lambda o: _answer(pending, o))
+        self.cache_lane.submit(
+            lambda cache: GcReport(**msgspec.structs.asdict(cache.gc())),
+            lambda o: _answer(pending, o),
+        )
 
 
 def _answer(pending: PendingReply, outcome: Outcome[int] | Outcome[GcReport]) -> None:

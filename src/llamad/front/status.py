@@ -17,14 +17,14 @@ from dataclasses import dataclass
 
 from llamad.config import LlamadConfig
 from llamad.front.table import ModelEntry
-from llamad.front_wire import (
+from llamad.front.wire import (
     DaemonStatus,
     ModelStatus,
     SupervisedChild,
     SupervisorStatus,
     TierUsage,
 )
-from llamad.model.status_board import WorkerSnapshot
+from llamad.model.wire import WorkerSnapshot
 from llamad.supervisor.core import ChildInfo
 
 __all__ = ["Supervisors", "daemon_status", "supervisor_status", "tier_usage"]

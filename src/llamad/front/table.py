@@ -5,7 +5,7 @@ tests. The process layer (:mod:`llamad.front.proc`) feeds it the outcomes of
 the loads and unloads it ran and the decisions ``model_sup`` published
 (:mod:`llamad.supervisor.events`), and carries out what it answers.
 
-States (:class:`~llamad.front_wire.ModelState`)::
+States (:class:`~llamad.front.wire.ModelState`)::
 
     (none), UNLOADED ─load─► LOADING ─ready─► READY ─unload, keep_alive─► UNLOADING ─► UNLOADED
                                │                │
@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from llamad.front_wire import ModelInfo, ModelState
+from llamad.front.wire import ModelInfo, ModelState
 from llamad.supervisor.events import (
     ChildExited,
     ChildHung,

@@ -17,8 +17,9 @@ converter, the Jinja chat templates) work without loading libllama.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from llamad._lazy import lazy_face
 
 if TYPE_CHECKING:
     from llamad.errors import ContextOverflow
@@ -67,42 +68,23 @@ if TYPE_CHECKING:
     from llamad.llama_ffi.sampling import Sampler, SamplerParams
     from llamad.llama_ffi.state import PAGE_SIZE, StateBuffer, prefault
 
-_EXPORTS: dict[str, str] = {
-    "ContextOverflow": "llamad.errors",
-    "Batch": "llamad.llama_ffi.batch",
-    "builtin_chat_template": "llamad.llama_ffi.builtin_template",
-    "builtin_template_names": "llamad.llama_ffi.builtin_template",
-    "ChatFormatter": "llamad.llama_ffi.chat_template",
-    "ChatTemplate": "llamad.llama_ffi.chat_template",
-    "apply_chat_template": "llamad.llama_ffi.chat_template",
-    "Context": "llamad.llama_ffi.context",
-    "GGUFInfo": "llamad.llama_ffi.gguf_check",
-    "check_gguf": "llamad.llama_ffi.gguf_check",
-    "GrammarOptions": "llamad.llama_ffi.json_schema",
-    "json_schema_to_gbnf": "llamad.llama_ffi.json_schema",
-    "LoraAdapter": "llamad.llama_ffi.lora",
-    "Model": "llamad.llama_ffi.model",
-    "ProgressCallback": "llamad.llama_ffi.model",
-    "ensure_backend": "llamad.llama_ffi.native",
-    "set_log_level": "llamad.llama_ffi.native",
-    "system_info": "llamad.llama_ffi.native",
-    "ContextOptions": "llamad.llama_ffi.options",
-    "FlashAttn": "llamad.llama_ffi.options",
-    "KVType": "llamad.llama_ffi.options",
-    "LoadMode": "llamad.llama_ffi.options",
-    "ModelOptions": "llamad.llama_ffi.options",
-    "PoolingType": "llamad.llama_ffi.options",
-    "RopeScaling": "llamad.llama_ffi.options",
-    "SplitMode": "llamad.llama_ffi.options",
-    "default_threads": "llamad.llama_ffi.options",
-    "Sampler": "llamad.llama_ffi.sampling",
-    "SamplerParams": "llamad.llama_ffi.sampling",
-    "PAGE_SIZE": "llamad.llama_ffi.state",
-    "StateBuffer": "llamad.llama_ffi.state",
-    "prefault": "llamad.llama_ffi.state",
-    **{
-        name: "llamad.llama_ffi.errors"
-        for name in (
+
+__getattr__, __dir__ = lazy_face(
+    __name__,
+    {
+        "llamad.errors": ("ContextOverflow",),
+        "llamad.llama_ffi.batch": ("Batch",),
+        "llamad.llama_ffi.builtin_template": (
+            "builtin_chat_template",
+            "builtin_template_names",
+        ),
+        "llamad.llama_ffi.chat_template": (
+            "ChatFormatter",
+            "ChatTemplate",
+            "apply_chat_template",
+        ),
+        "llamad.llama_ffi.context": ("Context",),
+        "llamad.llama_ffi.errors": (
             "AdapterError",
             "BatchTooLarge",
             "BufferTooSmall",
@@ -123,9 +105,48 @@ _EXPORTS: dict[str, str] = {
             "StateError",
             "TruncatedGGUF",
             "Unsupported",
-        )
+        ),
+        "llamad.llama_ffi.gguf_check": (
+            "GGUFInfo",
+            "check_gguf",
+        ),
+        "llamad.llama_ffi.json_schema": (
+            "GrammarOptions",
+            "json_schema_to_gbnf",
+        ),
+        "llamad.llama_ffi.lora": ("LoraAdapter",),
+        "llamad.llama_ffi.model": (
+            "Model",
+            "ProgressCallback",
+        ),
+        "llamad.llama_ffi.native": (
+            "ensure_backend",
+            "set_log_level",
+            "system_info",
+        ),
+        "llamad.llama_ffi.options": (
+            "ContextOptions",
+            "FlashAttn",
+            "KVType",
+            "LoadMode",
+            "ModelOptions",
+            "PoolingType",
+            "RopeScaling",
+            "SplitMode",
+            "default_threads",
+        ),
+        "llamad.llama_ffi.sampling": (
+            "Sampler",
+            "SamplerParams",
+        ),
+        "llamad.llama_ffi.state": (
+            "PAGE_SIZE",
+            "StateBuffer",
+            "prefault",
+        ),
     },
-}
+)
+
 
 __all__ = [
     "PAGE_SIZE",
@@ -181,16 +202,3 @@ __all__ = [
     "set_log_level",
     "system_info",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})

@@ -5,7 +5,8 @@ llama.cpp writes a great deal to stderr by default. :func:`ensure_backend`
 messages at or above a threshold into structlog as ``llama.log`` events and
 drops the rest in C, so debug chatter never costs a trip into Python. The
 threshold comes from ``LLAMAD_LLAMA_LOG`` (``debug``, ``info``, ``warn``,
-``error``, ``off``; default ``warn``).
+``error``, ``off``; default ``warn``), or from :func:`set_log_level`, which
+holds whether it is called before the backend starts or after.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ _STRUCTLOG_METHOD = {
 
 _init_lock = threading.Lock()
 _initialised = False
+_chosen_level: int | None = None
+"""What :func:`set_log_level` chose (``None``: ``LLAMAD_LLAMA_LOG``'s)."""
 
 
 @ffi.def_extern(onerror=lambda *_: None)  # type: ignore[untyped-decorator]
@@ -88,7 +91,12 @@ def set_log_level(level: str) -> None:
     value = LOG_LEVELS.get(level.strip().lower()) if isinstance(level, str) else None
     if value is None:
         raise LlamaError(f"unknown llama log level {level!r}; expected one of {sorted(LOG_LEVELS)}")
-    lib.llamad_log_install(value)
+    global _chosen_level
+    with _init_lock:
+        # Kept for ensure_backend too: a level chosen before the first model
+        # load must not be replaced by the environment's when the backend starts.
+        _chosen_level = value
+        lib.llamad_log_install(value)
 
 
 def _silence_at_exit() -> None:
@@ -105,7 +113,7 @@ def ensure_backend() -> None:
     with _init_lock:
         if _initialised:
             return
-        lib.llamad_log_install(_level_from_env())
+        lib.llamad_log_install(_level_from_env() if _chosen_level is None else _chosen_level)
         lib.llama_backend_init()
         atexit.register(_silence_at_exit)
         _initialised = True

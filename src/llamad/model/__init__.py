@@ -8,12 +8,30 @@ is built here next, on top of it.
 
 from __future__ import annotations
 
-from llamad.model.identity import (
-    EXCLUDED_CONTEXT_FIELDS,
-    EXCLUDED_MODEL_FIELDS,
-    HASHED_CONTEXT_FIELDS,
-    base_fingerprint,
-    namespace,
+from typing import TYPE_CHECKING
+
+from llamad._lazy import lazy_face
+
+if TYPE_CHECKING:
+    from llamad.model.identity import (
+        EXCLUDED_CONTEXT_FIELDS,
+        EXCLUDED_MODEL_FIELDS,
+        HASHED_CONTEXT_FIELDS,
+        base_fingerprint,
+        namespace,
+    )
+
+__getattr__, __dir__ = lazy_face(
+    __name__,
+    {
+        "llamad.model.identity": (
+            "EXCLUDED_CONTEXT_FIELDS",
+            "EXCLUDED_MODEL_FIELDS",
+            "HASHED_CONTEXT_FIELDS",
+            "base_fingerprint",
+            "namespace",
+        ),
+    },
 )
 
 __all__ = [

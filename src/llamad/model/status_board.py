@@ -44,9 +44,7 @@ from typing import Final
 
 import msgspec
 
-from llamad.llama_ffi.spin import SpinSetting
-from llamad.model.results import WorkerStatus
-from llamad.model.threads import ThreadStatus
+from llamad.model.wire import WorkerSnapshot
 
 __all__ = [
     "SLOT_BYTES",
@@ -65,47 +63,6 @@ SLOT_BYTES: Final = 8192
 _HEAD: Final = struct.Struct("<QII")
 _SEQ: Final = struct.Struct("<Q")
 _READ_TRIES: Final = 64
-
-
-class WorkerSnapshot(msgspec.Struct, frozen=True):
-    """What a worker looks like from outside (SPEC M10).
-
-    ``at``: when it was published, and ``busy_since``: when the tick in
-    progress began (``None`` between ticks), both on the host's monotonic
-    clock (``time.monotonic()`` is system-wide on Linux), so a reader can
-    tell how long the current tick has run. ``generated_per_s``: sampled
-    tokens per second, ``rows_per_s``: tokens decoded per second (prompt and
-    generated), both over the last few seconds; ``last_tick_ms``: the last
-    decode's duration; ``requests_total``: requests admitted since start.
-
-    ``last_request_at``: when the worker last had a request (an op other than
-    ``status`` handled, or a tick with a request admitted or queued), on the
-    same monotonic clock; ``None`` before the first. The daemon's front
-    unloads a model idle for its ``keep_alive`` from it (SPEC D7).
-
-    ``threads`` (SPEC M14): the thread governor's
-    :class:`~llamad.model.threads.ThreadStatus` (the last step's count, the
-    daemon-wide budget and busy workers, collapses, fallbacks, probes), or
-    ``None`` for a worker whose threads are not governed. ``spin``: whether
-    libgomp's barrier spin is bounded in this worker
-    (:class:`~llamad.llama_ffi.spin.SpinSetting`: ``bounded``, ``operator``,
-    ``too_late``, ``not_yet`` before libllama is loaded).
-    """
-
-    model_id: str
-    pid: int
-    instance: str
-    seq: int
-    at: float
-    status: WorkerStatus
-    busy_since: float | None = None
-    generated_per_s: float = 0.0
-    rows_per_s: float = 0.0
-    last_tick_ms: float = 0.0
-    requests_total: int = 0
-    threads: ThreadStatus | None = None
-    spin: SpinSetting = SpinSetting.NOT_YET
-    last_request_at: float | None = None
 
 
 _ENCODER: Final = msgspec.msgpack.Encoder()

@@ -74,6 +74,7 @@ import msgspec
 import structlog
 
 from llamad.errors import ConfigError
+from llamad.model.wire import CollapseReport, ThreadStatus
 
 __all__ = [
     "EXPLORE_MAX_ROWS",
@@ -239,51 +240,6 @@ class ThreadPolicy:
             raise _bad("explore_max_s", f"must be >= explore_s ({self.explore_s})")
         if self.probe_gain > 1:
             raise _bad("probe_gain", f"must be in (0, 1], not {self.probe_gain!r}")
-
-
-class CollapseReport(msgspec.Struct, frozen=True):
-    """The last collapsing step: its thread count, rows, KV cells, time and
-    the median it was judged against, and how long ago it happened."""
-
-    threads: int
-    rows: int
-    step_ms: float
-    median_ms: float
-    age_s: float
-    kv_cells: int = 0
-
-
-class ThreadStatus(msgspec.Struct, frozen=True):
-    """What a worker reports about its threads in ``status``.
-
-    ``threads``: the count the last step ran on. ``budget``: the most the
-    daemon-wide budget allows now (``min(max_threads, cores // busy_workers)``).
-    ``ceiling``: the most collapse fallback allows (``max_threads`` unless
-    ``fallback``). ``fallbacks``: times the ceiling was lowered;
-    ``collapses``: collapsing steps seen (also at 1 thread, where there is
-    nothing to fall back to); ``probes``/``probes_kept``: attempts to go back
-    up and how many held; ``explorations``/``explorations_kept``: tries of
-    fewer threads without a collapse, and how many were faster (each kept one
-    is also a fallback). ``next_probe_s``: seconds until the next probe up
-    while falling back.
-    """
-
-    threads: int
-    max_threads: int
-    cores: int
-    busy_workers: int
-    budget: int
-    ceiling: int
-    fallback: bool
-    fallbacks: int
-    collapses: int
-    probes: int
-    probes_kept: int
-    explorations: int
-    explorations_kept: int
-    cooldown_s: float
-    next_probe_s: float | None
-    last_collapse: CollapseReport | None
 
 
 _Shape = tuple[int, int]  # step_shape(rows, kv_cells)

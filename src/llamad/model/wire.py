@@ -47,8 +47,9 @@ import msgspec
 
 from llamad.actors.ops import OpKind, OpSpec
 from llamad.errors import BadRequest
+from llamad.llama_ffi.spin import SpinSetting
 from llamad.model.requests import MAX_ID_CHARS, MAX_TOKENS_LIMIT, RequestParams
-from llamad.model.status_board import WorkerSnapshot
+from llamad.model.results import WorkerStatus
 
 __all__ = [
     "OPS",
@@ -58,6 +59,7 @@ __all__ = [
     "CancelReply",
     "ChatBody",
     "ChatOptions",
+    "CollapseReport",
     "DetokenizeBody",
     "EmbedBody",
     "EmbedReply",
@@ -68,6 +70,7 @@ __all__ = [
     "NoArgs",
     "SessionBody",
     "TextReply",
+    "ThreadStatus",
     "TokenizeBody",
     "TokensReply",
     "WorkerSnapshot",
@@ -82,6 +85,92 @@ Id = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
 Tokens = Annotated[list[int], msgspec.Meta(max_length=MAX_PROMPT_TOKENS)]
 Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)]
 Messages = Annotated[list[dict[str, Any]], msgspec.Meta(min_length=1, max_length=MAX_MESSAGES)]
+
+
+class CollapseReport(msgspec.Struct, frozen=True):
+    """The last collapsing step: its thread count, rows, KV cells, time and
+    the median it was judged against, and how long ago it happened."""
+
+    threads: int
+    rows: int
+    step_ms: float
+    median_ms: float
+    age_s: float
+    kv_cells: int = 0
+
+
+class ThreadStatus(msgspec.Struct, frozen=True):
+    """What a worker reports about its threads in ``status``.
+
+    ``threads``: the count the last step ran on. ``budget``: the most the
+    daemon-wide budget allows now (``min(max_threads, cores // busy_workers)``).
+    ``ceiling``: the most collapse fallback allows (``max_threads`` unless
+    ``fallback``). ``fallbacks``: times the ceiling was lowered;
+    ``collapses``: collapsing steps seen (also at 1 thread, where there is
+    nothing to fall back to); ``probes``/``probes_kept``: attempts to go back
+    up and how many held; ``explorations``/``explorations_kept``: tries of
+    fewer threads without a collapse, and how many were faster (each kept one
+    is also a fallback). ``next_probe_s``: seconds until the next probe up
+    while falling back.
+    """
+
+    threads: int
+    max_threads: int
+    cores: int
+    busy_workers: int
+    budget: int
+    ceiling: int
+    fallback: bool
+    fallbacks: int
+    collapses: int
+    probes: int
+    probes_kept: int
+    explorations: int
+    explorations_kept: int
+    cooldown_s: float
+    next_probe_s: float | None
+    last_collapse: CollapseReport | None
+
+
+class WorkerSnapshot(msgspec.Struct, frozen=True):
+    """What a worker looks like from outside (SPEC M10).
+
+    ``at``: when it was published, and ``busy_since``: when the tick in
+    progress began (``None`` between ticks), both on the host's monotonic
+    clock (``time.monotonic()`` is system-wide on Linux), so a reader can
+    tell how long the current tick has run. ``generated_per_s``: sampled
+    tokens per second, ``rows_per_s``: tokens decoded per second (prompt and
+    generated), both over the last few seconds; ``last_tick_ms``: the last
+    decode's duration; ``requests_total``: requests admitted since start.
+
+    ``last_request_at``: when the worker last had a request (an op other than
+    ``status`` handled, or a tick with a request admitted or queued), on the
+    same monotonic clock; ``None`` before the first. The daemon's front
+    unloads a model idle for its ``keep_alive`` from it (SPEC D7).
+
+    ``threads`` (SPEC M14): the thread governor's
+    :class:`ThreadStatus` (the last step's count, the
+    daemon-wide budget and busy workers, collapses, fallbacks, probes), or
+    ``None`` for a worker whose threads are not governed. ``spin``: whether
+    libgomp's barrier spin is bounded in this worker
+    (:class:`~llamad.llama_ffi.spin.SpinSetting`: ``bounded``, ``operator``,
+    ``too_late``, ``not_yet`` before libllama is loaded).
+    """
+
+    model_id: str
+    pid: int
+    instance: str
+    seq: int
+    at: float
+    status: WorkerStatus
+    busy_since: float | None = None
+    generated_per_s: float = 0.0
+    rows_per_s: float = 0.0
+    last_tick_ms: float = 0.0
+    requests_total: int = 0
+    threads: ThreadStatus | None = None
+    spin: SpinSetting = SpinSetting.NOT_YET
+    last_request_at: float | None = None
 
 
 class NoArgs(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

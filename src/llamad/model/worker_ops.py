@@ -23,12 +23,10 @@ import msgspec
 import structlog
 
 from llamad.actors import Actor, PendingReply, Request, StreamSender
-from llamad.config.security import contained_model_path
 from llamad.llama_ffi.errors import Unsupported
 from llamad.model.core import WorkerCore
 from llamad.model.deliveries import Deliveries
 from llamad.model.heartbeat import BusyMark
-from llamad.model.status_board import WorkerSnapshot
 from llamad.model.wire import (
     OPS,
     AdapterRef,
@@ -49,8 +47,10 @@ from llamad.model.wire import (
     TextReply,
     TokenizeBody,
     TokensReply,
+    WorkerSnapshot,
 )
 from llamad.model.worker_parts import Adapters, WorkerParts
+from llamad.paths import contained_model_path
 
 __all__ = ["WorkerOps"]
 

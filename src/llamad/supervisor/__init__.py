@@ -21,8 +21,9 @@ OTP.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from llamad._lazy import lazy_face
 
 if TYPE_CHECKING:
     from llamad.supervisor.core import (
@@ -64,17 +65,19 @@ if TYPE_CHECKING:
         supervisor_child,
     )
 
-# Loaded on first use: every child process imports this package on its way to
-# ``llamad.supervisor.child``, and should not pay for structlog and the
-# supervisor loop it never runs (a fraction of a second per start otherwise).
-_HOME = {
-    **dict.fromkeys(
-        ["ChildCounts", "ChildInfo", "ChildState", "LastExit", "StartedChild", "SupervisorCore"],
-        "core",
-    ),
-    **dict.fromkeys(["EventFeed", "SupervisorEvent"], "events"),
-    **dict.fromkeys(
-        [
+
+__getattr__, __dir__ = lazy_face(
+    __name__,
+    {
+        "llamad.supervisor.core": (
+            "ChildCounts",
+            "ChildInfo",
+            "ChildState",
+            "LastExit",
+            "StartedChild",
+            "SupervisorCore",
+        ),
+        "llamad.supervisor.errors": (
             "ChildAlreadyPresent",
             "ChildAlreadyStarted",
             "ChildNotFound",
@@ -85,15 +88,22 @@ _HOME = {
             "StartFailed",
             "SupervisorError",
             "SupervisorStopped",
-        ],
-        "errors",
-    ),
-    **dict.fromkeys(["ExitReason", "classify_exit"], "exits"),
-    "RestartIntensity": "intensity",
-    **dict.fromkeys(["run_root", "run_supervisor_process"], "proc"),
-    "Supervisor": "runtime",
-    **dict.fromkeys(
-        [
+        ),
+        "llamad.supervisor.events": (
+            "EventFeed",
+            "SupervisorEvent",
+        ),
+        "llamad.supervisor.exits": (
+            "ExitReason",
+            "classify_exit",
+        ),
+        "llamad.supervisor.intensity": ("RestartIntensity",),
+        "llamad.supervisor.proc": (
+            "run_root",
+            "run_supervisor_process",
+        ),
+        "llamad.supervisor.runtime": ("Supervisor",),
+        "llamad.supervisor.spec": (
             "BRUTAL_KILL",
             "INFINITY",
             "AutoShutdown",
@@ -105,19 +115,9 @@ _HOME = {
             "SupervisorSpec",
             "SupFlags",
             "supervisor_child",
-        ],
-        "spec",
-    ),
-}
-
-
-def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value
-    return value
+        ),
+    },
+)
 
 
 __all__ = [

@@ -115,7 +115,7 @@ class OwnBeat(Protocol):
     between two calls. By default (:class:`ParentBeat`) the beat is a
     heartbeat on the parent supervisor's status pipe; the daemon's root,
     watched by systemd, pings systemd's watchdog instead
-    (:mod:`llamad.daemon_notify`).
+    (:mod:`llamad.daemon.readiness`).
     """
 
     def interval(self) -> float | None: ...

@@ -17,7 +17,7 @@ from daemon_harness import GREEDY, Daemon, prompt_text, wait_gone, wait_until
 
 from llamad import paths
 from llamad.actors import Registry
-from llamad.front_wire import ModelFailed, ModelState
+from llamad.front.wire import ModelFailed, ModelState
 from llamad.llama_ffi.errors import TruncatedGGUF
 from llamad.model.results import CacheHitKind, FinishReason
 from llamad.model.worker_client import WorkerClient

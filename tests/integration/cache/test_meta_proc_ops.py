@@ -13,8 +13,8 @@ from llamad.actors.registry import Registry
 from llamad.cache.client import CacheClient
 from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcSpec, SaveReason
-from llamad.cache.meta import GcReport
 from llamad.cache.meta_proc import MetaProcess
+from llamad.cache.meta_wire import GcResult
 from llamad.cache.pressure import PressureConfig
 from llamad.cache.publish import PublishOutcome, publish
 from llamad.cache.sup import CacheSettings
@@ -127,7 +127,7 @@ def test_gc_drops_rows_whose_files_were_deleted_underneath(cache_settings: Cache
         assert cfg is not None
         os.unlink(Tier(cfg).path_for(gone))
         report = cache.gc()
-        assert report == GcReport(evicted=0, bytes_freed=0, missing=1, reaped=0)
+        assert report == GcResult(evicted=0, bytes_freed=0, missing=1, reaped=0)
         assert {bytes.fromhex(r["key"]) for r in cache.dump()} == {kept}
 
 

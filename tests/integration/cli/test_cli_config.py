@@ -9,7 +9,7 @@ import pytest
 from cli_run import llamad
 
 from llamad import paths
-from llamad.cli_errors import EXIT_CONFIG
+from llamad.cli.errors import EXIT_CONFIG
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(60)]
 

@@ -9,7 +9,7 @@ from cli_run import llamad
 from daemon_proc import DaemonProc
 
 from llamad import Client, paths
-from llamad.cli_errors import EXIT_CONFIG, EXIT_NOT_FOUND, EXIT_USAGE
+from llamad.cli.errors import EXIT_CONFIG, EXIT_NOT_FOUND, EXIT_USAGE
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
 

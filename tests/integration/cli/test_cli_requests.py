@@ -16,7 +16,7 @@ from cli_run import cli_env, llamad, llamad_command
 from daemon_proc import DaemonProc
 
 from llamad import Client
-from llamad.cli_errors import (
+from llamad.cli.errors import (
     EXIT_INTERRUPTED,
     EXIT_NOT_FOUND,
     EXIT_REFUSED,

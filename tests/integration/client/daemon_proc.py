@@ -26,7 +26,7 @@ from served import EVENTUALLY, Served
 
 from llamad import paths
 from llamad.actors import Client as ActorClient
-from llamad.front_wire import Route
+from llamad.front.wire import Route
 
 __all__ = ["DaemonProc"]
 

@@ -25,6 +25,14 @@ T = TypeVar("T")
 #: "Eventually" on a 2-core machine shared with other test runs.
 EVENTUALLY = 60.0
 
+#: A grammar that never lets the model stop: a request under it ends only at
+#: its ``max_tokens`` or when it is cancelled, whatever the sampler draws.
+ENDLESS = 'root ::= "la " root'
+
+#: ``max_tokens`` for a request that must be cancelled: far more steps than the
+#: cancel can take, far fewer than a 2-core machine decodes in :data:`EVENTUALLY`.
+MANY = 1000
+
 
 def wait_until(predicate: Callable[[], T | None], what: str, timeout: float = EVENTUALLY) -> T:
     """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
@@ -91,6 +99,19 @@ class Served:
             return snap
 
         return wait_until(idle, "the worker to be idle", timeout)
+
+    def ticks(self, model_id: str | None = None) -> int:
+        """The worker's decode steps since it started (from its status board)."""
+        snap = wait_until(lambda: self.board(model_id), "the worker's status board")
+        return snap.status.ticks
+
+    def assert_dropped(self, ticks_before: int, model_id: str | None = None) -> None:
+        """A request under :data:`ENDLESS` with ``max_tokens`` :data:`MANY`
+        was dropped: the worker went idle in fewer steps than it would have
+        taken to finish (it cannot stop by itself)."""
+        idle = self.wait_idle(model_id, timeout=4 * EVENTUALLY)
+        steps = idle.status.ticks - ticks_before
+        assert 0 < steps < MANY, f"{steps} steps: the request ran instead of being dropped"
 
     def wait_until_busy(self, model_id: str | None = None) -> WorkerSnapshot:
         """Until the worker holds a request that is generating."""

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from llamad.actors import Registry
+from llamad.actors.aio_client import AsyncActorClient
 from llamad.actors.testing import ToyProcess, spawn_toy
-from llamad.client_async_actor import AsyncActorClient
 from llamad.errors import RequestTimeout, StickyBusy, Unavailable, WorkerCrashed
 
 pytestmark = pytest.mark.timeout(120)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from served import Served, prompt_text
+from served import ENDLESS, MANY, Served, prompt_text
 
 from conftest import start_served
 from llamad import (
@@ -33,9 +33,6 @@ from llamad import (
 )
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.model]
-
-
-ENDLESS = 'root ::= "la " root'
 
 
 @pytest.fixture(scope="module")
@@ -148,9 +145,12 @@ def test_a_full_worker_refuses_with_overloaded(served: Served, client: Client) -
 def test_a_call_past_its_timeout_raises_and_the_worker_drops_it(
     served: Served, client: Client
 ) -> None:
+    before = served.ticks()
     with pytest.raises(RequestTimeout):
-        client.complete(served.model_id, prompt_text(320), max_tokens=500, timeout=0.3)
-    served.wait_idle(timeout=5)  # cancelled, not generating 500 tokens
+        client.complete(
+            served.model_id, prompt_text(320), max_tokens=MANY, grammar=ENDLESS, timeout=0.3
+        )
+    served.assert_dropped(before)
 
 
 def test_a_stream_past_its_first_token_timeout_raises(served: Served, client: Client) -> None:
@@ -164,11 +164,14 @@ def test_a_stream_past_its_first_token_timeout_raises(served: Served, client: Cl
 
 
 def test_a_stream_past_its_idle_timeout_raises(served: Served, client: Client) -> None:
-    stream = client.infer(served.model_id, prompt_text(331), max_tokens=400, idle_timeout=0.0005)
+    before = served.ticks()
+    stream = client.infer(
+        served.model_id, prompt_text(331), max_tokens=MANY, grammar=ENDLESS, idle_timeout=0.0005
+    )
     with pytest.raises(RequestTimeout):
         for event in stream:
             assert isinstance(event, TokenEvent)
-    served.wait_idle(timeout=5)
+    served.assert_dropped(before)
 
 
 def test_a_closed_client_refuses_calls(served: Served) -> None:

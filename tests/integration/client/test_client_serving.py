@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from served import Served, prompt_text, wait_until
+from served import ENDLESS, MANY, Served, prompt_text, wait_until
 
 from llamad import (
     CacheHitKind,
@@ -266,23 +266,26 @@ def test_a_stream_is_consumed_on_the_thread_that_opened_it(served: Served, clien
 
 
 def test_breaking_out_of_a_stream_cancels_the_request(served: Served, client: Client) -> None:
-    """Unbounded generation (until the context is full: many seconds) stops
-    as soon as the consumer leaves the loop."""
-    stream = client.infer(served.model_id, prompt_text(109))
+    """Generation that cannot stop by itself (:data:`ENDLESS`) stops as soon
+    as the consumer leaves the loop."""
+    before = served.ticks()
+    stream = client.infer(served.model_id, prompt_text(109), max_tokens=MANY, grammar=ENDLESS)
     for _ in stream:
         break
     assert stream.finished
-    served.wait_idle(timeout=5)
-    for _ in client.infer(served.model_id, prompt_text(110)):
+    served.assert_dropped(before)
+    before = served.ticks()
+    for _ in client.infer(served.model_id, prompt_text(110), max_tokens=MANY, grammar=ENDLESS):
         break
-    served.wait_idle(timeout=5)
+    served.assert_dropped(before)
 
 
 def test_a_stream_dropped_unread_is_cancelled(served: Served, client: Client) -> None:
-    stream = client.infer(served.model_id, prompt_text(112))  # unbounded
+    before = served.ticks()
+    stream = client.infer(served.model_id, prompt_text(112), max_tokens=MANY, grammar=ENDLESS)
     served.wait_until_busy()
     del stream  # collected: the request is abandoned
-    served.wait_idle(timeout=5)
+    served.assert_dropped(before)
 
 
 def test_embeddings_are_unit_vectors_that_tell_texts_apart(served: Served, client: Client) -> None:

@@ -3,7 +3,7 @@
 :class:`Daemon` writes a config into a private temporary directory (short:
 ipc paths must fit in 107 bytes), starts the daemon as a subprocess (its log
 lines in ``daemon.log``), waits until the front routes its models, and gives
-the tests the front (a plain actors client, decoding :mod:`llamad.front_wire`
+the tests the front (a plain actors client, decoding :mod:`llamad.front.wire`
 types), workers (:class:`WorkerClient`), the cache, and the process tree to
 kill parts of. Models run the real default model with one thread; the
 cache's save thresholds are small so short prompts are saved and found.
@@ -29,7 +29,7 @@ import psutil
 from llamad import paths
 from llamad.actors import Client, Registry
 from llamad.cache.client import CacheClient
-from llamad.front_wire import DaemonStatus, LoadProgress, ModelInfo, ModelState, Route
+from llamad.front.wire import DaemonStatus, LoadProgress, ModelInfo, ModelState, Route
 from llamad.model.status_board import WorkerSnapshot, read_status, status_path
 from llamad.model.worker_client import WorkerClient
 

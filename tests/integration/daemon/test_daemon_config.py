@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from llamad import paths
-from llamad.daemon import EXIT_CONFIG
+from llamad.daemon.main import EXIT_CONFIG
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(120)]
 

@@ -15,7 +15,7 @@ from daemon_harness import EVENTUALLY, GREEDY, Daemon, prompt_text, still_runnin
 
 from llamad.actors import Client, Registry
 from llamad.cache.kvc import SaveReason, read_meta
-from llamad.front_wire import Route
+from llamad.front.wire import Route
 from llamad.model.results import CacheHitKind, FinishReason, TokenEvent
 from llamad.model.worker_client import WorkerClient
 

@@ -18,7 +18,7 @@ from daemon_harness import GREEDY, Daemon, prompt_text, wait_until
 
 from llamad.actors import Registry
 from llamad.errors import ConfigError, ModelNotFound
-from llamad.front_wire import LoadProgress, ModelInfo, ModelState, PathNotAllowed
+from llamad.front.wire import LoadProgress, ModelInfo, ModelState, PathNotAllowed
 from llamad.llama_ffi.errors import NotGGUF
 from llamad.model.results import CacheHitKind, TokenEvent
 from llamad.model.status_board import load_progress_path, read_load_progress

@@ -33,11 +33,11 @@ from typing import Any
 import pytest
 
 from llamad.cache.client import CacheClient
-from llamad.client import Client
+from llamad.client.sync import Client
 from llamad.config import DEFAULT_MODEL_ID
 from llamad.config.dirs import default_ram_file_root
 from llamad.errors import LlamadError
-from llamad.front_wire import ModelState
+from llamad.front.wire import ModelState
 from llamad.model.results import Completion
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(420)]

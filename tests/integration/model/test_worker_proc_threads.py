@@ -31,9 +31,9 @@ import pytest
 from worker_tree import WorkerTree, prompt_text, wait_until
 
 from llamad.llama_ffi.spin import SpinSetting
-from llamad.model.status_board import WorkerSnapshot
 from llamad.model.thread_board import ThreadBoard
 from llamad.model.threads import ThreadPolicy, ThreadStatus
+from llamad.model.wire import WorkerSnapshot
 from llamad.model.worker_client import WorkerClient
 from llamad.model.worker_parts import thread_board_path
 

@@ -25,12 +25,13 @@ import psutil
 import pytest
 from daemon_harness import EVENTUALLY, GREEDY, Daemon, prompt_text
 
-from llamad import AsyncClient, Client, cli
+from llamad import AsyncClient, Client
 from llamad.actors import Client as ActorClient
 from llamad.actors.curve import CurveClient, read_key_file, write_keypair
-from llamad.daemon import EXIT_CONFIG
+from llamad.cli import main as cli
+from llamad.daemon.main import EXIT_CONFIG
 from llamad.errors import PermissionDenied
-from llamad.front_wire import Route
+from llamad.front.wire import Route
 from llamad.model.results import TokenEvent
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(240)]

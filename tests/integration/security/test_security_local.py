@@ -27,12 +27,13 @@ import pytest
 import zmq
 from daemon_harness import GREEDY, Daemon, prompt_text, wait_until
 
-from llamad import Client, cli, paths
+from llamad import Client, paths
 from llamad.actors import Client as ActorClient
 from llamad.actors import Registry
+from llamad.cli import main as cli
 from llamad.config import resolve_model_path
 from llamad.errors import BadRequest, LlamadError, TemplateSecurityError
-from llamad.front_wire import ModelState, PathNotAllowed
+from llamad.front.wire import ModelState, PathNotAllowed
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(240)]
 

@@ -24,7 +24,7 @@ import pytest
 from daemon_harness import GREEDY, Daemon, prompt_text, wait_until
 from notify_listener import Notice, NotifyListener
 
-from llamad.front_wire import ModelState
+from llamad.front.wire import ModelState
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(240)]
 

@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 
 from llamad import paths
-from llamad.cli import main
-from llamad.cli_errors import EXIT_OK
+from llamad.cli.errors import EXIT_OK
+from llamad.cli.main import main
 from llamad.config import load_config
-from llamad.systemd_unit import SHIPPED_EXEC, stop_timeout_s
+from llamad.daemon.unit import SHIPPED_EXEC, stop_timeout_s
 
 ANALYZE = shutil.which("systemd-analyze")
 pytestmark = [

@@ -19,6 +19,8 @@ import pytest
 import zmq
 
 from llamad.actors import Actor, Client, Registry
+from llamad.actors.aio_client import AsyncActorClient
+from llamad.actors.aio_link import AsyncLink
 from llamad.actors.curve import (
     CurveClient,
     CurveFiles,
@@ -31,8 +33,6 @@ from llamad.actors.curve import (
 )
 from llamad.actors.errors import ActorConfigError
 from llamad.actors.testing import build_toy
-from llamad.client_async_actor import AsyncActorClient
-from llamad.client_async_link import AsyncLink
 from llamad.errors import PermissionDenied
 
 pytestmark = pytest.mark.timeout(60)

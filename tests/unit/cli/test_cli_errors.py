@@ -7,7 +7,7 @@ import importlib
 import pytest
 
 from llamad import errors
-from llamad.cli_errors import (
+from llamad.cli.errors import (
     EXIT_CONFIG,
     EXIT_ERROR,
     EXIT_MODEL_FAILED,

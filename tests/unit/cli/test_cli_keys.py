@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from llamad.actors.curve import CurveClient, read_key_file
-from llamad.cli import main
-from llamad.cli_errors import EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from llamad.cli.errors import EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from llamad.cli.main import main
 
 pytestmark = pytest.mark.timeout(30)
 

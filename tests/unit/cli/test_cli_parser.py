@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import structlog
 
-from llamad.cli import build_parser, main
-from llamad.cli_client import UsageError, parse_key, parse_options
+from llamad.cli.connect import UsageError, parse_key, parse_options
+from llamad.cli.main import build_parser, main
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from llamad.cli_render import (
+from llamad.cli.render import (
     ProgressBar,
     completion_summary,
     human_bytes,
@@ -21,7 +21,7 @@ from llamad.cli_render import (
     to_json,
     turn_summary,
 )
-from llamad.front_wire import (
+from llamad.front.wire import (
     DaemonStatus,
     ModelInfo,
     ModelState,
@@ -41,7 +41,7 @@ from llamad.model.results import (
     WorkerPhase,
     WorkerStatus,
 )
-from llamad.model.status_board import WorkerSnapshot
+from llamad.model.wire import WorkerSnapshot
 
 pytestmark = pytest.mark.timeout(30)
 

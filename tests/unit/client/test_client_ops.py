@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from llamad import client_ops as ops
+from llamad.client import bodies as ops
 from llamad.errors import BadRequest
 from llamad.model.adapters import AdapterInfo as WorkerAdapterInfo
 from llamad.model.requests import RequestParams

@@ -14,7 +14,7 @@ import pytest
 from config_helpers import Workspace, write_config
 
 from llamad.actors.curve import write_keypair
-from llamad.config.cli import check, example
+from llamad.cli.config import check, example
 from llamad.config.keys import Key, Section, Tables, fields_of
 from llamad.config.reference import (
     BEGIN,

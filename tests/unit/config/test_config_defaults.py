@@ -134,11 +134,12 @@ def test_the_real_default_model_is_served_with_no_config(
 def test_importing_the_config_never_loads_libllama() -> None:
     # A client reads the endpoint from the config; it must not need libllama.
     code = (
-        "import sys, llamad.config, llamad.config.cli\n"
+        "import sys, llamad.config, llamad.cli.config\n"
         "from llamad.config.model_schema import ModelConfig\n"
         "from llamad.config.keys import fields_of\n"
         "fields_of(ModelConfig)\n"
         "loaded = [m for m in sys.modules if m.startswith('llamad.llama_ffi.')]\n"
-        "assert loaded == ['llamad.llama_ffi.errors'], loaded\n"
+        # The error classes at most (plain Python); never the binding.
+        "assert set(loaded) <= {'llamad.llama_ffi.errors'}, loaded\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

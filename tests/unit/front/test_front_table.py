@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from llamad.front.table import MODEL_PERIOD_S, MODEL_RESTARTS, GiveUp, ModelEntry, ModelTable
-from llamad.front_wire import ModelState
+from llamad.front.wire import ModelState
 from llamad.supervisor.events import ChildExited, ChildRestarted, ChildRestartFailed
 from llamad.supervisor.exits import ExitReason
 

@@ -8,12 +8,13 @@ import sys
 import pytest
 
 import llamad.llama_ffi as ffi_pkg
+from llamad._lazy import exports
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def test_every_name_in_all_resolves() -> None:
-    assert sorted(ffi_pkg.__all__) == sorted(ffi_pkg._EXPORTS)
+    assert sorted(ffi_pkg.__all__) == sorted(exports("llamad.llama_ffi"))
     for name in ffi_pkg.__all__:
         assert getattr(ffi_pkg, name) is not None
 

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import structlog
 
-from llamad.llama_ffi import LlamaError, set_log_level
+from llamad.llama_ffi import LlamaError, Model, ModelOptions, ensure_backend, set_log_level
 from llamad.llama_ffi.native import _llamad_log_cb, ffi, lib
+from llamad.paths import default_model_path
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -44,7 +49,58 @@ def test_unknown_level_name_is_refused() -> None:
         set_log_level("chatty")
 
 
-def test_known_level_names_are_accepted() -> None:
-    for name in ("debug", "info", "warn", "error", "off"):
+def _levels_while_loading() -> set[str]:
+    """The structlog levels of the llama.log events a model load sends (the
+    default model's vocabulary only: llama.cpp logs its loader at info and
+    debug, and nothing above warn when all goes well)."""
+    with (
+        structlog.testing.capture_logs() as logs,
+        Model(default_model_path(), ModelOptions(vocab_only=True)),
+    ):
+        pass
+    return {e["log_level"] for e in logs if e["event"] == "llama.log"}
+
+
+@pytest.mark.parametrize(
+    ("name", "seen"),
+    [
+        ("debug", {"debug", "info"}),
+        ("info", {"info"}),
+        ("warn", set()),
+        ("error", set()),
+        ("off", set()),
+    ],
+)
+def test_each_level_lets_through_what_it_names(name: str, seen: set[str]) -> None:
+    ensure_backend()
+    try:
         set_log_level(name)
-    set_log_level("warn")
+        assert _levels_while_loading() == seen
+    finally:
+        set_log_level("warn")
+
+
+def test_a_level_chosen_before_the_backend_starts_is_kept() -> None:
+    """The backend starts at the first model load (once per process), so a
+    fresh interpreter: the level set before it must survive its start."""
+    program = (
+        "import structlog\n"
+        "from llamad.llama_ffi import Model, ModelOptions, set_log_level\n"
+        "from llamad.paths import default_model_path\n"
+        "set_log_level('info')\n"
+        "with structlog.testing.capture_logs() as logs:\n"
+        "    with Model(default_model_path(), ModelOptions(vocab_only=True)):\n"
+        "        pass\n"
+        "print(sum(e['event'] == 'llama.log' and e['log_level'] == 'info' for e in logs))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "LLAMAD_LLAMA_LOG"}
+    out = subprocess.run(
+        [sys.executable, "-c", program],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.split()[-1]) > 0

@@ -17,7 +17,7 @@ from llamad.llama_ffi import ContextOptions
 from llamad.model.config import WorkerConfig
 from llamad.model.requests import RequestParams
 from llamad.model.results import WorkerPhase
-from llamad.model.status_board import WorkerSnapshot
+from llamad.model.wire import WorkerSnapshot
 from llamad.model.worker_proc import WorkerProcess
 from llamad.model.worker_spec import WorkerSpec
 

@@ -7,7 +7,7 @@
 
 writes ``llamad.service`` (to ``/etc/systemd/system`` by default) with
 ``ExecStart`` naming this interpreter (``<python> -m llamad.daemon``) and
-prints what to run next. The unit itself is :mod:`llamad.systemd_unit`
+prints what to run next. The unit itself is :mod:`llamad.daemon.unit`
 (``render_unit`` of a ``UnitPlan``, the same function that renders
 ``packaging/systemd/llamad.service``); this module makes the plan for this
 machine and writes it.
@@ -32,8 +32,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from llamad.cli_errors import EXIT_CONFIG, EXIT_ERROR, EXIT_OK
-from llamad.systemd_unit import (
+from llamad.cli.errors import EXIT_CONFIG, EXIT_ERROR, EXIT_OK
+from llamad.daemon.unit import (
     CACHE_DIR,
     RUNTIME_DIR,
     SERVICE_USER,
@@ -133,7 +133,6 @@ def local_plan(
     """The plan for this machine: this interpreter, this installation's native
     builds, the configuration at ``config_path`` as the service will load it.
     Raises :class:`Refused` or :class:`~llamad.errors.ConfigError`."""
-    import llamad  # noqa: PLC0415
     from llamad import paths  # noqa: PLC0415
     from llamad.config import load_config  # noqa: PLC0415
 
@@ -146,7 +145,7 @@ def local_plan(
         raise Refused("\n".join(problems))
     lib_dir, backend = _native()
     # What the interpreter, its packages and llamad's libraries are read from.
-    needed = [sys.prefix, sys.base_prefix, str(Path(llamad.__file__).resolve().parents[1])]
+    needed = [sys.prefix, sys.base_prefix, str(Path(__file__).resolve().parents[2])]
     needed += [cache_dir] if cache_dir != CACHE_DIR else []
     needed += [lib_dir] if lib_dir else []
     needed += [config_path] if config_path else []

@@ -116,7 +116,8 @@ def template_limits(config: LlamadConfig) -> TemplateLimits:
 
 def front_args(config: LlamadConfig, started_at: float) -> dict[str, Any]:
     """The front's start kwargs: the whole resolved config (it builds run-time
-    loads by the same rules), when the daemon started, the template's limits."""
+    loads by the same rules), when the daemon started, the template's limits
+    and the supervisors' actor names."""
     limits = template_limits(config)
     return {
         "config": msgspec.to_builtins(config),
@@ -125,6 +126,11 @@ def front_args(config: LlamadConfig, started_at: float) -> dict[str, Any]:
             "liveness_s": limits.liveness_s,
             "load_timeout_s": limits.load_timeout_s,
             "shutdown_s": limits.shutdown_s,
+        },
+        "services": {
+            "root": ROOT_SERVICE,
+            "cache_sup": CACHE_SUP_SERVICE,
+            "model_sup": MODEL_SUP_SERVICE,
         },
     }
 

@@ -3,7 +3,7 @@ unit and another (:class:`UnitPlan`) and the file itself (:func:`render_unit`).
 
 ``packaging/systemd/llamad.service`` is :func:`render_unit` of
 :func:`shipped_plan` (a test keeps them equal); ``llamad install-unit``
-(:mod:`llamad.cli_install`) renders a plan for this machine.
+(:mod:`llamad.cli.install`) renders a plan for this machine.
 ``docs/internals/operations.md`` says why each line is there.
 """
 
@@ -74,7 +74,7 @@ def stop_timeout_s(config: LlamadConfig) -> int:
     another (the front, then every worker's shutdown saves at once, then
     cache-meta), each bounded by its shutdown policy, plus :data:`STOP_MARGIN_S`."""
     from llamad.cache.sup import meta_child_spec  # noqa: PLC0415 (loads the cache)
-    from llamad.daemon_tree import FRONT_SHUTDOWN_S, template_limits  # noqa: PLC0415
+    from llamad.daemon.tree import FRONT_SHUTDOWN_S, template_limits  # noqa: PLC0415
 
     chain = [FRONT_SHUTDOWN_S, template_limits(config).shutdown_s]
     meta = meta_child_spec(config.cache_settings()).shutdown_policy

@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Iterable
 from typing import Any, Final
 
-from llamad.client import Client
+from llamad.client.sync import Client
 from llamad.config.env import parse_env_value
 from llamad.errors import ModelNotFound
 

@@ -33,19 +33,18 @@ from typing import Any, Final, TypeVar, overload
 
 import msgspec
 
-from llamad import client_ops as ops
 from llamad import logs
 from llamad.actors.client import Client as ActorClient
 from llamad.actors.curve import CurveClient
 from llamad.actors.errors import ClientClosed
 from llamad.actors.sockets import FORKS
-from llamad.cache.meta import GcReport
-from llamad.client_ops import AdapterInfo, Prompt
-from llamad.client_routes import Links
-from llamad.client_stream import Stream
+from llamad.client import bodies as ops
+from llamad.client.bodies import AdapterInfo, Prompt
+from llamad.client.routes import Links
+from llamad.client.stream import Stream
 from llamad.config import client_curve, client_endpoint
 from llamad.errors import ModelNotFound
-from llamad.front_wire import DaemonStatus, LoadProgress, ModelInfo, ModelStatus, NoArgs
+from llamad.front.wire import DaemonStatus, GcReport, LoadProgress, ModelInfo, ModelStatus, NoArgs
 from llamad.model.results import Completion, Event
 from llamad.model.wire import (
     CancelReply,

@@ -29,7 +29,7 @@ from llamad.errors import LlamadError
 from llamad.model.results import Completion, DoneEvent, ThinkingEvent, TokenEvent, ToolCallEvent
 
 if TYPE_CHECKING:
-    from llamad.client import Client
+    from llamad.client.sync import Client
 
 __all__ = ["Stream", "StreamEvent"]
 

@@ -4,7 +4,7 @@ The blocking :class:`llamad.actors.Client` waits in ``recv`` on its own
 thread; an asyncio program must never do that. This client speaks the same
 protocol (``docs/internals/actors.md``: HELLO, CALL, STREAM, CANCEL, BYE,
 the same envelope codec from :mod:`llamad.actors.wire`) with every wait on
-the event loop. Its connection (:class:`~llamad.client_async_link.AsyncLink`)
+the event loop. Its connection (:class:`~llamad.actors.aio_link.AsyncLink`)
 is a socket whose descriptor, and the actor's pidfd, are registered with
 ``loop.add_reader``; this module multiplexes requests over it:
 
@@ -39,6 +39,7 @@ import msgspec
 import structlog
 import zmq
 
+from llamad.actors.aio_link import AsyncLink
 from llamad.actors.curve import CurveClient
 from llamad.actors.errors import ClientClosed, WrongProcess
 from llamad.actors.monitor import ProcessRef
@@ -57,7 +58,6 @@ from llamad.actors.wire import (
     decode_envelope,
     encode_envelope,
 )
-from llamad.client_async_link import AsyncLink
 from llamad.errors import (
     Cancelled,
     LlamadError,

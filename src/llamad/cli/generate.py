@@ -16,9 +16,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
-from llamad import cli_render as render
-from llamad.cli_client import UsageError, parse_key, parse_options, pick_model
-from llamad.client import Client
+from llamad.cli import render
+from llamad.cli.connect import UsageError, parse_key, parse_options, pick_model
+from llamad.client.sync import Client
 from llamad.model.results import (
     Completion,
     DoneEvent,

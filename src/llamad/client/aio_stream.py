@@ -1,6 +1,6 @@
 """A running ``infer`` request as an async iterator of typed events.
 
-The same events and terminal as :class:`llamad.client_stream.Stream`: the
+The same events and terminal as :class:`llamad.client.stream.Stream`: the
 ``token`` / ``thinking`` / ``tool_call`` events, then one
 :class:`~llamad.model.results.DoneEvent` with the
 :class:`~llamad.model.results.Completion`, or the typed error raised.
@@ -18,8 +18,8 @@ from typing import Any
 
 import msgspec
 
-from llamad.client_async_actor import AsyncStreamCall
-from llamad.client_stream import StreamEvent
+from llamad.actors.aio_client import AsyncStreamCall
+from llamad.client.stream import StreamEvent
 from llamad.errors import LlamadError
 from llamad.model.results import Completion, DoneEvent
 

@@ -44,15 +44,15 @@ from typing import Final
 import structlog
 
 from llamad.actors import Registry
+from llamad.daemon.notify import Notifier, status_line
 from llamad.front.persist import load_table, table_path
-from llamad.front_wire import ModelState
+from llamad.front.wire import ModelState
 from llamad.model.status_board import (
     load_progress_path,
     read_load_progress,
     read_status,
     status_path,
 )
-from llamad.notify import Notifier, status_line
 from llamad.supervisor.events import (
     ChildExited,
     ChildRestarted,

@@ -23,7 +23,7 @@ daemon through the public :class:`llamad.Client`; the global options may
 also follow the command. Read commands take ``--json``. Results go to
 stdout; progress, summaries, logs and errors to stderr. An error prints one
 line ``llamad: <code>: <message>`` and exits with its family's status
-(:mod:`llamad.cli_errors` lists them).
+(:mod:`llamad.cli.errors` lists them).
 """
 
 from __future__ import annotations
@@ -35,9 +35,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from llamad import cli_control, cli_generate, cli_install, cli_keys, logs
-from llamad.cli_client import DEFAULT_CONNECT_TIMEOUT, UsageError, connect
-from llamad.cli_errors import (
+from llamad import logs
+from llamad.cli import control as cli_control
+from llamad.cli import generate as cli_generate
+from llamad.cli import install as cli_install
+from llamad.cli import keys as cli_keys
+from llamad.cli.connect import DEFAULT_CONNECT_TIMEOUT, UsageError, connect
+from llamad.cli.errors import (
     EXIT_CONFIG,
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -52,20 +56,20 @@ __all__ = ["build_parser", "main"]
 
 
 def _daemon(args: argparse.Namespace) -> int:
-    from llamad import daemon  # noqa: PLC0415  (loads the supervisor and the config)
+    from llamad.daemon import main as daemon  # noqa: PLC0415  (loads the supervisor and the config)
 
     return daemon.main([] if args.config is None else ["--config", args.config])
 
 
 def _config_check(args: argparse.Namespace) -> int:
-    from llamad.config.cli import check  # noqa: PLC0415
+    from llamad.cli.config import check  # noqa: PLC0415
 
     # A refused file exits like a daemon refusing it (78), not with a bare 1.
     return EXIT_OK if check(args.file or args.config) == 0 else EXIT_CONFIG
 
 
 def _config_example(args: argparse.Namespace) -> int:
-    from llamad.config.cli import example  # noqa: PLC0415
+    from llamad.cli.config import example  # noqa: PLC0415
 
     sys.stdout.write(example())
     return EXIT_OK
@@ -228,7 +232,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_ERROR
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any, Final
 
-from llamad.cli_errors import EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from llamad.cli.errors import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 
 __all__ = ["add_commands", "generate"]
 

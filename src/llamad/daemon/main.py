@@ -14,7 +14,7 @@ In order, before any child starts:
 4. the ``ram`` tier's segments of a previous run and the front's table file
    are removed (both describe one run).
 
-Then the root supervisor (:func:`llamad.daemon_tree.daemon_spec`) runs in the
+Then the root supervisor (:func:`llamad.daemon.tree.daemon_spec`) runs in the
 main thread: ``cache_sup``, ``model_sup``, ``front`` in that order; the front
 loads the configured models. The root serves its own ``which_children`` as
 actor ``llamad.root`` (for ``status``). SIGTERM or SIGINT stops the tree in
@@ -26,7 +26,7 @@ Under systemd (``Type=notify``: ``$NOTIFY_SOCKET``, taken out of the
 environment before any child starts) the root reports its start, its
 readiness once the configured models have loaded, its status and its stop,
 and pings the watchdog from its supervisor loop
-(:mod:`llamad.daemon_notify`).
+(:mod:`llamad.daemon.readiness`).
 """
 
 from __future__ import annotations
@@ -47,11 +47,11 @@ from llamad.actors import Registry
 from llamad.cache.errors import TierLocked
 from llamad.cache.sup import purge_ram
 from llamad.config import LlamadConfig, load_config
-from llamad.daemon_notify import SystemdReporter, Watchdog
-from llamad.daemon_tree import ROOT_SERVICE, daemon_spec
+from llamad.daemon.notify import Notifier
+from llamad.daemon.readiness import SystemdReporter, Watchdog
+from llamad.daemon.tree import ROOT_SERVICE, daemon_spec
 from llamad.errors import ConfigError
 from llamad.front.persist import table_path
-from llamad.notify import Notifier
 from llamad.supervisor.runtime import Supervisor
 from llamad.supervisor.service import SupervisorService
 
@@ -174,7 +174,3 @@ def _run(config_path: str | None, notifier: Notifier) -> int:
         _forget_run(config)
     log.info("daemon.stopped", exit_code=code, uptime_s=round(time.time() - started_at, 3))
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,13 +1,13 @@
 """The asyncio public client: ``from llamad import AsyncClient`` (SPEC D3).
 
-The same methods as :class:`llamad.client.Client`, as coroutines, and
-``infer`` returning an :class:`~llamad.client_async_stream.AsyncStream`.
+The same methods as :class:`llamad.client.sync.Client`, as coroutines, and
+``infer`` returning an :class:`~llamad.client.aio_stream.AsyncStream`.
 It never blocks the event loop: it speaks the actors protocol on the loop
-itself (:mod:`llamad.client_async_actor`: the sockets' descriptors and the
+itself (:mod:`llamad.actors.aio_client`: the sockets' descriptors and the
 actors' pidfds are registered with ``loop.add_reader``), with no thread per
 request. Cancelling the task that awaits a call or consumes a stream cancels
 the request on the worker. Routing, retries and errors behave exactly as in
-the blocking client (see :mod:`llamad.client`).
+the blocking client (see :mod:`llamad.client.sync`).
 
 One ``AsyncClient`` serves any number of concurrent tasks of one event loop.
 """
@@ -20,19 +20,18 @@ from typing import Any, Final, TypeVar, overload
 
 import msgspec
 
-from llamad import client_ops as ops
 from llamad import logs
+from llamad.actors.aio_client import AsyncActorClient, AsyncStreamCall
 from llamad.actors.curve import CurveClient
 from llamad.actors.errors import ClientClosed
-from llamad.cache.meta import GcReport
-from llamad.client import DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_TIMEOUT
-from llamad.client_async_actor import AsyncActorClient, AsyncStreamCall
-from llamad.client_async_stream import AsyncStream
-from llamad.client_ops import AdapterInfo, Prompt
-from llamad.client_routes import AsyncLinks
+from llamad.client import bodies as ops
+from llamad.client.aio_stream import AsyncStream
+from llamad.client.bodies import AdapterInfo, Prompt
+from llamad.client.routes import AsyncLinks
+from llamad.client.sync import DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_TIMEOUT
 from llamad.config import client_curve, client_endpoint
 from llamad.errors import ModelNotFound
-from llamad.front_wire import DaemonStatus, LoadProgress, ModelInfo, ModelStatus, NoArgs
+from llamad.front.wire import DaemonStatus, GcReport, LoadProgress, ModelInfo, ModelStatus, NoArgs
 from llamad.model.results import Completion, Event
 from llamad.model.wire import (
     CancelReply,

@@ -12,9 +12,9 @@ import argparse
 import sys
 from typing import Any
 
-from llamad import cli_render as render
-from llamad.cli_client import UsageError, parse_options
-from llamad.client import Client
+from llamad.cli import render
+from llamad.cli.connect import UsageError, parse_options
+from llamad.client.sync import Client
 from llamad.config.units import parse_size
 
 __all__ = ["add_commands"]

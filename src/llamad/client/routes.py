@@ -33,14 +33,14 @@ from typing import Any, TypeVar
 
 import zmq
 
-from llamad import client_ops as ops
+from llamad.actors.aio_client import AsyncActorClient
 from llamad.actors.client import Client as ActorClient
 from llamad.actors.curve import CurveClient
 from llamad.actors.registry import Registry
 from llamad.actors.sockets import FORKS
-from llamad.client_async_actor import AsyncActorClient
+from llamad.client import bodies as ops
 from llamad.errors import Unavailable, WorkerCrashed
-from llamad.front_wire import Route
+from llamad.front.wire import Route
 
 __all__ = ["AsyncLinks", "Links"]
 

@@ -1,9 +1,9 @@
 """What each client method sends and how its answer is read (no I/O).
 
-:class:`~llamad.client.Client` and :class:`~llamad.client_async.AsyncClient`
+:class:`~llamad.client.sync.Client` and :class:`~llamad.client.aio.AsyncClient`
 differ only in how they wait; both build their requests here, so the two
 cannot drift apart. Request bodies are the wire Structs of
-:mod:`llamad.model.wire` (worker ops) and :mod:`llamad.front_wire` (front
+:mod:`llamad.model.wire` (worker ops) and :mod:`llamad.front.wire` (front
 ops), built and validated in the caller's process: a bad parameter raises
 :class:`~llamad.errors.BadRequest` naming the field before anything is sent.
 """
@@ -18,7 +18,7 @@ from typing import Any, Final, TypeVar
 import msgspec
 
 from llamad.errors import BadRequest
-from llamad.front_wire import EvictBytes, LoadModel, ModelRef
+from llamad.front.wire import EvictBytes, LoadModel, ModelRef
 from llamad.model.requests import RequestParams
 from llamad.model.wire import (
     AdapterRef,

@@ -52,13 +52,13 @@ from typing import Final
 import psutil
 
 from llamad import logs
-from llamad.cli_render import sources_text
-from llamad.client import Client
+from llamad.cli.render import sources_text
+from llamad.client.sync import Client
 from llamad.config import DEFAULT_MODEL_ID
 from llamad.config.dirs import default_ram_file_root
 from llamad.config.model_schema import DEFAULT_MODEL_PATH
 from llamad.errors import LlamadError
-from llamad.front_wire import ModelState
+from llamad.front.wire import ModelState
 from llamad.model.results import Completion, DoneEvent, TokenEvent
 
 __all__ = ["main", "notes_prompt"]
@@ -308,7 +308,7 @@ def _tiers(c: Completion) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m llamad.demo",
+        prog="python -m llamad.cli.demo",
         description="make run: the default model through the daemon, cold then warm",
     )
     ap.add_argument(

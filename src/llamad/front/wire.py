@@ -19,7 +19,7 @@ op                     kind    body                   answer
 ``status``             call    :class:`NoArgs`        :class:`DaemonStatus`
 ``counters``           call    :class:`NoArgs`        ``dict[str, int]`` (the cache's counters)
 ``evict_bytes``        call    :class:`EvictBytes`    ``int``: bytes evicted
-``gc``                 call    :class:`NoArgs`        :class:`llamad.cache.meta.GcReport`
+``gc``                 call    :class:`NoArgs`        :class:`GcReport`
 =====================  ======  =====================  ===========================================
 
 Errors are typed, each its own code: ``model_not_found`` (no such model),
@@ -41,13 +41,14 @@ import msgspec
 
 from llamad.actors.ops import OpKind, OpSpec
 from llamad.errors import LlamadError, PathNotAllowed
-from llamad.model.status_board import WorkerSnapshot
+from llamad.model.wire import WorkerSnapshot
 
 __all__ = [
     "FRONT_ACTOR",
     "OPS",
     "DaemonStatus",
     "EvictBytes",
+    "GcReport",
     "LoadModel",
     "LoadProgress",
     "ModelFailed",
@@ -129,6 +130,16 @@ class LoadModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     model_id: ModelId
     path: str | None = None
     options: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class GcReport(msgspec.Struct, frozen=True):
+    """``gc``'s reply: rows evicted and bytes freed by the cache's sweep,
+    copies whose files had vanished (``missing``), leftovers reaped."""
+
+    evicted: int
+    bytes_freed: int
+    missing: int
+    reaped: int
 
 
 class LoadProgress(msgspec.Struct, frozen=True):

@@ -16,8 +16,7 @@ from typing import Any, TextIO
 
 import msgspec
 
-from llamad.cache.meta import GcReport
-from llamad.front_wire import DaemonStatus, ModelInfo, ModelStatus
+from llamad.front.wire import DaemonStatus, GcReport, ModelInfo, ModelStatus
 from llamad.model.results import Completion, TokenSources, WorkerStatus
 
 __all__ = [
