@@ -8,9 +8,14 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup native ffi run test test-unit bench lint format clean
+.PHONY: setup tools native ffi run test test-unit bench lint format clean
 
-setup: ffi
+setup: ffi tools
+
+# System tools the suite runs (strace, systemd-analyze): installed where this
+# user may, else named; .ci/run refuses to run without them.
+tools:
+	$(PYTHON) scripts/tools.py --install
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

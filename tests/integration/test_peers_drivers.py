@@ -5,7 +5,6 @@ has not set it up)."""
 from __future__ import annotations
 
 import importlib
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,8 +21,6 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.timeout(180), pytest.mark.model, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # bench/ is a package at the repository root
-    sys.path.insert(0, str(ROOT))
 setup = importlib.import_module("bench.peers_setup")
 server_sys = importlib.import_module("bench.peers.server_sys")
 lcpp_sys = importlib.import_module("bench.peers.lcpp_sys")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import importlib
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,8 +19,6 @@ import pytest
 pytestmark = pytest.mark.timeout(60)
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # bench/ is a package at the repository root
-    sys.path.insert(0, str(ROOT))
 
 USER_FACING = sorted(
     [

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -16,8 +15,6 @@ from llamad.model.results import CacheHitKind, Completion, FinishReason, Stats
 pytestmark = pytest.mark.timeout(60)
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # bench/ is a package at the repository root
-    sys.path.insert(0, str(ROOT))
 rep = importlib.import_module("bench.daemon_bench_report")
 
 

@@ -6,7 +6,6 @@ import importlib
 import os
 import platform
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,8 +13,6 @@ import pytest
 pytestmark = pytest.mark.timeout(60)
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # bench/ is a package at the repository root
-    sys.path.insert(0, str(ROOT))
 setup = importlib.import_module("bench.peers_setup")
 workload = importlib.import_module("bench.peers.workload")
 server_sys = importlib.import_module("bench.peers.server_sys")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,8 +11,6 @@ import pytest
 pytestmark = pytest.mark.timeout(60)
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # bench/ is a package at the repository root
-    sys.path.insert(0, str(ROOT))
 rep = importlib.import_module("bench.peers_report")
 render = importlib.import_module("bench.peers.render")
 if TYPE_CHECKING:

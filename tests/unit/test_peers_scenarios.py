@@ -9,7 +9,6 @@ so the tests see which path each measured request took.
 from __future__ import annotations
 
 import importlib
-import sys
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,8 +29,6 @@ from llamad.model.results import (
 pytestmark = pytest.mark.timeout(60)
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # bench/ is a package at the repository root
-    sys.path.insert(0, str(ROOT))
 scenarios = importlib.import_module("bench.peers.scenarios")
 workload = importlib.import_module("bench.peers.workload")
 rep = importlib.import_module("bench.peers_report")

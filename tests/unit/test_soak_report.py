@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib
 import os
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -18,8 +17,6 @@ import pytest
 pytestmark = pytest.mark.timeout(60)
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # bench/ is a package at the repository root
-    sys.path.insert(0, str(ROOT))
 sr = importlib.import_module("bench.soak_report")
 lg = importlib.import_module("bench.soak_ledger")
 procs = importlib.import_module("bench.soak_procs")

@@ -13,8 +13,6 @@ import pytest
 pytestmark = pytest.mark.timeout(60)
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # bench/ is a package at the repository root
-    sys.path.insert(0, str(ROOT))
 worker_bench = importlib.import_module("bench.worker_bench")
 report = importlib.import_module("bench.worker_bench_report")
 

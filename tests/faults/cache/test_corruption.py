@@ -22,7 +22,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from meta_fixtures import cache_settings_fixture  # noqa: F401  (the cache_settings fixture)
 
 from llamad.cache.client import CacheClient
 from llamad.cache.counters import Counters
@@ -34,6 +33,7 @@ from llamad.cache.publish import LocalMeta, PublishOutcome, publish
 from llamad.cache.sup import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier, TierConfig, TierStore, build_tiers, load
+from meta_fixtures import cache_settings_fixture  # noqa: F401  (the cache_settings fixture)
 
 pytestmark = pytest.mark.timeout(120)
 

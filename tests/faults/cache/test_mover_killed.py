@@ -22,8 +22,6 @@ import time
 from pathlib import Path
 
 import pytest
-from meta_fault_child import row_payload, row_spec
-from meta_fixtures import cache_settings_fixture  # noqa: F401  (the cache_settings fixture)
 
 from llamad.cache.client import CacheClient
 from llamad.cache.meta_proc import MetaProcess, MetaServer
@@ -34,10 +32,12 @@ from llamad.cache.sup import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
 from llamad.errors import LlamadError
+from meta_fault_child import row_payload, row_spec
+from meta_fixtures import cache_settings_fixture  # noqa: F401  (the cache_settings fixture)
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
-CHILD = Path(__file__).with_name("meta_fault_child.py")
+CHILD = Path(__file__).resolve().parents[2] / "support" / "meta_fault_child.py"
 RAM, RAM_FILE, DISK = TierKind.RAM, TierKind.RAM_FILE, TierKind.DISK
 LINK_STAGES = (MoveStage.VALIDATED, MoveStage.LINKED, MoveStage.SYNCED)
 COPY_STAGES = (MoveStage.VALIDATED, MoveStage.WRITTEN, MoveStage.LINKED, MoveStage.SYNCED)

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-from meta_fixtures import cache_settings_fixture  # noqa: F401  (the cache_settings fixture)
 
 from llamad.cache.client import CacheClient
 from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
@@ -21,10 +20,11 @@ from llamad.cache.publish import PublishOutcome, publish
 from llamad.cache.sup import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
+from meta_fixtures import cache_settings_fixture  # noqa: F401  (the cache_settings fixture)
 
 pytestmark = [pytest.mark.timeout(120)]
 
-CHILD = Path(__file__).with_name("meta_fault_child.py")
+CHILD = Path(__file__).resolve().parents[2] / "support" / "meta_fault_child.py"
 NS = Namespace(fingerprint=b"\x55" * 32, quant=3, ctx_hash=b"\x66" * 32)
 
 

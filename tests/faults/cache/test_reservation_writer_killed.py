@@ -16,8 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-from meta_fault_child import row_payload, row_spec
-from meta_fixtures import cache_settings_fixture  # noqa: F401  (the cache_settings fixture)
 
 from llamad.cache.client import CacheClient
 from llamad.cache.kvc import parse
@@ -26,10 +24,12 @@ from llamad.cache.publish import PublishOutcome, PublishStage, publish
 from llamad.cache.sup import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
+from meta_fault_child import row_payload, row_spec
+from meta_fixtures import cache_settings_fixture  # noqa: F401  (the cache_settings fixture)
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
-CHILD = Path(__file__).with_name("meta_fault_child.py")
+CHILD = Path(__file__).resolve().parents[2] / "support" / "meta_fault_child.py"
 LINKED_OR_LATER = {PublishStage.LINKED, PublishStage.SYNCED, PublishStage.ANNOUNCED}
 
 

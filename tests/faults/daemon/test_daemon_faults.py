@@ -9,18 +9,18 @@ import select
 import shutil
 import signal
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
-from daemon_harness import GREEDY, Daemon, prompt_text, wait_gone, wait_until
 
+from daemon_harness import GREEDY, Daemon, prompt_text, wait_gone, wait_until
 from llamad import paths
 from llamad.actors import Registry
 from llamad.front.wire import ModelFailed, ModelState
 from llamad.llama_ffi.errors import TruncatedGGUF
 from llamad.model.results import CacheHitKind, FinishReason
 from llamad.model.worker_client import WorkerClient
+from llamad.supervisor.service import SupervisorClient
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
 
@@ -134,8 +134,14 @@ def test_a_model_failing_on_every_load_is_given_up_reported_and_others_serve(
     assert "restarts within" in refused.value.details["error"]
     with pytest.raises(TruncatedGGUF):  # load_model tries again, and says why not
         daemon.load("victim", path=str(victim))
-    # Given up for good: no worker comes back, and model_sup did not escalate.
-    time.sleep(3)
+    # Given up for good: model_sup holds no child for it, so nothing is left
+    # that would restart a worker (the front, the only other starter, holds it
+    # FAILED: route and load_model above refused), and model_sup did not escalate.
+    sup = SupervisorClient("llamad.model_sup", registry=Registry(daemon.registry_root))
+    try:
+        assert [c.id for c in sup.which_children() if c.id == "model.victim"] == []
+    finally:
+        sup.close()
     assert Registry(daemon.registry_root).lookup("model.victim") is None
     reply = daemon.worker("a").complete(prompt_text(25), max_tokens=2, **GREEDY)
     assert reply.stats.completion_tokens == 2

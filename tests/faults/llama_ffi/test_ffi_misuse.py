@@ -21,7 +21,7 @@ import pytest
 
 pytestmark = [pytest.mark.model]
 
-CHILD = Path(__file__).with_name("ffi_misuse_child.py")
+CHILD = Path(__file__).resolve().parents[2] / "support" / "ffi_misuse_child.py"
 
 EXPECTED = {
     "sample_before_any_decode": "NoLogits",

@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from worker_tree import WorkerTree, prompt_text
 
 from llamad.errors import WorkerCrashed
 from llamad.llama_ffi.build_info import compute_backend
 from llamad.supervisor.events import ChildHung
+from worker_tree import WorkerTree, prompt_text
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(300)]
 

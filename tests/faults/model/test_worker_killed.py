@@ -11,11 +11,11 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from worker_tree import WorkerTree, prompt_text, wait_until
 
 from llamad.errors import WorkerCrashed
 from llamad.model.results import CacheHitKind, TokenEvent
 from llamad.supervisor.events import ChildHung
+from worker_tree import WorkerTree, prompt_text, wait_until
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(300)]
 

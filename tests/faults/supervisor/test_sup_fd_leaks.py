@@ -17,7 +17,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-from sup_helpers import EventLog, toy, wait_until
 
 from llamad.supervisor import (
     ChildState,
@@ -26,6 +25,7 @@ from llamad.supervisor import (
     SupervisorSpec,
     SupFlags,
 )
+from sup_helpers import EventLog, toy, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -14,7 +14,6 @@ from contextlib import contextmanager
 
 import psutil
 import pytest
-from sup_helpers import EventLog, pid_alive, toy, wait_until
 
 from llamad.supervisor import (
     ChildState,
@@ -29,6 +28,7 @@ from llamad.supervisor.exits import (
     EXIT_ESCALATED,
     EXIT_ORPHANED,
 )
+from sup_helpers import EventLog, pid_alive, toy, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pagecache_probe import resident_pages, write_dropped
 
 from llamad.cache.client import CacheClient
 from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
@@ -19,6 +18,7 @@ from llamad.cache.prefetch import Prefetcher, PrefetchItem
 from llamad.cache.sup import CacheSettings, discard
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
+from pagecache_probe import resident_pages, write_dropped
 
 pytestmark = [pytest.mark.timeout(120)]
 

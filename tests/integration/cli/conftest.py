@@ -4,14 +4,9 @@ model, one thread, small save thresholds)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-# The client tests' daemon harness (tests/integration/client/daemon_proc.py).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client"))
 
 from daemon_proc import DaemonProc
 

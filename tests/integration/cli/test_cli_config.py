@@ -6,8 +6,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from cli_run import llamad
 
+from cli_run import llamad
 from llamad import paths
 from llamad.cli.errors import EXIT_CONFIG
 

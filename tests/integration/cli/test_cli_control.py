@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from cli_run import llamad
 from daemon_proc import DaemonProc
-
 from llamad import Client, paths
 from llamad.cli.errors import EXIT_CONFIG, EXIT_NOT_FOUND, EXIT_USAGE
 

@@ -12,9 +12,9 @@ import subprocess
 import time
 
 import pytest
+
 from cli_run import cli_env, llamad, llamad_command
 from daemon_proc import DaemonProc
-
 from llamad import Client
 from llamad.cli.errors import (
     EXIT_INTERRUPTED,

@@ -14,6 +14,7 @@ import sys
 import textwrap
 
 import pytest
+
 from cli_run import cli_env
 from daemon_proc import DaemonProc
 

@@ -10,7 +10,6 @@ import asyncio
 import time
 
 import pytest
-from served import Served, prompt_text
 
 from llamad import (
     AsyncClient,
@@ -22,6 +21,7 @@ from llamad import (
     TokenEvent,
     WorkerCrashed,
 )
+from served import Served, prompt_text
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.model]
 

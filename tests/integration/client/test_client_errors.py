@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from served import ENDLESS, MANY, Served, prompt_text
 
-from conftest import start_served
+from daemon_proc import start_served
 from llamad import (
     AdapterError,
     BadRequest,
@@ -31,6 +30,7 @@ from llamad import (
     Stream,
     TokenEvent,
 )
+from served import ENDLESS, MANY, Served, prompt_text
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.model]
 

@@ -7,9 +7,9 @@ import threading
 from collections import Counter
 
 import pytest
-from served import Served
 
 from llamad import Client, Completion, DoneEvent, TokenEvent
+from served import Served
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.model, pytest.mark.slow]
 

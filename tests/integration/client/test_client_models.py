@@ -6,9 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from daemon_proc import DaemonProc
-from served import prompt_text, wait_until
 
+from daemon_proc import DaemonProc
 from llamad import (
     CacheHitKind,
     Client,
@@ -23,6 +22,7 @@ from llamad import (
     PathNotAllowed,
     paths,
 )
+from served import prompt_text, wait_until
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.model]
 

@@ -14,10 +14,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from daemon_proc import DaemonProc
-from served import Served, prompt_text
 
+from daemon_proc import DaemonProc
 from llamad import AsyncClient, Client, Unavailable, WorkerCrashed
+from served import Served, prompt_text
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.model]
 

@@ -12,7 +12,6 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from served import ENDLESS, MANY, Served, prompt_text, wait_until
 
 from llamad import (
     CacheHitKind,
@@ -24,6 +23,7 @@ from llamad import (
     TokenEvent,
     TranscriptMismatch,
 )
+from served import ENDLESS, MANY, Served, prompt_text, wait_until
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.model]
 

@@ -11,8 +11,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from daemon_harness import EVENTUALLY, GREEDY, Daemon, prompt_text, still_running, wait_until
 
+from daemon_harness import EVENTUALLY, GREEDY, Daemon, prompt_text, still_running, wait_until
 from llamad.actors import Client, Registry
 from llamad.cache.kvc import SaveReason, read_meta
 from llamad.front.wire import Route

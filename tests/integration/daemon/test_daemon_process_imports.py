@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from daemon_harness import GREEDY, Daemon, prompt_text
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import msgspec
 import pytest
 import zmq
-from daemon_harness import GREEDY, Daemon, prompt_text, wait_until
 
+from daemon_harness import GREEDY, Daemon, prompt_text, wait_until
 from llamad.actors import Registry
 from llamad.errors import ConfigError, ModelNotFound
 from llamad.front.wire import LoadProgress, ModelInfo, ModelState, PathNotAllowed

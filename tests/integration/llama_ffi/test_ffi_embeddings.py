@@ -6,8 +6,8 @@ import math
 from collections.abc import Callable
 
 import pytest
-import tolerances
 
+import tolerances
 from llamad.llama_ffi import (
     BatchTooLarge,
     Context,

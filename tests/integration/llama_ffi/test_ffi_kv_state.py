@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 from multiprocessing import shared_memory
 
 import pytest
-import tolerances
 
+import tolerances
 from llamad.errors import BadRequest
 from llamad.llama_ffi import (
     BufferTooSmall,

@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
-from lora_gguf import write_lora
 
 from llamad.llama_ffi import AdapterError, Closed, Context, LoraAdapter, Model
+from lora_gguf import write_lora
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(120)]
 

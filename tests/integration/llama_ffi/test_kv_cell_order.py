@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import pytest
-import tolerances
 
+import tolerances
 from llamad.llama_ffi import Batch, Context, Model
 
 pytestmark = pytest.mark.timeout(120)

@@ -1,12 +1,10 @@
 """Fixtures for the model layer against the real default model.
 
-One Model is loaded per session; each test makes its own small contexts. The
-LoRA adapter writer is the binding tests' own helper, shared rather than copied.
+One Model is loaded per session; each test makes its own small contexts.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -14,8 +12,8 @@ import pytest
 
 from llamad import paths
 from llamad.llama_ffi import Context, ContextOptions, Model
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "llama_ffi"))
+from llamad.model.worker_client import WorkerClient
+from worker_tree import WorkerTree
 
 
 @pytest.fixture(scope="session")
@@ -52,3 +50,25 @@ def make_ctx(model: Model) -> Iterator[Callable[..., Context]]:
     yield make
     for ctx in made:
         ctx.close()
+
+
+@pytest.fixture(scope="module")
+def tree(request: pytest.FixtureRequest) -> Iterator[WorkerTree]:
+    """The module's worker tree (a real supervised worker), built from the
+    ``TREE`` options the module sets, shared by its tests."""
+    options = getattr(request.module, "TREE", None)
+    if options is None:
+        pytest.fail(f"{request.module.__name__} uses the tree fixture without setting TREE")
+    t = WorkerTree(**options).start()
+    try:
+        yield t
+    finally:
+        t.close()
+
+
+@pytest.fixture
+def worker(tree: WorkerTree) -> Iterator[WorkerClient]:
+    """A client of the tree's worker; the worker is idle again after the test."""
+    w = tree.client()
+    yield w
+    tree.wait_idle()

@@ -15,8 +15,8 @@ import sys
 from collections.abc import Callable, Iterator
 
 import pytest
-from cache_view_support import BufferState, Meta, scratch_cache, settle_saves
 
+from cache_view_support import BufferState, Meta, scratch_cache, settle_saves
 from llamad.cache.client import CacheClient
 from llamad.cache.kvc import SaveReason
 from llamad.cache.sup import CacheSettings

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cache_view_support import Driver, Meta, real_context, real_driver, scratch_cache
 
+from cache_view_support import Driver, Meta, real_context, real_driver, scratch_cache
 from llamad.cache.client import CacheClient
 from llamad.cache.sup import CacheSettings
 from llamad.cache.tier_kind import TierKind

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
+
 from cache_view_support import (
     DIGEST,
     FakeAdapter,
@@ -27,7 +28,6 @@ from cache_view_support import (
     stub_config,
     wait_until,
 )
-
 from llamad.cache.client import CacheClient
 from llamad.cache.kvc import SaveReason
 from llamad.cache.lookup import LookupPolicy

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
 from cache_view_support import (
     FakeContext,
     Meta,
@@ -25,7 +26,6 @@ from cache_view_support import (
     stub_config,
     wait_until,
 )
-
 from llamad.cache.client import CacheClient
 from llamad.cache.kvc import SaveReason
 from llamad.cache.lookup import LookupPolicy

@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 import pytest
-from cache_view_support import BufferState, Meta, settle_saves
 
+from cache_view_support import BufferState, Meta, settle_saves
 from llamad.cache.client import CacheClient
 from llamad.cache.kvc import SaveReason
 from llamad.cache.sup import CacheSettings, discard

@@ -17,11 +17,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from llama_backend_harness import fresh, open_context
-from tolerances import exact
 
+from llama_backend_harness import fresh, open_context
 from llamad.llama_ffi import Context, ContextOptions, FlashAttn, Model
 from llamad.model.results import CacheHitKind
+from tolerances import exact
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
 

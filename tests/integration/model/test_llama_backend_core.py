@@ -14,9 +14,9 @@ from collections.abc import Iterator
 
 import jsonschema
 import pytest
+
 import tolerances
 from llama_backend_harness import GREEDY, Worker, fresh, open_context
-
 from llamad.errors import SchemaError
 from llamad.llama_ffi import Context, GrammarError, InvalidToken, Model
 from llamad.model.results import CacheHitKind, FinishReason

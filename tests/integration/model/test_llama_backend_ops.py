@@ -8,10 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 import tolerances
 from llama_backend_harness import fresh, open_context
-from lora_gguf import write_lora
-
 from llamad.cache.key import Namespace
 from llamad.llama_ffi import AdapterError, Context, InvalidToken, Model
 from llamad.model.adapters import AdapterSet
@@ -20,6 +19,7 @@ from llamad.model.identity import namespace
 from llamad.model.results import CacheHitKind
 from llamad.model.stub_cache import MemoryCache
 from llamad.model.tokenizer import Tokenizer
+from lora_gguf import write_lora
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(180)]
 

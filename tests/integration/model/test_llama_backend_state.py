@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 import tolerances
 from llama_backend_harness import open_context
-
 from llamad.llama_ffi import Batch, Closed, Context, InvalidToken, Model, StateError
 from llamad.model.llama_backend import LlamaBackend
 from llamad.model.planner import BatchPlan, Span

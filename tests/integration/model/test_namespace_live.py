@@ -12,7 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from lora_gguf import write_lora
 
 from llamad.cache.key import ctx_params_hash, model_fingerprint, quant_byte
 from llamad.llama_ffi import (
@@ -26,6 +25,7 @@ from llamad.llama_ffi import (
 )
 from llamad.llama_ffi.build_info import build_identity
 from llamad.model.identity import HASHED_CONTEXT_FIELDS, base_fingerprint, namespace, with_build
+from lora_gguf import write_lora
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(180)]
 

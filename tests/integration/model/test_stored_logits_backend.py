@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cache_view_support import Driver, Meta, real_context, real_driver, scratch_cache
 
+from cache_view_support import Driver, Meta, real_context, real_driver, scratch_cache
 from llamad.cache.client import CacheClient
 from llamad.cache.kvc import parse_meta
 from llamad.cache.sup import CacheSettings

@@ -15,39 +15,27 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from worker_tree import WorkerTree, prompt_text, wait_until
 
 from llamad.model.results import CacheHitKind, Completion, FinishReason, TokenEvent
 from llamad.model.status_board import read_status
 from llamad.model.worker_client import WorkerClient
+from worker_tree import WorkerTree, prompt_text, wait_until
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(300)]
 
 GREEDY = {"temperature": 0.0}
 # A grammar that never completes: such a stream ends only when it is stopped.
 ENDLESS = 'root ::= "la " root'
-CHILD = Path(__file__).with_name("stream_client_child.py")
+CHILD = Path(__file__).resolve().parents[2] / "support" / "stream_client_child.py"
 
 
-@pytest.fixture(scope="module")
-def tree() -> Iterator[WorkerTree]:
-    # One 256-token chunk per tick, so a long prompt makes one long tick (M10 test).
-    t = WorkerTree(n_seq_max=4, n_batch=256, prefill_chunk_size=256).start()
-    try:
-        yield t
-    finally:
-        t.close()
-
-
-@pytest.fixture
-def worker(tree: WorkerTree) -> Iterator[WorkerClient]:
-    w = tree.client()
-    yield w
-    tree.wait_idle()
+#: This module's worker tree (the ``tree`` fixture, conftest.py). One
+#: 256-token chunk per tick, so a long prompt makes one long tick (M10 test).
+TREE: dict[str, Any] = dict(n_seq_max=4, n_batch=256, prefill_chunk_size=256)
 
 
 def tokens_of(w: WorkerClient, i: int, n: int) -> list[int]:

@@ -21,16 +21,15 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from worker_tree import EVENTUALLY, WorkerTree, prompt_text, wait_until
 
 from llamad.cache.client import CacheClient
 from llamad.cache.policy import CachePolicy
 from llamad.model.results import CacheHitKind, Completion
 from llamad.model.worker_client import WorkerClient
+from worker_tree import EVENTUALLY, WorkerTree, prompt_text, wait_until
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -38,28 +37,25 @@ WAIT_MS = 3_000
 GREEDY: dict[str, Any] = {"temperature": 0.0, "max_tokens": 1}
 
 
-@pytest.fixture(scope="module")
-def tree() -> Iterator[WorkerTree]:
-    policy = CachePolicy(
-        min_tokens=16,
-        cold_min_tokens=30_000,  # no cold save: the finish row is the only one
-        session_resume_wait_ms=WAIT_MS,
-        evict_save_timeout_ms=10_000,
-    )
-    t = WorkerTree(
-        model_id="a",
-        n_ctx=2048,
-        n_batch=256,
-        n_seq_max=2,
-        policy=policy,
-        liveness_s=60.0,  # ``a`` is stopped for seconds on purpose
-        siblings={"b": {}},
-        prefix="lwif",
-    ).start()
-    try:
-        yield t
-    finally:
-        t.close()
+TREE_POLICY = CachePolicy(
+    min_tokens=16,
+    cold_min_tokens=30_000,  # no cold save: the finish row is the only one
+    session_resume_wait_ms=WAIT_MS,
+    evict_save_timeout_ms=10_000,
+)
+
+
+#: This module's worker tree (the ``tree`` fixture, conftest.py).
+TREE: dict[str, Any] = dict(
+    model_id="a",
+    n_ctx=2048,
+    n_batch=256,
+    n_seq_max=2,
+    policy=TREE_POLICY,
+    liveness_s=60.0,  # ``a`` is stopped for seconds on purpose
+    siblings={"b": {}},
+    prefix="lwif",
+)
 
 
 def _reserved(cache: CacheClient, key: bytes) -> bool | None:

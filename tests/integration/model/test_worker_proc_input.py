@@ -9,7 +9,6 @@ from typing import Any
 import msgspec
 import pytest
 import zmq
-from worker_tree import WorkerTree, prompt_text
 
 from llamad.actors import Client
 from llamad.actors.wire import PROTOCOL_VERSION, Kind
@@ -24,17 +23,13 @@ from llamad.errors import (
 from llamad.llama_ffi.errors import GrammarError, InvalidToken
 from llamad.model.results import FinishReason
 from llamad.model.worker_client import WorkerClient
+from worker_tree import WorkerTree, prompt_text
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-@pytest.fixture(scope="module")
-def tree() -> Iterator[WorkerTree]:
-    t = WorkerTree(n_ctx=512, n_batch=128, n_seq_max=2, prefix="lmi").start()
-    try:
-        yield t
-    finally:
-        t.close()
+#: This module's worker tree (the ``tree`` fixture, conftest.py).
+TREE: dict[str, Any] = dict(n_ctx=512, n_batch=128, n_seq_max=2, prefix="lmi")
 
 
 @pytest.fixture

@@ -17,44 +17,31 @@ compared token for token and log-probability for log-probability.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import tolerances
-from worker_tree import WorkerTree
 
+import tolerances
 from llamad.cache.counters import snapshot_of
 from llamad.cache.policy import CachePolicy
 from llamad.model.results import CacheHitKind, Completion
 from llamad.model.worker_client import WorkerClient
+from worker_tree import WorkerTree
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(300)]
 
 GREEDY: dict[str, Any] = {"temperature": 0.0}
 
 
-@pytest.fixture(scope="module")
-def tree() -> Iterator[WorkerTree]:
-    t = WorkerTree(
-        n_ctx=2048,
-        n_batch=64,
-        n_seq_max=4,
-        prefill_chunk_size=15,
-        policy=CachePolicy(),
-        prefix="lwlv",
-    ).start()
-    try:
-        yield t
-    finally:
-        t.close()
-
-
-@pytest.fixture
-def worker(tree: WorkerTree) -> Iterator[WorkerClient]:
-    w = tree.client()
-    yield w
-    tree.wait_idle()
+#: This module's worker tree (the ``tree`` fixture, conftest.py).
+TREE: dict[str, Any] = dict(
+    n_ctx=2048,
+    n_batch=64,
+    n_seq_max=4,
+    prefill_chunk_size=15,
+    policy=CachePolicy(),
+    prefix="lwlv",
+)
 
 
 _salts = iter(range(10**6))

@@ -16,10 +16,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from worker_tree import WorkerTree, prompt_text
 
 from llamad.model.results import CacheHitKind
 from llamad.model.worker_client import WorkerClient
+from worker_tree import WorkerTree, prompt_text
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -28,20 +28,15 @@ NARROW = "smol"
 WIDE = "smol-wide"
 
 
-@pytest.fixture(scope="module")
-def tree() -> Iterator[WorkerTree]:
-    t = WorkerTree(
-        model_id=NARROW,
-        n_ctx=1024,
-        n_batch=64,
-        n_seq_max=2,
-        prefix="lmn",
-        siblings={WIDE: {"n_ctx": 2048}},
-    ).start()
-    try:
-        yield t
-    finally:
-        t.close()
+#: This module's worker tree (the ``tree`` fixture, conftest.py).
+TREE: dict[str, Any] = dict(
+    model_id=NARROW,
+    n_ctx=1024,
+    n_batch=64,
+    n_seq_max=2,
+    prefix="lmn",
+    siblings={WIDE: {"n_ctx": 2048}},
+)
 
 
 @pytest.fixture

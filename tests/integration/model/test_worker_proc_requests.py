@@ -22,17 +22,16 @@ import contextlib
 import json
 import math
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import jsonschema
 import pytest
-import tolerances
-from worker_tree import WorkerTree, prompt_text
 
+import tolerances
 from llamad.errors import NoSession
 from llamad.model.results import CacheHitKind, Completion, FinishReason, TokenEvent
 from llamad.model.worker_client import WorkerClient
+from worker_tree import WorkerTree, prompt_text
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -40,22 +39,10 @@ GREEDY: dict[str, Any] = {"temperature": 0.0}
 N_SEQ = 4
 
 
-@pytest.fixture(scope="module")
-def tree() -> Iterator[WorkerTree]:
-    t = WorkerTree(
-        n_ctx=1024, n_batch=64, n_seq_max=N_SEQ, prefill_chunk_size=15, prefix="lmr"
-    ).start()
-    try:
-        yield t
-    finally:
-        t.close()
-
-
-@pytest.fixture
-def worker(tree: WorkerTree) -> Iterator[WorkerClient]:
-    w = tree.client()
-    yield w
-    tree.wait_idle()
+#: This module's worker tree (the ``tree`` fixture, conftest.py).
+TREE: dict[str, Any] = dict(
+    n_ctx=1024, n_batch=64, n_seq_max=N_SEQ, prefill_chunk_size=15, prefix="lmr"
+)
 
 
 def user(text: str, system: str | None = None) -> list[dict[str, Any]]:

@@ -3,14 +3,14 @@ fork, expect_committed, reset and end, through a real worker process."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from typing import Any
 
 import pytest
-from worker_tree import WorkerTree, prompt_text
 
 from llamad.errors import NoSession, StickyBusy, TranscriptMismatch
 from llamad.model.results import CacheHitKind, FinishReason, TokenEvent
 from llamad.model.worker_client import WorkerClient
+from worker_tree import WorkerTree, prompt_text
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -18,20 +18,8 @@ GREEDY = {"temperature": 0.0}
 ENDLESS = 'root ::= "la " root'
 
 
-@pytest.fixture(scope="module")
-def tree() -> Iterator[WorkerTree]:
-    t = WorkerTree(n_seq_max=2, prefix="lms").start()
-    try:
-        yield t
-    finally:
-        t.close()
-
-
-@pytest.fixture
-def worker(tree: WorkerTree) -> Iterator[WorkerClient]:
-    w = tree.client()
-    yield w
-    tree.wait_idle()
+#: This module's worker tree (the ``tree`` fixture, conftest.py).
+TREE: dict[str, Any] = dict(n_seq_max=2, prefix="lms")
 
 
 def tail(w: WorkerClient, text: str) -> list[int]:

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from worker_tree import WorkerTree, prompt_text, wait_until
 
 from llamad.model.results import CacheHitKind, FinishReason, TokenEvent
+from worker_tree import WorkerTree, prompt_text, wait_until
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(300)]
 

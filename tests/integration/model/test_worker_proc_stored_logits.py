@@ -14,34 +14,21 @@ logits instead (tests/integration/model/test_worker_proc_live.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_tree import WorkerTree, prompt_text
 
 from llamad.cache.kvc import parse_meta
 from llamad.model.results import CacheHitKind
 from llamad.model.worker_client import WorkerClient
+from worker_tree import WorkerTree, prompt_text
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-@pytest.fixture(scope="module")
-def tree() -> Iterator[WorkerTree]:
-    t = WorkerTree(n_ctx=1024, n_batch=64, n_seq_max=2, prefix="lwsl", live_reuse=False).start()
-    try:
-        yield t
-    finally:
-        t.close()
-
-
-@pytest.fixture
-def worker(tree: WorkerTree) -> Iterator[WorkerClient]:
-    w = tree.client()
-    yield w
-    tree.wait_idle()
+#: This module's worker tree (the ``tree`` fixture, conftest.py).
+TREE: dict[str, Any] = dict(n_ctx=1024, n_batch=64, n_seq_max=2, prefix="lwsl", live_reuse=False)
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from worker_tree import WorkerTree, prompt_text, wait_until
 
 from llamad.llama_ffi.spin import SpinSetting
 from llamad.model.thread_board import ThreadBoard
@@ -36,6 +35,7 @@ from llamad.model.threads import ThreadPolicy, ThreadStatus
 from llamad.model.wire import WorkerSnapshot
 from llamad.model.worker_client import WorkerClient
 from llamad.model.worker_parts import thread_board_path
+from worker_tree import WorkerTree, prompt_text, wait_until
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -49,22 +49,17 @@ POLICY = ThreadPolicy(
 )
 
 
-@pytest.fixture(scope="module")
-def tree() -> Iterator[WorkerTree]:
-    t = WorkerTree(
-        model_id=MAIN,
-        n_ctx=2048,
-        n_batch=64,
-        n_seq_max=2,
-        prefix="lmt",
-        n_threads=2,
-        threads=POLICY,
-        siblings={OTHER: {}},
-    ).start()
-    try:
-        yield t
-    finally:
-        t.close()
+#: This module's worker tree (the ``tree`` fixture, conftest.py).
+TREE: dict[str, Any] = dict(
+    model_id=MAIN,
+    n_ctx=2048,
+    n_batch=64,
+    n_seq_max=2,
+    prefix="lmt",
+    n_threads=2,
+    threads=POLICY,
+    siblings={OTHER: {}},
+)
 
 
 @pytest.fixture

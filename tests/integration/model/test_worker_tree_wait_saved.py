@@ -10,7 +10,6 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from worker_tree import WorkerTree
 
 from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcSpec, SaveReason
@@ -18,6 +17,7 @@ from llamad.cache.meta_proc import MetaProcess
 from llamad.cache.sup import discard
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.writer import WriterPool
+from worker_tree import WorkerTree
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from daemon_harness import EVENTUALLY, GREEDY, Daemon, prompt_text
 
+from daemon_harness import EVENTUALLY, GREEDY, Daemon, prompt_text
 from llamad import AsyncClient, Client
 from llamad.actors import Client as ActorClient
 from llamad.actors.curve import CurveClient, read_key_file, write_keypair

@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 import zmq
-from daemon_harness import GREEDY, Daemon, prompt_text, wait_until
 
+from daemon_harness import GREEDY, Daemon, prompt_text, wait_until
 from llamad import Client, paths
 from llamad.actors import Client as ActorClient
 from llamad.actors import Registry

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from sup_helpers import EventLog, pid_alive, toy, wait_until
 
 from llamad.supervisor import Supervisor, SupervisorSpec, SupFlags
+from sup_helpers import EventLog, pid_alive, toy, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import structlog
-from sup_helpers import EventLog, pid_alive, toy, wait_until
 
 from llamad.supervisor import (
     ChildAlreadyPresent,
@@ -26,6 +25,7 @@ from llamad.supervisor import (
     SupFlags,
 )
 from llamad.supervisor.exits import EXIT_CHILD_BOOT_FAILED, EXIT_ESCALATED, EXIT_START_FAILED
+from sup_helpers import EventLog, pid_alive, toy, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 

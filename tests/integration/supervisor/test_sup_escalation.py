@@ -7,7 +7,6 @@ import signal
 
 import pytest
 import structlog
-from sup_helpers import EventLog, pid_alive, toy, wait_until
 
 from llamad.supervisor import (
     ChildState,
@@ -17,6 +16,7 @@ from llamad.supervisor import (
     supervisor_child,
 )
 from llamad.supervisor.exits import EXIT_ESCALATED
+from sup_helpers import EventLog, pid_alive, toy, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -7,9 +7,9 @@ import signal
 
 import pytest
 import structlog
-from sup_helpers import EventLog, pid_alive, toy, wait_until
 
 from llamad.supervisor import ChildState, Supervisor, SupervisorSpec, SupFlags
+from sup_helpers import EventLog, pid_alive, toy, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from sup_helpers import EventLog, pid_alive, toy, wait_until
 
 from llamad.supervisor import (
     ChildSpec,
@@ -34,6 +33,7 @@ from llamad.supervisor.events import (
 )
 from llamad.supervisor.exits import EXIT_ESCALATED
 from llamad.supervisor.service import EventSubscription, SupervisorClient, SupervisorService
+from sup_helpers import EventLog, pid_alive, toy, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -9,9 +9,9 @@ import subprocess
 import sys
 
 import pytest
-from sup_helpers import EventLog, toy
 
 from llamad.supervisor import SupervisorSpec, SupFlags
+from sup_helpers import EventLog, toy
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sup_helpers import EventLog, pid_alive, toy, wait_until
 
 from llamad.actors import Client, Registry
 from llamad.errors import BadRequest
@@ -28,6 +27,7 @@ from llamad.supervisor import (
     supervisor_child,
 )
 from llamad.supervisor.service import SupervisorClient, SupervisorService
+from sup_helpers import EventLog, pid_alive, toy, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 

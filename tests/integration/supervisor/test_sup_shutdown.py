@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 import structlog
-from sup_helpers import EventLog, pid_alive, toy
 
 from llamad.supervisor import (
     BRUTAL_KILL,
@@ -18,6 +17,7 @@ from llamad.supervisor import (
     SupFlags,
     supervisor_child,
 )
+from sup_helpers import EventLog, pid_alive, toy
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -6,9 +6,9 @@ import os
 import signal
 
 import pytest
-from sup_helpers import EventLog, toy, wait_until
 
 from llamad.supervisor import ChildState, Supervisor, SupervisorSpec, SupFlags
+from sup_helpers import EventLog, toy, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 

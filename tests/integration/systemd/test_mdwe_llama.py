@@ -36,8 +36,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from daemon_harness import Daemon
 
+from daemon_harness import Daemon
 from llamad import Client
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(180)]

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-from daemon_harness import GREEDY, Daemon, prompt_text, wait_until
-from notify_listener import Notice, NotifyListener
 
+from daemon_harness import GREEDY, Daemon, prompt_text, wait_until
 from llamad.front.wire import ModelState
+from notify_listener import Notice, NotifyListener
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(240)]
 

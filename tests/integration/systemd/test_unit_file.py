@@ -28,13 +28,9 @@ from llamad.cli.errors import EXIT_OK
 from llamad.cli.main import main
 from llamad.config import load_config
 from llamad.daemon.unit import SHIPPED_EXEC, stop_timeout_s
+from tools import tool
 
-ANALYZE = shutil.which("systemd-analyze")
-pytestmark = [
-    pytest.mark.model,
-    pytest.mark.timeout(120),
-    pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze is not installed"),
-]
+pytestmark = [pytest.mark.model, pytest.mark.timeout(120)]
 
 REPO = Path(__file__).resolve().parents[3]
 SHIPPED = REPO / "packaging" / "systemd" / "llamad.service"
@@ -56,10 +52,14 @@ OPEN_CHECKS = {
 
 
 def analyze(*args: str) -> subprocess.CompletedProcess[str]:
-    assert ANALYZE is not None
     env = {**os.environ, "LC_ALL": "C", "SYSTEMD_PAGER": "", "SYSTEMD_COLORS": "0"}
     return subprocess.run(
-        [ANALYZE, *args], capture_output=True, text=True, timeout=60, env=env, check=False
+        [tool("systemd-analyze"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
     )
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,18 +24,12 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from daemon_harness import Daemon, prompt_text, wait_gone, wait_until
-
 from llamad import Client
+from tools import tool
 
-STRACE = shutil.which("strace")
-ANALYZE = shutil.which("systemd-analyze")
-pytestmark = [
-    pytest.mark.model,
-    pytest.mark.timeout(300),
-    pytest.mark.skipif(STRACE is None, reason="strace is not installed"),
-    pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze is not installed"),
-]
+pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
 
 SHIPPED = Path(__file__).resolve().parents[3] / "packaging" / "systemd" / "llamad.service"
 _CALL = re.compile(r"^\d+\s+(?:<\.\.\. )?([a-z_0-9]+)[ (]")
@@ -59,9 +52,11 @@ def _expand(name: str, seen: set[str] | None = None) -> set[str]:
     if name in seen:
         return set()
     seen.add(name)
-    assert ANALYZE is not None
     out = subprocess.run(
-        [ANALYZE, "syscall-filter", name], capture_output=True, text=True, check=True
+        [tool("systemd-analyze"), "syscall-filter", name],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     calls: set[str] = set()
     for line in out.splitlines()[1:]:
@@ -114,13 +109,12 @@ def _ours(d: Daemon) -> list[psutil.Process]:
 
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    assert STRACE is not None
     out = tmp_path_factory.mktemp("strace") / "daemon.trace"
     d = Daemon({"r": {}, "d": {"cache": {"save_tier": "disk"}}})
     d.log = (d.base / "daemon.log").open("ab")
     strace = subprocess.Popen(
         [
-            *(STRACE, "-f", "-qq", "-e", "signal=none", "-o", str(out)),
+            *(tool("strace"), "-f", "-qq", "-e", "signal=none", "-o", str(out)),
             *(sys.executable, "-m", "llamad.daemon", "--config", str(d.config)),
         ],
         stdin=subprocess.DEVNULL,

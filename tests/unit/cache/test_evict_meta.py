@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from meta_fakes import NS, intent, kvc_meta, make_meta, publish, run_moves
 
 from llamad.cache.counters import DictCounters
 from llamad.cache.errors import CacheFull
@@ -19,6 +18,7 @@ from llamad.cache.publish import LocalMeta
 from llamad.cache.publish import publish as publish_file
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import TierConfig, TierStore, build_tiers
+from meta_fakes import NS, intent, kvc_meta, make_meta, publish, run_moves
 
 pytestmark = pytest.mark.timeout(60)
 

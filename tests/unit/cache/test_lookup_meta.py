@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from meta_fakes import NS, OTHER_NS, intent, le, make_meta, publish
 
 from llamad.cache.lookup import HitKind, LookupPolicy, RowRef
 from llamad.cache.meta import CacheMeta
 from llamad.cache.waiters import WAIT
+from meta_fakes import NS, OTHER_NS, intent, le, make_meta, publish
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -6,10 +6,10 @@ the worse row (or a miss) at once."""
 from __future__ import annotations
 
 import pytest
-from meta_fakes import NS, OTHER_NS, intent, le, make_meta, publish
 
 from llamad.cache.lookup import HitKind
 from llamad.cache.waiters import WAIT
+from meta_fakes import NS, OTHER_NS, intent, le, make_meta, publish
 
 pytestmark = pytest.mark.timeout(30)
 

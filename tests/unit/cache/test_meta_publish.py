@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from meta_fakes import NS, intent, kvc_meta, le, make_meta, publish
 
 from llamad.cache.errors import (
     AlreadyCached,
@@ -15,6 +14,7 @@ from llamad.cache.errors import (
 from llamad.cache.kvc import SaveReason
 from llamad.cache.reservation import SaveIntent, Stage
 from llamad.cache.tier_kind import TierKind
+from meta_fakes import NS, intent, kvc_meta, le, make_meta, publish
 
 pytestmark = pytest.mark.timeout(30)
 

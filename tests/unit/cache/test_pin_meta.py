@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from meta_fakes import intent, make_meta, publish
 
 from llamad.cache.errors import CacheFull
 from llamad.cache.tier_kind import TierKind
+from meta_fakes import intent, make_meta, publish
 
 pytestmark = pytest.mark.timeout(30)
 

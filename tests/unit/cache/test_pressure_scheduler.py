@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from meta_fakes import FakeClock, intent, make_meta, publish
 
 from llamad.cache.meta import CacheMeta
 from llamad.cache.pressure import (
@@ -22,6 +21,7 @@ from llamad.cache.pressure import (
 )
 from llamad.cache.tier_kind import TierKind
 from llamad.errors import ConfigError
+from meta_fakes import FakeClock, intent, make_meta, publish
 
 pytestmark = pytest.mark.timeout(30)
 

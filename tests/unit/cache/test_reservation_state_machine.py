@@ -15,11 +15,11 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
-from meta_fakes import intent, kvc_meta, make_meta
 
 from llamad.cache.errors import AlreadyCached, InvalidCacheValue, PublishAbandoned, SaveInFlight
 from llamad.cache.reservation import Stage
 from llamad.cache.tier_kind import TierKind
+from meta_fakes import intent, kvc_meta, make_meta
 
 pytestmark = pytest.mark.timeout(120)
 

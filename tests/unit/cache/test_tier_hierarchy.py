@@ -15,7 +15,6 @@ import contextlib
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from meta_fakes import NS, FakeStore, intent, kvc_meta, land, land_all, le, make_meta, publish
 
 from llamad.cache.errors import AlreadyCached, CacheFull, SaveInFlight
 from llamad.cache.lookup import HitKind
@@ -23,6 +22,7 @@ from llamad.cache.meta import CacheMeta
 from llamad.cache.moves import MoveKind, MoveResult
 from llamad.cache.reservation import SaveIntent
 from llamad.cache.tier_kind import TierKind
+from meta_fakes import NS, FakeStore, intent, kvc_meta, land, land_all, le, make_meta, publish
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from config_helpers import Workspace, write_gguf
 
 

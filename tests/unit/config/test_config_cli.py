@@ -11,8 +11,8 @@ from typing import Any
 
 import msgspec
 import pytest
-from config_helpers import Workspace, write_config
 
+from config_helpers import Workspace, write_config
 from llamad.actors.curve import write_keypair
 from llamad.cli.config import check, example
 from llamad.config.keys import Key, Section, Tables, fields_of

@@ -11,8 +11,8 @@ from typing import Any
 
 import msgspec
 import pytest
-from config_helpers import Workspace
 
+from config_helpers import Workspace
 from llamad.actors.wire import Limits
 from llamad.cache.key import FingerprintMode
 from llamad.cache.lookup import LookupPolicy

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from config_helpers import Workspace, write_config
 
+from config_helpers import Workspace, write_config
 from llamad.actors.curve import CurveFiles, RemoteAccess, read_key_file, write_keypair
 from llamad.config import ConfigError, client_curve, client_endpoint
 from llamad.config.convert import curve_server

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from config_helpers import Workspace, write_config
 
+from config_helpers import Workspace, write_config
 from llamad.config import (
     CONFIG_ENV,
     DEFAULT_MODEL_ID,

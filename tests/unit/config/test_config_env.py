@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from config_helpers import Workspace, write_config
 
+from config_helpers import Workspace, write_config
 from llamad.config import ConfigError, load_config
 from llamad.config.env import env_name, parse_env_value
 

@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 
 import pytest
-from config_helpers import Workspace, write_gguf
 
+from config_helpers import Workspace, write_gguf
 from llamad.config import ConfigError, check_endpoint, resolve_model_path
 
 pytestmark = pytest.mark.timeout(60)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from config_helpers import Workspace
 from hypothesis import given
 from hypothesis import strategies as st
 
+from config_helpers import Workspace
 from llamad.config.units import format_duration, format_size, parse_duration, parse_size
 
 pytestmark = pytest.mark.timeout(60)

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from config_helpers import Workspace, drop_key, write_config
 
+from config_helpers import Workspace, drop_key, write_config
 from llamad.config import ConfigError, load_config
 
 pytestmark = pytest.mark.timeout(60)

@@ -19,8 +19,8 @@ import jsonschema
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from test_json_schema_gbnf import Grammar, parse_gbnf
 
+from gbnf import Grammar, parse_gbnf
 from llamad.errors import BadRequest, SchemaError, from_wire
 from llamad.llama_ffi.json_schema import GrammarOptions, gbnf, json_schema_to_gbnf
 

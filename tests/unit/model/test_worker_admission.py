@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from worker_harness import make, prompt
 
 from llamad.errors import BadRequest, ContextOverflow, LlamadError, Overloaded, Unavailable
 from llamad.llama_ffi.errors import GrammarError, InvalidToken
 from llamad.model.active import Phase
 from llamad.model.admission import AdmissionQueue, SequencePool
 from llamad.model.results import FinishReason, WorkerPhase
+from worker_harness import make, prompt
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -6,7 +6,6 @@ from collections.abc import Sequence
 
 import msgspec
 import pytest
-from worker_harness import make, prompt
 
 from llamad.errors import ContextOverflow
 from llamad.llama_ffi.errors import DecodeError
@@ -22,6 +21,7 @@ from llamad.model.results import (
     ToolCallEvent,
 )
 from llamad.model.stub import StubBackend
+from worker_harness import make, prompt
 
 pytestmark = pytest.mark.timeout(60)
 

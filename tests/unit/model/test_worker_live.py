@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from worker_harness import Harness, make, prompt
 
 from llamad.cache.policy import CachePolicy
 from llamad.errors import LlamadError
@@ -20,6 +19,7 @@ from llamad.model.planner import BatchPlan
 from llamad.model.results import CacheHitKind, TokenSources
 from llamad.model.stub import StubBackend
 from llamad.model.stub_cache import MemoryCache
+from worker_harness import Harness, make, prompt
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from worker_harness import make, prompt
 
 from llamad.cache.lookup import HitKind, Lookup, RowRef
 from llamad.cache.tier_kind import TierKind
@@ -23,6 +22,7 @@ from llamad.model.resolution import (
 from llamad.model.results import CacheHitKind
 from llamad.model.stub import StubBackend
 from llamad.model.stub_cache import MemoryCache
+from worker_harness import make, prompt
 
 pytestmark = pytest.mark.timeout(60)
 

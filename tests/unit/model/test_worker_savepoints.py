@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from worker_harness import SMALL_POLICY, Clock, make, prompt
 
 from llamad.cache.kvc import SaveReason
 from llamad.model.backend import PackedState
 from llamad.model.results import CacheHitKind, DoneEvent, Event
 from llamad.model.savepoints import SaveJob, SaveSchedule
 from llamad.model.stub_cache import MemoryCache
+from worker_harness import SMALL_POLICY, Clock, make, prompt
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from worker_harness import make, prompt
 
 from llamad.cache.key import Namespace
 from llamad.cache.kvc import SaveReason
@@ -11,6 +10,7 @@ from llamad.errors import BadRequest, NoSession, SessionExists, StickyBusy, Tran
 from llamad.model.results import CacheHitKind
 from llamad.model.sessions import SessionState, SessionTable
 from llamad.model.stub_cache import MemoryCache
+from worker_harness import make, prompt
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 import pytest
-from worker_harness import Clock, make, prompt
 
 from llamad.model.planner import BatchPlan
 from llamad.model.requests import RequestParams
@@ -14,6 +13,7 @@ from llamad.model.stub import StubBackend
 from llamad.model.stub_cache import MemoryCache
 from llamad.model.wire import InferBody
 from llamad.model.worker_ops import _waited
+from worker_harness import Clock, make, prompt
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -20,8 +20,6 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from worker_harness import Harness, prompt
-from worker_harness import make as make_core
 
 from llamad.cache.kvc import SaveReason
 from llamad.model.active import Phase
@@ -29,6 +27,8 @@ from llamad.model.planner import BatchPlan, Span
 from llamad.model.results import CacheHitKind, TokenEvent
 from llamad.model.stub import StubBackend
 from llamad.model.stub_cache import MemoryCache
+from worker_harness import Harness, prompt
+from worker_harness import make as make_core
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -18,15 +18,14 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
-
-from served import EVENTUALLY, Served
 
 from llamad import paths
 from llamad.actors import Client as ActorClient
 from llamad.front.wire import Route
+from served import EVENTUALLY, Served
 
 __all__ = ["DaemonProc"]
 
@@ -158,3 +157,14 @@ model_dirs = ["{paths.default_model_path().parent}", "{self.models_dir}"]
         path = self.base / "daemon.log"
         text = path.read_text(errors="replace") if path.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
+
+
+def start_served(**options: Any) -> Iterator[DaemonProc]:
+    """A fixture's body: a :class:`DaemonProc` with the model table's
+    ``options`` (``max_queue=0``, ...), started, and closed after."""
+    daemon = DaemonProc(**options)
+    try:
+        daemon.start()
+        yield daemon
+    finally:
+        daemon.close()

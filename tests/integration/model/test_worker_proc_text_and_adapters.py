@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from lora_gguf import write_lora
-from worker_tree import WorkerTree, prompt_text, wait_until
 
 from llamad.llama_ffi.errors import AdapterError
 from llamad.model.results import CacheHitKind, TokenEvent
 from llamad.model.worker_client import WorkerClient
+from lora_gguf import write_lora
+from worker_tree import WorkerTree, prompt_text, wait_until
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -27,20 +26,8 @@ GREEDY = {"temperature": 0.0}
 ENDLESS = 'root ::= "la " root'
 
 
-@pytest.fixture(scope="module")
-def tree() -> Iterator[WorkerTree]:
-    t = WorkerTree(n_seq_max=2, prefix="lma").start()
-    try:
-        yield t
-    finally:
-        t.close()
-
-
-@pytest.fixture
-def worker(tree: WorkerTree) -> Iterator[WorkerClient]:
-    w = tree.client()
-    yield w
-    tree.wait_idle()
+#: This module's worker tree (the ``tree`` fixture, conftest.py).
+TREE: dict[str, Any] = dict(n_seq_max=2, prefix="lma")
 
 
 def test_text_round_trips_through_the_worker(worker: WorkerClient) -> None:
