@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import importlib
 import sys
+import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-__all__ = ["exports", "lazy_face"]
+__all__ = ["defer_module", "exports", "lazy_face"]
 
 _FACES: dict[str, Mapping[str, str]] = {}
 
@@ -53,3 +54,34 @@ def exports(package: str) -> Mapping[str, str]:
     """What ``package``'s face exports: each name's home module (the package
     must have been imported)."""
     return dict(_FACES[package])
+
+
+class _Deferred(types.ModuleType):
+    """Stands in ``sys.modules`` for a module until something reads from it.
+
+    ``import name`` then binds this stand-in and costs nothing; the first
+    attribute read imports the real module, which takes the stand-in's place
+    in ``sys.modules`` and lends it its namespace.
+    """
+
+    def __getattr__(self, attr: str) -> Any:
+        name = self.__name__
+        if sys.modules.get(name) is self:
+            del sys.modules[name]
+        real = importlib.import_module(name)
+        self.__dict__.update(real.__dict__)
+        return getattr(real, attr)
+
+
+def defer_module(name: str) -> None:
+    """Let ``import name`` succeed without importing ``name`` until one of its
+    attributes is read (no-op when it is already imported).
+
+    For a process that imports a library which imports ``name`` only for
+    code paths the process never takes: structlog imports asyncio (and with
+    it ssl, ~8 MB resident) for its async logging methods, which no daemon
+    process calls (SPEC P9). Only a process's entry point calls this, before
+    its first import of such a library.
+    """
+    if name not in sys.modules:
+        sys.modules[name] = _Deferred(name)

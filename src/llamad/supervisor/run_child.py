@@ -7,7 +7,12 @@ state they use must be the runner's) instead of running as ``__main__``.
 
 from __future__ import annotations
 
-from llamad.supervisor.child import main
+from llamad._lazy import defer_module
+
+# No daemon process runs an event loop: structlog's asyncio import is deferred.
+defer_module("asyncio")
+
+from llamad.supervisor.child import main  # noqa: E402  (after the deferral)
 
 if __name__ == "__main__":
     main()

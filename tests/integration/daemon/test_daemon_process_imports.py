@@ -86,6 +86,8 @@ def _read(dumps: Path) -> dict[str, set[str]]:
         argv = argv_line.split("\0")
         if "--id" in argv[:-1]:
             found[argv[argv.index("--id") + 1]] = set(rest.split())
+        elif argv[0].endswith("/llamad/daemon/__main__.py"):
+            found["root"] = set(rest.split())
     return found
 
 
@@ -106,3 +108,16 @@ def test_cache_meta_imports_no_config_binding_model_or_front(
 ) -> None:
     assert "cache-meta" in imports_by_process, sorted(imports_by_process)
     assert _heavy(imports_by_process["cache-meta"], NOT_IN_CACHE_META) == []
+
+
+#: What an event loop brings (asyncio's machinery, and ssl with it): no daemon
+#: process runs one, and structlog's import of asyncio is deferred at each
+#: process's entry point (``llamad._lazy.defer_module``): ~3 MB resident each.
+EVENT_LOOP = frozenset({"ssl", "asyncio.base_events", "asyncio.events"})
+
+
+def test_no_daemon_process_loads_an_event_loop(imports_by_process: dict[str, set[str]]) -> None:
+    expected = {"root", "cache_sup", "model_sup", "cache-meta", "front", "model.m"}
+    assert expected <= set(imports_by_process), sorted(imports_by_process)
+    loaded = {p: _heavy(imports_by_process[p], EVENT_LOOP) for p in sorted(expected)}
+    assert loaded == {p: [] for p in sorted(expected)}
