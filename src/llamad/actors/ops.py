@@ -25,7 +25,12 @@ import msgspec
 from llamad.actors.errors import ActorConfigError
 from llamad.actors.wire import OP_NAME, Kind
 
-__all__ = ["OpKind", "OpSpec"]
+__all__ = ["NoArgs", "OpKind", "OpSpec"]
+
+
+class NoArgs(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The body of an op that takes no arguments (``status``, ``gc``, ...):
+    one type for every actor's wire, which each re-exports."""
 
 
 class OpKind(StrEnum):

@@ -28,10 +28,10 @@ from typing import Annotated, Any, Final
 
 import msgspec
 
-from llamad.actors.ops import OpKind, OpSpec
+from llamad.actors.ops import NoArgs, OpKind, OpSpec
 from llamad.cache.tier_kind import TierKind
 
-__all__ = ["ACTOR_NAME", "OPS", "TOKENS_BLOB", "Evicted", "GcResult", "Reserved"]
+__all__ = ["ACTOR_NAME", "OPS", "TOKENS_BLOB", "Evicted", "GcResult", "NoArgs", "Reserved"]
 
 ACTOR_NAME: Final = "cache-meta"
 """The registry name cache-meta serves under."""
@@ -128,10 +128,6 @@ class Checkin(_Body, frozen=True, forbid_unknown_fields=True):
 class EvictBytes(_Body, frozen=True, forbid_unknown_fields=True):
     n: Bytes
     tiers: list[TierKind] | None = None
-
-
-class NoArgs(_Body, frozen=True, forbid_unknown_fields=True):
-    pass
 
 
 # -- replies -------------------------------------------------------------------

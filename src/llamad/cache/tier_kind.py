@@ -1,38 +1,22 @@
-"""The cache's tiers by name: one enum wherever a tier is named (SPEC C3).
+"""The cache's tiers by name, and its checks at the boundary (SPEC C3).
 
 Tier configs, cache-meta's quotas and ledgers, reservations, row references,
-the wire and the pressure scheduler all say :class:`TierKind`. On the wire a
-member travels as its value (``"ram"``, ...) and msgspec refuses any other
-string, so a peer can never name a tier this process does not know. Being a
-``StrEnum``, a member also equals and hashes like its value: a plain ``"ram"``
-from a config file or a command line finds the same dictionary entry, and
-:func:`check_tier` turns it into the member at the boundary.
+the wire and the pressure scheduler all say :class:`~llamad.tiers.TierKind`
+(defined on the ground floor, :mod:`llamad.tiers`, so the front's wire and
+the client name tiers the same way without loading the cache; re-exported
+here). :func:`check_tier` turns a plain value into the member at the cache's
+boundary, or refuses it with the cache's own error.
 """
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Final
 
 from llamad.cache.errors import InvalidCacheValue
+from llamad.tiers import TIER_ORDER, TierKind
 
 __all__ = ["AUTO", "TIER_ORDER", "TierKind", "check_save_tier", "check_tier", "slower_tiers"]
 
-
-class TierKind(StrEnum):
-    """The three tiers, fastest first (also the order that wins between duplicate rows)."""
-
-    RAM = "ram"
-    RAM_FILE = "ram_file"
-    DISK = "disk"
-
-    def faster_than(self, other: TierKind) -> bool:
-        """Whether a row in this tier is restored faster than one in ``other``."""
-        return TIER_ORDER.index(self) < TIER_ORDER.index(other)
-
-
-TIER_ORDER: Final[tuple[TierKind, ...]] = tuple(TierKind)
-"""Every tier, fastest first."""
 
 AUTO: Final = "auto"
 """The save tier that is no tier: cache-meta puts the row in the fastest tier

@@ -16,6 +16,7 @@ from llamad.cli import render
 from llamad.cli.connect import UsageError, parse_options
 from llamad.client.sync import Client
 from llamad.config.units import parse_size
+from llamad.tiers import TierKind
 
 __all__ = ["add_commands"]
 
@@ -139,7 +140,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     evict.add_argument(
         "--tier",
         action="append",
-        choices=("ram", "ram_file", "disk"),
+        choices=tuple(TierKind),
         help="only from this tier (repeatable; default all)",
     )
     evict.add_argument("--json", action="store_true", help="print JSON for scripts")

@@ -37,9 +37,8 @@ from llamad import logs
 from llamad.actors import Actor, Handler, PendingReply, Registry, Request
 from llamad.cache.client import CacheClient
 from llamad.cache.counters import Counters
-from llamad.cache.tier_kind import TierKind
 from llamad.config import LlamadConfig
-from llamad.errors import BadRequest, ModelNotFound, Unavailable
+from llamad.errors import ModelNotFound, Unavailable
 from llamad.front.lanes import Lane, Mailbox, Outcome
 from llamad.front.load_request import TemplateLimits, load_request
 from llamad.front.models import Load, Models, Unload
@@ -346,13 +345,8 @@ class Front:
         return counters.snapshot()
 
     def evict_bytes(self, req: Request[EvictBytes]) -> None:
-        try:
-            tiers = None if req.body.tiers is None else [TierKind(t) for t in req.body.tiers]
-        except ValueError:
-            raise BadRequest(
-                f"unknown tier in {req.body.tiers}: the tiers are ram, ram_file, disk",
-                details={"field": "tiers"},
-            ) from None
+        # The wire refused any tier that is not a TierKind before this runs.
+        tiers = req.body.tiers
         pending = req.defer()
         n = req.body.n
         self.cache_lane.submit(

@@ -26,6 +26,7 @@ from llamad.front.wire import (
 )
 from llamad.model.wire import WorkerSnapshot
 from llamad.supervisor.core import ChildInfo
+from llamad.tiers import TierKind
 
 __all__ = ["Supervisors", "daemon_status", "supervisor_status", "tier_usage"]
 
@@ -56,10 +57,14 @@ def supervisor_status(name: str, children: list[ChildInfo] | str) -> SupervisorS
     )
 
 
-def tier_usage(config: LlamadConfig, gauges: dict[str, int]) -> dict[str, TierUsage]:
+def tier_usage(config: LlamadConfig, gauges: dict[str, int]) -> dict[TierKind, TierUsage]:
     """Bytes held (the cache's gauges) against each configured tier's quota."""
     c = config.cache
-    quotas = {"ram": c.ram.quota, "ram_file": c.ram_file.quota, "disk": c.disk.quota}
+    quotas = {
+        TierKind.RAM: c.ram.quota,
+        TierKind.RAM_FILE: c.ram_file.quota,
+        TierKind.DISK: c.disk.quota,
+    }
     return {
         name: TierUsage(bytes=gauges.get(f"bytes_{name}", 0), quota=quota)
         for name, quota in quotas.items()

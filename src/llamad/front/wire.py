@@ -39,9 +39,10 @@ from typing import Annotated, Any, Final
 
 import msgspec
 
-from llamad.actors.ops import OpKind, OpSpec
+from llamad.actors.ops import NoArgs, OpKind, OpSpec
 from llamad.errors import LlamadError, PathNotAllowed
 from llamad.model.wire import WorkerSnapshot
+from llamad.tiers import TierKind
 
 __all__ = [
     "FRONT_ACTOR",
@@ -94,10 +95,6 @@ class ModelState(StrEnum):
     """Configured, not running (keep_alive expired, or unloaded): the next ``route`` loads it."""
     FAILED = "failed"
     """Its worker gave up (restart intensity exceeded, or the load failed): see ``error``."""
-
-
-class NoArgs(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """An op without arguments."""
 
 
 class ModelRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -203,7 +200,7 @@ class DaemonStatus(msgspec.Struct, frozen=True):
     pid: int
     uptime_s: float
     models: list[ModelStatus] = msgspec.field(default_factory=list)
-    tiers: dict[str, TierUsage] = msgspec.field(default_factory=dict)
+    tiers: dict[TierKind, TierUsage] = msgspec.field(default_factory=dict)
     restarts: int = 0
     """Restarts the daemon's supervisors carried out since it started."""
     supervisors: list[SupervisorStatus] = msgspec.field(default_factory=list)
@@ -215,7 +212,7 @@ class DaemonStatus(msgspec.Struct, frozen=True):
 
 class EvictBytes(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     n: Annotated[int, msgspec.Meta(ge=0, le=2**62)]
-    tiers: list[str] | None = None
+    tiers: list[TierKind] | None = None
 
 
 def _call(name: str, body: Any, doc: str) -> OpSpec:

@@ -48,8 +48,8 @@ from llamad.model.wire import WorkerSnapshot
 
 __all__ = [
     "SLOT_BYTES",
-    "LoadProgress",
     "LoadProgressWriter",
+    "LoadReport",
     "StatusBoard",
     "Throughput",
     "WorkerSnapshot",
@@ -187,14 +187,16 @@ class Throughput:
 # -- while loading: the model-load progress ------------------------------------------
 
 
-class LoadProgress(msgspec.Struct, frozen=True):
-    """How far a worker's model load has got (``fraction`` in [0, 1])."""
+class LoadReport(msgspec.Struct, frozen=True):
+    """How far a worker's model load has got (``fraction`` in [0, 1]), as it
+    writes it to disk (the front streams it on as
+    :class:`llamad.front.wire.LoadProgress`)."""
 
     pid: int
     fraction: float
 
 
-_PROGRESS_DECODER: Final = msgspec.msgpack.Decoder(LoadProgress)
+_PROGRESS_DECODER: Final = msgspec.msgpack.Decoder(LoadReport)
 _PROGRESS_STEP: Final = 0.01
 
 
@@ -229,7 +231,7 @@ class LoadProgressWriter:
                 # 0600 like the status board beside it (the runtime dir is private).
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
                 with os.fdopen(fd, "wb") as fh:
-                    fh.write(_ENCODER.encode(LoadProgress(self._pid, fraction)))
+                    fh.write(_ENCODER.encode(LoadReport(self._pid, fraction)))
                 os.replace(tmp, self.path)
             except OSError:
                 with contextlib.suppress(OSError):
@@ -241,7 +243,7 @@ class LoadProgressWriter:
             self.path.unlink()
 
 
-def read_load_progress(path: Path | str) -> LoadProgress | None:
+def read_load_progress(path: Path | str) -> LoadReport | None:
     """The last progress a loading worker reported at ``path``, if any."""
     try:
         data = Path(path).read_bytes()

@@ -45,7 +45,7 @@ from typing import Annotated, Any, Final
 
 import msgspec
 
-from llamad.actors.ops import OpKind, OpSpec
+from llamad.actors.ops import NoArgs, OpKind, OpSpec
 from llamad.errors import BadRequest
 from llamad.llama_ffi.spin import SpinSetting
 from llamad.model.requests import MAX_ID_CHARS, MAX_TOKENS_LIMIT, RequestParams
@@ -171,10 +171,6 @@ class WorkerSnapshot(msgspec.Struct, frozen=True):
     threads: ThreadStatus | None = None
     spin: SpinSetting = SpinSetting.NOT_YET
     last_request_at: float | None = None
-
-
-class NoArgs(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """An op without arguments (``status``, ``list_adapters``)."""
 
 
 class ChatOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

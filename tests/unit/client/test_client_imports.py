@@ -29,6 +29,7 @@ ALLOWED = frozenset(
         "llamad.errors",
         "llamad.logs",
         "llamad.paths",
+        "llamad.tiers",  # the tier names the front's wire speaks
         "llamad.actors",
         "llamad.actors.aio_client",
         "llamad.actors.aio_link",

@@ -1,0 +1,35 @@
+"""The cache's tiers by name: the one vocabulary every floor speaks (SPEC C3).
+
+The cache keys its tiers by :class:`TierKind`; the front's wire, the client
+and the ``llamad`` command name them the same way, and they sit above the
+cache while a client must not load it (``tests/unit/client/test_client_imports.py``),
+so the enum lives on the ground floor. On the wire a member travels as its
+value (``"ram"``, ...) and msgspec refuses any other string, so a peer can
+never name a tier this process does not know. Being a ``StrEnum``, a member
+also equals and hashes like its value: a plain ``"ram"`` from a config file
+or a command line finds the same dictionary entry. The cache's checks at its
+boundary (:func:`llamad.cache.tier_kind.check_tier`) are its own.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Final
+
+__all__ = ["TIER_ORDER", "TierKind"]
+
+
+class TierKind(StrEnum):
+    """The three tiers, fastest first (also the order that wins between duplicate rows)."""
+
+    RAM = "ram"
+    RAM_FILE = "ram_file"
+    DISK = "disk"
+
+    def faster_than(self, other: TierKind) -> bool:
+        """Whether a row in this tier is restored faster than one in ``other``."""
+        return TIER_ORDER.index(self) < TIER_ORDER.index(other)
+
+
+TIER_ORDER: Final[tuple[TierKind, ...]] = tuple(TierKind)
+"""Every tier, fastest first."""
