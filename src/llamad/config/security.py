@@ -17,8 +17,10 @@
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -44,15 +46,32 @@ def resolve_model_path(
 
     Raises :class:`~llamad.errors.ConfigError` (``details["field"]`` is
     ``field``, ``details["problem"]`` the reason without it): not absolute,
-    outside every allowed directory, missing, or not a regular file.
+    outside every allowed directory, missing, unreachable (too long, a loop
+    of symbolic links, permission denied), or not a regular file.
     """
     text = os.fspath(path)
     real = contained_model_path(text, model_dirs, field)
-    if not real.exists():
-        raise _refuse(field, f"{text} does not exist")
-    if not real.is_file():
+    try:
+        mode = real.stat().st_mode
+    except OSError as exc:
+        raise _refuse(field, f"{text} {_unreadable(exc)}") from None
+    if not stat.S_ISREG(mode):
         raise _refuse(field, f"{text} is not a regular file")
     return real
+
+
+def _unreadable(exc: OSError) -> str:
+    """Why a path cannot be used, in words (never a raw ``OSError``: the
+    config check, the daemon and ``load_model`` report it against its key)."""
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        return "does not exist"
+    if exc.errno == errno.ENAMETOOLONG:
+        return "is too long a path (or one of its names is longer than the file system allows)"
+    if exc.errno == errno.ELOOP:
+        return "runs into a loop of symbolic links"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return "cannot be reached by the daemon's user (permission denied)"
+    return f"cannot be read ({exc.strerror or exc})"
 
 
 def _loopback(host: str) -> bool:

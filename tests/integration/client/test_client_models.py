@@ -14,6 +14,7 @@ from llamad import (
     ConfigError,
     DaemonStatus,
     GcReport,
+    ModelFileError,
     ModelInfo,
     ModelNotFound,
     ModelState,
@@ -84,6 +85,10 @@ def test_the_front_refuses_bad_loads_with_their_own_classes(
     junk.write_bytes(b"this is not a gguf file" * 100)
     with pytest.raises(NotGGUF):
         client.load_model("junk", str(junk), **SMALL)
+    long = served.models_dir / ("m" * 300 + ".gguf")  # a name over NAME_MAX
+    with pytest.raises(ModelFileError) as too_long:
+        client.load_model("long", str(long), **SMALL)
+    assert "too long a path" in too_long.value.message
     with pytest.raises(ConfigError) as info:
         client.load_model("bad", str(paths.default_model_path()), n_ctx="big")
     assert "n_ctx" in info.value.message

@@ -162,3 +162,44 @@ def test_dotdot_after_a_symlink_is_resolved_as_the_kernel_does(ws: Workspace) ->
     problems = ws.refused(ws.data({PATH: f"{ws.models_dir}/link/../secret.gguf"}))
     assert "resolves to" in problems["models.smol.path"]
     assert str(ws.dir / "elsewhere" / "secret.gguf") in problems["models.smol.path"]
+
+
+def test_a_file_name_too_long_for_the_file_system_is_refused_naming_the_key(
+    ws: Workspace,
+) -> None:
+    long = ws.models_dir / ("m" * 300 + ".gguf")  # a name over NAME_MAX (255 bytes)
+    problems = ws.refused(ws.data({PATH: str(long)}))
+    assert problems == {
+        "models.smol.path": f"{long} is too long a path (or one of its names is "
+        "longer than the file system allows)"
+    }
+
+
+def test_a_loop_of_symbolic_links_is_refused_naming_the_key(ws: Workspace) -> None:
+    a, b = ws.models_dir / "a.gguf", ws.models_dir / "b.gguf"
+    a.symlink_to(b)
+    b.symlink_to(a)
+    problems = ws.refused(ws.data({PATH: str(a)}))
+    assert problems == {"models.smol.path": f"{a} runs into a loop of symbolic links"}
+
+
+def test_a_model_the_daemon_cannot_reach_is_refused_naming_the_key(
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The suite runs as root, which no file mode stops: the kernel's answer
+    # for a directory the daemon's user may not search is what is stubbed.
+    denied = ws.models_dir / "private" / "m.gguf"
+
+    def stat(self: Path, *, follow_symlinks: bool = True) -> os.stat_result:
+        if self == denied:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_stat(self, follow_symlinks=follow_symlinks)
+
+    real_stat = Path.stat
+    monkeypatch.setattr(Path, "stat", stat)
+    with pytest.raises(ConfigError) as info:
+        resolve_model_path(denied, [ws.models_dir], "models.smol.path")
+    assert info.value.details == {
+        "field": "models.smol.path",
+        "problem": f"{denied} cannot be reached by the daemon's user (permission denied)",
+    }
