@@ -226,8 +226,19 @@ which does every check and says what is wrong."""
 
 def encode_envelope(kind: int, cid: int, op: str, body: Any) -> bytes:
     """Encode one header frame; raises ``TypeError``/``msgspec.EncodeError`` if
-    ``body`` is not msgpack-encodable."""
-    return _ENCODER.encode((PROTOCOL_VERSION, kind, cid, op, body))
+    ``body`` is not msgpack-encodable, and :class:`~llamad.errors.BadRequest`
+    if a string in it is not Unicode text (a lone surrogate: what Python makes
+    of bytes that are not UTF-8 in a command line, a file name or a pipe)."""
+    try:
+        return _ENCODER.encode((PROTOCOL_VERSION, kind, cid, op, body))
+    except UnicodeEncodeError as exc:
+        bad = exc.object[exc.start : exc.end]
+        code = f"U+{ord(bad[0]):04X}" if bad else "?"
+        raise BadRequest(
+            f"{op or 'the message'}: text that is not valid Unicode (a lone surrogate, "
+            f"{code}, at character {exc.start}: bytes that are not UTF-8?)",
+            details={"op": op, "position": exc.start},
+        ) from None
 
 
 def decode_envelope(

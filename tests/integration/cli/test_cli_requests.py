@@ -185,6 +185,30 @@ def test_a_refused_request_exits_with_its_code(daemon: DaemonProc) -> None:
     assert overflow.stderr.startswith("llamad: context_overflow: "), overflow.stderr
 
 
+def test_bytes_that_are_not_utf8_are_refused_in_one_line(daemon: DaemonProc) -> None:
+    """From the command line and from a pipe: Python reads such bytes as lone
+    surrogates, which the request may not carry (actors.wire refuses them)."""
+    argv = llamad_command(daemon.endpoint, "complete", "caf\udce9 \udcff", "--max-tokens", "2")
+    piped = llamad_command(daemon.endpoint, "complete", "--max-tokens", "2")
+    for run in (
+        subprocess.run(argv, capture_output=True, env=cli_env(), timeout=120, check=False),
+        subprocess.run(
+            piped,
+            input=b"caf\xe9 \xff\n",
+            capture_output=True,
+            env=cli_env(),
+            timeout=120,
+            check=False,
+        ),
+    ):
+        err = run.stderr.decode(errors="replace")
+        assert run.returncode == EXIT_REFUSED, err
+        assert err.startswith("llamad: bad_request: "), err
+        assert "not valid Unicode" in err
+        assert len(err.strip().splitlines()) == 1, err
+        assert run.stdout == b""
+
+
 def test_an_unknown_model_exits_not_found(daemon: DaemonProc) -> None:
     run = llamad(daemon.endpoint, "complete", "-m", "nosuch", "hi")
     assert run.returncode == EXIT_NOT_FOUND, run.stderr

@@ -222,3 +222,19 @@ def test_invalid_limits_raise_naming_the_field(kwargs: dict[str, Any], field: st
     with pytest.raises(ActorConfigError) as info:
         Limits(**kwargs)
     assert info.value.field == field
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"prompt": "caf\udce9 \udcff"},  # bytes that are not UTF-8, as argv and pipes give them
+        {"messages": [{"role": "user", "content": "\ud800"}]},
+        ["ok", {"nested": ("x", "\udfff")}],
+    ],
+)
+def test_text_that_is_not_unicode_is_refused_typed(body: object) -> None:
+    with pytest.raises(BadRequest) as info:
+        encode_envelope(Kind.CALL, 7, "infer", body)
+    assert info.value.code == "bad_request"
+    assert "not valid Unicode" in info.value.message
+    assert info.value.details["op"] == "infer"
