@@ -139,6 +139,17 @@ def _resolve_model(
     return msgspec.structs.replace(m, path=str(real))
 
 
+def _default_model_path(raw: dict[str, Any]) -> None:
+    """The default model's id names the default model unless a path says
+    otherwise: ``LLAMAD_MODELS__SMOLLM2__N_CTX=8192`` (or a
+    ``[models.smollm2]`` table with ``n_ctx`` alone) overrides one key of the
+    default model, it does not declare a model without a file."""
+    models = raw.get("models")
+    table = models.get(DEFAULT_MODEL_ID) if isinstance(models, dict) else None
+    if isinstance(table, dict) and "path" not in table:
+        table["path"] = DEFAULT_MODEL_PATH
+
+
 def _resolve(config: LlamadConfig, env: Mapping[str, str], problems: Problems) -> LlamadConfig:
     curve = config.security.curve_secret_key is not None
     daemon = resolve_daemon(config.daemon, env, problems, curve=curve)
@@ -175,6 +186,7 @@ def load_config(
     env = os.environ if env is None else env
     problems = Problems()
     raw, source, overrides = raw_config(path, env, problems)
+    _default_model_path(raw)
     what = source or "no config file"
     config = _resolve(read_table(LlamadConfig, raw, (), problems), env, problems)
     # A refused value was left at its default, so the parts still build and

@@ -184,7 +184,8 @@ class ModelConfig(Table, frozen=True, kw_only=True):
         Key(
             'The GGUF file (absolute; `~` is expanded), or "default" for the default '
             "model that `make setup` installs. Its real path (symlinks resolved) must lie "
-            "in one of security.model_dirs.",
+            'in one of security.model_dirs. Under the default model\'s id ("smollm2") it '
+            'may be left out: it is then "default".',
             AbsPath(keywords=(DEFAULT_MODEL_PATH,)),
             required=True,
             example=DEFAULT_MODEL_PATH,

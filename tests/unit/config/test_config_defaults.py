@@ -59,6 +59,24 @@ def test_path_default_names_the_default_model(ws: Workspace, default_model: Path
     assert config.models["chat"].path == str(default_model)
 
 
+def test_overriding_one_key_of_the_default_model_keeps_its_file(
+    ws: Workspace, default_model: Path
+) -> None:
+    # The README's example: LLAMAD_MODELS__SMOLLM2__N_CTX=8192 llamad daemon.
+    config = load_config(None, env={**ws.env, "LLAMAD_MODELS__SMOLLM2__N_CTX": "8192"})
+    assert list(config.models) == ["smollm2"]
+    assert config.models["smollm2"].n_ctx == 8192
+    assert config.models["smollm2"].path == str(default_model)
+    # The same in a file's table.
+    table = ws.loaded({"models": {"smollm2": {"n_ctx": 4096}}}).models["smollm2"]
+    assert (table.n_ctx, table.path) == (4096, str(default_model))
+
+
+def test_another_model_without_a_path_is_refused_naming_the_key(ws: Workspace) -> None:
+    problems = ws.refused({"models": {"chat": {"n_ctx": 4096}}})
+    assert problems == {"models.chat.path": "missing (this key is required)"}
+
+
 def test_a_missing_default_model_is_refused_naming_the_key(
     ws: Workspace, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
