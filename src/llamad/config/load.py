@@ -28,7 +28,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Mapping
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 
