@@ -34,7 +34,7 @@ from llamad import paths
 from llamad.cache.client import CacheClient
 from llamad.cache.kvc import SaveReason
 from llamad.cache.meta_proc import MetaProcess
-from llamad.cache.sup import CacheSettings, discard
+from llamad.cache.settings import CacheSettings, discard
 from llamad.cache.tier_kind import TierKind
 from llamad.llama_ffi import ContextOptions, Model, StateBuffer
 from llamad.model.cache_view import ClientCacheView

@@ -48,7 +48,7 @@ from llamad import paths
 from llamad.cache.kvc import SaveReason, check_prefix_unchanged
 from llamad.cache.lookup import RowRef
 from llamad.cache.meta_proc import MetaProcess
-from llamad.cache.sup import CacheSettings, discard
+from llamad.cache.settings import CacheSettings, discard
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import SEGMENTS
 from llamad.llama_ffi import ContextOptions, FlashAttn, Model, StateBuffer

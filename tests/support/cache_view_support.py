@@ -17,7 +17,7 @@ from typing import Any
 from llamad.cache.lookup import LookupPolicy
 from llamad.cache.meta_proc import MetaProcess
 from llamad.cache.policy import CachePolicy
-from llamad.cache.sup import CacheSettings, discard
+from llamad.cache.settings import CacheSettings, discard
 from llamad.llama_ffi import Context, Model
 from llamad.llama_ffi.options import ContextOptions
 from llamad.llama_ffi.state import StateBuffer

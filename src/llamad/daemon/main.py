@@ -45,7 +45,7 @@ import structlog
 from llamad import logs
 from llamad.actors import Registry
 from llamad.cache.errors import TierLocked
-from llamad.cache.sup import purge_ram
+from llamad.cache.ram_purge import purge_ram
 from llamad.config import LlamadConfig, load_config
 from llamad.daemon.notify import Notifier
 from llamad.daemon.readiness import SystemdReporter, Watchdog

@@ -68,7 +68,7 @@ from llamad.model.savepoints import SaveJob
 
 if TYPE_CHECKING:
     from llamad.cache.counters import CounterAdd
-    from llamad.cache.sup import CacheSettings
+    from llamad.cache.settings import CacheSettings
 
 __all__ = ["ClientCacheView", "ViewStats"]
 

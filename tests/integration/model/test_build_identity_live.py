@@ -19,7 +19,7 @@ import pytest
 from cache_view_support import BufferState, Meta, scratch_cache, settle_saves
 from llamad.cache.client import CacheClient
 from llamad.cache.kvc import SaveReason
-from llamad.cache.sup import CacheSettings
+from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.llama_ffi import Context, Model, StateBuffer
 from llamad.llama_ffi.build_info import build_identity

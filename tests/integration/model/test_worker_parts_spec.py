@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from llamad.cache.meta_proc import MetaProcess
-from llamad.cache.sup import CacheSettings, discard
+from llamad.cache.settings import CacheSettings, discard
 from llamad.cache.tier_kind import TierKind
 from llamad.llama_ffi import ContextOptions
 from llamad.model.cache_view import ClientCacheView
