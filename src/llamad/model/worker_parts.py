@@ -33,7 +33,7 @@ from llamad.cache.lookup import Lookup, RowRef
 from llamad.errors import ConfigError
 from llamad.model import identity
 from llamad.model.backend import Backend, PackedState
-from llamad.model.cacheview import CacheView, RowRead
+from llamad.model.cache_view_protocol import CacheView, RowRead
 from llamad.model.results import TokenSources
 from llamad.model.savepoints import SaveJob
 from llamad.model.status_board import LoadProgressWriter, load_progress_path
@@ -171,7 +171,7 @@ def llama_parts(spec: WorkerSpec) -> WorkerParts:
     from llamad.llama_ffi.spin import spin_setting  # noqa: PLC0415
     from llamad.llama_ffi.threadpool import worker_threadpool  # noqa: PLC0415
     from llamad.model.adapters import AdapterSet  # noqa: PLC0415
-    from llamad.model.cache_view import ClientCacheView  # noqa: PLC0415
+    from llamad.model.client_cache_view import ClientCacheView  # noqa: PLC0415
     from llamad.model.embedder import Embedder, EmbedderOptions  # noqa: PLC0415
     from llamad.model.llama_backend import LlamaBackend  # noqa: PLC0415
     from llamad.model.thread_board import ThreadBoard  # noqa: PLC0415

@@ -37,7 +37,7 @@ from llamad.cache.writer import Permit
 from llamad.errors import ConfigError
 from llamad.llama_ffi.errors import Closed
 from llamad.model import identity
-from llamad.model.cache_view import ClientCacheView
+from llamad.model.client_cache_view import ClientCacheView
 from llamad.model.results import CacheHitKind
 from llamad.model.save_completions import Completed
 from llamad.model.savepoints import SaveJob

@@ -32,7 +32,7 @@ from llamad.cache.lookup import LookupPolicy
 from llamad.cache.settings import CacheSettings, discard
 from llamad.cache.tier_kind import TierKind
 from llamad.errors import RequestTimeout
-from llamad.model.cache_view import ClientCacheView
+from llamad.model.client_cache_view import ClientCacheView
 from llamad.model.results import CacheHitKind
 from llamad.model.savepoints import SaveJob
 from llamad.model.stub import StubPacked

@@ -22,7 +22,7 @@ from llamad.cache.settings import CacheSettings, discard
 from llamad.cache.tier_kind import TierKind
 from llamad.llama_ffi import Context, Model, Sampler, SamplerParams, StateBuffer
 from llamad.model import identity
-from llamad.model.cache_view import ClientCacheView
+from llamad.model.client_cache_view import ClientCacheView
 from llamad.model.savepoints import SaveJob
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
