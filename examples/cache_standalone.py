@@ -39,7 +39,7 @@ from llamad.cache.settings import CacheSettings
 from llamad.cache.sup import cache_sup_spec
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.writer import WriterPool
-from llamad.supervisor.runtime import Supervisor
+from llamad.supervisor.supervisor_proc import Supervisor
 
 MIB = 1 << 20
 

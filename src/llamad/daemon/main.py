@@ -52,8 +52,8 @@ from llamad.daemon.readiness import SystemdReporter, Watchdog
 from llamad.daemon.tree import ROOT_SERVICE, daemon_spec
 from llamad.errors import ConfigError
 from llamad.front.persist import table_path
-from llamad.supervisor.runtime import Supervisor
 from llamad.supervisor.service import SupervisorService
+from llamad.supervisor.supervisor_proc import Supervisor
 
 __all__ = ["EXIT_CONFIG", "EXIT_IN_USE", "main", "prepare_dirs"]
 
