@@ -46,7 +46,7 @@ from llamad.cache.key import FingerprintMode, Namespace
 from llamad.cache.kvc import KvcSpec, SaveReason, write_kvc
 from llamad.cache.lookup import HitKind
 from llamad.cache.meta_proc import MetaProcess
-from llamad.cache.sup import CacheSettings, discard
+from llamad.cache.settings import CacheSettings, discard
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
 

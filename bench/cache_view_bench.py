@@ -2,7 +2,7 @@
 
 A real context of the default model (``kv_unified``, two sequences, one
 thread) prefills two 2,048-token prompts; one state is saved through
-:class:`~llamad.model.cache_view.ClientCacheView` to ``ram``, the other to
+:class:`~llamad.model.client_cache_view.ClientCacheView` to ``ram``, the other to
 ``disk``, against a real cache-meta process. Each round then measures, in
 alternating order:
 
@@ -34,11 +34,11 @@ from llamad import paths
 from llamad.cache.client import CacheClient
 from llamad.cache.kvc import SaveReason
 from llamad.cache.meta_proc import MetaProcess
-from llamad.cache.sup import CacheSettings, discard
+from llamad.cache.settings import CacheSettings, discard
 from llamad.cache.tier_kind import TierKind
 from llamad.llama_ffi import ContextOptions, Model, StateBuffer
-from llamad.model.cache_view import ClientCacheView
 from llamad.model.cache_view_config import CacheViewConfig
+from llamad.model.client_cache_view import ClientCacheView
 from llamad.model.savepoints import SaveJob
 
 N_TOKENS = 2048

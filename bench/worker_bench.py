@@ -109,7 +109,8 @@ class Tree:
     def __init__(self, cores: int, flash_attn: str = "auto") -> None:
         from llamad import paths  # noqa: PLC0415
         from llamad.actors import Registry  # noqa: PLC0415
-        from llamad.cache.sup import CacheSettings, meta_child_spec  # noqa: PLC0415
+        from llamad.cache.settings import CacheSettings  # noqa: PLC0415
+        from llamad.cache.sup import meta_child_spec  # noqa: PLC0415
         from llamad.cache.tier_kind import TierKind  # noqa: PLC0415
         from llamad.llama_ffi import ContextOptions, FlashAttn  # noqa: PLC0415
         from llamad.model.cache_view_config import CacheViewConfig  # noqa: PLC0415
@@ -149,7 +150,7 @@ class Tree:
         )
 
     def __enter__(self) -> Tree:
-        from llamad.cache.sup import discard  # noqa: PLC0415
+        from llamad.cache.settings import discard  # noqa: PLC0415
 
         try:
             self.sup.start()
@@ -159,7 +160,7 @@ class Tree:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        from llamad.cache.sup import discard  # noqa: PLC0415
+        from llamad.cache.settings import discard  # noqa: PLC0415
 
         try:
             self.sup.stop(120)

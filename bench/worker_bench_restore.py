@@ -5,7 +5,7 @@
 The model worker's context (``n_ctx`` 4096, ``n_seq_max`` 4, ``kv_unified``,
 flash attention ``auto`` as the worker's default, or ``--flash-attn``) prefills a 2,048-token
 prompt; its state is saved to ``ram`` through
-:class:`~llamad.model.cache_view.ClientCacheView` against a real cache-meta.
+:class:`~llamad.model.client_cache_view.ClientCacheView` against a real cache-meta.
 Each round then times, in alternating order:
 
 - ``resolve + checkin``: the lookup round trip (row pinned) and its checkin;
@@ -48,12 +48,12 @@ from llamad import paths
 from llamad.cache.kvc import SaveReason, check_prefix_unchanged
 from llamad.cache.lookup import RowRef
 from llamad.cache.meta_proc import MetaProcess
-from llamad.cache.sup import CacheSettings, discard
+from llamad.cache.settings import CacheSettings, discard
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import SEGMENTS
 from llamad.llama_ffi import ContextOptions, FlashAttn, Model, StateBuffer
 from llamad.llama_ffi.build_info import compute_backend
-from llamad.model.cache_view import ClientCacheView
+from llamad.model.client_cache_view import ClientCacheView
 from llamad.model.config import WorkerConfig
 from llamad.model.core import WorkerCore
 from llamad.model.llama_backend import LlamaBackend

@@ -34,10 +34,12 @@ from llamad.cache.key import (
     tokens_to_bytes,
 )
 from llamad.cache.kvc import KvcSpec, SaveReason
-from llamad.cache.sup import CacheSettings, cache_sup_spec, purge_ram
+from llamad.cache.ram_purge import purge_ram
+from llamad.cache.settings import CacheSettings
+from llamad.cache.sup import cache_sup_spec
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.writer import WriterPool
-from llamad.supervisor.runtime import Supervisor
+from llamad.supervisor.supervisor_proc import Supervisor
 
 MIB = 1 << 20
 

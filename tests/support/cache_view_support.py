@@ -17,12 +17,12 @@ from typing import Any
 from llamad.cache.lookup import LookupPolicy
 from llamad.cache.meta_proc import MetaProcess
 from llamad.cache.policy import CachePolicy
-from llamad.cache.sup import CacheSettings, discard
+from llamad.cache.settings import CacheSettings, discard
 from llamad.llama_ffi import Context, Model
 from llamad.llama_ffi.options import ContextOptions
 from llamad.llama_ffi.state import StateBuffer
-from llamad.model.cache_view import ClientCacheView
 from llamad.model.cache_view_config import CacheViewConfig
+from llamad.model.client_cache_view import ClientCacheView
 from llamad.model.config import WorkerConfig
 from llamad.model.core import WorkerCore
 from llamad.model.llama_backend import LlamaBackend

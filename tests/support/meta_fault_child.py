@@ -28,7 +28,8 @@ from llamad.cache.meta_proc import MetaServer
 from llamad.cache.mover import MoveStage
 from llamad.cache.moves import MoveJob, MoveKind
 from llamad.cache.publish import PublishStage, publish
-from llamad.cache.sup import CacheSettings, cache_sup_spec
+from llamad.cache.settings import CacheSettings
+from llamad.cache.sup import cache_sup_spec
 from llamad.cache.tiers import Tier
 from llamad.supervisor import run_root
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from llamad.cache.sup import CacheSettings, discard
+from llamad.cache.settings import CacheSettings, discard
 
 
 @pytest.fixture(name="cache_settings")

@@ -21,7 +21,8 @@ from llamad.cache.client import CacheClient
 from llamad.cache.lookup import LookupPolicy
 from llamad.cache.meta_wire import ACTOR_NAME as META
 from llamad.cache.policy import CachePolicy
-from llamad.cache.sup import CacheSettings, discard, meta_child_spec
+from llamad.cache.settings import CacheSettings, discard
+from llamad.cache.sup import meta_child_spec
 from llamad.llama_ffi import ContextOptions
 from llamad.model.config import WorkerConfig
 from llamad.model.status_board import WorkerSnapshot, read_status, status_path

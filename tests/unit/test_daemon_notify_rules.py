@@ -30,7 +30,7 @@ from llamad.supervisor.events import (
     SupStopped,
 )
 from llamad.supervisor.exits import ExitReason
-from llamad.supervisor.runtime import ChildBeat
+from llamad.supervisor.supervisor_proc import ChildBeat
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -17,14 +17,17 @@ Two ways to run one:
 Everything else (sending through handles, registering ops) happens on the
 thread that started the actor. ZeroMQ state is created in :meth:`start`, in
 the process that serves, never inherited across ``fork``.
+
+The actor is the loop and the inbound side (validation, dispatch, streams
+run from iterators); its parts live beside it: what it sends, and the
+handles' door to that, in :mod:`llamad.actors.outbox`, the clients it knows
+in :mod:`llamad.actors.peers`, deferred replies' deadlines in
+:mod:`llamad.actors.timers`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import heapq
-import itertools
 import os
 import secrets
 import select
@@ -42,29 +45,28 @@ import zmq
 
 from llamad.actors.curve import CurveServer, ZapHandler, secure_server
 from llamad.actors.errors import ActorConfigError, WrongProcess
-from llamad.actors.handles import Peer, PendingReply, Request, StreamSender, _internal
-from llamad.actors.monitor import ProcessRef, ProcessWatch
+from llamad.actors.handles import Peer, Request, StreamSender, internal_error
+from llamad.actors.monitor import ProcessRef
 from llamad.actors.ops import OpKind, OpSpec
+from llamad.actors.outbox import SocketOutbox
+from llamad.actors.peers import PeerTable
 from llamad.actors.registry import Registration, Registry, check_name
 from llamad.actors.sockets import (
     FORKS,
     NOBLOCK,
     POLLIN,
-    SNDMORE,
-    SNDMORE_NOBLOCK,
     configure,
     restrict_ipc,
-    send_frame,
     tcp_options,
     validate_endpoint,
 )
+from llamad.actors.timers import Timers
 from llamad.actors.wire import (
     CLIENT_KINDS,
     DECODE_ERRORS,
     ENVELOPE_DECODER,
     HANDSHAKE_REQUIRED,
     PROTOCOL_VERSION,
-    Blob,
     Hello,
     Kind,
     Limits,
@@ -92,7 +94,6 @@ _K_CALL: Final = Kind.CALL
 _K_STREAM: Final = Kind.STREAM
 _CAST: Final = int(Kind.CAST)
 _REPLY: Final = int(Kind.REPLY)
-_EVENT: Final = int(Kind.EVENT)
 _MAX_BATCH: Final = 256  # messages per poll() before yielding to the owner's loop
 _LOG_EVERY_S: Final = 1.0  # rate limit of logs about malformed input, per error code
 _PARK_AT: Final = 1000  # backlog length at which an iterator stream pauses
@@ -172,7 +173,6 @@ class Actor:
         self._registry = registry
         self._register = register
         self._routes: dict[str, _Route] = {}
-        self._peer_down: list[Callable[[Peer, str], None]] = []
         self.stats = ActorStats()
         self.instance = ""
         self.endpoint = ""
@@ -192,13 +192,19 @@ class Actor:
         self._stop_signals: frozenset[int] = frozenset()
         self._readers: dict[int, Callable[[], None]] = {}
         self._registration: Registration | None = None
-        self._peers: dict[bytes, Peer] = {}
-        self._peers_by_pid: dict[int, set[bytes]] = {}
-        self._watch = ProcessWatch()
-        self._timers: list[tuple[float, int, PendingReply]] = []
-        self._backlogged: set[Peer] = set()
+        self._timers = Timers()
+        self._outbox = SocketOutbox(self.name, self.limits, self.stats, self._timers)
+        self._peer_table = PeerTable(
+            self.name, self.stats, self._outbox, fds_changed=self._fds_changed
+        )
+        # The parts' state the loop reads on every message or poll, one
+        # attribute lookup away (the objects are never replaced).
+        self._send = self._outbox.send
+        self._peers = self._peer_table.by_ident
+        self._watch = self._peer_table.watch
+        self._backlogged = self._outbox.backlogged
+        self._timer_heap = self._timers.heap
         self._parked: list[tuple[StreamSender, Iterator[Any]]] = []
-        self._timer_seq = itertools.count()
         self._stop_requested = False
         self._log_state: dict[str, tuple[float, int]] = {}
         self.add_op(OpSpec("$ping", OpKind.CALL, body=Any), self._op_ping, _builtin=True)
@@ -237,7 +243,7 @@ class Actor:
         open requests were cancelled). Reasons: ``peer_closed`` (it said bye),
         ``peer_died`` (its process exited), ``unreachable`` (a send found no
         connection)."""
-        self._peer_down.append(callback)
+        self._peer_table.on_down.append(callback)
 
     def add_reader(self, fd: int, callback: Callable[[], None]) -> None:
         """Call ``callback()`` from :meth:`poll` whenever ``fd`` is readable."""
@@ -277,7 +283,7 @@ class Actor:
                 self._zap = ZapHandler(self._ctx, curve, self.name)
                 self._zap.start()
             sock = self._ctx.socket(zmq.ROUTER)
-            self._sock = sock
+            self._sock = self._outbox.sock = sock
             configure(sock, self.limits, linger_s=self.limits.linger_s, endpoint=endpoint)
             if curve is not None and _is_tcp(endpoint):
                 secure_server(sock, curve)
@@ -412,7 +418,7 @@ class Actor:
         if self._state != "running":
             raise RuntimeError(f"actor {self.name!r} is not running")
         if self._backlogged:
-            self._flush_backlogs()
+            self._outbox.flush()
         if self._parked:
             self._resume_parked()
         if self._items_dirty:
@@ -440,17 +446,17 @@ class Actor:
                     else:
                         fds.append(fd)
         if fds or self._watch.poll_interval() is not None:
-            self._peers_exited(self._watch.exited(fds))
-        if self._timers:
-            self._fire_timers()
+            self._peer_table.exited(self._watch.exited(fds))
+        if self._timer_heap:
+            self._timers.fire()
         return handled
 
     def _wait_ms(self, timeout: float | None) -> int:
         if timeout is not None and timeout <= 0:
             return 0
         budget = timeout
-        if self._timers:
-            until = max(0.0, self._timers[0][0] - time.monotonic())
+        if self._timer_heap:
+            until = max(0.0, self._timer_heap[0][0] - time.monotonic())
             budget = until if budget is None else min(budget, until)
         interval = self._watch.poll_interval()
         if self._backlogged or self._parked:
@@ -523,7 +529,7 @@ class Actor:
                 # Defense in depth: validation should have refused anything
                 # that can reach here, but no input may stop the actor.
                 log.exception("actor.inbound_failed", actor=self.name)
-                self._refuse(ident, 0, None, _internal(exc, "?"))
+                self._refuse(ident, 0, None, internal_error(exc, "?"))
             # A zero-timeout poll is far cheaper in pyzmq than the Again
             # exception an empty recv raises.
             if handled >= batch or not zmq.zmq_poll(probe, 0):
@@ -582,7 +588,8 @@ class Actor:
             self._refuse(ident, cid, kind, exc)
             return
         self._dispatch(
-            route, Request(self, peer, route.kind, cid, op, body=body, blobs=tuple(blobs))
+            route,
+            Request(self._outbox, peer, route.kind, cid, op, body=body, blobs=tuple(blobs)),
         )
 
     def _handle_other(
@@ -615,7 +622,7 @@ class Actor:
                 handle._cancel("cancelled")
         elif kind == Kind.BYE:
             if peer is not None:
-                self._peer_gone(peer, "peer_closed")
+                self._peer_table.gone(peer, "peer_closed")
         elif peer is None:
             self._refuse(
                 ident,
@@ -655,11 +662,9 @@ class Actor:
             if req.kind is _K_CALL:
                 if req._handle is None:  # not deferred: the result is the reply
                     if isinstance(result, Message):
-                        self._send_body(
-                            req.peer, _REPLY, req.cid, result.body, result.blobs, op=req.op
-                        )
+                        self._send(req.peer, _REPLY, req.cid, result.body, result.blobs, op=req.op)
                     else:
-                        self._send_body(req.peer, _REPLY, req.cid, result, (), op=req.op)
+                        self._send(req.peer, _REPLY, req.cid, result, (), op=req.op)
             elif req.kind is _K_STREAM:
                 took_sender = req.handle is not None
                 if isinstance(result, Iterator):
@@ -716,7 +721,7 @@ class Actor:
             err = exc
         else:
             self.stats.handler_failures += 1
-            err = _internal(exc, sender.op)
+            err = internal_error(exc, sender.op)
             log.error(
                 "actor.handler_failed",
                 actor=self.name,
@@ -744,7 +749,7 @@ class Actor:
             )
         else:
             self.stats.handler_failures += 1
-            err = _internal(exc, req.op)
+            err = internal_error(exc, req.op)
             log.error(
                 "actor.handler_failed", actor=self.name, op=req.op, error=err.message, exc_info=exc
             )
@@ -752,7 +757,7 @@ class Actor:
             return
         handle = req.handle
         if handle is None:
-            self._send_error(req.peer, req.cid, err)
+            self._outbox.send_error(req.peer, req.cid, err)
         elif not handle.done:
             handle.fail(err)
 
@@ -763,19 +768,10 @@ class Actor:
             self._refuse(ident, cid, Kind.HELLO, exc)
             return
         ref = ProcessRef(hello.pid, hello.start_ticks, hello.boot_id, hello.pidns)
-        local = ref.is_local()
-        if local and not self._watch.watch(ref):
+        peer = self._peer_table.admit(ident, ref, hello.name)
+        if peer is None:
             self._refuse(ident, cid, Kind.HELLO, BadRequest(f"no live process {hello.pid}"))
             return
-        old = self._peers.get(ident)
-        if old is not None and old.process != ref:
-            self._peer_gone(old, "peer_closed")
-        peer = Peer(ident, ref, hello.name, local)
-        if old is not None and old.process == ref:
-            peer.open = old.open
-        self._peers[ident] = peer
-        self._peers_by_pid.setdefault(ref.pid, set()).add(ident)
-        self._items_dirty = True
         me = ProcessRef.current()
         welcome = Welcome(
             name=self.name,
@@ -789,157 +785,13 @@ class Actor:
             max_blobs=self.limits.max_blobs,
             ops={name: str(r.spec.kind) for name, r in self._routes.items()},
         )
-        self._send_body(peer, Kind.REPLY, cid, welcome, (), op="$hello")
+        self._send(peer, Kind.REPLY, cid, welcome, (), op="$hello")
         log.debug("actor.peer_up", actor=self.name, peer_pid=ref.pid, peer=hello.name)
 
-    # -- peers ---------------------------------------------------------------
+    def _fds_changed(self) -> None:
+        self._items_dirty = True
 
-    def _peers_exited(self, dead: list[ProcessRef]) -> None:
-        for ref in dead:
-            self._items_dirty = True
-            for ident in list(self._peers_by_pid.get(ref.pid, ())):
-                peer = self._peers.get(ident)
-                if peer is not None and peer.process == ref:
-                    self._peer_gone(peer, "peer_died")
-
-    def _peer_gone(self, peer: Peer, reason: str) -> None:
-        if not peer.connected:
-            return
-        peer.connected = False
-        peer.backlog.clear()
-        self._backlogged.discard(peer)
-        self.stats.peers_down += 1
-        if self._peers.get(peer.routing_id) is peer:
-            del self._peers[peer.routing_id]
-        same_pid = self._peers_by_pid.get(peer.process.pid)
-        if same_pid is not None:
-            same_pid.discard(peer.routing_id)
-            if not same_pid:
-                del self._peers_by_pid[peer.process.pid]
-                self._watch.unwatch(peer.process)
-                self._items_dirty = True
-        cancelled = len(peer.open)
-        for handle in list(peer.open.values()):
-            handle._cancel(reason)
-        log.info(
-            "actor.peer_down",
-            actor=self.name,
-            peer_pid=peer.process.pid,
-            peer=peer.name,
-            reason=reason,
-            cancelled=cancelled,
-        )
-        for callback in self._peer_down:
-            try:
-                callback(peer, reason)
-            except Exception:
-                log.exception("actor.peer_down_callback_failed", actor=self.name)
-
-    # -- outbound ------------------------------------------------------------
-
-    def _send_error(self, peer: Peer, cid: int, error: LlamadError) -> bool:
-        self.stats.errors += 1
-        return self._send_frames(peer, encode_envelope(Kind.ERROR, cid, "", error_body(error)), ())
-
-    def _send_body(
-        self,
-        peer: Peer,
-        kind: int,
-        cid: int,
-        body: Any,
-        blobs: Sequence[Blob],
-        *,
-        op: str,
-        stream: StreamSender | None = None,
-    ) -> bool:
-        try:
-            header = encode_envelope(kind, cid, "", body)
-        except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
-            self.stats.handler_failures += 1
-            log.error(
-                "actor.unencodable", actor=self.name, op=op, kind=Kind(kind).name, error=str(exc)
-            )
-            err = LlamadError(f"{op}: the answer could not be encoded: {exc}", details={"op": op})
-            if stream is not None:
-                stream._close()
-            self._send_error(peer, cid, err)
-            return False
-        if kind == _EVENT:
-            self.stats.events += 1
-        else:
-            self.stats.replies += 1
-        sock = self._sock
-        if not blobs and not peer.backlog and peer.connected and sock is not None:
-            # The common case in two sends; on any refusal the general path
-            # below tries again and handles it (nothing was queued).
-            try:
-                send_frame(sock, peer.routing_id, SNDMORE_NOBLOCK)
-            except zmq.ZMQError:
-                pass
-            else:
-                send_frame(sock, header, 0)
-                return True
-        return self._send_frames(peer, header, blobs)
-
-    def _send_frames(self, peer: Peer, header: bytes, blobs: Sequence[Blob]) -> bool:
-        if not peer.connected or self._sock is None:
-            return False
-        if not peer.backlog:
-            sent = self._send_raw(peer.routing_id, header, blobs, peer)
-            if sent is not None:
-                return sent
-        # The peer's ZeroMQ queue is full (or already has a backlog ahead of
-        # this message): keep order by queueing here, up to a bound.
-        if len(peer.backlog) >= self.limits.max_backlog:
-            self.stats.send_dropped += 1
-            log.warning(
-                "actor.peer_stuck", actor=self.name, peer_pid=peer.process.pid, peer=peer.name
-            )
-            self._peer_gone(peer, "backpressure")
-            return False
-        peer.backlog.append((header, tuple(blobs)))
-        self._backlogged.add(peer)
-        return True
-
-    def _flush_backlogs(self) -> None:
-        for peer in list(self._backlogged):
-            backlog = peer.backlog
-            while backlog and peer.connected:
-                header, blobs = backlog[0]
-                sent = self._send_raw(peer.routing_id, header, blobs, peer)
-                if sent is None:
-                    break
-                backlog.popleft()
-            if not backlog or not peer.connected:
-                self._backlogged.discard(peer)
-
-    def _send_raw(
-        self, ident: bytes, header: bytes, blobs: Sequence[Blob], peer: Peer | None
-    ) -> bool | None:
-        """Send one message: ``True`` sent, ``False`` peer unreachable (it is
-        then forgotten), ``None`` its queue is full."""
-        sock = self._sock
-        assert sock is not None
-        try:
-            send_frame(sock, ident, SNDMORE_NOBLOCK)
-        except zmq.ZMQError as exc:
-            if exc.errno == errno.EHOSTUNREACH:
-                if peer is not None:
-                    self._peer_gone(peer, "unreachable")
-                return False
-            if exc.errno == errno.EAGAIN:
-                return None
-            raise
-        # After the routing frame is accepted the rest of the message cannot
-        # fail: ZeroMQ queues multipart messages atomically.
-        if not blobs:
-            send_frame(sock, header, 0)
-            return True
-        send_frame(sock, header, SNDMORE)
-        last = len(blobs) - 1
-        for i, blob in enumerate(blobs):
-            send_frame(sock, blob, 0 if i == last else SNDMORE, False)
-        return True
+    # -- refusals ------------------------------------------------------------
 
     def _refuse(self, ident: bytes, cid: int, kind: int | None, error: LlamadError) -> None:
         counts = self.stats.rejected
@@ -949,7 +801,7 @@ class Actor:
             return  # the sender expects no answer to these
         self.stats.errors += 1
         header = encode_envelope(Kind.ERROR, cid, "", error_body(error))
-        if self._send_raw(ident, header, (), None) is None:
+        if self._outbox.send_raw(ident, header, (), None) is None:
             self.stats.send_dropped += 1  # an unknown peer that does not read gets nothing
 
     def _log_limited(self, event: str, key: str, **fields: Any) -> None:
@@ -960,19 +812,6 @@ class Actor:
             return
         self._log_state[key] = (now, 0)
         log.warning(event, actor=self.name, code=key, suppressed=suppressed, **fields)
-
-    # -- timers --------------------------------------------------------------
-
-    def _schedule(self, delay: float, handle: PendingReply) -> None:
-        deadline = time.monotonic() + max(0.0, delay)
-        heapq.heappush(self._timers, (deadline, next(self._timer_seq), handle))
-
-    def _fire_timers(self) -> None:
-        now = time.monotonic()
-        while self._timers and self._timers[0][0] <= now:
-            _, _, handle = heapq.heappop(self._timers)
-            if not handle.done:
-                handle._expire()
 
     # -- built-in ops --------------------------------------------------------
 
@@ -988,7 +827,7 @@ class Actor:
             "endpoint": self.endpoint,
             "tcp_endpoint": self.tcp_endpoint,
             "peers": len(self._peers),
-            "open": sum(len(p.open) for p in self._peers.values()),
+            "open": self._peer_table.open_count(),
             "ops": {n: str(r.spec.kind) for n, r in self._routes.items()},
             "stats": {
                 "received": s.received,
@@ -1032,14 +871,12 @@ class Actor:
             os.close(self._wake_fd)
             os.close(self._wake_w)
             self._wake_fd = self._wake_w = -1
-        self._watch.close()
+        self._peer_table.close()
         if self._registration is not None:
             self._registration.release()
             self._registration = None
-        self._peers.clear()
-        self._peers_by_pid.clear()
         self._timers.clear()
-        self._backlogged.clear()
+        self._outbox.clear()
         for _, events in self._parked:
             close = getattr(events, "close", None)
             if close is not None:

@@ -15,6 +15,10 @@ becomes unreachable, every handle it had is cancelled and its ``on_cancel``
 callbacks run (this is how a model worker learns to stop generating for a
 client that went away). After that, sending through the handle is a no-op
 returning ``False``.
+
+A handle sends through its actor's :class:`~llamad.actors.outbox.Outbox`
+(replies, events, errors, its own timeout) and knows nothing else of the
+actor.
 """
 
 from __future__ import annotations
@@ -31,9 +35,9 @@ from llamad.actors.wire import Blob, Kind
 from llamad.errors import LlamadError, RequestTimeout
 
 if TYPE_CHECKING:
-    from llamad.actors.actor import Actor
+    from llamad.actors.outbox import Outbox
 
-__all__ = ["Peer", "PendingReply", "Request", "StreamSender"]
+__all__ = ["Peer", "PendingReply", "Request", "StreamSender", "internal_error"]
 
 log = structlog.get_logger("llamad.actors")
 
@@ -67,10 +71,10 @@ class Peer:
 class _Open:
     """Common part of an unanswered request: cancellation and bookkeeping."""
 
-    __slots__ = ("_actor", "_callbacks", "_cancel_reason", "_done", "cid", "op", "peer")
+    __slots__ = ("_callbacks", "_cancel_reason", "_done", "_outbox", "cid", "op", "peer")
 
-    def __init__(self, actor: Actor, peer: Peer, cid: int, op: str) -> None:
-        self._actor = actor
+    def __init__(self, outbox: Outbox, peer: Peer, cid: int, op: str) -> None:
+        self._outbox = outbox
         self.peer = peer
         self.cid = cid
         self.op = op
@@ -103,8 +107,8 @@ class _Open:
         if self._done:
             return False
         self._close()
-        err = error if isinstance(error, LlamadError) else _internal(error, self.op)
-        return self._actor._send_error(self.peer, self.cid, err)
+        err = error if isinstance(error, LlamadError) else internal_error(error, self.op)
+        return self._outbox.send_error(self.peer, self.cid, err)
 
     def _close(self) -> None:
         self._done = True
@@ -132,13 +136,13 @@ class PendingReply(_Open):
 
     def __init__(
         self,
-        actor: Actor,
+        outbox: Outbox,
         peer: Peer,
         cid: int,
         op: str,
         on_timeout: Callable[[], Any] | None,
     ) -> None:
-        super().__init__(actor, peer, cid, op)
+        super().__init__(outbox, peer, cid, op)
         self._on_timeout = on_timeout
 
     def reply(self, body: Any = None, blobs: Sequence[Blob] = ()) -> bool:
@@ -146,7 +150,7 @@ class PendingReply(_Open):
         if self._done:
             return False
         self._close()
-        return self._actor._send_body(self.peer, _REPLY, self.cid, body, blobs, op=self.op)
+        return self._outbox.send(self.peer, _REPLY, self.cid, body, blobs, op=self.op)
 
     def _expire(self) -> None:
         if self._done:
@@ -169,8 +173,8 @@ class StreamSender(_Open):
 
     __slots__ = ("events",)
 
-    def __init__(self, actor: Actor, peer: Peer, cid: int, op: str) -> None:
-        super().__init__(actor, peer, cid, op)
+    def __init__(self, outbox: Outbox, peer: Peer, cid: int, op: str) -> None:
+        super().__init__(outbox, peer, cid, op)
         self.events = 0
 
     def emit(self, body: Any = None, blobs: Sequence[Blob] = ()) -> bool:
@@ -178,16 +182,14 @@ class StreamSender(_Open):
         if self._done:
             return False
         self.events += 1
-        return self._actor._send_body(
-            self.peer, _EVENT, self.cid, body, blobs, op=self.op, stream=self
-        )
+        return self._outbox.send(self.peer, _EVENT, self.cid, body, blobs, op=self.op, stream=self)
 
     def end(self, body: Any = None, blobs: Sequence[Blob] = ()) -> bool:
         """Send the terminal event; the stream is over whatever the result."""
         if self._done:
             return False
         self._close()
-        return self._actor._send_body(self.peer, _END, self.cid, body, blobs, op=self.op)
+        return self._outbox.send(self.peer, _END, self.cid, body, blobs, op=self.op)
 
 
 class Request(Generic[B]):
@@ -198,11 +200,11 @@ class Request(Generic[B]):
     referenced.
     """
 
-    __slots__ = ("_actor", "_handle", "blobs", "body", "cid", "kind", "op", "peer")
+    __slots__ = ("_handle", "_outbox", "blobs", "body", "cid", "kind", "op", "peer")
 
     def __init__(
         self,
-        actor: Actor,
+        outbox: Outbox,
         peer: Peer,
         kind: Kind,
         cid: int,
@@ -211,7 +213,7 @@ class Request(Generic[B]):
         body: B,
         blobs: tuple[memoryview, ...],
     ) -> None:
-        self._actor = actor
+        self._outbox = outbox
         self.peer = peer
         self.kind = kind
         self.cid = cid
@@ -238,10 +240,10 @@ class Request(Generic[B]):
             raise TypeError(f"defer() is for call ops; {self.op!r} is a {self.kind.name} op")
         if self._handle is not None:
             raise RuntimeError("the request was already deferred")
-        handle = PendingReply(self._actor, self.peer, self.cid, self.op, on_timeout)
+        handle = PendingReply(self._outbox, self.peer, self.cid, self.op, on_timeout)
         self._handle = handle
         if timeout is not None:
-            self._actor._schedule(timeout, handle)
+            self._outbox.schedule(timeout, handle)
         return handle
 
     def stream(self) -> StreamSender:
@@ -249,10 +251,11 @@ class Request(Generic[B]):
         if self.kind != Kind.STREAM:
             raise TypeError(f"stream() is for stream ops; {self.op!r} is a {self.kind.name} op")
         if self._handle is None:
-            self._handle = StreamSender(self._actor, self.peer, self.cid, self.op)
+            self._handle = StreamSender(self._outbox, self.peer, self.cid, self.op)
         assert isinstance(self._handle, StreamSender)
         return self._handle
 
 
-def _internal(error: BaseException, op: str) -> LlamadError:
+def internal_error(error: BaseException, op: str) -> LlamadError:
+    """``error`` (not a :class:`LlamadError`) as the ``internal`` error answering ``op``."""
     return LlamadError(f"{type(error).__name__}: {error}", details={"op": op})

@@ -7,7 +7,9 @@ counters (:mod:`.counters`). Meta side: the sole writer's state machine
 (:mod:`.meta`, :mod:`.reservation`, :mod:`.eviction`), lookups (:mod:`.prefix`,
 :mod:`.lookup`), the pressure scheduler (:mod:`.pressure`), the process
 (:mod:`.meta_proc`, wire contract in :mod:`.meta_wire`), the client every other
-process uses (:mod:`.client`) and cache_sup (:mod:`.sup`).
+process uses (:mod:`.client`), cache-meta's settings (:mod:`.settings`), the
+``ram`` tier's purge between daemon runs (:mod:`.ram_purge`) and cache_sup
+(:mod:`.sup`).
 """
 
 from __future__ import annotations
@@ -44,8 +46,10 @@ if TYPE_CHECKING:
     from llamad.cache.prefix import PrefixIndex, PrefixMatch
     from llamad.cache.pressure import PressureConfig, PressureScheduler
     from llamad.cache.publish import PublishMeta, PublishOutcome, PublishResult
+    from llamad.cache.ram_purge import purge_ram
     from llamad.cache.reservation import SaveIntent, Stage
-    from llamad.cache.sup import CacheSettings, cache_sup_spec, purge_ram
+    from llamad.cache.settings import CacheSettings
+    from llamad.cache.sup import cache_sup_spec
     from llamad.cache.tier_kind import TierKind
     from llamad.cache.tier_lock import TierLocks
     from llamad.cache.tiers import Tier, TierConfig, TierStore, load, load_mapped
@@ -110,11 +114,9 @@ __getattr__, __dir__ = lazy_face(
             "SaveIntent",
             "Stage",
         ),
-        "llamad.cache.sup": (
-            "CacheSettings",
-            "cache_sup_spec",
-            "purge_ram",
-        ),
+        "llamad.cache.ram_purge": ("purge_ram",),
+        "llamad.cache.settings": ("CacheSettings",),
+        "llamad.cache.sup": ("cache_sup_spec",),
         "llamad.cache.tier_kind": ("TierKind",),
         "llamad.cache.tier_lock": ("TierLocks",),
         "llamad.cache.tiers": (

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from typing_extensions import Buffer
 
     from llamad.cache.counters import Counters
-    from llamad.cache.sup import CacheSettings
+    from llamad.cache.settings import CacheSettings
 
 __all__ = ["CacheClient"]
 

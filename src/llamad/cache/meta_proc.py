@@ -49,7 +49,7 @@ from llamad.cache.mover import MoveHook, Mover
 from llamad.cache.prefetch import Prefetcher, plan
 from llamad.cache.pressure import PressureScheduler, PressureSource, make_source
 from llamad.cache.reservation import Owner, SaveIntent
-from llamad.cache.sup import CacheSettings
+from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tier_lock import TierLocks
 from llamad.cache.tiers import Tier, TierStore, build_tiers
@@ -311,7 +311,7 @@ class MetaServer:
         What the budget leaves undone loses nothing: a demoted copy's file is
         only deleted once its destination is indexed, the daemon's purge of
         ``ram`` links what is left into ``ram_file``
-        (:func:`llamad.cache.sup.purge_ram`), and the next start asks again
+        (:func:`llamad.cache.ram_purge.purge_ram`), and the next start asks again
         for the write-behind copies rows lack.
         """
         asked = self.meta.begin_stop()

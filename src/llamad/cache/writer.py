@@ -48,7 +48,7 @@ from llamad.cache.tiers import Tier, build_tiers
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-    from llamad.cache.sup import CacheSettings
+    from llamad.cache.settings import CacheSettings
 
 log = structlog.get_logger("llamad.cache.writer")
 

@@ -37,7 +37,7 @@ from llamad.actors.wire import Limits
 from llamad.cache.lookup import LookupPolicy
 from llamad.cache.policy import CachePolicy
 from llamad.cache.pressure import PressureConfig
-from llamad.cache.sup import CacheSettings
+from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind, check_save_tier
 from llamad.cache.tiers import SHM_ROOT, TierConfig
 from llamad.config.keys import fields_of

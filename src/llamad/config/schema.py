@@ -49,7 +49,7 @@ from llamad.errors import ModelNotFound
 if TYPE_CHECKING:
     from llamad.actors.curve import CurveFiles, CurveServer
     from llamad.actors.wire import Limits
-    from llamad.cache.sup import CacheSettings
+    from llamad.cache.settings import CacheSettings
     from llamad.model.cache_view_config import CacheViewConfig
     from llamad.model.threads import ThreadPolicy
     from llamad.model.worker_spec import WorkerSpec

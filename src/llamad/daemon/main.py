@@ -45,15 +45,15 @@ import structlog
 from llamad import logs
 from llamad.actors import Registry
 from llamad.cache.errors import TierLocked
-from llamad.cache.sup import purge_ram
+from llamad.cache.ram_purge import purge_ram
 from llamad.config import LlamadConfig, load_config
 from llamad.daemon.notify import Notifier
 from llamad.daemon.readiness import SystemdReporter, Watchdog
 from llamad.daemon.tree import ROOT_SERVICE, daemon_spec
 from llamad.errors import ConfigError
 from llamad.front.persist import table_path
-from llamad.supervisor.runtime import Supervisor
 from llamad.supervisor.service import SupervisorService
+from llamad.supervisor.supervisor_proc import Supervisor
 
 __all__ = ["EXIT_CONFIG", "EXIT_IN_USE", "main", "prepare_dirs"]
 

@@ -20,7 +20,7 @@ Only the root process sends (the unit's ``NotifyAccess=main``), from two places:
   * ``STOPPING=1`` as soon as the root starts stopping its tree.
 
 - **The watchdog** (:class:`Watchdog`) is the root supervisor's own beat
-  (:class:`~llamad.supervisor.runtime.OwnBeat`), so it runs only while the
+  (:class:`~llamad.supervisor.supervisor_proc.OwnBeat`), so it runs only while the
   root's loop turns (or waits, bounded, on a child's start or stop). It
   sends ``WATCHDOG=1`` every half of ``$WATCHDOG_USEC``, and only while every
   child of the root is on time with its heartbeat (:func:`late_children`).
@@ -64,7 +64,7 @@ from llamad.supervisor.events import (
     SupStarted,
     SupStopped,
 )
-from llamad.supervisor.runtime import ChildBeat, Supervisor
+from llamad.supervisor.supervisor_proc import ChildBeat, Supervisor
 
 __all__ = [
     "LATE_FRACTION",

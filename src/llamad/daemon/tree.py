@@ -74,7 +74,7 @@ ROOT_NAME: Final = "llamad"
 ROOT_SERVICE: Final = "llamad.root"
 CACHE_SUP_SERVICE: Final = "llamad.cache_sup"
 MODEL_SUP_SERVICE: Final = "llamad.model_sup"
-FRONT_ENTRY: Final = "llamad.front.proc:run_front"
+FRONT_ENTRY: Final = "llamad.front.front_proc:run_front"
 
 ROOT_INTENSITY: Final = 5
 ROOT_PERIOD_S: Final = 60.0

@@ -1,6 +1,6 @@
 """The daemon's front: the client-facing control plane (``docs/internals/daemon.md``).
 
-- :mod:`~llamad.front.proc`: the process (actor ``llamad.front`` on the daemon's
+- :mod:`~llamad.front.front_proc`: the process (actor ``llamad.front`` on the daemon's
   endpoint, its loop, the ops of :mod:`llamad.front.wire`);
 - :mod:`~llamad.front.models`: loads, unloads, routes waiting on them, load
   progress, keep_alive;

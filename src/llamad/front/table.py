@@ -1,7 +1,7 @@
 """The front's table of models: what each is, where it stands, and the decisions about it.
 
 A plain object (no sockets, no threads, an injected clock), stepped by unit
-tests. The process layer (:mod:`llamad.front.proc`) feeds it the outcomes of
+tests. The process layer (:mod:`llamad.front.front_proc`) feeds it the outcomes of
 the loads and unloads it ran and the decisions ``model_sup`` published
 (:mod:`llamad.supervisor.events`), and carries out what it answers.
 

@@ -39,7 +39,7 @@ class PackedState(Protocol):
     """One sequence's packed KV state, owned by whoever holds it.
 
     :meth:`Backend.pack` makes one; the core hands it to
-    :meth:`llamad.model.cacheview.CacheView.save`, which owns it from then on
+    :meth:`llamad.model.cache_view_protocol.CacheView.save`, which owns it from then on
     and calls :meth:`release` once the bytes are written (or dropped). The
     shell's implementation is a lease on a pre-faulted buffer from a pool, so
     a pack never pays page faults and the write can run off the loop.

@@ -4,7 +4,7 @@ The process shell owns the context, the actor endpoint and the cache client;
 it forwards requests to this core and calls :meth:`WorkerCore.step` between
 serving messages. The core reaches the model only through a
 :class:`~llamad.model.backend.Backend` and the cache only through a
-:class:`~llamad.model.cacheview.CacheView`, reads time from an injected
+:class:`~llamad.model.cache_view_protocol.CacheView`, reads time from an injected
 clock and starts no thread: a unit test steps it with a stub backend and an
 in-memory cache and sees every decision.
 
@@ -43,11 +43,11 @@ from llamad.errors import BadRequest, ContextOverflow, LlamadError, Unavailable
 from llamad.model.active import ActiveRequest, Phase
 from llamad.model.admission import AdmissionQueue, SequencePool
 from llamad.model.backend import Backend
-from llamad.model.cacheview import CacheView
+from llamad.model.cache_view_protocol import CacheView
 from llamad.model.config import WorkerConfig
+from llamad.model.core_status import has_work, next_wakeup, status_of
 from llamad.model.decoding import Outcome, run_batch, sample_stored
 from llamad.model.endings import Endings
-from llamad.model.observe import has_work, next_wakeup, status_of
 from llamad.model.planner import BatchPlan, plan_tick
 from llamad.model.requests import RequestParams, checked_tokens, target_tokens
 from llamad.model.resolution import common_prefix

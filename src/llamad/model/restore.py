@@ -26,7 +26,7 @@ from llamad.cache.tier_kind import TierKind
 from llamad.errors import LlamadError
 from llamad.model.active import ActiveRequest, Phase
 from llamad.model.backend import Backend
-from llamad.model.cacheview import CacheView
+from llamad.model.cache_view_protocol import CacheView
 from llamad.model.config import WorkerConfig
 from llamad.model.resolution import (
     LiveSource,

@@ -4,7 +4,7 @@
 out between ticks: it packs the sequence (a copy into a pre-faulted buffer,
 the only part that holds up other sequences), builds the
 :class:`~llamad.model.savepoints.SaveJob` and gives both to the
-:class:`~llamad.model.cacheview.CacheView`, which writes synchronously
+:class:`~llamad.model.cache_view_protocol.CacheView`, which writes synchronously
 (evict, shutdown) or through the writer pool. It keeps the keys of finish
 saves not yet reported published, so a next turn naming one as its
 ``parent_key`` waits for it instead of missing it. A save by a request that
@@ -26,7 +26,7 @@ from llamad.cache.kvc import SaveReason
 from llamad.errors import LlamadError
 from llamad.model.active import ActiveRequest
 from llamad.model.backend import Backend
-from llamad.model.cacheview import CacheView
+from llamad.model.cache_view_protocol import CacheView
 from llamad.model.savepoints import SaveJob
 from llamad.model.sessions import SessionTable
 from llamad.model.slots import Slot

@@ -1,4 +1,4 @@
-"""An in-memory :class:`~llamad.model.cacheview.CacheView` for tests of the worker core.
+"""An in-memory :class:`~llamad.model.cache_view_protocol.CacheView` for tests of the worker core.
 
 :class:`MemoryCache` keeps rows in a dict and answers lookups with the
 cache's own matching code (:class:`~llamad.cache.prefix.PrefixIndex` and
@@ -27,7 +27,7 @@ from llamad.cache.lookup import Lookup, LookupPolicy, RowRef, choose_restore
 from llamad.cache.prefix import PrefixIndex
 from llamad.cache.tier_kind import TierKind
 from llamad.model.backend import PackedState
-from llamad.model.cacheview import CacheView, RowRead
+from llamad.model.cache_view_protocol import CacheView, RowRead
 from llamad.model.results import TokenSources
 from llamad.model.savepoints import SaveJob
 

@@ -10,7 +10,8 @@ optional extras (embeddings, adapters). The shell takes whatever
   builds the real backend and cache view, its decodes governed by a
   :class:`~llamad.model.threads.ThreadGovernor` on the daemon's thread board
   (:func:`thread_board_path`);
-- :func:`stub_parts` builds :class:`~llamad.model.stub.StubBackend` and
+- the tests' ``stub_worker_parts:stub_parts`` (``tests/support``) builds
+  :class:`~llamad.model.stub.StubBackend` and
   :class:`~llamad.model.stub_cache.MemoryCache`: no model, for fast tests of
   the process itself.
 """
@@ -18,8 +19,7 @@ optional extras (embeddings, adapters). The shell takes whatever
 from __future__ import annotations
 
 import importlib
-import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,12 +33,10 @@ from llamad.cache.lookup import Lookup, RowRef
 from llamad.errors import ConfigError
 from llamad.model import identity
 from llamad.model.backend import Backend, PackedState
-from llamad.model.cacheview import CacheView, RowRead
+from llamad.model.cache_view_protocol import CacheView, RowRead
 from llamad.model.results import TokenSources
 from llamad.model.savepoints import SaveJob
 from llamad.model.status_board import LoadProgressWriter, load_progress_path
-from llamad.model.stub import StubBackend
-from llamad.model.stub_cache import MemoryCache
 from llamad.model.threads import ThreadGovernor
 from llamad.model.worker_spec import WorkerSpec
 
@@ -51,7 +49,7 @@ __all__ = [
     "WorkerParts",
     "build_parts",
     "llama_parts",
-    "stub_parts",
+    "run_closers",
     "thread_board_path",
 ]
 
@@ -132,14 +130,20 @@ class WorkerParts:
     def close(self) -> None:
         """Run the closers in reverse order of construction (every one, even
         after a failure; the first failure is raised at the end)."""
-        first: BaseException | None = None
-        while self.closers:
-            try:
-                self.closers.pop()()
-            except BaseException as exc:
-                first = first or exc
-        if first is not None:
-            raise first
+        run_closers(self.closers)
+
+
+def run_closers(closers: list[Callable[[], None]]) -> None:
+    """Pop and run ``closers`` last first, every one even after a failure;
+    the first failure is raised at the end."""
+    first: BaseException | None = None
+    while closers:
+        try:
+            closers.pop()()
+        except BaseException as exc:
+            first = first or exc
+    if first is not None:
+        raise first
 
 
 def build_parts(spec: WorkerSpec) -> WorkerParts:
@@ -167,7 +171,7 @@ def llama_parts(spec: WorkerSpec) -> WorkerParts:
     from llamad.llama_ffi.spin import spin_setting  # noqa: PLC0415
     from llamad.llama_ffi.threadpool import worker_threadpool  # noqa: PLC0415
     from llamad.model.adapters import AdapterSet  # noqa: PLC0415
-    from llamad.model.cache_view import ClientCacheView  # noqa: PLC0415
+    from llamad.model.client_cache_view import ClientCacheView  # noqa: PLC0415
     from llamad.model.embedder import Embedder, EmbedderOptions  # noqa: PLC0415
     from llamad.model.llama_backend import LlamaBackend  # noqa: PLC0415
     from llamad.model.thread_board import ThreadBoard  # noqa: PLC0415
@@ -235,7 +239,7 @@ def llama_parts(spec: WorkerSpec) -> WorkerParts:
         return parts
     finally:
         if parts is None:
-            WorkerParts(StubBackend(), NoCache(), StubText(1), closers=closers).close()
+            run_closers(closers)
 
 
 def _closer(close: Callable[[], object]) -> Callable[[], None]:
@@ -290,88 +294,3 @@ class NoCache:
 
     def account(self, sources: TokenSources) -> None:
         pass
-
-
-# -- the stub ---------------------------------------------------------------------------
-
-
-class StubText:
-    """A letters-only vocabulary matching :func:`~llamad.model.stub.letter_piece`:
-    ``a``..``z`` are tokens 0..25 (other characters map by code point), so
-    lowercase text round-trips."""
-
-    def __init__(self, n_vocab: int) -> None:
-        self.n_vocab = n_vocab
-
-    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
-        return [(ord(c) - 97) % self.n_vocab for c in text]
-
-    def detokenize(
-        self, tokens: Sequence[int], *, remove_special: bool, unparse_special: bool
-    ) -> str:
-        return "".join(chr(97 + t % 26) for t in tokens)
-
-    def apply_chat_template(self, messages: object, **options: Any) -> list[int]:
-        if not isinstance(messages, Sequence):
-            raise ConfigError("messages must be a list")
-        text = "".join(f"{m['role']}{m['content']}" for m in messages if isinstance(m, Mapping))
-        return self.tokenize(text, add_special=False, parse_special=True)
-
-
-class StubCompletions:
-    """Async saves of a :class:`MemoryCache` reported through a pipe, as the
-    real writer pool reports them: the cache publishes at once, the loop learns
-    of it when it reads the pipe."""
-
-    def __init__(self) -> None:
-        self._r, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._done: list[tuple[bytes, bool]] = []
-
-    def fileno(self) -> int:
-        return self._r
-
-    def post(self, key: bytes, published: bool) -> None:
-        self._done.append((key, published))
-        os.write(self._w, b"\0")
-
-    def drain(self) -> list[tuple[bytes, bool]]:
-        while True:
-            try:
-                if len(os.read(self._r, 4096)) < 4096:
-                    break
-            except BlockingIOError:
-                break
-        done, self._done = self._done, []
-        return done
-
-    def close(self) -> None:
-        os.close(self._r)
-        os.close(self._w)
-
-
-class StubCache(MemoryCache):
-    """:class:`MemoryCache` whose accepted async saves are reported later."""
-
-    def __init__(self, completions: StubCompletions) -> None:
-        super().__init__()
-        self.completions = completions
-
-    def save(self, job: SaveJob, state: PackedState) -> bool:
-        accepted = super().save(job, state)
-        if accepted and not job.sync:
-            self.completions.post(job.key, True)
-        return accepted
-
-
-def stub_parts(spec: WorkerSpec) -> WorkerParts:
-    """:class:`StubBackend` sized like ``spec.context``, an in-memory cache; no model."""
-    ctx = spec.context
-    backend = StubBackend(n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, n_seq_max=ctx.n_seq_max)
-    completions = StubCompletions()
-    return WorkerParts(
-        backend=backend,
-        cache=StubCache(completions),
-        text=StubText(backend.n_vocab),
-        completions=completions,
-        closers=[completions.close],
-    )

@@ -41,7 +41,7 @@ from llamad.llama_ffi.spin import spin_setting
 from llamad.model.core import TickReport, WorkerCore
 from llamad.model.deliveries import Deliveries
 from llamad.model.heartbeat import BusyMark, HeartbeatThread
-from llamad.model.observed import ObservedBackend
+from llamad.model.observed_backend import ObservedBackend
 from llamad.model.planner import BatchPlan
 from llamad.model.results import Event, TokenEvent
 from llamad.model.status_board import StatusBoard, Throughput, WorkerSnapshot, status_path

@@ -27,7 +27,7 @@ from typing import Any, Final
 from llamad.actors.curve import RemoteAccess
 from llamad.actors.registry import check_name
 from llamad.cache.policy import CachePolicy
-from llamad.cache.sup import CacheSettings
+from llamad.cache.settings import CacheSettings
 from llamad.errors import ConfigError, LlamadError
 from llamad.llama_ffi.options import ContextOptions, ModelOptions
 from llamad.model.cache_view_config import CacheViewConfig

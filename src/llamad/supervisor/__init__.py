@@ -49,8 +49,6 @@ if TYPE_CHECKING:
     from llamad.supervisor.events import EventFeed, SupervisorEvent
     from llamad.supervisor.exits import ExitReason, classify_exit
     from llamad.supervisor.intensity import RestartIntensity
-    from llamad.supervisor.proc import run_root, run_supervisor_process
-    from llamad.supervisor.runtime import Supervisor
     from llamad.supervisor.spec import (
         BRUTAL_KILL,
         INFINITY,
@@ -64,6 +62,7 @@ if TYPE_CHECKING:
         SupFlags,
         supervisor_child,
     )
+    from llamad.supervisor.supervisor_proc import Supervisor, run_root, run_supervisor_process
 
 
 __getattr__, __dir__ = lazy_face(
@@ -98,11 +97,11 @@ __getattr__, __dir__ = lazy_face(
             "classify_exit",
         ),
         "llamad.supervisor.intensity": ("RestartIntensity",),
-        "llamad.supervisor.proc": (
+        "llamad.supervisor.supervisor_proc": (
+            "Supervisor",
             "run_root",
             "run_supervisor_process",
         ),
-        "llamad.supervisor.runtime": ("Supervisor",),
         "llamad.supervisor.spec": (
             "BRUTAL_KILL",
             "INFINITY",

@@ -2,7 +2,7 @@
 
 :class:`SupervisorCore` holds the children (specs in start order and the pid
 each one runs as) and applies OTP's rules. The process layer
-(:mod:`llamad.supervisor.runtime`) feeds it events — a child exited with a
+(:mod:`llamad.supervisor.supervisor_proc`) feeds it events — a child exited with a
 reason at a time, a start succeeded or failed — and executes the decision it
 returns: which children to stop (in that order), which to start (in that
 order), or that the supervisor must escalate or shut itself down. Because it

@@ -49,8 +49,8 @@ from llamad.supervisor import errors as _errors  # registers the error codes for
 from llamad.supervisor.core import ChildCounts, ChildInfo, StartedChild
 from llamad.supervisor.errors import ChildNotFound
 from llamad.supervisor.events import SupervisorEvent
-from llamad.supervisor.runtime import Supervisor
 from llamad.supervisor.spec import ChildSpec
+from llamad.supervisor.supervisor_proc import Supervisor
 
 __all__ = ["EventSubscription", "SupervisorClient", "SupervisorService"]
 
@@ -236,7 +236,7 @@ class SupervisorService:
 class SupervisorClient:
     """Call a :class:`SupervisorService` by actor name (or endpoint).
 
-    Methods mirror :class:`~llamad.supervisor.runtime.Supervisor`'s and raise
+    Methods mirror :class:`~llamad.supervisor.supervisor_proc.Supervisor`'s and raise
     the same typed errors. Not thread-safe (like the actor client it wraps).
     """
 

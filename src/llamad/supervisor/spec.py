@@ -461,7 +461,7 @@ class SupervisorSpec:
 
 
 #: The entry that runs a nested supervisor in its own child process.
-SUPERVISOR_ENTRY = "llamad.supervisor.proc:run_supervisor_process"
+SUPERVISOR_ENTRY = "llamad.supervisor.supervisor_proc:run_supervisor_process"
 
 
 def supervisor_child(

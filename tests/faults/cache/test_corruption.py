@@ -14,13 +14,13 @@ copied span is zeroed and the rest is still the sentinel.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from llamad.cache.client import CacheClient
@@ -30,7 +30,7 @@ from llamad.cache.kvc import HEADER_LEN, KvcSpec, SaveReason
 from llamad.cache.meta import CacheMeta, MetaConfig
 from llamad.cache.meta_proc import MetaProcess
 from llamad.cache.publish import LocalMeta, PublishOutcome, publish
-from llamad.cache.sup import CacheSettings
+from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier, TierConfig, TierStore, build_tiers, load
 from meta_fixtures import cache_settings_fixture  # noqa: F401  (the cache_settings fixture)
@@ -173,7 +173,7 @@ def test_a_damaged_row_is_a_miss_through_the_real_cache_meta(cache_settings: Cac
     # copy is forgotten by cache-meta, so no later lookup offers it again.
     # Each row here has its one copy: no write-behind copy to disk (a row
     # with another copy keeps it, test_forget_names_the_copy_and_keeps_the_others).
-    cache_settings = dataclasses.replace(cache_settings, write_behind=False)
+    cache_settings = msgspec.structs.replace(cache_settings, write_behind=False)
     with MetaProcess(cache_settings):
         counters = Counters.attach(cache_settings.counters_path)
         cache = CacheClient.from_settings(cache_settings, counters=counters)

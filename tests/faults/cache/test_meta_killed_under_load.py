@@ -26,7 +26,7 @@ import pytest
 from llamad.actors.registry import Registry
 from llamad.cache.client import CacheClient
 from llamad.cache.publish import PublishOutcome, publish
-from llamad.cache.sup import CacheSettings
+from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
 from llamad.errors import LlamadError

@@ -21,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from llamad.cache.client import CacheClient
@@ -28,7 +29,7 @@ from llamad.cache.meta_proc import MetaProcess, MetaServer
 from llamad.cache.mover import MoveStage
 from llamad.cache.moves import MoveJob, MoveKind
 from llamad.cache.publish import PublishOutcome, publish
-from llamad.cache.sup import CacheSettings
+from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
 from llamad.errors import LlamadError
@@ -83,7 +84,7 @@ def scenario(settings: CacheSettings, case: str) -> CacheSettings:
         "write_behind": {},
     }[case]
     tiers = tuple(dataclasses.replace(t, quota=quotas.get(t.kind, t.quota)) for t in settings.tiers)
-    return dataclasses.replace(settings, tiers=tiers, write_behind=case == "write_behind")
+    return msgspec.structs.replace(settings, tiers=tiers, write_behind=case == "write_behind")
 
 
 class KillingMeta:

@@ -21,7 +21,7 @@ from llamad.cache.client import CacheClient
 from llamad.cache.kvc import parse
 from llamad.cache.meta_proc import MetaProcess
 from llamad.cache.publish import PublishOutcome, PublishStage, publish
-from llamad.cache.sup import CacheSettings
+from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
 from meta_fault_child import row_payload, row_spec

@@ -16,7 +16,7 @@ from llamad.cache.lookup import HitKind
 from llamad.cache.meta_proc import MetaProcess
 from llamad.cache.publish import PublishOutcome, publish
 from llamad.cache.reservation import SaveIntent
-from llamad.cache.sup import CacheSettings
+from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
 from llamad.errors import BadRequest

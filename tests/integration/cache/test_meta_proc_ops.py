@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from llamad.actors.client import Client
@@ -17,7 +17,7 @@ from llamad.cache.meta_proc import MetaProcess
 from llamad.cache.meta_wire import GcResult
 from llamad.cache.pressure import PressureConfig
 from llamad.cache.publish import PublishOutcome, publish
-from llamad.cache.sup import CacheSettings
+from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
 from llamad.errors import BadRequest, LlamadError
@@ -119,7 +119,7 @@ def test_meta_hit_counts_persist_across_a_restart_and_keep_popular_rows(
 def test_gc_drops_rows_whose_files_were_deleted_underneath(cache_settings: CacheSettings) -> None:
     # No disk copies written behind: one that landed before the unlink would
     # rightly keep its row (its other copy), and whether it did is a race.
-    cache_settings = dataclasses.replace(cache_settings, write_behind=False)
+    cache_settings = msgspec.structs.replace(cache_settings, write_behind=False)
     with MetaProcess(cache_settings), CacheClient.from_settings(cache_settings) as cache:
         gone = put(cache, cache_settings, 9, tier=TierKind.RAM_FILE)
         kept = put(cache, cache_settings, 10, tier=TierKind.RAM_FILE)
@@ -138,7 +138,7 @@ def test_pressure_check_over_the_wire_reports_and_respects_disabled(
         report = cache.pressure_check()
         assert report["action"] == "disabled" and 0 < report["ratio"] <= 1
         assert cache.status()["pressure"]["enabled"] is False
-    enabled = dataclasses.replace(
+    enabled = msgspec.structs.replace(
         cache_settings, pressure=PressureConfig(enabled=True, source="noop")
     )
     with MetaProcess(enabled), CacheClient.from_settings(enabled) as cache:

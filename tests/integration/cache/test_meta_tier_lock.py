@@ -19,6 +19,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from llamad.cache.client import CacheClient
@@ -27,7 +28,7 @@ from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcSpec, SaveReason
 from llamad.cache.meta_proc import MetaProcess, MetaServer
 from llamad.cache.publish import PublishOutcome, PublishStage, publish
-from llamad.cache.sup import CacheSettings
+from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
 
@@ -42,7 +43,7 @@ def no_write_behind(cache_settings: CacheSettings) -> CacheSettings:
     """The first cache-meta's own moves would change the tier files the tests
     compare: no write-behind copies to disk here (a move is a write like a
     save, which the tests hold back themselves)."""
-    return dataclasses.replace(cache_settings, write_behind=False)
+    return msgspec.structs.replace(cache_settings, write_behind=False)
 
 
 def spec_for(seed: int) -> KvcSpec:
@@ -107,7 +108,7 @@ def sharing_only(settings: CacheSettings, kind: TierKind, base: Path) -> CacheSe
         else dataclasses.replace(t, root=base / t.kind.value)
         for t in settings.tiers
     )
-    return dataclasses.replace(
+    return msgspec.structs.replace(
         settings,
         tiers=tiers,
         counters_path=base / "counters",
@@ -148,7 +149,7 @@ def test_second_meta_sharing_a_tier_leaves_its_inflight_save_alone(
 
 def test_second_meta_with_disk_quota_zero_deletes_nothing(cache_settings: CacheSettings) -> None:
     # Its own quotas would evict every row the live one indexes.
-    starved = dataclasses.replace(
+    starved = msgspec.structs.replace(
         cache_settings,
         tiers=tuple(dataclasses.replace(t, quota=0) for t in cache_settings.tiers),
     )
@@ -167,7 +168,7 @@ def test_second_meta_with_another_runtime_dir_but_the_same_tiers_refuses(
     # Another registry, counters and permits: nothing tells the two apart
     # but the tiers they share. It used to start and serve beside the first.
     other_run = Path(tempfile.mkdtemp(prefix="lc-run-", dir="/tmp"))
-    elsewhere = dataclasses.replace(
+    elsewhere = msgspec.structs.replace(
         cache_settings,
         counters_path=other_run / "counters",
         permits_path=other_run / "permits",

@@ -15,7 +15,7 @@ from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcSpec, SaveReason, encode_kvc
 from llamad.cache.meta_proc import MetaProcess
 from llamad.cache.prefetch import Prefetcher, PrefetchItem
-from llamad.cache.sup import CacheSettings, discard
+from llamad.cache.settings import CacheSettings, discard
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
 from pagecache_probe import resident_pages, write_dropped

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 
+import msgspec
 import pytest
 
 from llamad.cache.client import CacheClient
@@ -14,7 +14,7 @@ from llamad.cache.kvc import KvcSpec, SaveReason
 from llamad.cache.meta_proc import MetaServer
 from llamad.cache.pressure import CallablePressure, PressureConfig
 from llamad.cache.publish import LocalMeta, publish
-from llamad.cache.sup import CacheSettings
+from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
 
@@ -27,7 +27,7 @@ GIB = 1 << 30
 def test_pressure_in_the_meta_loop_evicts_ram_rows_down_to_the_low_watermark(
     cache_settings: CacheSettings,
 ) -> None:
-    settings = dataclasses.replace(
+    settings = msgspec.structs.replace(
         cache_settings,
         pressure=PressureConfig(
             enabled=True, source="callable", interval_s=0.05, min_evict_bytes=1
@@ -103,7 +103,7 @@ def test_pressure_disabled_in_the_meta_loop_never_samples_or_evicts(
         samples.append(time.monotonic())
         return (99, 100)
 
-    settings = dataclasses.replace(
+    settings = msgspec.structs.replace(
         cache_settings,
         pressure=PressureConfig(enabled=False, source="callable", interval_s=0.02),
     )

@@ -17,6 +17,7 @@ import shutil
 import time
 from collections.abc import Iterator
 
+import msgspec
 import pytest
 
 from llamad.cache.client import CacheClient
@@ -25,7 +26,8 @@ from llamad.cache.kvc import KvcSpec, SaveReason
 from llamad.cache.lookup import RowRef
 from llamad.cache.meta_proc import MetaProcess
 from llamad.cache.publish import PublishOutcome, publish
-from llamad.cache.sup import CacheSettings, discard, purge_ram
+from llamad.cache.ram_purge import purge_ram
+from llamad.cache.settings import CacheSettings, discard
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
 
@@ -90,11 +92,11 @@ def sized(settings: CacheSettings, **quotas: int) -> CacheSettings:
     tiers = tuple(
         dataclasses.replace(t, quota=quotas.get(t.kind.value, t.quota)) for t in settings.tiers
     )
-    return dataclasses.replace(settings, tiers=tiers)
+    return msgspec.structs.replace(settings, tiers=tiers)
 
 
 def test_quota_eviction_demotes_ram_to_ram_file_by_a_link(settings: CacheSettings) -> None:
-    settings = sized(dataclasses.replace(settings, write_behind=False), ram=60_000)
+    settings = sized(msgspec.structs.replace(settings, write_behind=False), ram=60_000)
     with MetaProcess(settings), CacheClient.from_settings(settings) as cache:
         first, tier = save(cache, settings, 1)
         assert tier is RAM
@@ -151,7 +153,7 @@ def test_rows_survive_a_clean_stop_the_ram_purge_and_the_loss_of_ram_file(
 def test_the_ram_purge_after_a_crash_links_the_rows_into_ram_file(
     settings: CacheSettings,
 ) -> None:
-    settings = dataclasses.replace(settings, write_behind=False)
+    settings = msgspec.structs.replace(settings, write_behind=False)
     proc = MetaProcess(settings).start()
     try:
         with CacheClient.from_settings(settings) as cache:
@@ -198,7 +200,7 @@ def test_lookups_answer_the_callers_tiers_and_forget_drops_one_copy(
 
 
 def test_a_hot_row_in_ram_file_is_promoted_into_ram_by_a_link(settings: CacheSettings) -> None:
-    settings = dataclasses.replace(settings, write_behind=False, promote_hits=2)
+    settings = msgspec.structs.replace(settings, write_behind=False, promote_hits=2)
     t = tiers_of(settings)
     t[RAM_FILE].prepare()
     # A row a previous run left in ram_file.
@@ -226,7 +228,7 @@ def test_a_hot_row_in_ram_file_is_promoted_into_ram_by_a_link(settings: CacheSet
 
 
 def test_an_auto_save_goes_to_the_fastest_tier_that_can_take_it(settings: CacheSettings) -> None:
-    settings = sized(dataclasses.replace(settings, write_behind=False), ram=10_000)
+    settings = sized(msgspec.structs.replace(settings, write_behind=False), ram=10_000)
     with MetaProcess(settings), CacheClient.from_settings(settings) as cache:
         key, tier = save(cache, settings, 11)
         assert tier is RAM_FILE  # bigger than ram's whole quota

@@ -10,7 +10,7 @@ from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcSpec, SaveReason
 from llamad.cache.meta_proc import MetaProcess
 from llamad.cache.publish import PublishOutcome
-from llamad.cache.sup import CacheSettings
+from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.writer import WriterPool
 

@@ -20,7 +20,7 @@ from llamad.actors.errors import ActorConfigError
 from llamad.actors.registry import Registry, check_name
 from llamad.actors.sockets import validate_endpoint
 from llamad.cache.errors import InvalidCacheValue
-from llamad.cache.sup import CacheSettings
+from llamad.cache.settings import CacheSettings
 from llamad.cache.tiers import TierConfig
 from llamad.errors import BadRequest, ConfigError, LlamadError, SchemaError
 from llamad.llama_ffi import (

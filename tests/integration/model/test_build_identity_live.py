@@ -19,13 +19,13 @@ import pytest
 from cache_view_support import BufferState, Meta, scratch_cache, settle_saves
 from llamad.cache.client import CacheClient
 from llamad.cache.kvc import SaveReason
-from llamad.cache.sup import CacheSettings
+from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.llama_ffi import Context, Model, StateBuffer
 from llamad.llama_ffi.build_info import build_identity
 from llamad.model import identity
-from llamad.model.cache_view import ClientCacheView
 from llamad.model.cache_view_config import CacheViewConfig
+from llamad.model.client_cache_view import ClientCacheView
 from llamad.model.savepoints import SaveJob
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]

@@ -16,7 +16,7 @@ import pytest
 
 from cache_view_support import Driver, Meta, real_context, real_driver, scratch_cache
 from llamad.cache.client import CacheClient
-from llamad.cache.sup import CacheSettings
+from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.llama_ffi import Context, Model
 from llamad.model.llama_backend import LlamaBackend

@@ -13,8 +13,8 @@ import select
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 
+import msgspec
 import pytest
 
 from cache_view_support import (
@@ -31,13 +31,13 @@ from cache_view_support import (
 from llamad.cache.client import CacheClient
 from llamad.cache.kvc import SaveReason
 from llamad.cache.lookup import LookupPolicy
-from llamad.cache.sup import CacheSettings, discard
+from llamad.cache.settings import CacheSettings, discard
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.writer import Permit
 from llamad.errors import ConfigError
 from llamad.llama_ffi.errors import Closed
 from llamad.model import identity
-from llamad.model.cache_view import ClientCacheView
+from llamad.model.client_cache_view import ClientCacheView
 from llamad.model.results import CacheHitKind
 from llamad.model.save_completions import Completed
 from llamad.model.savepoints import SaveJob
@@ -349,7 +349,9 @@ def test_a_row_in_a_tier_this_model_does_not_restore_from_is_a_miss_and_unpinned
 
 
 def test_a_view_refuses_a_save_tier_the_cache_lacks(settings: CacheSettings, meta: Meta) -> None:
-    ram_only = replace(settings, tiers=tuple(t for t in settings.tiers if t.kind is TierKind.RAM))
+    ram_only = msgspec.structs.replace(
+        settings, tiers=tuple(t for t in settings.tiers if t.kind is TierKind.RAM)
+    )
     with pytest.raises(ConfigError) as err:
         new_view(ram_only, save_tier=TierKind.DISK)
     assert err.value.details["field"] == "save_tier"

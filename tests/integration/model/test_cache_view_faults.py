@@ -29,10 +29,10 @@ from cache_view_support import (
 from llamad.cache.client import CacheClient
 from llamad.cache.kvc import SaveReason
 from llamad.cache.lookup import LookupPolicy
-from llamad.cache.sup import CacheSettings, discard
+from llamad.cache.settings import CacheSettings, discard
 from llamad.cache.tier_kind import TierKind
 from llamad.errors import RequestTimeout
-from llamad.model.cache_view import ClientCacheView
+from llamad.model.client_cache_view import ClientCacheView
 from llamad.model.results import CacheHitKind
 from llamad.model.savepoints import SaveJob
 from llamad.model.stub import StubPacked

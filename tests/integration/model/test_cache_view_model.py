@@ -18,11 +18,11 @@ import pytest
 from cache_view_support import BufferState, Meta, settle_saves
 from llamad.cache.client import CacheClient
 from llamad.cache.kvc import SaveReason
-from llamad.cache.sup import CacheSettings, discard
+from llamad.cache.settings import CacheSettings, discard
 from llamad.cache.tier_kind import TierKind
 from llamad.llama_ffi import Context, Model, Sampler, SamplerParams, StateBuffer
 from llamad.model import identity
-from llamad.model.cache_view import ClientCacheView
+from llamad.model.client_cache_view import ClientCacheView
 from llamad.model.savepoints import SaveJob
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]

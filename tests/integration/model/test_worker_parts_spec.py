@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from llamad.cache.meta_proc import MetaProcess
-from llamad.cache.sup import CacheSettings, discard
+from llamad.cache.settings import CacheSettings, discard
 from llamad.cache.tier_kind import TierKind
 from llamad.llama_ffi import ContextOptions
-from llamad.model.cache_view import ClientCacheView
 from llamad.model.cache_view_config import CacheViewConfig
+from llamad.model.client_cache_view import ClientCacheView
 from llamad.model.config import WorkerConfig
 from llamad.model.threads import ThreadPolicy
 from llamad.model.worker_parts import llama_parts

@@ -14,7 +14,7 @@ import pytest
 from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcSpec, SaveReason
 from llamad.cache.meta_proc import MetaProcess
-from llamad.cache.sup import discard
+from llamad.cache.settings import discard
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.writer import WriterPool
 from worker_tree import WorkerTree

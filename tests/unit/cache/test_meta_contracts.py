@@ -18,7 +18,8 @@ from llamad.cache.meta_wire import OPS, ReserveSave
 from llamad.cache.prefix import PrefixMatch
 from llamad.cache.pressure import PressureConfig
 from llamad.cache.reservation import SaveIntent
-from llamad.cache.sup import CacheSettings, cache_sup_spec, discard
+from llamad.cache.settings import CacheSettings, discard
+from llamad.cache.sup import cache_sup_spec
 from llamad.cache.tier_kind import TIER_ORDER, TierKind
 from llamad.cache.tiers import Tier, TierConfig
 from llamad.errors import BadRequest
@@ -217,6 +218,14 @@ def test_settings_on_the_wire_without_optional_keys_take_the_defaults(tmp_path: 
 def test_malformed_settings_on_the_wire_are_refused(tmp_path: Path) -> None:
     wire = settings(tmp_path).to_wire()
     del wire["tiers"][0]["quota"]
+    with pytest.raises(InvalidCacheValue) as err:
+        CacheSettings.from_wire(wire)
+    assert err.value.field == "settings"
+
+
+def test_settings_on_the_wire_with_an_unknown_key_are_refused(tmp_path: Path) -> None:
+    wire = settings(tmp_path).to_wire()
+    wire["save_permit"] = 3  # a misspelt key is not a default silently taken
     with pytest.raises(InvalidCacheValue) as err:
         CacheSettings.from_wire(wire)
     assert err.value.field == "settings"

@@ -18,7 +18,8 @@ from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import HEADER_LEN, KvcSpec, SaveReason, encode_kvc
 from llamad.cache.mover import Mover, MoveStage, move_file
 from llamad.cache.moves import MoveJob, MoveKind, MoveResult
-from llamad.cache.sup import CacheSettings, discard, purge_ram
+from llamad.cache.ram_purge import purge_ram
+from llamad.cache.settings import CacheSettings, discard
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import SHM_ROOT, Tier, TierConfig
 

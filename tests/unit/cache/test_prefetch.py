@@ -11,7 +11,7 @@ import pytest
 
 from llamad.cache.errors import InvalidCacheValue
 from llamad.cache.prefetch import DEFAULT_PREFETCH_BYTES, Prefetcher, PrefetchItem, plan
-from llamad.cache.sup import CacheSettings
+from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.config.schema import DiskTier
 

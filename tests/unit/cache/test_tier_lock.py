@@ -16,7 +16,8 @@ from llamad.cache.counters import Counters
 from llamad.cache.errors import InvalidCacheValue, TierLocked
 from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcSpec, SaveReason, encode_kvc
-from llamad.cache.sup import CacheSettings, discard, purge_ram
+from llamad.cache.ram_purge import purge_ram
+from llamad.cache.settings import CacheSettings, discard
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tier_lock import TierLock, TierLocks
 from llamad.cache.tiers import SHM_ROOT, Tier, TierConfig

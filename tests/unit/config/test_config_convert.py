@@ -18,7 +18,7 @@ from llamad.cache.key import FingerprintMode
 from llamad.cache.lookup import LookupPolicy
 from llamad.cache.policy import CachePolicy
 from llamad.cache.pressure import PressureConfig
-from llamad.cache.sup import CacheSettings
+from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import AUTO, TierKind
 from llamad.config import LlamadConfig
 from llamad.config.keys import fields_of

@@ -42,7 +42,7 @@ def served() -> Iterator[tuple[WorkerProcess, WorkerClient, Path]]:
         context=ContextOptions(**sizes, n_ubatch=32, kv_unified=True, n_threads=1),
         worker=WorkerConfig(**sizes, max_queue=4, policy=CachePolicy(min_tokens=4)),
         registry_root=str(root),
-        parts="llamad.model.worker_parts:stub_parts",
+        parts="stub_worker_parts:stub_parts",
     )
     proc = WorkerProcess(spec)
     client = WorkerClient("stub", registry=Registry(root))

@@ -21,9 +21,10 @@ from llamad.model.results import CacheHitKind, FinishReason
 from llamad.model.status_board import read_status
 from llamad.model.stub import StubBackend
 from llamad.model.worker_client import WorkerClient
-from llamad.model.worker_parts import WorkerParts, stub_parts
+from llamad.model.worker_parts import WorkerParts
 from llamad.model.worker_proc import WorkerProcess
 from llamad.model.worker_spec import WorkerSpec
+from stub_worker_parts import stub_parts
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -88,7 +89,7 @@ def _running(parts: str) -> Iterator[Running]:
 
 @pytest.fixture
 def running() -> Iterator[Running]:
-    yield from _running("llamad.model.worker_parts:stub_parts")
+    yield from _running("stub_worker_parts:stub_parts")
 
 
 @pytest.fixture

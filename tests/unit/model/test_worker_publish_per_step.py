@@ -48,7 +48,7 @@ def proc() -> Iterator[WorkerProcess]:
             n_ctx=256, n_batch=32, n_seq_max=2, max_queue=4, policy=CachePolicy(min_tokens=4)
         ),
         registry_root=str(root),
-        parts="llamad.model.worker_parts:stub_parts",
+        parts="stub_worker_parts:stub_parts",
     )
     p = WorkerProcess(spec)
     p.actor.start()

@@ -9,7 +9,7 @@ import pytest
 
 from llamad.cache.key import FingerprintMode
 from llamad.cache.policy import CachePolicy
-from llamad.cache.sup import CacheSettings, discard
+from llamad.cache.settings import CacheSettings, discard
 from llamad.cache.tier_kind import TierKind
 from llamad.errors import ConfigError
 from llamad.llama_ffi.options import ContextOptions, FlashAttn, KVType

@@ -24,9 +24,10 @@ from llamad.model.status_board import StatusBoard, WorkerSnapshot, read_status
 from llamad.model.thread_board import ThreadBoard
 from llamad.model.threads import ThreadGovernor, ThreadPolicy, available_cores
 from llamad.model.worker_client import WorkerClient
-from llamad.model.worker_parts import WorkerParts, stub_parts, thread_board_path
+from llamad.model.worker_parts import WorkerParts, thread_board_path
 from llamad.model.worker_proc import WorkerProcess
 from llamad.model.worker_spec import WorkerSpec
+from stub_worker_parts import stub_parts
 
 pytestmark = pytest.mark.timeout(60)
 

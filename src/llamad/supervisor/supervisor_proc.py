@@ -1,4 +1,4 @@
-"""The supervisor process layer: one event loop that spawns, watches and stops children.
+"""The supervisor's process shell: one event loop that spawns, watches and stops children.
 
 :class:`Supervisor` owns a :class:`~llamad.supervisor.core.SupervisorCore`
 (the OTP rules) and the child processes. Its loop waits in one ``epoll`` set
@@ -9,9 +9,11 @@ start them in order, escalate or shut down.
 
 Two ways to run it:
 
-- ``Supervisor(spec).run()`` in a process's main thread (the root daemon, or a
-  nested supervisor child via :mod:`llamad.supervisor.proc`): SIGTERM/SIGINT
-  stop it in order; it returns the exit code to exit with.
+- ``Supervisor(spec).run()`` in a process's main thread: a root
+  (:func:`run_root`; the daemon's own root is run by
+  :mod:`llamad.daemon.main`) or a nested supervisor child
+  (:func:`run_supervisor_process`, its entry point); SIGTERM/SIGINT stop it
+  in order; it returns the exit code to exit with.
 - ``Supervisor(spec).start()`` on a background thread, for in-process use (and
   tests); :meth:`Supervisor.stop` shuts it down.
 
@@ -37,18 +39,27 @@ import contextlib
 import os
 import selectors
 import signal
+import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, Protocol, TypeVar
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import structlog
 
+from llamad.logs import configure as configure_logs
 from llamad.supervisor import child as child_side
+from llamad.supervisor.child import notifies_ready, notify_ready
+from llamad.supervisor.child_process import (
+    ChildProcess,
+    Interrupt,
+    ReadyOutcome,
+    shutdown_processes,
+)
 from llamad.supervisor.core import (
     AutoShutdownPlan,
     ChildCounts,
@@ -95,10 +106,9 @@ from llamad.supervisor.exits import (
     classify_exit,
     describe_exit,
 )
-from llamad.supervisor.process import ChildProcess, Interrupt, ReadyOutcome, shutdown_processes
 from llamad.supervisor.spec import ChildSpec, Shutdown, SupervisorSpec
 
-__all__ = ["ChildBeat", "OwnBeat", "ParentBeat", "Supervisor"]
+__all__ = ["ChildBeat", "OwnBeat", "ParentBeat", "Supervisor", "run_root", "run_supervisor_process"]
 
 log = structlog.get_logger("llamad.supervisor")
 
@@ -749,3 +759,53 @@ class Supervisor:
 def _failure_fields(err: StartFailed) -> dict[str, Any]:
     """The parts of a start failure that its event carries (see ``StartFailed``)."""
     return {k: err.details[k] for k in ("reason", "exit", "pid", "error") if k in err.details}
+
+
+# -- the entry points --------------------------------------------------------
+
+
+@notifies_ready
+def run_supervisor_process(spec: Mapping[str, Any], service: str | None = None) -> NoReturn:
+    """Run the supervisor described by ``spec`` (its wire form) until it stops.
+
+    With ``service``, its dynamic API is also served as actor ``service``
+    (:mod:`llamad.supervisor.service`), up before the supervisor reports ready.
+    Exits 0 after SIGTERM/SIGINT or auto_shutdown, non-zero after an
+    escalation or a failed initial start (so the parent sees an abnormal exit).
+    """
+    configure_logs()
+    supervisor = Supervisor(SupervisorSpec.from_wire(spec))
+    stop_service: Callable[[], None] | None = None
+
+    def on_ready() -> None:
+        nonlocal stop_service
+        if service is not None:
+            # Imported here: only supervisors that serve pay for ZeroMQ.
+            from llamad.supervisor.service import SupervisorService  # noqa: PLC0415
+
+            served = SupervisorService(supervisor, service)
+            served.start()
+            stop_service = served.stop
+        notify_ready()
+
+    try:
+        code = supervisor.run(install_signal_handlers=True, on_ready=on_ready)
+    finally:
+        if stop_service is not None:
+            stop_service()
+    sys.exit(code)
+
+
+def run_root(
+    spec: SupervisorSpec, *, log_level: str = "info", log_format: str = "console"
+) -> NoReturn:
+    """Run ``spec`` as this process's root supervisor (main thread) and exit with its code.
+
+    Configures logging first (``LLAMAD_LOG_LEVEL`` / ``LLAMAD_LOG_FORMAT``
+    override the arguments, as in every llamad process), so the root's own
+    events follow the log format its children use. The code is non-zero after
+    an escalation or a failed start, so a service manager (systemd
+    ``Restart=on-failure``) can act on it.
+    """
+    configure_logs(log_level, log_format)
+    sys.exit(Supervisor(spec).run(install_signal_handlers=True))

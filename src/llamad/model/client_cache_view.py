@@ -1,6 +1,6 @@
 """ClientCacheView: the worker core's door to the real cache (SPEC M3, M5, M17, C4-C8).
 
-Implements :class:`~llamad.model.cacheview.CacheView` over a
+Implements :class:`~llamad.model.cache_view_protocol.CacheView` over a
 :class:`~llamad.cache.client.CacheClient` (lookups, pins, forgets: the loop
 thread's one connection to cache-meta) and a
 :class:`~llamad.cache.writer.WriterPool` (saves). Everything here runs on the
@@ -61,14 +61,14 @@ from llamad.llama_ffi.state import StateBuffer
 from llamad.model import identity
 from llamad.model.backend import PackedState
 from llamad.model.cache_view_config import CacheViewConfig
-from llamad.model.cacheview import CacheView, RowRead
+from llamad.model.cache_view_protocol import CacheView, RowRead
 from llamad.model.results import TokenSource, TokenSources
 from llamad.model.save_completions import Completed, SaveCompletions
 from llamad.model.savepoints import SaveJob
 
 if TYPE_CHECKING:
     from llamad.cache.counters import CounterAdd
-    from llamad.cache.sup import CacheSettings
+    from llamad.cache.settings import CacheSettings
 
 __all__ = ["ClientCacheView", "ViewStats"]
 
@@ -123,7 +123,7 @@ def _published(future: Future[PublishResult], key: bytes) -> bool:
 
 
 class ClientCacheView:
-    """The real :class:`~llamad.model.cacheview.CacheView` (see the module doc).
+    """The real :class:`~llamad.model.cache_view_protocol.CacheView` (see the module doc).
 
     ``ctx``: the live context (:class:`llamad.model.identity.LiveContext`),
     read for the namespace and the context size written into each row.
