@@ -24,8 +24,6 @@ import argparse
 import asyncio
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -40,6 +38,7 @@ from llamad import AsyncClient, Client, TokenEvent, logs, paths
 from llamad.actors import Client as ActorClient
 from llamad.actors.aio_client import AsyncActorClient
 from llamad.actors.testing import spawn_toy
+from llamad.testing import Launcher
 
 STREAMS = 16
 TOKENS = 32
@@ -117,19 +116,17 @@ def transport(rounds: int) -> list[list[object]]:
 
 @contextmanager
 def daemon() -> Iterator[str]:
-    base = Path(tempfile.mkdtemp(prefix="lcb-", dir="/tmp"))
-    run = base / "run"
-    run.mkdir(mode=0o700)
-    config = base / "llamad.toml"
-    config.write_text(
+    d = Launcher(prefix="lcb-", instance=f"b{uuid.uuid4().hex[:10]}")
+    d.runtime.mkdir(mode=0o700)
+    d.write_config(
         f"""
 [daemon]
-runtime_dir = "{run}"
-state_dir = "{base / "state"}"
+runtime_dir = "{d.runtime}"
+state_dir = "{d.state}"
 log_format = "json"
 log_level = "warning"
 [cache]
-instance = "b{uuid.uuid4().hex[:10]}"
+instance = "{d.instance}"
 [cache.ram_file]
 quota = 0
 [security]
@@ -141,32 +138,11 @@ n_batch = 512
 n_seq_max = {STREAMS}
 """
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMAD_")}
-    with (base / "daemon.log").open("ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "llamad.daemon", "--config", str(config)],
-            stdout=log,
-            stderr=log,
-            stdin=subprocess.DEVNULL,
-            env=env,
-        )
-    endpoint = f"ipc://{run}/llamad.sock"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with Client(endpoint, timeout=120, connect_timeout=1) as c:
-                    c.tokenize("smol", "ready")
-                break
-            except Exception:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise
-                time.sleep(0.2)
-        yield endpoint
+        d.start().wait_routed(["smol"], timeout=120)
+        yield d.endpoint
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(120)
-        shutil.rmtree(base, ignore_errors=True)
+        d.close(120)
 
 
 def _one_loop(endpoint: str, round_no: int) -> dict[str, float]:

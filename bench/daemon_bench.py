@@ -61,18 +61,12 @@ import argparse
 import contextlib
 import os
 import random
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-import psutil
 
 from bench.common import record
 from bench.daemon_bench_report import (
@@ -95,8 +89,7 @@ from bench.peers.workload import exact_tokens
 from bench.worker_bench import WORDS
 from bench.worker_bench_report import governor_note
 from llamad import Client, TokenEvent, logs
-from llamad.config.dirs import default_ram_file_root
-from llamad.front.wire import ModelState
+from llamad.testing import Launcher
 
 if TYPE_CHECKING:
     from llamad.model.results import Completion
@@ -109,21 +102,21 @@ READY_S, STOP_S = 180.0, 120.0
 
 
 class Daemon:
-    """``python -m llamad.daemon`` over a private directory; restartable."""
+    """``python -m llamad.daemon --config FILE`` over a private directory
+    (:class:`llamad.testing.Launcher`); restartable."""
 
     def __init__(self) -> None:
-        self.base = Path(tempfile.mkdtemp(prefix="ldb-", dir="/tmp"))
-        self.run_dir = self.base / "run"
-        self.endpoint = f"ipc://{self.run_dir}/llamad.sock"
-        self.instance = f"db{uuid.uuid4().hex[:10]}"
-        self.config = self.base / "llamad.toml"
+        self.launcher = Launcher(prefix="ldb-", instance=f"db{uuid.uuid4().hex[:10]}")
+        self.base = self.launcher.base
+        self.endpoint = self.launcher.endpoint
+        self.instance = self.launcher.instance
         # Where the daemon lives and what it is called (so it reaches no other
         # daemon and its rows are its own), quiet logs, and P6's sequences.
-        self.config.write_text(
+        self.config = self.launcher.write_config(
             f"""
 [daemon]
-runtime_dir = "{self.run_dir}"
-state_dir = "{self.base / "state"}"
+runtime_dir = "{self.launcher.runtime}"
+state_dir = "{self.launcher.state}"
 log_format = "json"
 log_level = "warning"
 [cache]
@@ -133,80 +126,42 @@ path = "default"
 n_seq_max = {AGENTS}
 """
         )
-        self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
     @property
     def ram_file_root(self) -> Path:
         """The default ``ram_file`` directory of this instance (on /dev/shm,
         outside :attr:`base`; ``cache.ram_file.root``'s default)."""
-        return Path(default_ram_file_root(self.instance))
+        return self.launcher.ram_file_root
 
     def start(self) -> Client:
         """Start it; a client once the model is ready and has decoded once."""
-        # This process's LLAMAD_* settings must not reach the daemon, but for
-        # where the default model lives.
-        keep = ("LLAMAD_CACHE_DIR", "LLAMAD_DEFAULT_MODEL")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMAD_") or k in keep}
-        with (self.base / "daemon.log").open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "llamad.daemon", "--config", str(self.config)],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                env=env,
-            )
+        self.launcher.start()
         self.starts += 1
+        self.launcher.wait_routed([MODEL], timeout=READY_S)
         client = Client(self.endpoint, timeout=300.0, connect_timeout=5.0)
-        deadline = time.monotonic() + READY_S
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the daemon exited with {self.proc.returncode}")
-            with contextlib.suppress(Exception):
-                states = {m.model_id: m.state for m in client.list_models(timeout=5.0)}
-                if states.get(MODEL) is ModelState.READY:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the model was not ready in {READY_S:.0f} s")
-            time.sleep(0.1)
         # Untimed: the route, the worker's socket and its first decode.
         client.complete(MODEL, f"Hello {uuid.uuid4().hex[:8]}", max_tokens=1, temperature=0.0)
         return client
 
     def stop(self) -> None:
         """SIGTERM; exit 0, no process of its tree and no ram segment of its cache left."""
-        assert self.proc is not None
-        tree = psutil.Process(self.proc.pid).children(recursive=True)
-        self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(STOP_S)
+        code = self.launcher.stop(STOP_S)
         if code != 0:
             raise RuntimeError(f"the daemon exited {code} on SIGTERM")
-        _gone, alive = psutil.wait_procs(tree, timeout=10)
-        if [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]:
-            raise RuntimeError(f"left behind after the stop: {[p.pid for p in alive]}")
         # A ram row is shared memory: a stopped daemon must leave none behind
         # (what outlives it is the cache's to keep in ram_file or disk).
-        segments = list(Path("/dev/shm").glob(f"llamad-ram.{self.instance}.*.kvc"))
+        segments = [p for p in self.launcher.ram_segments() if p.suffix == ".kvc"]
         if segments:
             raise RuntimeError(f"ram segments left after the stop: {segments[:3]}")
 
     def close(self) -> None:
         """Stop it however the bench ends (SIGTERM, then SIGKILL), remove its
         directory and its ram_file rows."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(STOP_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(30)
-        shutil.rmtree(self.base, ignore_errors=True)
-        shutil.rmtree(self.ram_file_root, ignore_errors=True)
+        self.launcher.close(STOP_S)
 
     def log_tail(self, lines: int = 20) -> str:
-        path = self.base / "daemon.log"
-        text = path.read_text(errors="replace") if path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
+        return self.launcher.log_tail(lines)
 
 
 def timed(client: Client, tokens: list[int]) -> tuple[Measure, Completion]:

@@ -39,10 +39,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -62,7 +60,7 @@ from bench.soak_procs import Sampler
 from bench.soak_report import Exit, Kill, Sample, Windows
 from llamad import Client, paths
 from llamad.actors import Registry
-from llamad.config.dirs import default_ram_file_root
+from llamad.testing import Launcher
 
 MODELS = {"a": 4096, "b": 2048}  # model id -> n_ctx
 THREADS = 12
@@ -73,15 +71,17 @@ ASYNC_TASKS = 4
 
 
 class SoakDaemon:
-    """``python -m llamad.daemon --config FILE`` over a private directory."""
+    """``python -m llamad.daemon --config FILE`` over a private directory
+    (:class:`llamad.testing.Launcher`)."""
 
     def __init__(self, ram_quota: str, ram_file_quota: str, disk_quota: str) -> None:
-        self.base = Path(tempfile.mkdtemp(prefix="lsk-", dir="/tmp"))
-        self.instance = f"k{uuid.uuid4().hex[:10]}"
-        self.runtime = self.base / "run"
+        self.launcher = Launcher(prefix="lsk-", instance=f"k{uuid.uuid4().hex[:10]}")
+        self.base = self.launcher.base
+        self.instance = self.launcher.instance
+        self.runtime = self.launcher.runtime
         self.runtime.mkdir(mode=0o700)
-        self.endpoint = f"ipc://{self.runtime}/llamad.sock"
-        self.registry = Registry(self.runtime / "actors")
+        self.endpoint = self.launcher.endpoint
+        self.registry = Registry(self.launcher.registry_root)
         models = "".join(
             f"""
 [models.{mid}]
@@ -94,12 +94,11 @@ n_threads_batch = 1
 """
             for mid, n_ctx in MODELS.items()
         )
-        self.config = self.base / "llamad.toml"
-        self.config.write_text(
+        self.config = self.launcher.write_config(
             f"""
 [daemon]
 runtime_dir = "{self.runtime}"
-state_dir = "{self.base / "state"}"
+state_dir = "{self.launcher.state}"
 log_format = "json"
 log_level = "warning"
 [cache]
@@ -121,46 +120,23 @@ common_min_tokens = 16
 model_dirs = ["{paths.default_model_path().parent}"]
 {models}"""
         )
-        self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        keep = ("LLAMAD_CACHE_DIR", "LLAMAD_DEFAULT_MODEL")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMAD_") or k in keep}
-        with (self.base / "daemon.log").open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "llamad.daemon", "--config", str(self.config)],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                env=env,
-            )
-        deadline = time.monotonic() + 180
-        with Client(self.endpoint, timeout=180, connect_timeout=2) as c:
-            for model in MODELS:
-                while True:
-                    try:
-                        c.tokenize(model, "ready")
-                        break
-                    except Exception:
-                        if time.monotonic() > deadline or self.proc.poll() is not None:
-                            raise
-                        time.sleep(0.2)
+        self.launcher.start().wait_routed(MODELS, timeout=180)
 
     @property
     def ram_file_root(self) -> Path:
         """This instance's ``ram_file`` directory: the default root, on /dev/shm,
         outside :attr:`base` (``cache.ram_file.root``'s default)."""
-        return Path(default_ram_file_root(self.instance))
+        return self.launcher.ram_file_root
 
     def remove(self) -> None:
         """Its directory and its ``ram_file`` rows (stop it first)."""
-        shutil.rmtree(self.base, ignore_errors=True)
-        shutil.rmtree(self.ram_file_root, ignore_errors=True)
+        self.launcher.remove()
 
     @property
     def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
+        return self.launcher.pid
 
     def worker_pid(self, model: str) -> int | None:
         entry = self.registry.lookup(f"model.{model}")
@@ -169,7 +145,7 @@ model_dirs = ["{paths.default_model_path().parent}"]
     def exits(self, wall_t0: float) -> list[Exit]:
         """Every ``child.exited`` the supervisors logged (abnormal exits log a warning)."""
         out = []
-        for line in (self.base / "daemon.log").read_text(errors="replace").splitlines():
+        for line in self.launcher.log_lines():
             if '"child.exited"' not in line:
                 continue
             try:
@@ -183,24 +159,15 @@ model_dirs = ["{paths.default_model_path().parent}"]
 
     def log_problems(self) -> int:
         """Log lines at level error or critical."""
-        text = (self.base / "daemon.log").read_text(errors="replace")
         return sum(
             1
-            for line in text.splitlines()
+            for line in self.launcher.log_lines()
             if '"level": "error"' in line or '"level": "critical"' in line
         )
 
     def stop(self) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(120)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-            return None
+        """SIGTERM; its exit status (``None``: killed after 120 s)."""
+        return self.launcher.terminate(120).code
 
 
 @contextmanager

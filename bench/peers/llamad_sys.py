@@ -3,23 +3,17 @@
 The daemon runs in a private 0700 directory (runtime dir, state dir with the
 disk tier, log) under its own cache instance (so its ``ram`` segments and its
 ``ram_file`` directory, ``/dev/shm/llamad-<uid>/<instance>`` by default, are
-its own), from a configuration file this module writes; the user's
-``LLAMAD_*`` settings are not passed on, so no other daemon is reached or
-disturbed. Every model is the default GGUF with the same context as the peers
+its own), from a configuration file this module writes (``$LLAMAD_CONFIG``;
+its places come through the environment); the user's ``LLAMAD_*`` settings
+are not passed on, so no other daemon is reached or disturbed.
+:class:`llamad.testing.Launcher` starts, waits for, stops and removes it.
+Every model is the default GGUF with the same context as the peers
 get (``n_ctx``, ``n_seq_max``, threads); the cache's tiers, quotas and policy
 are the defaults, but where a model table asks for a policy (P8).
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import os
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Mapping
@@ -27,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import psutil
+from llamad.testing import Launcher, private_dir
 
 if TYPE_CHECKING:
     from llamad import Client
@@ -64,23 +58,14 @@ class ModelTable:
         return "\n".join(lines) + "\n"
 
 
-def _term_with_parent() -> None:
-    # A bench killed outright still stops its daemon (PR_SET_PDEATHSIG).
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)
-
-
 class LlamadDaemon:
     """One daemon serving ``models``; start, restart (state kept), stop."""
 
     def __init__(self, name: str, models: list[ModelTable], threads: int) -> None:
         self.name = name
         self.models = models
-        self.base = Path(tempfile.mkdtemp(prefix=f"llamad-peers-{name}-", dir="/tmp"))
-        self.runtime = self.base / "run"
-        self.endpoint = f"ipc://{self.runtime}/llamad.sock"
-        self.log_path = self.base / "daemon.log"
-        config = self.base / "llamad.toml"
+        base = private_dir(f"llamad-peers-{name}-")
+        config = base / "llamad.toml"
         # The daemon's own settings only (its thread budget, quiet logs) and
         # the models' tables: the cache runs as configured by default.
         config.write_text(
@@ -89,76 +74,40 @@ class LlamadDaemon:
             "[daemon.threads]\n"
             f"cores = {threads}\n\n" + "\n".join(m.toml() for m in models)
         )
-        keep = ("LLAMAD_CACHE_DIR", "LLAMAD_DEFAULT_MODEL")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMAD_") or k in keep}
-        env.update(
-            LLAMAD_CONFIG=str(config),
-            LLAMAD_RUNTIME_DIR=str(self.runtime),
-            STATE_DIRECTORY=str(self.base / "state"),
-            LLAMAD_CACHE__INSTANCE=f"peers-{uuid.uuid4().hex[:12]}",
-            LLAMAD_LOG_FORMAT="console",
+        # No --config: the file comes through $LLAMAD_CONFIG and the places
+        # (runtime and state directories, cache instance) through the environment.
+        self.launcher = Launcher(
+            base=base,
+            instance=f"peers-{uuid.uuid4().hex[:12]}",
+            env={"LLAMAD_CONFIG": str(config), "LLAMAD_LOG_FORMAT": "console"},
+            own_session=True,
         )
-        self.env = env
-        self.instance = env["LLAMAD_CACHE__INSTANCE"]
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.base = base
+        self.instance = self.launcher.instance
+        self.endpoint = self.launcher.endpoint
         self.client: Client | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment the daemon starts with."""
+        return self.launcher.environment()
 
     # -- lifecycle -----------------------------------------------------------------
 
     def start(self) -> Client:
         from llamad import Client  # noqa: PLC0415
 
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "llamad.daemon"],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                env=self.env,
-                start_new_session=True,
-                preexec_fn=_term_with_parent,  # noqa: PLW1509
-            )
+        self.launcher.start()
         self.client = Client(self.endpoint, connect_timeout=10.0, timeout=600.0)
-        self._wait_ready()
+        self.launcher.wait_routed([m.model_id for m in self.models], timeout=READY_TIMEOUT_S)
         return self.client
-
-    def _wait_ready(self) -> None:
-        from llamad.errors import LlamadError  # noqa: PLC0415
-        from llamad.front.wire import ModelState  # noqa: PLC0415
-
-        assert self.client is not None and self.proc is not None
-        wanted = {m.model_id for m in self.models}
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"llamad exited {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                states = {m.model_id: m.state for m in self.client.list_models(timeout=5.0)}
-            except LlamadError:
-                states = {}
-            if all(states.get(w) is ModelState.READY for w in wanted):
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"llamad not ready in {READY_TIMEOUT_S:.0f} s: {states}")
-            time.sleep(0.1)
 
     def stop(self) -> int | None:
         """SIGTERM and wait (its shutdown saves run); the exit status, None if killed."""
         if self.client is not None:
             self.client.close()
             self.client = None
-        if self.proc is None:
-            return 0
-        proc, self.proc = self.proc, None
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            return proc.wait(60)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            return None
+        return self.launcher.terminate().code
 
     def restart(self) -> Client:
         """A full daemon restart: SIGTERM (its clean stop), then every process
@@ -170,37 +119,27 @@ class LlamadDaemon:
         """Stop it and remove everything it wrote: its directory and its
         ``ram_file`` tier's (the default, on /dev/shm, outside that directory)."""
         self.stop()
-        shutil.rmtree(self.base, ignore_errors=True)
-        shutil.rmtree(self.ram_file_root, ignore_errors=True)
+        self.launcher.remove()
 
     @property
     def ram_file_root(self) -> Path:
         """Where the default configuration puts this instance's ``ram_file`` rows
         (``cache.ram_file.root``'s default)."""
-        from llamad.config.dirs import default_ram_file_root  # noqa: PLC0415
-
-        return Path(default_ram_file_root(self.instance))
+        return self.launcher.ram_file_root
 
     def log_tail(self, lines: int = 30) -> str:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
+        return self.launcher.log_tail(lines)
 
     # -- what the scenarios use ------------------------------------------------------
 
     def pids(self) -> list[int]:
         """The daemon and every process of its tree."""
-        if self.proc is None:
-            return []
-        try:
-            root = psutil.Process(self.proc.pid)
-            return [root.pid, *(p.pid for p in root.children(recursive=True))]
-        except psutil.Error:
-            return []
+        return self.launcher.pids()
 
     def largest_ram_row(self) -> int:
         """Bytes of the largest row in this daemon's ``ram`` tier (its shared-memory
         segments, named by the cache instance); 0 if none."""
-        sizes = [p.stat().st_size for p in Path("/dev/shm").glob(f"llamad-ram.{self.instance}.*")]
+        sizes = [p.stat().st_size for p in self.launcher.ram_segments()]
         return max(sizes, default=0)
 
     def first_token(

@@ -12,7 +12,6 @@ Ctrl-C mid-request.
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -22,6 +21,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from llamad.testing import scrubbed_env
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
 
@@ -38,11 +39,6 @@ DEMO = [
     "--threads",
     "1",
 ]
-
-
-def _env() -> dict[str, str]:
-    keep = ("LLAMAD_CACHE_DIR", "LLAMAD_DEFAULT_MODEL")
-    return {k: v for k, v in os.environ.items() if not k.startswith("LLAMAD_") or k in keep}
 
 
 def _private_dir(out: str) -> Path:
@@ -69,7 +65,7 @@ def _processes_of(base: Path) -> list[psutil.Process]:
 
 def test_make_run_serves_cold_then_an_exact_warm_hit_and_stops_cleanly() -> None:
     proc = subprocess.run(
-        DEMO, capture_output=True, text=True, timeout=280, check=False, env=_env()
+        DEMO, capture_output=True, text=True, timeout=280, check=False, env=scrubbed_env()
     )
     out = proc.stdout
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -99,7 +95,7 @@ def test_make_run_serves_cold_then_an_exact_warm_hit_and_stops_cleanly() -> None
 
 def test_make_run_interrupted_mid_request_still_stops_the_daemon() -> None:
     proc = subprocess.Popen(
-        DEMO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()
+        DEMO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=scrubbed_env()
     )
     try:
         assert proc.stdout is not None

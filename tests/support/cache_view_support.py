@@ -9,7 +9,7 @@ import os
 import select
 import signal
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -135,13 +135,6 @@ class BufferState:
 
     def release(self) -> None:
         self.released += 1
-
-
-def wait_until(cond: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what or cond}"
-        time.sleep(0.005)
 
 
 def settle_saves(view: ClientCacheView, timeout: float = 30.0) -> list[tuple[bytes, bool]]:

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
-__all__ = ["cli_env", "llamad", "llamad_command"]
+from llamad.testing import scrubbed_env
 
-
-def cli_env() -> dict[str, str]:
-    """The environment without the caller's ``LLAMAD_*`` settings (but where
-    the default model lives)."""
-    keep = ("LLAMAD_CACHE_DIR", "LLAMAD_DEFAULT_MODEL")
-    return {k: v for k, v in os.environ.items() if not k.startswith("LLAMAD_") or k in keep}
+__all__ = ["llamad", "llamad_command"]
 
 
 def llamad_command(endpoint: str | None, *args: str) -> list[str]:
@@ -28,15 +22,15 @@ def llamad(
     timeout: float = 120.0,
     env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``llamad --endpoint ENDPOINT ARGS...``, its output captured (``env``: added
-    to the environment)."""
+    """``llamad --endpoint ENDPOINT ARGS...``, its output captured, in an
+    environment without the caller's ``LLAMAD_*`` settings (``env``: added)."""
     return subprocess.run(
         llamad_command(endpoint, *args),
         input=input,
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**cli_env(), **(env or {})},
+        env=scrubbed_env(env),
         check=False,
         stdin=None if input is not None else subprocess.DEVNULL,
     )

@@ -1,27 +1,21 @@
 """A real daemon (``python -m llamad.daemon --config FILE``) for tests.
 
-:class:`Daemon` writes a config into a private temporary directory (short:
-ipc paths must fit in 107 bytes), starts the daemon as a subprocess (its log
-lines in ``daemon.log``), waits until the front routes its models, and gives
-the tests the front (a plain actors client, decoding :mod:`llamad.front.wire`
-types), workers (:class:`WorkerClient`), the cache, and the process tree to
-kill parts of. Models run the real default model with one thread; the
-cache's save thresholds are small so short prompts are saved and found.
+:class:`Daemon` writes a config into a private directory and starts the
+daemon through :class:`llamad.testing.Launcher` (which owns the directory,
+the environment, readiness, the stop and the cleanup), and gives the tests
+the front (a plain actors client, decoding :mod:`llamad.front.wire` types),
+workers (:class:`WorkerClient`), the cache, and the process tree to kill
+parts of. Models run the real default model with one thread; the cache's
+save thresholds are small so short prompts are saved and found.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
 import subprocess
-import sys
-import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import msgspec
 import psutil
@@ -32,11 +26,19 @@ from llamad.cache.client import CacheClient
 from llamad.front.wire import DaemonStatus, LoadProgress, ModelInfo, ModelState, Route
 from llamad.model.status_board import WorkerSnapshot, read_status, status_path
 from llamad.model.worker_client import WorkerClient
+from llamad.testing import EVENTUALLY, Launcher, still_running, wait_gone, wait_until
 
-T = TypeVar("T")
-
-#: "Eventually" on a 2-core machine shared with other test runs.
-EVENTUALLY = 90.0
+__all__ = [
+    "EVENTUALLY",
+    "GREEDY",
+    "POLICY",
+    "Daemon",
+    "model_table",
+    "prompt_text",
+    "still_running",
+    "wait_gone",
+    "wait_until",
+]
 
 GREEDY: dict[str, Any] = {"temperature": 0.0}
 
@@ -52,18 +54,6 @@ evict_save_timeout_ms = 10000
 [cache.lookup]
 common_min_tokens = 16
 """
-
-
-def wait_until(predicate: Callable[[], T | None], what: str, timeout: float = EVENTUALLY) -> T:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def prompt_text(i: int, words: int = 40) -> str:
@@ -106,35 +96,6 @@ def _toml(value: Any) -> str:
     return str(value)
 
 
-def still_running(procs: Iterable[psutil.Process]) -> list[int]:
-    """The pids of ``procs`` that still run. A dead orphan is a zombie until
-    the container's init reaps it, which is not ours to wait for."""
-    out = []
-    for p in procs:
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
-def wait_gone(procs: Iterable[psutil.Process], timeout: float) -> list[int]:
-    """Poll until none of ``procs`` runs; those still running after ``timeout``."""
-    procs = list(procs)
-    deadline = time.monotonic() + timeout
-    while (left := still_running(procs)) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return left
-
-
-def descendants(pid: int) -> list[psutil.Process]:
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-
-
 class Daemon:
     """One daemon subprocess over a private directory (see the module doc).
 
@@ -152,15 +113,15 @@ class Daemon:
         model_dirs: Iterable[Path] = (),
         max_message_bytes: str = "64MiB",
     ) -> None:
-        self.base = base or Path(tempfile.mkdtemp(prefix="lld-", dir="/tmp"))
-        self.runtime = self.base / "run"
-        self.state = self.base / "state"
+        self.launcher = Launcher(prefix="lld-", base=base)
+        self.base = self.launcher.base
+        self.runtime = self.launcher.runtime
+        self.state = self.launcher.state
         self.models_dir = self.base / "models"
         self.models_dir.mkdir(exist_ok=True)
-        self.instance = f"t{uuid.uuid4().hex[:10]}"
+        self.instance = self.launcher.instance
         dirs = [self.models_dir, paths.default_model_path().parent, *model_dirs]
-        self.config = self.base / "llamad.toml"
-        self.config.write_text(
+        self.config = self.launcher.write_config(
             f"""
 [daemon]
 runtime_dir = "{self.runtime}"
@@ -185,40 +146,36 @@ max_header_bytes = "{max_message_bytes}"
 """
             + "".join(model_table(mid, **opts) for mid, opts in models.items())
         )
-        self.endpoint = f"ipc://{self.runtime}/llamad.sock"
-        self.registry_root = self.runtime / "actors"
-        self.proc: subprocess.Popen[bytes] | None = None
+        # The front's address; a test serving tcp sets its own (and its own front).
+        self.endpoint = self.launcher.endpoint
+        self.registry_root = self.launcher.registry_root
         self._front: Client | None = None
         self._workers: dict[str, WorkerClient] = {}
 
     # -- life ---------------------------------------------------------------------------
 
-    def start(self, wait_for: Iterable[str] = ()) -> Daemon:
-        """Start the daemon; return once the front routes every model in ``wait_for``."""
-        self.log = (self.base / "daemon.log").open("ab")
-        # The test's own LLAMAD_* settings must not reach the daemon, but for
-        # where the default model lives.
-        keep = ("LLAMAD_CACHE_DIR", "LLAMAD_DEFAULT_MODEL")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMAD_") or k in keep}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "llamad.daemon", "--config", str(self.config)],
-            stdin=subprocess.DEVNULL,
-            stdout=self.log,
-            stderr=self.log,
-            env=env,
-        )
-        for model_id in wait_for:
-            self.route(model_id, timeout=EVENTUALLY)
+    def start(
+        self, wait_for: Iterable[str] = (), *, preexec_fn: Callable[[], object] | None = None
+    ) -> Daemon:
+        """Start the daemon; return once the front routes every model in
+        ``wait_for``. ``preexec_fn``: see :meth:`llamad.testing.Launcher.start`."""
+        self.launcher.start(preexec_fn=preexec_fn)
+        wanted = list(wait_for)
+        if wanted:
+            self.launcher.wait_routed(wanted, front=self.front, timeout=EVENTUALLY)
         return self
 
     @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.launcher.proc
+
+    @property
     def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
+        return self.launcher.pid
 
     def tree(self) -> list[psutil.Process]:
         """Every process under the root."""
-        return descendants(self.pid)
+        return self.launcher.tree()
 
     def child_pid(self, name: str) -> int:
         """The pid of the root's child process ``name`` (cache_sup, model_sup, front)
@@ -246,43 +203,20 @@ max_header_bytes = "{max_message_bytes}"
     def stop(self, timeout: float = 60.0) -> int:
         """SIGTERM the root; its exit status once it and every descendant are gone."""
         self.close_clients()
-        assert self.proc is not None
-        tree = self.tree()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(timeout)
-        alive = wait_gone(tree, timeout=5)
-        assert not alive, f"left behind after the root exited: {alive}"
-        self.log.close()
-        return code
+        return self.launcher.stop(timeout)
 
     def kill(self) -> None:
         """SIGKILL the root (its children die with it)."""
         self.close_clients()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
+        self.launcher.kill()
 
     def cleanup(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            tree = self.tree()
-            self.close_clients()
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-            psutil.wait_procs(tree, timeout=5)
+        """Stop it if it runs; remove its directory and its ram segments."""
         self.close_clients()
-        shutil.rmtree(self.base, ignore_errors=True)
-        # A daemon SIGKILLed by its test never purged its ram segments, and no
-        # later daemon of this instance will: they would outlive the run.
-        for segment in Path("/dev/shm").glob(f"llamad-ram.{self.instance}.*"):
-            segment.unlink(missing_ok=True)
+        self.launcher.close()
 
     def log_events(self) -> list[str]:
-        return (self.base / "daemon.log").read_text(errors="replace").splitlines()
+        return self.launcher.log_lines()
 
     # -- the front ----------------------------------------------------------------------
 
@@ -294,19 +228,7 @@ max_header_bytes = "{max_message_bytes}"
 
     def route(self, model_id: str, timeout: float = EVENTUALLY) -> Route:
         """The model's route, retrying while the daemon starts (no front yet)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                route: Route = self.front.call(
-                    "route", {"model_id": model_id}, reply_type=Route, timeout=timeout
-                )
-                return route
-            except Exception as exc:
-                if getattr(exc, "code", "") not in ("unavailable", "worker_crashed", "timeout"):
-                    raise
-                assert self.proc is not None and self.proc.poll() is None, "the daemon exited"
-                assert time.monotonic() < deadline, f"no route to {model_id}: {exc}"
-                time.sleep(0.1)
+        return self.launcher.route(model_id, front=self.front, timeout=timeout)
 
     def info(self, model_id: str) -> ModelInfo:
         info: ModelInfo = self.front.call(

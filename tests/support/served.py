@@ -12,15 +12,14 @@ import os
 import select
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 from llamad.actors import Registry
 from llamad.cache.client import CacheClient
 from llamad.model.status_board import WorkerSnapshot, read_status, status_path
+from llamad.testing import wait_until
 
-T = TypeVar("T")
+__all__ = ["ENDLESS", "EVENTUALLY", "MANY", "Served", "prompt_text", "wait_until"]
 
 #: "Eventually" on a 2-core machine shared with other test runs.
 EVENTUALLY = 60.0
@@ -32,18 +31,6 @@ ENDLESS = 'root ::= "la " root'
 #: ``max_tokens`` for a request that must be cancelled: far more steps than the
 #: cancel can take, far fewer than a 2-core machine decodes in :data:`EVENTUALLY`.
 MANY = 1000
-
-
-def wait_until(predicate: Callable[[], T | None], what: str, timeout: float = EVENTUALLY) -> T:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
 
 
 def prompt_text(i: int, words: int = 40) -> str:
@@ -83,7 +70,7 @@ class Served:
             pid = self.worker_pid(model_id)
             return pid if pid is not None and pid != old_pid else None
 
-        return wait_until(new_pid, "the worker to come back")
+        return wait_until(new_pid, "the worker to come back", EVENTUALLY)
 
     def board(self, model_id: str | None = None) -> WorkerSnapshot | None:
         """The worker's published status (read without asking it)."""
@@ -102,7 +89,7 @@ class Served:
 
     def ticks(self, model_id: str | None = None) -> int:
         """The worker's decode steps since it started (from its status board)."""
-        snap = wait_until(lambda: self.board(model_id), "the worker's status board")
+        snap = wait_until(lambda: self.board(model_id), "the worker's status board", EVENTUALLY)
         return snap.status.ticks
 
     def assert_dropped(self, ticks_before: int, model_id: str | None = None) -> None:
@@ -122,7 +109,7 @@ class Served:
                 return None
             return snap
 
-        return wait_until(busy, "the worker to be generating")
+        return wait_until(busy, "the worker to be generating", EVENTUALLY)
 
     def wait_saved(self, key: bytes | None, timeout: float = EVENTUALLY) -> None:
         """Until the row ``key`` is published (finish saves are written off the loop)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from llamad.supervisor import ChildSpec, Restart, Start
+from llamad.testing import wait_until
 
 TOYS_DIR = Path(__file__).resolve().parent
 
@@ -53,18 +54,6 @@ def no_zombies() -> Iterator[None]:
     assert zombie_children() == []
 
 
-def wait_until(predicate: Callable[[], Any], what: str, timeout: float = EVENTUALLY) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
-
-
 class EventLog:
     """The JSON-lines file the toys append to."""
 
@@ -88,7 +77,7 @@ class EventLog:
     def wait_for(
         self, event: str, name: str | None = None, count: int = 1, timeout: float = EVENTUALLY
     ) -> list[dict[str, Any]]:
-        return wait_until(  # type: ignore[no-any-return]
+        return wait_until(
             lambda: (found := self.of(event, name)) and len(found) >= count and found,
             f"{count} x {event} {name or ''}",
             timeout,

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from llamad import paths
 from llamad.actors import Registry
@@ -30,8 +30,7 @@ from llamad.model.threads import ThreadPolicy
 from llamad.model.worker_client import WorkerClient
 from llamad.model.worker_spec import WorkerSpec, worker_child_spec
 from llamad.supervisor import Supervisor, SupervisorSpec, SupFlags
-
-T = TypeVar("T")
+from llamad.testing import wait_until
 
 #: "Eventually" on a 2-core machine shared with other test runs.
 EVENTUALLY = 60.0
@@ -46,18 +45,6 @@ POLICY = CachePolicy(
     session_resume_wait_ms=5_000,
     evict_save_timeout_ms=10_000,
 )
-
-
-def wait_until(predicate: Callable[[], T | None], what: str, timeout: float = EVENTUALLY) -> T:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
 
 
 class WorkerTree:
@@ -199,7 +186,7 @@ class WorkerTree:
             entry = self.registry.lookup(name or self.spec.actor_name)
             return entry.pid if entry is not None and entry.pid != old_pid else None
 
-        return wait_until(new_pid, f"{name or 'the worker'} to come back")
+        return wait_until(new_pid, f"{name or 'the worker'} to come back", EVENTUALLY)
 
     @property
     def board(self) -> Path:

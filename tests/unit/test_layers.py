@@ -29,7 +29,11 @@ FLOORS: tuple[frozenset[str], ...] = (
     frozenset({"model"}),
     frozenset({"config"}),
     frozenset({"front"}),
-    frozenset({"client", "daemon"}),
+    # testing (the daemon harness of tests, benches and `make run`) starts the
+    # daemon as a program and reads the front through llamad.actors and
+    # front.wire: it imports neither client nor daemon, so it shares their
+    # floor, below cli, whose demo uses it.
+    frozenset({"client", "daemon", "testing"}),
     frozenset({"cli"}),
     # The public face re-exports every floor's names: nothing below imports it.
     frozenset({"face"}),

@@ -11,8 +11,10 @@ What it does, as a user would:
    by it, and ``ram_file`` keeps its default place under ``/dev/shm``).
    Environment settings (``LLAMAD_RUNTIME_DIR``, ``STATE_DIRECTORY``,
    ``LLAMAD_CACHE__INSTANCE``) do this; a user's ``LLAMAD_*`` settings
-   are not passed on, so a daemon of theirs is never reached nor disturbed;
-2. waits until the model is ready (``list_models`` through :class:`llamad.Client`);
+   are not passed on, so a daemon of theirs is never reached nor disturbed.
+   :class:`llamad.testing.Launcher`, the daemon harness the tests and
+   benches use too, starts it, waits for it, stops it and removes it;
+2. waits until the front routes the model (it does once the model is ready);
 3. sends a chat of ~1,500 tokens (notes about a city, then a question) with
    greedy sampling: **cold**, the whole prompt is prefilled;
 4. sends the same chat again the moment the reply ends, as a user would (no
@@ -36,36 +38,25 @@ Exit status 0 when all of that held.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
-import os
-import shutil
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
-from pathlib import Path
 from typing import Final
-
-import psutil
 
 from llamad import logs
 from llamad.cli.render import sources_text
 from llamad.client.sync import Client
 from llamad.config import DEFAULT_MODEL_ID
-from llamad.config.dirs import default_ram_file_root
 from llamad.config.model_schema import DEFAULT_MODEL_PATH
 from llamad.errors import LlamadError
-from llamad.front.wire import ModelState
 from llamad.model.results import Completion, DoneEvent, TokenEvent
+from llamad.testing import Launcher
 
 __all__ = ["main", "notes_prompt"]
 
 READY_TIMEOUT_S: Final = 180.0
 STOP_TIMEOUT_S: Final = 60.0
-GONE_TIMEOUT_S: Final = 10.0
 
 _PLACES: Final = ("river", "bridge", "market", "library", "tower", "harbour", "garden", "mill")
 
@@ -82,127 +73,26 @@ def notes_prompt(facts: int) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"Notes about an old city.\n{notes}\n{question}"}]
 
 
-class _Daemon:
-    """The daemon subprocess and its private directory."""
-
-    def __init__(self, threads: int | None) -> None:
-        self.base = Path(tempfile.mkdtemp(prefix="llamad-run-", dir="/tmp"))
-        self.runtime = self.base / "run"
-        self.endpoint = f"ipc://{self.runtime}/llamad.sock"
-        self.log_path = self.base / "daemon.log"
-        instance = f"run-{uuid.uuid4().hex[:12]}"
-        # The ram_file tier stays where the default configuration puts it (on
-        # /dev/shm, beside ram: its moves are links); the demo removes it.
-        self.ram_file_root = Path(default_ram_file_root(instance))
-        keep = ("LLAMAD_CACHE_DIR", "LLAMAD_DEFAULT_MODEL")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMAD_") or k in keep}
-        env.update(
-            LLAMAD_RUNTIME_DIR=str(self.runtime),
-            STATE_DIRECTORY=str(self.base / "state"),
-            LLAMAD_CACHE__INSTANCE=instance,
-            LLAMAD_LOG_FORMAT="console",
-        )
-        if threads is not None:
-            # Overriding a key of the default model defines its table, which
-            # then needs its path ("default": the model make setup installed).
-            model = DEFAULT_MODEL_ID.upper()
-            env[f"LLAMAD_MODELS__{model}__PATH"] = DEFAULT_MODEL_PATH
-            env[f"LLAMAD_MODELS__{model}__N_THREADS"] = str(threads)
-            env[f"LLAMAD_MODELS__{model}__N_THREADS_BATCH"] = str(threads)
-        self.env = env
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.tree: set[int] = set()
-
-    def start(self) -> None:
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "llamad.daemon"],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                env=self.env,
-                # Ctrl-C reaches this process only; it stops the daemon itself
-                # with SIGTERM, the one shutdown path.
-                start_new_session=True,
-                preexec_fn=_term_with_parent,  # noqa: PLW1509  (no threads yet)
-            )
-
-    def check_running(self) -> None:
-        assert self.proc is not None
-        code = self.proc.poll()
-        if code is not None:
-            raise RuntimeError(f"the daemon exited with status {code}:\n{self.log_tail()}")
-
-    def remember_tree(self) -> None:
-        """Note every process of the daemon's tree (checked gone after the stop)."""
-        assert self.proc is not None
-        with contextlib.suppress(psutil.Error):
-            root = psutil.Process(self.proc.pid)
-            self.tree = {root.pid, *(p.pid for p in root.children(recursive=True))}
-
-    def stop(self) -> tuple[int | None, list[int]]:
-        """SIGTERM, wait; the exit status (None: it had to be killed) and the
-        pids of its tree still running afterwards."""
-        if self.proc is None:
-            return 0, []
-        self.remember_tree()
-        code: int | None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            code = self.proc.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            code = None
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        deadline = time.monotonic() + GONE_TIMEOUT_S
-        left = _alive(self.tree)
-        while left and time.monotonic() < deadline:
-            time.sleep(0.05)
-            left = _alive(self.tree)
-        return code, left
-
-    def log_tail(self, lines: int = 30) -> str:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    def remove(self) -> None:
-        shutil.rmtree(self.base, ignore_errors=True)
-        shutil.rmtree(self.ram_file_root, ignore_errors=True)
-
-
-def _term_with_parent() -> None:
-    # In the child before exec: a demo killed outright (SIGKILL) still stops
-    # its daemon cleanly. Nothing else runs in the demo yet (no threads).
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
-
-
-def _alive(pids: set[int]) -> list[int]:
-    left = []
-    for pid in sorted(pids):
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                left.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return left
-
-
-def _wait_ready(client: Client, daemon: _Daemon) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while True:
-        daemon.check_running()
-        try:
-            states = {m.model_id: m.state for m in client.list_models(timeout=5.0)}
-        except LlamadError:
-            states = {}
-        if states.get(DEFAULT_MODEL_ID) is ModelState.READY:
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the daemon was not ready in {READY_TIMEOUT_S:.0f} s")
-        time.sleep(0.1)
+def _launcher(threads: int | None) -> Launcher:
+    """The daemon with no configuration file, over a private directory and a
+    cache instance of its own (the ``ram_file`` tier keeps its default place,
+    on /dev/shm beside ``ram``, so its moves are links; the demo removes it)."""
+    env = {"LLAMAD_LOG_FORMAT": "console"}
+    if threads is not None:
+        # Overriding a key of the default model defines its table, which
+        # then needs its path ("default": the model make setup installed).
+        model = DEFAULT_MODEL_ID.upper()
+        env[f"LLAMAD_MODELS__{model}__PATH"] = DEFAULT_MODEL_PATH
+        env[f"LLAMAD_MODELS__{model}__N_THREADS"] = str(threads)
+        env[f"LLAMAD_MODELS__{model}__N_THREADS_BATCH"] = str(threads)
+    # A session of its own: Ctrl-C reaches the demo only, which stops the
+    # daemon with SIGTERM, the one shutdown path (also if the demo is killed).
+    return Launcher(
+        prefix="llamad-run-",
+        instance=f"run-{uuid.uuid4().hex[:12]}",
+        env=env,
+        own_session=True,
+    )
 
 
 def _timed(
@@ -238,15 +128,14 @@ def _same(a: Completion, b: Completion) -> bool:
     return a.reply == b.reply and a.generated == b.generated
 
 
-def _demo(client: Client, daemon: _Daemon, args: argparse.Namespace) -> bool:
+def _demo(client: Client, daemon: Launcher, args: argparse.Namespace) -> bool:
     """The cold, warm and after-restart requests and their report; whether
     both later ones were exact hits with the cold one's reply."""
     started = time.monotonic()
-    _wait_ready(client, daemon)
+    daemon.wait_routed([DEFAULT_MODEL_ID], timeout=READY_TIMEOUT_S)
     info = client.model_info(DEFAULT_MODEL_ID)
-    daemon.remember_tree()
     print(
-        f"daemon   pid {daemon.proc.pid if daemon.proc else '-'}, serving {info.model_id} "
+        f"daemon   pid {daemon.pid}, serving {info.model_id} "
         f"(n_ctx {info.n_ctx}) on {daemon.endpoint}, ready in {time.monotonic() - started:.1f} s"
     )
     print(f"model    {info.path}")
@@ -259,13 +148,14 @@ def _demo(client: Client, daemon: _Daemon, args: argparse.Namespace) -> bool:
     # Sent the moment the reply ended: nothing waits for the cache to save.
     warm, warm_ttft = _timed(client, messages, args.max_tokens)
     print(_line("warm", warm, warm_ttft))
-    code, left = daemon.stop()
-    if code != 0 or left:
-        raise RuntimeError(f"the daemon's stop went wrong: exit status {code}, left {left}")
+    stopped = daemon.terminate(STOP_TIMEOUT_S)
+    if not stopped.clean:
+        raise RuntimeError(
+            f"the daemon's stop went wrong: exit status {stopped.code}, left {list(stopped.left)}"
+        )
     restart_began = time.monotonic()
     daemon.start()
-    _wait_ready(client, daemon)
-    daemon.remember_tree()
+    daemon.wait_routed([DEFAULT_MODEL_ID], timeout=READY_TIMEOUT_S)
     print(
         f"         (daemon stopped with SIGTERM and started again in "
         f"{time.monotonic() - restart_began:.1f} s)"
@@ -324,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logs.configure(level="warning")
 
-    daemon = _Daemon(args.threads)
+    daemon = _launcher(args.threads)
     print(f"llamad   starting the daemon with no configuration (private directory {daemon.base})")
     ok = False
     code = 1
@@ -335,21 +225,21 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted: stopping the daemon", file=sys.stderr)
         code = 130
-    except (LlamadError, RuntimeError) as exc:
+    except (LlamadError, RuntimeError) as exc:  # DaemonFailed is a RuntimeError
         print(
             f"error: {exc}\n--- daemon log (last lines) ---\n{daemon.log_tail()}", file=sys.stderr
         )
     finally:
         # A second Ctrl-C must not leave the daemon running half stopped.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        exit_status, left = daemon.stop()
-        if exit_status == 0 and not left:
+        stopped = daemon.terminate(STOP_TIMEOUT_S)
+        if stopped.clean:
             print("daemon   stopped with SIGTERM: exit 0, no llamad process left")
         else:
             ok = False
             print(
-                f"error: the daemon's stop went wrong: exit status {exit_status}, "
-                f"processes left {left}\n{daemon.log_tail()}",
+                f"error: the daemon's stop went wrong: exit status {stopped.code}, "
+                f"processes left {list(stopped.left)}\n{daemon.log_tail()}",
                 file=sys.stderr,
             )
         daemon.remove()

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from cli_run import cli_env, llamad, llamad_command
+from cli_run import llamad, llamad_command
 from daemon_proc import DaemonProc
 from llamad import Client
 from llamad.cli.errors import (
@@ -22,6 +22,7 @@ from llamad.cli.errors import (
     EXIT_REFUSED,
     EXIT_UNAVAILABLE,
 )
+from llamad.testing import scrubbed_env
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
 
@@ -37,7 +38,7 @@ def test_complete_streams_the_reply_while_the_request_runs(daemon: DaemonProc) -
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env=cli_env(),
+        env=scrubbed_env(),
     )
     try:
         assert proc.stdout is not None
@@ -71,7 +72,7 @@ def test_ctrl_c_during_complete_cancels_the_request_and_exits_130(daemon: Daemon
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env=cli_env(),
+        env=scrubbed_env(),
     )
     try:
         assert proc.stdout is not None

@@ -15,8 +15,8 @@ import textwrap
 
 import pytest
 
-from cli_run import cli_env
 from daemon_proc import DaemonProc
+from llamad.testing import scrubbed_env
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(180)]
 
@@ -27,7 +27,7 @@ def _program(daemon: DaemonProc, *parts: str) -> subprocess.CompletedProcess[str
         capture_output=True,
         text=True,
         timeout=120,
-        env={**cli_env(), "ENDPOINT": daemon.endpoint, "MODEL": daemon.model_id},
+        env=scrubbed_env({"ENDPOINT": daemon.endpoint, "MODEL": daemon.model_id}),
         check=False,
     )
 

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from llamad import paths
 from llamad.daemon.main import EXIT_CONFIG
+from llamad.testing import daemon_command, scrubbed_env
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(120)]
 
@@ -25,14 +24,12 @@ state_dir = "{tmp_path / "state"}"
 {toml}
 """
     )
-    keep = ("LLAMAD_CACHE_DIR", "LLAMAD_DEFAULT_MODEL")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMAD_") or k in keep}
     return subprocess.run(
-        [sys.executable, "-m", "llamad.daemon", "--config", str(config)],
+        daemon_command(config),
         capture_output=True,
         text=True,
         timeout=100,
-        env=env,
+        env=scrubbed_env(),
         check=False,
     )
 

@@ -5,19 +5,16 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from daemon_harness import EVENTUALLY, GREEDY, Daemon, prompt_text, still_running, wait_until
+from daemon_harness import EVENTUALLY, GREEDY, Daemon, prompt_text, still_running
 from llamad.actors import Client, Registry
 from llamad.cache.kvc import SaveReason, read_meta
-from llamad.front.wire import Route
 from llamad.model.results import CacheHitKind, FinishReason, TokenEvent
 from llamad.model.worker_client import WorkerClient
+from llamad.testing import Launcher
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
 
@@ -67,40 +64,22 @@ def test_sigterm_saves_what_workers_hold_exits_0_and_a_restart_hits_warm_from_di
 
 
 def test_with_no_config_the_default_model_is_served_on_the_default_endpoint() -> None:
-    base = Path(tempfile.mkdtemp(prefix="lld-", dir="/tmp"))
-    keep = ("LLAMAD_CACHE_DIR", "LLAMAD_DEFAULT_MODEL")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMAD_") or k in keep}
-    # No file, no overrides: only the directories a service manager would give.
-    env.update(
-        LLAMAD_RUNTIME_DIR=str(base / "run"),
-        STATE_DIRECTORY=str(base / "state"),
-        LLAMAD_DAEMON__THREADS__CORES="1",
-        LLAMAD_CACHE__RAM_FILE__QUOTA="0",  # nothing left in /dev/shm
-        LLAMAD_CACHE__INSTANCE=f"d{base.name[-8:].replace('_', 'x')}",
+    # No file, no overrides: only the directories a service manager would give
+    # (the launcher's: LLAMAD_RUNTIME_DIR, STATE_DIRECTORY, a cache instance).
+    d = Launcher(
+        env={
+            "LLAMAD_DAEMON__THREADS__CORES": "1",
+            "LLAMAD_CACHE__RAM_FILE__QUOTA": "0",  # nothing left in /dev/shm
+        }
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "llamad.daemon"],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=(base / "daemon.log").open("wb"),
-    )
-    client = Client(f"ipc://{base}/run/llamad.sock", timeout=EVENTUALLY, connect_timeout=5.0)
+    assert d.config is None
+    client = Client(f"ipc://{d.runtime}/llamad.sock", timeout=EVENTUALLY, connect_timeout=5.0)
     try:
-
-        def route() -> Route | None:
-            try:
-                r: Route = client.call("route", {"model_id": "smollm2"}, reply_type=Route)
-                return r
-            except Exception:
-                assert proc.poll() is None, (base / "daemon.log").read_text()[-2000:]
-                return None
-
-        assert wait_until(route, "the default model").actor == "model.smollm2"
-        assert (base / "run").stat().st_mode & 0o777 == 0o700
-        assert (base / "state").stat().st_mode & 0o777 == 0o700
+        routes = d.start().wait_routed(["smollm2"], front=client, timeout=EVENTUALLY)
+        assert routes["smollm2"].actor == "model.smollm2"
+        assert d.runtime.stat().st_mode & 0o777 == 0o700
+        assert d.state.stat().st_mode & 0o777 == 0o700
+        assert d.stop() == 0
     finally:
         client.close()
-        proc.terminate()
-        assert proc.wait(60) == 0
-        subprocess.run(["rm", "-rf", str(base)], check=False)
+        d.close()

@@ -18,12 +18,7 @@ prompt again: the repeat must be an exact hit restoring every prompt token
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -35,10 +30,8 @@ import pytest
 from llamad.cache.client import CacheClient
 from llamad.client.sync import Client
 from llamad.config import DEFAULT_MODEL_ID
-from llamad.config.dirs import default_ram_file_root
-from llamad.errors import LlamadError
-from llamad.front.wire import ModelState
 from llamad.model.results import Completion
+from llamad.testing import Launcher
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -60,66 +53,41 @@ def chat(topic: str, notes: int = 24) -> list[dict[str, str]]:
 
 
 class Unconfigured:
-    """The daemon with no configuration, its directories private (see the module doc)."""
+    """The daemon with no configuration, its directories private (see the module
+    doc), started through :class:`llamad.testing.Launcher`."""
 
     def __init__(self, **env: str) -> None:
-        self.base = Path(tempfile.mkdtemp(prefix="lwr-", dir="/tmp"))
-        self.runtime = self.base / "run"
-        self.instance = f"wr-{uuid.uuid4().hex[:12]}"
-        # The default ram_file directory: this instance's, on /dev/shm.
-        self.ram_file = Path(default_ram_file_root(self.instance))
-        keep = ("LLAMAD_CACHE_DIR", "LLAMAD_DEFAULT_MODEL")
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMAD_") or k in keep}
-        self.env.update(
-            LLAMAD_RUNTIME_DIR=str(self.runtime),
-            STATE_DIRECTORY=str(self.base / "state"),
-            LLAMAD_CACHE__INSTANCE=self.instance,
-            LLAMAD_LOG_FORMAT="json",
-            # One thread, as every real-model test (and the default model's path,
-            # which defining its table requires).
-            **{
+        self.launcher = Launcher(
+            prefix="lwr-",
+            instance=f"wr-{uuid.uuid4().hex[:12]}",
+            env={
+                "LLAMAD_LOG_FORMAT": "json",
+                # One thread, as every real-model test (and the default model's
+                # path, which defining its table requires).
                 f"LLAMAD_MODELS__{MODEL}__PATH": "default",
                 f"LLAMAD_MODELS__{MODEL}__N_THREADS": "1",
                 f"LLAMAD_MODELS__{MODEL}__N_THREADS_BATCH": "1",
+                **env,
             },
-            **env,
         )
-        self.endpoint = f"ipc://{self.runtime}/llamad.sock"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.runtime = self.launcher.runtime
+        # The default ram_file directory: this instance's, on /dev/shm.
+        self.ram_file = self.launcher.ram_file_root
+        self.endpoint = self.launcher.endpoint
 
     def start(self) -> Unconfigured:
-        with (self.base / "daemon.log").open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "llamad.daemon"],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                env=self.env,
-            )
-        deadline = time.monotonic() + EVENTUALLY
-        with self.client() as client:
-            while True:
-                assert self.proc.poll() is None, self.log_tail()
-                try:
-                    states = {m.model_id: m.state for m in client.list_models(timeout=5.0)}
-                except LlamadError:
-                    states = {}
-                if states.get(DEFAULT_MODEL_ID) is ModelState.READY:
-                    return self
-                assert time.monotonic() < deadline, "the model never got ready"
-                time.sleep(0.05)
+        self.launcher.start().wait_routed([DEFAULT_MODEL_ID], timeout=EVENTUALLY)
+        return self
 
     def stop(self) -> int:
         """SIGTERM (the clean stop: shutdown saves, demotions, the ram purge)."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(EVENTUALLY)
+        return self.launcher.stop(EVENTUALLY)
 
     def client(self) -> Client:
         return Client(self.endpoint, connect_timeout=10.0, timeout=EVENTUALLY)
 
     def cache(self) -> CacheClient:
-        return CacheClient(registry_root=self.runtime / "actors", timeout=30.0)
+        return CacheClient(registry_root=self.launcher.registry_root, timeout=30.0)
 
     def copies(self, key: bytes) -> set[str]:
         """The tiers holding a copy of the row ``key`` now."""
@@ -127,19 +95,10 @@ class Unconfigured:
             rows = [r for r in cache.dump() if r.get("key") == key.hex()]
         return {c["tier"] for c in rows[0]["copies"]} if rows else set()
 
-    def log_tail(self, lines: int = 40) -> str:
-        path = self.base / "daemon.log"
-        text = path.read_text(errors="replace") if path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
-
     def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        shutil.rmtree(self.base, ignore_errors=True)
-        shutil.rmtree(self.ram_file, ignore_errors=True)
-        for leftover in Path("/dev/shm").glob(f"llamad-ram.{self.instance}.*"):
-            leftover.unlink(missing_ok=True)
+        # SIGKILL: what it would save on a clean stop is not wanted any more.
+        self.launcher.kill()
+        self.launcher.remove()
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,6 @@ from cache_view_support import (
     prompt,
     settle_saves,
     stub_config,
-    wait_until,
 )
 from llamad.cache.client import CacheClient
 from llamad.cache.kvc import SaveReason
@@ -42,6 +41,7 @@ from llamad.model.results import CacheHitKind
 from llamad.model.save_completions import Completed
 from llamad.model.savepoints import SaveJob
 from llamad.model.stub import StubPacked
+from llamad.testing import wait_until
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -166,7 +166,11 @@ def test_a_state_is_released_only_once_its_completion_is_drained(view: ClientCac
     j = job(view, prompt(16, start=70), SaveReason.COLD)
     state = packed(list(j.tokens))
     assert view.save(j, state)
-    wait_until(lambda: view.in_flight() == 0 and view.completions.pending() == 1)
+    wait_until(
+        lambda: view.in_flight() == 0 and view.completions.pending() == 1,
+        "the save posted, not drained",
+        20,
+    )
     assert not state.released  # the writer thread never releases: the loop does
     assert view.completions.drain() == [(j.key, True)]
     assert state.released
@@ -188,10 +192,10 @@ def test_a_save_stays_in_flight_until_its_completion_is_posted(
     monkeypatch.setattr(view.completions, "post", slow_post)
     j = job(view, prompt(16, start=75), SaveReason.FINISH)
     assert view.save(j, packed(list(j.tokens)))
-    wait_until(lambda: view._writer.in_flight() == 0)  # written, not yet posted
+    wait_until(lambda: view._writer.in_flight() == 0, "the write", 20)  # not yet posted
     assert view.in_flight() == 1 and view.completions.pending() == 0
     gate.set()
-    wait_until(lambda: view.in_flight() == 0)
+    wait_until(lambda: view.in_flight() == 0, "the save posted", 20)
     assert view.completions.pending() == 1
     assert view.completions.drain() == [(j.key, True)]
 
@@ -250,7 +254,7 @@ def test_a_sync_evict_save_gives_up_at_its_deadline_and_releases_its_state(
         assert view.save(j, state) is False
         took = time.monotonic() - started
         assert 0.3 <= took < 2.0, took
-        wait_until(lambda: view.completions.drain() == [] and state.released, 10, "release")
+        wait_until(lambda: view.completions.drain() == [] and state.released, "release", 10)
         assert view.completions.pending() == 0
         past = job(view, prompt(16, start=111), SaveReason.SHUTDOWN, deadline=time.monotonic())
         late = packed(list(past.tokens))

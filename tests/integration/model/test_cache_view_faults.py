@@ -24,7 +24,6 @@ from cache_view_support import (
     prompt,
     settle_saves,
     stub_config,
-    wait_until,
 )
 from llamad.cache.client import CacheClient
 from llamad.cache.kvc import SaveReason
@@ -36,6 +35,7 @@ from llamad.model.client_cache_view import ClientCacheView
 from llamad.model.results import CacheHitKind
 from llamad.model.savepoints import SaveJob
 from llamad.model.stub import StubPacked
+from llamad.testing import wait_until
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -233,7 +233,7 @@ def test_a_sync_save_to_a_hung_cache_meta_returns_by_its_deadline(
         assert 0.4 <= time.monotonic() - started < 2.0
         assert not state.released  # the write is still on its thread
         meta.signal(signal.SIGCONT)
-        wait_until(lambda: view.completions.drain() == [] and state.released, 30, "release")
+        wait_until(lambda: view.completions.drain() == [] and state.released, "release", 30)
     finally:
         resume_and_close(meta, view)
 
@@ -293,7 +293,7 @@ def test_a_checkin_to_a_hung_cache_meta_is_bounded_and_lands_when_it_runs_again(
         view.checkin(found.row.pin)  # times out: logged, never raised into the core
         assert time.monotonic() - started < 2.0
         meta.signal(signal.SIGCONT)
-        wait_until(lambda: admin.status()["pins"] == 0, 10, "the queued checkin")
+        wait_until(lambda: admin.status()["pins"] == 0, "the queued checkin", 10)
     finally:
         resume_and_close(meta, view)
 

@@ -16,7 +16,6 @@ import io
 import os
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ from llamad.daemon.main import EXIT_CONFIG
 from llamad.errors import PermissionDenied
 from llamad.front.wire import Route
 from llamad.model.results import TokenEvent
+from llamad.testing import daemon_command, scrubbed_env
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(240)]
 
@@ -253,14 +253,12 @@ runtime_dir = "{tmp_path / "run"}"
 state_dir = "{tmp_path / "state"}"
 """
     )
-    keep = ("LLAMAD_CACHE_DIR", "LLAMAD_DEFAULT_MODEL")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMAD_") or k in keep}
     proc = subprocess.run(
-        [sys.executable, "-m", "llamad.daemon", "--config", str(config)],
+        daemon_command(config),
         capture_output=True,
         text=True,
         timeout=100,
-        env=env,
+        env=scrubbed_env(),
         check=False,
     )
     assert proc.returncode == EXIT_CONFIG, proc.stderr

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import os
 import platform
 import struct
 import subprocess
@@ -206,22 +205,10 @@ def guarded_daemon() -> Iterator[Daemon]:
     if not X86_64:
         pytest.skip("the seccomp filter is x86_64's")
     d = Daemon({"m": {}})
-    d.log = (d.base / "daemon.log").open("ab")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMAD_")}
-    env.update(
-        {k: os.environ[k] for k in ("LLAMAD_CACHE_DIR", "LLAMAD_DEFAULT_MODEL") if k in os.environ}
-    )
-    d.proc = subprocess.Popen(
-        [sys.executable, "-m", "llamad.daemon", "--config", str(d.config)],
-        stdin=subprocess.DEVNULL,
-        stdout=d.log,
-        stderr=d.log,
-        env=env,
+    try:
         # As systemd does: the guard between fork and exec. The hook makes
         # only prctl calls, safe in a child forked from a threaded process.
-        preexec_fn=guard(("seccomp", "prctl")),  # noqa: PLW1509
-    )
-    try:
+        d.start(preexec_fn=guard(("seccomp", "prctl")))
         yield d
     finally:
         d.cleanup()

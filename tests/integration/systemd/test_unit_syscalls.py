@@ -18,7 +18,6 @@ import contextlib
 import re
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -84,7 +83,7 @@ def _is_ours(p: psutil.Process, d: Daemon) -> bool:
         cmd = p.cmdline()
     except psutil.Error:
         return False
-    return cmd[1:] == ["-m", "llamad.daemon", "--config", str(d.config)]
+    return cmd[1:] == d.launcher.command()[1:]
 
 
 def _traced_root(strace: subprocess.Popen[bytes], d: Daemon) -> psutil.Process | None:
@@ -93,8 +92,9 @@ def _traced_root(strace: subprocess.Popen[bytes], d: Daemon) -> psutil.Process |
     child seen may be one of those, gone a moment later."""
     code = strace.poll()
     if code is not None:
-        log = (d.base / "daemon.log").read_text(errors="replace")[-3000:]
-        raise AssertionError(f"strace exited {code} before the daemon started:\n{log}")
+        raise AssertionError(
+            f"strace exited {code} before the daemon started:\n{d.launcher.log_tail()}"
+        )
     with contextlib.suppress(psutil.NoSuchProcess):
         for child in psutil.Process(strace.pid).children():
             if _is_ours(child, d):
@@ -111,16 +111,19 @@ def _ours(d: Daemon) -> list[psutil.Process]:
 def trace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     out = tmp_path_factory.mktemp("strace") / "daemon.trace"
     d = Daemon({"r": {}, "d": {"cache": {"save_tier": "disk"}}})
-    d.log = (d.base / "daemon.log").open("ab")
-    strace = subprocess.Popen(
-        [
-            *(tool("strace"), "-f", "-qq", "-e", "signal=none", "-o", str(out)),
-            *(sys.executable, "-m", "llamad.daemon", "--config", str(d.config)),
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=d.log,
-        stderr=d.log,
-    )
+    # The launcher's command and environment, under strace: the root is
+    # strace's child, so this test finds it and stops it itself.
+    with d.launcher.log_path.open("ab") as log:
+        strace = subprocess.Popen(
+            [
+                *(tool("strace"), "-f", "-qq", "-e", "signal=none", "-o", str(out)),
+                *d.launcher.command(),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env=d.launcher.environment(),
+        )
     try:
         root = wait_until(lambda: _traced_root(strace, d), "the traced daemon")
         with Client(d.endpoint, timeout=180, connect_timeout=120) as client:

@@ -30,6 +30,7 @@ from llamad.errors import (
     TooLarge,
     UnknownOp,
 )
+from llamad.testing import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 ANY = msgspec.msgpack.Decoder()
@@ -84,13 +85,6 @@ def toy(registry: Registry) -> Iterator[Actor]:
 def client(toy: Actor, registry: Registry) -> Iterator[Client]:
     with Client(name="toy", registry=registry, timeout=20) as c:
         yield c
-
-
-def eventually(check: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
 
 
 class Raw:
@@ -262,7 +256,7 @@ def test_deferred_timeout_without_fallback_is_a_timeout_error(registry: Registry
 def test_client_timeout_cancels_the_deferred_request_on_the_actor(client: Client) -> None:
     with pytest.raises(RequestTimeout):
         client.call("hang", timeout=0.1)
-    eventually(lambda: client.call("cancels") == ["cancelled"])
+    wait_until(lambda: client.call("cancels") == ["cancelled"], "the cancel", 20)
 
 
 def test_defer_on_a_stream_op_is_a_handler_error(registry: Registry) -> None:
@@ -326,7 +320,7 @@ def test_cancelling_a_stream_runs_on_cancel_on_the_actor(client: Client) -> None
     with client.stream("ticks", {"n": 100_000, "interval": 0.02}) as s:
         assert next(s).body["i"] == 0
     assert s.finished
-    eventually(lambda: client.call("cancels") == ["cancelled"])
+    wait_until(lambda: client.call("cancels") == ["cancelled"], "the cancel", 20)
 
 
 def test_a_slow_consumer_gets_every_event_of_a_long_stream_in_order(
@@ -338,7 +332,7 @@ def test_a_slow_consumer_gets_every_event_of_a_long_stream_in_order(
         stream = c.stream("count", {"n": 20_000})
         first = next(stream)
         # Let the actor outrun us: its iterator must park, not drop or block.
-        eventually(lambda: c.call("$info")["stats"]["events"] >= 1000)
+        wait_until(lambda: c.call("$info")["stats"]["events"] >= 1000, "1000 events", 20)
         rest = [m.body["i"] for m in stream]
         assert [first.body["i"], *rest] == list(range(20_000))
         assert stream.result == {"n": 20_000}
@@ -357,7 +351,7 @@ def test_a_peer_that_stops_reading_is_dropped_as_stuck(registry: Registry) -> No
             r.sock.setsockopt(zmq.RCVHWM, 10)
             r.hello()
             r.send(encode_envelope(Kind.STREAM, 2, "ticks", {"n": 1_000_000, "interval": 0}))
-            eventually(lambda: downs == ["backpressure"])
+            wait_until(lambda: downs == ["backpressure"], "the peer down", 20)
         finally:
             r.close()
         with Client(name="stuck", registry=registry, timeout=20) as c:
@@ -368,7 +362,7 @@ def test_breaking_out_of_a_stream_cancels_it_on_the_actor(client: Client) -> Non
     for event in client.stream("ticks", {"n": 100_000, "interval": 0.02}):
         assert event.body["i"] == 0
         break
-    eventually(lambda: client.call("cancels") == ["cancelled"])
+    wait_until(lambda: client.call("cancels") == ["cancelled"], "the cancel", 20)
 
 
 def test_a_client_dropped_as_stuck_reintroduces_itself_on_its_next_call(
@@ -382,7 +376,7 @@ def test_a_client_dropped_as_stuck_reintroduces_itself_on_its_next_call(
     ):
         stream = c.stream("count", {"n": 1_000_000})  # never read: the actor gives up on us
         with Client(name="strict", registry=registry, timeout=20) as probe:
-            eventually(lambda: probe.call("$info")["stats"]["peers_down"] == 1)
+            wait_until(lambda: probe.call("$info")["stats"]["peers_down"] == 1, "a peer down", 20)
         assert c.call("echo", "again") == "again"
         with pytest.raises(Cancelled):
             for _ in stream:
@@ -412,8 +406,8 @@ def test_client_close_cancels_its_open_requests_and_reports_peer_down(
         next(s)
         leaving.close()
         with Client(name="watcher", registry=registry, timeout=20) as other:
-            eventually(lambda: other.call("cancels") == ["peer_closed"])
-            eventually(lambda: ("leaver", "peer_closed") in downs)
+            wait_until(lambda: other.call("cancels") == ["peer_closed"], "the cancel", 20)
+            wait_until(lambda: ("leaver", "peer_closed") in downs, "the peer down", 20)
             assert len(actor.peers) == 1
 
 
@@ -429,7 +423,7 @@ def test_cast_runs_the_handler_and_a_failing_cast_is_only_logged(
     client.cast("fail_cast")
     client.cast("publish", {"key": "none"})
     assert client.call("echo", "alive") == "alive"
-    eventually(lambda: toy.stats.handler_failures == 1)
+    wait_until(lambda: toy.stats.handler_failures == 1, "the failure", 20)
 
 
 # -- malformed input from a raw peer -----------------------------------------
@@ -571,7 +565,7 @@ def test_closing_the_actor_fails_open_requests_with_unavailable(registry: Regist
 
         caller = threading.Thread(target=call)
         caller.start()
-        eventually(lambda: sum(len(p.open) for p in actor.peers) == 1)
+        wait_until(lambda: sum(len(p.open) for p in actor.peers) == 1, "one open call", 20)
     caller.join(20)
     c.close()
     assert [e.code for e in outcome if isinstance(e, LlamadError)] == ["unavailable"]

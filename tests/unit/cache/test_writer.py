@@ -23,6 +23,7 @@ from llamad.cache.publish import LocalMeta, PublishOutcome, PublishStage
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import SEGMENTS, Tier, TierConfig, TierStore, build_tiers
 from llamad.cache.writer import PermitSet, WriterPool
+from llamad.testing import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -32,13 +33,6 @@ PAYLOAD = os.urandom(200_000)
 
 def spec_for(tokens: list[int]) -> KvcSpec:
     return KvcSpec(NS, tokens_to_bytes(tokens), FingerprintMode.SAFE, SaveReason.CONTINUED)
-
-
-def wait_until(predicate: object, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "condition not reached before the deadline"
-        time.sleep(0.01)
 
 
 def _hold_permits(path: str, n: int, ready: mp.synchronize.Event) -> None:
@@ -93,7 +87,7 @@ def test_async_save_returns_before_the_write_and_publishes(tmp_path: Path) -> No
     gate.set()
     assert future.result(20).outcome is PublishOutcome.PUBLISHED
     assert rig.meta.lookup_exact(spec.key) is not None
-    wait_until(lambda: rig.pool.in_flight() == 0)
+    wait_until(lambda: rig.pool.in_flight() == 0, "the pool idle", 20)
     assert rig.permits.held() == 0
     rig.pool.close()
 
@@ -126,7 +120,7 @@ def test_permits_held_by_a_killed_process_are_returned(tmp_path: Path) -> None:
         assert permits.try_acquire() is None
         os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
         child.join(30)
-        wait_until(lambda: permits.held() == 0)
+        wait_until(lambda: permits.held() == 0, "every permit back", 20)
         permit = permits.try_acquire()
         assert permit is not None
         permit.release()
@@ -222,7 +216,7 @@ def test_a_failing_save_returns_its_permit_and_reservation(
     assert future is not None
     with pytest.raises(TierFull):
         future.result(20)
-    wait_until(lambda: rig.pool.in_flight() == 0)
+    wait_until(lambda: rig.pool.in_flight() == 0, "the pool idle", 20)
     assert rig.permits.held() == 0
     assert rig.meta.reservations == {}
     assert rig.counters.get("saves_dropped") == 1
@@ -242,8 +236,8 @@ def test_close_without_waiting_returns_queued_permits(tmp_path: Path) -> None:
     gate.set()
     for f in futures:
         assert f is not None
-        wait_until(f.done)
-    wait_until(lambda: rig.permits.held() == 0)
+        wait_until(f.done, "the save done", 20)
+    wait_until(lambda: rig.permits.held() == 0, "every permit back", 20)
     assert rig.pool.in_flight() == 0
     assert rig.pool.save_async(spec_for([9]), TierKind.DISK, PAYLOAD) is None
 
