@@ -33,6 +33,8 @@ ALLOWED = frozenset(
         "llamad.actors.aio_client",
         "llamad.actors.aio_link",
         "llamad.actors.client",
+        # Both actors clients' connection state, apart from the waiting.
+        "llamad.actors.connection",
         "llamad.actors.curve",
         "llamad.actors.errors",
         "llamad.actors.monitor",
