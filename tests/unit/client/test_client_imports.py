@@ -45,6 +45,9 @@ ALLOWED = frozenset(
         "llamad.client",
         "llamad.client.aio",
         "llamad.client.aio_stream",
+        # Both public clients' requests as data, and their shared state.
+        "llamad.client.asks",
+        "llamad.client.base",
         "llamad.client.bodies",
         "llamad.client.routes",
         "llamad.client.stream",
