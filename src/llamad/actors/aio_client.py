@@ -6,7 +6,9 @@ protocol (``docs/internals/actors.md``: HELLO, CALL, STREAM, CANCEL, BYE,
 the same envelope codec from :mod:`llamad.actors.wire`) with every wait on
 the event loop. Its connection (:class:`~llamad.actors.aio_link.AsyncLink`)
 is a socket whose descriptor, and the actor's pidfd, are registered with
-``loop.add_reader``; this module multiplexes requests over it:
+``loop.add_reader``; this module multiplexes requests over it, with the
+bookkeeping both clients share (:class:`~llamad.actors.connection.Connection`)
+and only the waiting of its own:
 
 - answers are routed by correlation id to each request's queue; a waiting
   task awaits a future, and a deadline is a ``loop.call_at`` timer;
@@ -30,87 +32,29 @@ import asyncio
 import contextlib
 import os
 import threading
-from collections import deque
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Final
 
 import msgspec
 import structlog
 import zmq
 
+from llamad.actors import connection
 from llamad.actors.aio_link import AsyncLink
+from llamad.actors.connection import EMPTY, ENDED, Arrival, Connection, OpenStream, Slot, decode
 from llamad.actors.curve import CurveClient
 from llamad.actors.errors import ClientClosed, WrongProcess
-from llamad.actors.monitor import ProcessRef
-from llamad.actors.registry import Registry, check_name
-from llamad.actors.sockets import listening, validate_endpoint
-from llamad.actors.wire import (
-    DECODE_ERRORS,
-    HANDSHAKE_REQUIRED,
-    MAX_CID,
-    SERVER_KINDS,
-    Hello,
-    Kind,
-    Limits,
-    Rejected,
-    Welcome,
-    decode_envelope,
-    encode_envelope,
-)
-from llamad.errors import (
-    Cancelled,
-    LlamadError,
-    RequestTimeout,
-    TooLarge,
-    Unavailable,
-    WorkerCrashed,
-    from_wire,
-)
+from llamad.actors.registry import Registry
+from llamad.actors.wire import Blob, Kind, Limits, Welcome
+from llamad.errors import LlamadError, RequestTimeout, Unavailable
 
 __all__ = ["AsyncActorClient", "AsyncStreamCall"]
 
-log = structlog.get_logger("llamad.client")
-
-_EMPTY: Final[Any] = object()
-_ANY: Final = msgspec.msgpack.Decoder()
-_WELCOME: Final = msgspec.msgpack.Decoder(Welcome)
-_DECODERS: dict[Any, msgspec.msgpack.Decoder[Any]] = {}
-_CLIENT_LIMITS: Final = Limits(linger_s=0.0)
 _CALL: Final = int(Kind.CALL)
 _STREAM: Final = int(Kind.STREAM)
-_ERROR: Final = int(Kind.ERROR)
-_EVENT: Final = int(Kind.EVENT)
-_END: Final = int(Kind.END)
 
 
-@dataclass(slots=True)
-class _Arrival:
-    kind: int
-    body: msgspec.Raw | None
-    error: LlamadError | None = None
-
-
-class _Slot:
-    """One open request: its arrivals, and the future of whoever waits on them."""
-
-    __slots__ = ("arrivals", "terminal", "waiter")
-
-    def __init__(self) -> None:
-        self.arrivals: deque[_Arrival] = deque()
-        self.terminal = False
-        self.waiter: asyncio.Future[None] | None = None
-
-    def push(self, arrival: _Arrival) -> None:
-        if arrival.kind != _EVENT:
-            self.terminal = True
-        self.arrivals.append(arrival)
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-
-class AsyncActorClient:
+class AsyncActorClient(Connection):
     """Asyncio client of one actor, reached by ``endpoint`` or registered ``name``.
 
     ``timeout`` is the default bound of :meth:`call` (``None``: none);
@@ -119,6 +63,8 @@ class AsyncActorClient:
     without one the client makes and terminates its own. ``curve``: CURVE
     keys for a ``tcp://`` actor that requires them.
     """
+
+    _log = structlog.get_logger("llamad.client")
 
     def __init__(
         self,
@@ -133,42 +79,17 @@ class AsyncActorClient:
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         curve: CurveClient | None = None,
     ) -> None:
-        if (endpoint is None) == (name is None):
-            raise ValueError("give exactly one of endpoint or name")
-        self._endpoint = validate_endpoint(endpoint) if endpoint is not None else None
-        self._name = check_name(name) if name is not None else None
-        self._registry = registry if registry is not None or name is None else Registry()
-        self.timeout = timeout
-        self.connect_timeout = connect_timeout
-        self.limits = limits or _CLIENT_LIMITS
-        self.client_name = client_name
-        self.curve = curve
+        super().__init__(
+            endpoint, name, registry, timeout, connect_timeout, limits, client_name, curve
+        )
         self._own_ctx = context is None
         self._ctx = context
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = 0
         self._link: AsyncLink | None = None
-        self._server: Welcome | None = None
         self._connecting: asyncio.Future[Welcome] | None = None
-        self._slots: dict[int, _Slot] = {}
-        self._next_cid = 0
-        self._closed = False
-        self._pid = os.getpid()
 
     # -- connection ----------------------------------------------------------
-
-    @property
-    def target(self) -> str:
-        return self._name if self._name is not None else str(self._endpoint)
-
-    @property
-    def server(self) -> Welcome | None:
-        """The actor's handshake reply while connected, else ``None``."""
-        return self._server
-
-    @property
-    def connected(self) -> bool:
-        return self._server is not None
 
     async def connect(self, timeout: float | None = None) -> Welcome:
         """Be connected, retrying until ``timeout`` (default ``connect_timeout``)
@@ -185,13 +106,10 @@ class AsyncActorClient:
 
     def close(self) -> None:
         """Say goodbye and close (idempotent); open requests fail with ``ClientClosed``."""
-        if self._closed:
+        if not self._closing():
             return
-        self._closed = True
-        if os.getpid() != self._pid:
-            return  # a forked copy must not touch the parent's ZeroMQ state
         if self._link is not None and self._server is not None:
-            self._link.send_quietly(encode_envelope(Kind.BYE, 0, "", None))
+            self._link.send_quietly(connection.BYE)
         self._disconnect()
         self._fail_all(ClientClosed(f"client of {self.target!r} is closed"))
         if self._own_ctx and self._ctx is not None:
@@ -203,9 +121,9 @@ class AsyncActorClient:
     async def call(
         self,
         op: str,
-        body: Any = _EMPTY,
+        body: Any = EMPTY,
         *,
-        timeout: float | None = _EMPTY,
+        timeout: float | None = EMPTY,
         reply_type: Any = Any,
     ) -> Any:
         """Call ``op``; the reply body decoded as ``reply_type``, or the typed error.
@@ -215,7 +133,7 @@ class AsyncActorClient:
         sends CANCEL so the actor stops working on it.
         """
         loop = self._bind_loop()
-        limit = self.timeout if timeout is _EMPTY else timeout
+        limit = self.timeout if timeout is EMPTY else timeout
         deadline = None if limit is None else loop.time() + limit
         for attempt in (1, 2):
             cid = await self._open(_CALL, op, body, deadline)
@@ -232,24 +150,16 @@ class AsyncActorClient:
             error = arrival.error
             if error is None:
                 assert arrival.body is not None
-                return _decode(arrival.body, reply_type)
-            if attempt == 1 and error.details.get("reason") == HANDSHAKE_REQUIRED:
-                # The actor dropped us as stuck and did not run the call.
-                self._fail_all(
-                    Cancelled(
-                        f"actor {self.target!r} dropped this client",
-                        details={"reason": "backpressure"},
-                    )
-                )
-                self._disconnect()
-                continue
+                return decode(arrival.body, reply_type)
+            if self._forgot_us(error, attempt):
+                continue  # introduce ourselves again and resend
             raise error
         raise AssertionError("unreachable: the second attempt returns or raises")
 
     async def stream(
         self,
         op: str,
-        body: Any = _EMPTY,
+        body: Any = EMPTY,
         *,
         timeout: float | None = None,
         event_type: Any = Any,
@@ -266,33 +176,18 @@ class AsyncActorClient:
 
     async def _open(self, kind: int, op: str, body: Any, deadline: float | None) -> int:
         loop = self._bind_loop()
-        connect_deadline = loop.time() + self.connect_timeout
-        if deadline is not None:
-            connect_deadline = min(connect_deadline, deadline)
+        connect_deadline = self._connect_deadline(loop.time(), deadline)
         server = await self._ensure_connected(connect_deadline)
-        cid = self._next_cid = self._next_cid + 1 if self._next_cid < MAX_CID else 1
-        header = encode_envelope(kind, cid, op, {} if body is _EMPTY else body)
-        if len(header) > server.max_header_bytes:
-            raise TooLarge(
-                f"request header of {len(header)} bytes exceeds {server.max_header_bytes}",
-                details={"limit": server.max_header_bytes},
-            )
-        self._slots[cid] = _Slot()
-        try:
-            self._send(header)
-        except BaseException:
-            self._slots.pop(cid, None)
-            raise
-        return cid
+        return self._issue(server, kind, op, body)
 
-    def _send(self, header: bytes) -> None:
+    def _send(self, header: bytes, blobs: Sequence[Blob] = ()) -> None:
         if self._link is None:
             raise Unavailable(f"actor {self.target!r} is not connected")
         self._link.send(header)
 
     def _send_cancel(self, cid: int) -> None:
         if self._link is not None and self._server is not None and not self._closed:
-            self._link.send_quietly(encode_envelope(Kind.CANCEL, cid, "", None))
+            self._link.send_quietly(connection.cancel_frame(cid))
 
     def _abandon(self, cid: int) -> None:
         """A stream was dropped unfinished (possibly from a GC on another thread)."""
@@ -312,7 +207,7 @@ class AsyncActorClient:
 
     # -- internals: receiving ------------------------------------------------
 
-    async def _next_arrival(self, slot: _Slot, deadline: float | None) -> _Arrival:
+    async def _next_arrival(self, slot: Slot, deadline: float | None) -> Arrival:
         arrivals = slot.arrivals
         while not arrivals:
             loop = self._loop
@@ -335,25 +230,6 @@ class AsyncActorClient:
             if not arrivals and deadline is not None and loop.time() >= deadline:
                 raise RequestTimeout(f"no answer from {self.target!r} in time")
         return arrivals.popleft()
-
-    def _route(self, header: bytes) -> None:
-        try:
-            env = decode_envelope(header, self.limits.max_frame_bytes, SERVER_KINDS)
-        except Rejected as rej:
-            log.warning(
-                "actor.client.bad_response", target=self.target, code=rej.error.code, cid=rej.cid
-            )
-            slot = self._slots.get(rej.cid)
-            if slot is not None and not slot.terminal:
-                slot.push(_Arrival(_ERROR, None, rej.error))
-            return
-        slot = self._slots.get(env.cid)
-        if slot is None or slot.terminal:
-            return  # a late answer to something we gave up on
-        if env.kind == _ERROR:
-            slot.push(_Arrival(_ERROR, None, _error(env.body)))
-        else:
-            slot.push(_Arrival(env.kind, env.body))
 
     # -- internals: connection state -----------------------------------------
 
@@ -408,33 +284,28 @@ class AsyncActorClient:
 
         def down(reason: str) -> None:
             if self._link is link:
-                if link.refusal is not None:
-                    self._disconnect()
-                    self._fail_all(link.refusal)  # refused, not crashed
-                else:
-                    self._server_down(reason)
+                self._lost(reason, link.refusal)
 
+        events, watched = self._watch_plan(endpoint, expected)
         link = self._link = AsyncLink(
             loop,
             self._ctx,
             endpoint,
             self.limits,
             target=self.target,
-            expected=expected,
+            monitor=events,
+            watched=watched,
             on_message=self._route,
             on_down=down,
             curve=self.curve,
         )
-        me = ProcessRef.current()
-        hello = Hello(me.pid, me.start_ticks, me.boot_id, me.pidns, self.client_name)
-        cid = self._next_cid = self._next_cid + 1 if self._next_cid < MAX_CID else 1
-        slot = self._slots[cid] = _Slot()
+        cid, slot, hello = self._hello()
         try:
             # No pipe: a refused CURVE handshake takes it away for good. The
             # monitor reports the refusal onto this slot; the deadline bounds
             # the wait when nothing does.
             with contextlib.suppress(Unavailable):
-                self._send(encode_envelope(Kind.HELLO, cid, "", hello))
+                self._send(hello)
             try:
                 arrival = await self._next_arrival(slot, deadline)
             except RequestTimeout:
@@ -443,53 +314,11 @@ class AsyncActorClient:
             self._slots.pop(cid, None)
             self._disconnect()
             raise
-        self._slots.pop(cid, None)
-        if arrival.error is not None:
-            self._disconnect()
-            raise arrival.error
-        assert arrival.body is not None
-        welcome = _WELCOME.decode(arrival.body)
-        ref = ProcessRef(welcome.pid, welcome.start_ticks, welcome.boot_id, welcome.pidns)
-        if not link.watch(ref, expected):
-            self._disconnect()
-            raise Unavailable(f"actor {self.target!r} exited during the handshake")
-        self._server = welcome
-        log.debug("actor.client.connected", target=self.target, pid=welcome.pid)
-        return welcome
-
-    def _resolve(self) -> tuple[str, ProcessRef | None]:
-        if self._name is not None:
-            assert self._registry is not None
-            entry = self._registry.lookup(self._name)
-            if entry is None:
-                raise Unavailable(
-                    f"actor {self._name!r} is not running", details={"name": self._name}
-                )
-            return entry.endpoint, entry.process
-        assert self._endpoint is not None
-        if not listening(self._endpoint):
-            raise Unavailable(
-                f"nothing listens on {self._endpoint}", details={"endpoint": self._endpoint}
-            )
-        return self._endpoint, None
-
-    def _server_down(self, reason: str) -> None:
-        """The actor died (its link drained what it sent first): fail what is open."""
-        server = self._server
-        pid = server.pid if server is not None else None
-        self._disconnect()
-        log.info("actor.client.server_down", target=self.target, pid=pid, reason=reason)
-        self._fail_all(
-            WorkerCrashed(
-                f"actor {self.target!r} (pid {pid}) died: {reason}",
-                details={"actor": self.target, "pid": pid, "reason": reason},
-            )
-        )
-
-    def _fail_all(self, error: LlamadError) -> None:
-        for slot in self._slots.values():
-            if not slot.terminal:
-                slot.push(_Arrival(_ERROR, None, error))
+        welcome, ref = self._welcomed(cid, arrival)
+        if self._follow(link.watch, expected, ref, monitored=link.monitored):
+            link.close_monitor()  # the pidfd is authoritative
+        link.rewatch()
+        return self._connected(welcome)
 
     def _disconnect(self) -> None:
         link, self._link = self._link, None
@@ -498,7 +327,7 @@ class AsyncActorClient:
         self._server = None
 
 
-class AsyncStreamCall:
+class AsyncStreamCall(OpenStream[AsyncActorClient]):
     """An open stream: ``async for`` its events; it ends with exactly one terminal.
 
     Each event is its body decoded as ``event_type``. A successful end stops
@@ -510,29 +339,20 @@ class AsyncStreamCall:
     def __init__(
         self, client: AsyncActorClient, cid: int, timeout: float | None, event_type: Any
     ) -> None:
-        self._client = client
-        self.cid = cid
-        self.timeout = timeout
-        self._event_type = event_type
+        super().__init__(client, cid, timeout, event_type)
         self.result: msgspec.Raw | None = None
-        self.error: LlamadError | None = None
-        self.finished = False
 
     def __aiter__(self) -> AsyncIterator[Any]:
         return self
 
     async def __anext__(self) -> Any:
-        if self.finished:
-            raise StopAsyncIteration
-        client = self._client
-        slot = client._slots.get(self.cid)
+        slot = self._slot()
         if slot is None:
-            self.finished = True
             raise StopAsyncIteration
-        loop = client._bind_loop()
+        loop = self._client._bind_loop()
         deadline = None if self.timeout is None else loop.time() + self.timeout
         try:
-            arrival = await client._next_arrival(slot, deadline)
+            arrival = await self._client._next_arrival(slot, deadline)
         except LlamadError as exc:
             self.cancel()
             self.error = exc
@@ -540,53 +360,19 @@ class AsyncStreamCall:
         except BaseException:
             self.cancel()  # the consuming task was cancelled: so is the stream
             raise
-        if arrival.error is not None:
-            self._finish()
-            self.error = arrival.error
-            raise arrival.error
-        assert arrival.body is not None
-        if arrival.kind == _END:
-            self._finish()
-            self.result = arrival.body
+        event = self._take(arrival)
+        if event is ENDED:
             raise StopAsyncIteration
-        return _decode(arrival.body, self._event_type)
+        return event
 
-    def cancel(self) -> None:
-        """Stop consuming and ask the actor to stop producing. Idempotent."""
-        if not self.finished:
-            self._finish()
-            self._client._send_cancel(self.cid)
+    def _event(self, arrival: Arrival) -> Any:
+        assert arrival.body is not None
+        return decode(arrival.body, self._event_type)
 
-    def _finish(self) -> None:
-        self.finished = True
-        self._client._slots.pop(self.cid, None)
-
-    def __del__(self) -> None:
-        if not self.finished:
-            with contextlib.suppress(Exception):
-                self._client._abandon(self.cid)
+    def _ended(self, arrival: Arrival) -> None:
+        self.result = arrival.body
 
 
 def _expire(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
-
-
-def _decode(raw: msgspec.Raw, typ: Any) -> Any:
-    decoder = _ANY if typ is Any else _DECODERS.get(typ)
-    if decoder is None:
-        decoder = _DECODERS[typ] = msgspec.msgpack.Decoder(typ)
-    try:
-        return decoder.decode(raw)
-    except DECODE_ERRORS as exc:
-        raise LlamadError(f"malformed answer from the actor: {exc}") from None
-
-
-def _error(raw: msgspec.Raw) -> LlamadError:
-    try:
-        payload = _ANY.decode(raw)
-    except DECODE_ERRORS:
-        payload = None
-    if not isinstance(payload, dict):
-        return LlamadError("the actor sent a malformed error")
-    return from_wire(payload)

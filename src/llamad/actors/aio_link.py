@@ -17,24 +17,25 @@ its actor's process, both driven by the event loop's readiness callbacks.
   itself down with :attr:`AsyncLink.refusal` set, which the client raises
   as it is (``PermissionDenied``) instead of a crash.
 
-The link knows nothing of requests: it hands every header frame to
-``on_message`` and reports a death once to ``on_down``.
+The link knows nothing of requests, nor decides what watches the actor (the
+client's :class:`~llamad.actors.connection.Connection` does): it hands every
+header frame to ``on_message`` and reports a death once to ``on_down``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import Callable
 from typing import Final
 
 import structlog
 import zmq
 
-from llamad.actors.curve import HANDSHAKE_FAILED, CurveClient, handshake_refusal, secure_client
+from llamad.actors.connection import dealer, monitor_event
+from llamad.actors.curve import CurveClient
 from llamad.actors.monitor import ProcessRef, ProcessWatch
-from llamad.actors.sockets import NOBLOCK, POLLIN, configure
+from llamad.actors.sockets import NOBLOCK, POLLIN
 from llamad.actors.wire import Limits
 from llamad.errors import PermissionDenied, Unavailable
 
@@ -46,7 +47,9 @@ _LATE_REPLY_GRACE_S: Final = 0.01
 
 
 class AsyncLink:
-    """A socket connected to ``endpoint`` on ``loop`` (see the module doc)."""
+    """A socket connected to ``endpoint`` on ``loop`` (see the module doc),
+    watched by a socket monitor of the ``monitor`` events (0: none) and the
+    pidfd of the ``watched`` process until the handshake says who answered."""
 
     def __init__(
         self,
@@ -56,7 +59,8 @@ class AsyncLink:
         limits: Limits,
         *,
         target: str,
-        expected: ProcessRef | None,
+        monitor: int,
+        watched: ProcessRef | None,
         on_message: Callable[[bytes], None],
         on_down: Callable[[str], None],
         curve: CurveClient | None = None,
@@ -70,33 +74,25 @@ class AsyncLink:
         self.closed = False
         self.refusal: PermissionDenied | None = None
         """Why the actor refused the handshake, once it did."""
-        self._watch = ProcessWatch()
+        self.watch = ProcessWatch()
+        """The actor's process, watched by its pidfd (or polled)."""
         self._watched_fds: list[int] = []
         self._poll_timer: asyncio.TimerHandle | None = None
         self._monitor: zmq.Socket[bytes] | None = None
-        sock = ctx.socket(zmq.DEALER)
-        tcp = endpoint.startswith("tcp://")
-        configure(sock, limits, linger_s=0.0, endpoint=endpoint)
-        if tcp and curve is not None:
-            secure_client(sock, curve)
-        sock.setsockopt(zmq.ROUTING_ID, os.urandom(12))
-        sock.setsockopt(zmq.RECONNECT_IVL, 20)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
+        sock = dealer(ctx, endpoint, limits, curve)
         self._sock = sock
         self._sock_fd = _fd(sock)
         loop.add_reader(self._sock_fd, self._drain)
-        if tcp or expected is None or not expected.is_local():
-            # Over tcp the handshake itself may be refused (CURVE).
-            events = zmq.EVENT_DISCONNECTED | (HANDSHAKE_FAILED if tcp else 0)
-            self._monitor = sock.get_monitor_socket(events)
+        if monitor:
+            self._monitor = sock.get_monitor_socket(monitor)
             loop.add_reader(_fd(self._monitor), self._on_monitor)
             # ZMQ_FD only signals a pipe its reader found empty once: read it
             # now, or no event would ever wake the loop.
             loop.call_soon(self._on_monitor)
         sock.connect(endpoint)
-        if expected is not None:
-            self._watch.watch(expected)
-        self._rewatch()
+        if watched is not None:
+            self.watch.watch(watched)
+        self.rewatch()
 
     def send(self, header: bytes) -> None:
         """Queue one frame; ``Unavailable`` when the actor is not reading."""
@@ -112,20 +108,10 @@ class AsyncLink:
             with contextlib.suppress(zmq.ZMQError):
                 self._sock.send(header, NOBLOCK)
 
-    def watch(self, ref: ProcessRef, expected: ProcessRef | None) -> bool:
-        """Watch the process that answered the handshake instead of the one the
-        registry named; ``False`` if it is already gone (or not local and no
-        monitor watches the connection)."""
-        if expected is not None and ref != expected:
-            self._watch.unwatch(expected)
-        if ref.is_local():
-            if not self._watch.watch(ref):
-                return False
-            self._close_monitor()  # the pidfd is authoritative
-        elif self._monitor is None:
-            return False
-        self._rewatch()
-        return True
+    @property
+    def monitored(self) -> bool:
+        """Whether a socket monitor watches the connection."""
+        return self._monitor is not None
 
     def close(self) -> None:
         """Unregister everything and close the socket. Idempotent."""
@@ -141,9 +127,9 @@ class AsyncLink:
         if self._poll_timer is not None:
             self._poll_timer.cancel()
             self._poll_timer = None
-        self._close_monitor()
+        self.close_monitor()
         self._sock.close(linger=0)
-        self._watch.close()
+        self.watch.close()
 
     # -- readiness callbacks -------------------------------------------------
 
@@ -161,18 +147,18 @@ class AsyncLink:
         except zmq.ZMQError as exc:  # the socket was closed under us
             log.debug("actor.client.recv_failed", target=self.target, error=str(exc))
 
-    def _rewatch(self) -> None:
+    def rewatch(self) -> None:
         """Register the watched pidfds (and a poll timer for a watch without one)."""
         loop = self.loop
         for fd in self._watched_fds:
             loop.remove_reader(fd)
-        self._watched_fds = self._watch.fds()
+        self._watched_fds = self.watch.fds()
         for fd in self._watched_fds:
             loop.add_reader(fd, self._on_exit)
         if self._poll_timer is not None:
             self._poll_timer.cancel()
             self._poll_timer = None
-        interval = self._watch.poll_interval()
+        interval = self.watch.poll_interval()
         if interval is not None:
             self._poll_timer = loop.call_later(interval, self._on_poll_timer)
 
@@ -180,10 +166,10 @@ class AsyncLink:
         self._poll_timer = None
         self._on_exit()
         if not self.closed and self.going_down is None:
-            self._rewatch()
+            self.rewatch()
 
     def _on_exit(self) -> None:
-        if self._watch.exited():
+        if self.watch.exited():
             self._down("process exited")
 
     def _on_monitor(self) -> None:
@@ -193,17 +179,11 @@ class AsyncLink:
         lost = False
         with contextlib.suppress(zmq.Again, zmq.ZMQError):
             while _events(monitor) & POLLIN:
-                frames = monitor.recv_multipart(NOBLOCK)
-                event = int.from_bytes(frames[0][:2], "little")
-                if event == zmq.EVENT_DISCONNECTED:
-                    lost = True
-                elif event & HANDSHAKE_FAILED:
-                    # The first event says why; retries that follow may say less.
-                    if self.refusal is None:
-                        value = int.from_bytes(frames[0][2:6], "little")
-                        endpoint = frames[1].decode(errors="replace")
-                        self.refusal = handshake_refusal(event, value, endpoint)
-                    lost = True
+                gone, refusal = monitor_event(monitor.recv_multipart(NOBLOCK))
+                lost = lost or gone
+                if self.refusal is None:
+                    # The first refusal says why; retries that follow may say less.
+                    self.refusal = refusal
         if lost:
             self._down("refused" if self.refusal is not None else "connection lost")
 
@@ -226,7 +206,7 @@ class AsyncLink:
         if down is not None and not down.done():
             down.set_result(None)
 
-    def _close_monitor(self) -> None:
+    def close_monitor(self) -> None:
         monitor = self._monitor
         if monitor is None:
             return

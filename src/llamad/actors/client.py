@@ -41,6 +41,11 @@ with no action from the caller.
 A client is not thread-safe: use one per thread (the thread that creates it
 is its owner; a stream dropped unfinished is cancelled at once when that
 happens on the owner thread, else at the owner's next operation).
+
+What it does with what arrives (resolving, the handshake's bookkeeping,
+correlation ids, routing answers, failing what is open when the actor dies)
+it shares with the asyncio client: :mod:`llamad.actors.connection`. This
+module is the blocking waiting.
 """
 
 from __future__ import annotations
@@ -50,102 +55,55 @@ import os
 import select
 import threading
 import time
-from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, Literal
+from typing import Any, Final
 
-import msgspec
-import structlog
 import zmq
 
-from llamad.actors.curve import HANDSHAKE_FAILED, CurveClient, handshake_refusal, secure_client
+from llamad.actors import connection
+from llamad.actors.connection import EMPTY, Arrival, Connection, OpenStream, Slot, Watch, decode
+from llamad.actors.curve import CurveClient
 from llamad.actors.errors import ClientClosed, WrongProcess
-from llamad.actors.monitor import ProcessRef, ProcessWatch
-from llamad.actors.registry import Registry, check_name
+from llamad.actors.monitor import ProcessWatch
+from llamad.actors.registry import Registry
 from llamad.actors.sockets import (
     FORKS,
     NOBLOCK,
     POLLIN,
     SNDMORE,
     SNDMORE_NOBLOCK,
-    configure,
-    listening,
     send_frame,
-    validate_endpoint,
 )
 from llamad.actors.wire import (
     DECODE_ERRORS,
     ENVELOPE_DECODER,
-    HANDSHAKE_REQUIRED,
     MAX_CID,
     PROTOCOL_VERSION,
-    SERVER_KINDS,
     Blob,
-    Hello,
     Kind,
     Limits,
     Message,
-    Rejected,
     Welcome,
-    decode_envelope,
     encode_envelope,
     oversized_blob,
 )
-from llamad.errors import (
-    Cancelled,
-    LlamadError,
-    PermissionDenied,
-    RequestTimeout,
-    TooLarge,
-    Unavailable,
-    WorkerCrashed,
-    from_wire,
-)
+from llamad.errors import LlamadError, PermissionDenied, RequestTimeout, Unavailable
 
 __all__ = ["CRASH_CHECK_S", "Client", "StreamCall"]
 
-log = structlog.get_logger("llamad.actors")
-
-Watch = Literal["auto", "process", "connection"]
-
-_EMPTY: Final[Any] = object()
-_WELCOME: Final = msgspec.msgpack.Decoder(Welcome)
-_ANY: Final = msgspec.msgpack.Decoder()
-_DECODERS: dict[Any, msgspec.msgpack.Decoder[Any]] = {}
 _LATE_REPLY_GRACE_S: Final = 0.01
 CRASH_CHECK_S: Final = 0.1
 """How often a client blocked waiting for an answer checks that the actor lives."""
 _CRASH_CHECK_MS: Final = round(CRASH_CHECK_S * 1000)
-_CLIENT_LIMITS: Final = Limits(linger_s=0.0)
 # Enum attribute access costs a microsecond on the hot path; bind plain ints.
 _CALL: Final = int(Kind.CALL)
 _REPLY: Final = int(Kind.REPLY)
 _CAST: Final = int(Kind.CAST)
 _STREAM: Final = int(Kind.STREAM)
-_ERROR: Final = int(Kind.ERROR)
-_EVENT: Final = int(Kind.EVENT)
-_END: Final = int(Kind.END)
 
 
-@dataclass(slots=True)
-class _Arrival:
-    kind: int
-    body: msgspec.Raw | None
-    blobs: tuple[memoryview, ...]
-    error: LlamadError | None = None
-
-
-class _Slot:
-    __slots__ = ("arrivals", "terminal")
-
-    def __init__(self) -> None:
-        self.arrivals: deque[_Arrival] = deque()
-        self.terminal = False
-
-
-class Client:
+class Client(Connection):
     """Blocking client of one actor, reached by ``endpoint`` or registered ``name``.
 
     ``timeout`` is the default for :meth:`call`; ``connect_timeout`` bounds
@@ -168,21 +126,10 @@ class Client:
         watch: Watch = "auto",
         curve: CurveClient | None = None,
     ) -> None:
-        if (endpoint is None) == (name is None):
-            raise ValueError("give exactly one of endpoint or name")
-        self._endpoint = validate_endpoint(endpoint) if endpoint is not None else None
-        self._name = check_name(name) if name is not None else None
-        self._registry = registry if registry is not None or name is None else Registry()
-        self.timeout = timeout
-        self.connect_timeout = connect_timeout
-        self.limits = limits or _CLIENT_LIMITS
-        self.client_name = client_name
-        self.watch_mode: Watch = watch
-        if curve is not None and not isinstance(curve, CurveClient):
-            raise ValueError("curve must be a CurveClient")
-        self.curve = curve
+        super().__init__(
+            endpoint, name, registry, timeout, connect_timeout, limits, client_name, curve, watch
+        )
         self._refusal: PermissionDenied | None = None
-        self._pid = os.getpid()
         self._forks = FORKS[0]
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self._sock: zmq.Socket[bytes] | None = None
@@ -195,29 +142,11 @@ class Client:
         self._rcvtimeo = _CRASH_CHECK_MS  # the socket's RCVTIMEO now
         self._tick_ms = _CRASH_CHECK_MS  # the longest a recv may block
         self._watch = ProcessWatch()
-        self._server: Welcome | None = None
-        self._server_ref: ProcessRef | None = None
-        self._slots: dict[int, _Slot] = {}
-        self._next_cid = 0
-        self._closed = False
         self._owner = threading.get_ident()
         self._busy = 0
         self._abandoned: list[int] = []
 
     # -- connection ----------------------------------------------------------
-
-    @property
-    def server(self) -> Welcome | None:
-        """The actor's handshake reply while connected, else ``None``."""
-        return self._server
-
-    @property
-    def connected(self) -> bool:
-        return self._sock is not None and self._server is not None
-
-    @property
-    def target(self) -> str:
-        return self._name if self._name is not None else str(self._endpoint)
 
     def connect(self, timeout: float | None = None) -> Welcome:
         """Handshake now (otherwise the first request does it), retrying until
@@ -234,14 +163,11 @@ class Client:
 
     def close(self) -> None:
         """Say goodbye, close the socket, then the context. Idempotent."""
-        if self._closed:
+        if not self._closing():
             return
-        self._closed = True
-        if os.getpid() != self._pid:
-            return  # a forked copy must not touch the parent's ZeroMQ state
         if self._sock is not None and self._server is not None:
             with contextlib.suppress(zmq.ZMQError):
-                self._sock.send(encode_envelope(Kind.BYE, 0, "", None), zmq.NOBLOCK)
+                self._sock.send(connection.BYE, zmq.NOBLOCK)
         self._disconnect()
         if self._ctx is not None:
             self._ctx.term()
@@ -264,10 +190,10 @@ class Client:
     def call(
         self,
         op: str,
-        body: Any = _EMPTY,
+        body: Any = EMPTY,
         *,
         blobs: Sequence[Blob] = (),
-        timeout: float | None = _EMPTY,
+        timeout: float | None = EMPTY,
         reply_type: Any = Any,
     ) -> Any:
         """Call ``op`` and return the reply body, or raise the actor's typed error.
@@ -278,27 +204,27 @@ class Client:
         about :data:`CRASH_CHECK_S`.
         ``reply_type`` decodes (and validates) the body into a msgspec type.
         """
-        arrival = self._round_trip(op, body, blobs, self.timeout if timeout is _EMPTY else timeout)
+        arrival = self._round_trip(op, body, blobs, self.timeout if timeout is EMPTY else timeout)
         assert arrival.body is not None
-        return _decode(arrival.body, reply_type)
+        return decode(arrival.body, reply_type)
 
     def request(
         self,
         op: str,
-        body: Any = _EMPTY,
+        body: Any = EMPTY,
         *,
         blobs: Sequence[Blob] = (),
-        timeout: float | None = _EMPTY,
+        timeout: float | None = EMPTY,
         reply_type: Any = Any,
     ) -> Message:
         """Like :meth:`call` but return the whole reply, blobs included."""
-        arrival = self._round_trip(op, body, blobs, self.timeout if timeout is _EMPTY else timeout)
+        arrival = self._round_trip(op, body, blobs, self.timeout if timeout is EMPTY else timeout)
         assert arrival.body is not None
-        return Message(_decode(arrival.body, reply_type), arrival.blobs)
+        return Message(decode(arrival.body, reply_type), arrival.blobs)
 
     def _round_trip(
         self, op: str, body: Any, blobs: Sequence[Blob], limit: float | None
-    ) -> _Arrival:
+    ) -> Arrival:
         """Send a CALL and wait for its answer; raise its error, if any."""
         deadline = None if limit is None else time.monotonic() + limit
         for attempt in (1, 2):
@@ -318,34 +244,24 @@ class Client:
             error = arrival.error
             if error is None:
                 return arrival
-            if attempt == 1 and error.details.get("reason") == HANDSHAKE_REQUIRED:
-                # The actor forgot us (it dropped us as stuck) and did not
-                # process the call: whatever else we had open there is gone;
-                # introduce ourselves again and resend.
-                self._fail_all(
-                    Cancelled(
-                        f"actor {self.target!r} dropped this client",
-                        details={"reason": "backpressure"},
-                    )
-                )
-                self._disconnect()
-                continue
+            if self._forgot_us(error, attempt):
+                continue  # introduce ourselves again and resend
             raise error
         raise AssertionError("unreachable: the second attempt returns or raises")
 
-    def _await(self, cid: int, deadline: float | None) -> _Arrival:
+    def _await(self, cid: int, deadline: float | None) -> Arrival:
         slot = self._slots[cid]
         try:
             return self._next_arrival(slot, deadline)
         except RequestTimeout:
-            self._cancel_remote(cid)
+            self._send_cancel(cid)
             raise
         finally:
             self._slots.pop(cid, None)
 
     def _quick_call(
         self, op: str, body: Any, blobs: Sequence[Blob], deadline: float | None
-    ) -> _Arrival | None:
+    ) -> Arrival | None:
         """The common call, in few steps: connected to a local actor watched by
         a pidfd, nothing else open, nothing unusual coming back.
 
@@ -367,7 +283,7 @@ class Client:
         ):
             return None
         cid = self._next_cid = self._next_cid + 1 if self._next_cid < MAX_CID else 1
-        header = encode_envelope(_CALL, cid, op, {} if body is _EMPTY else body)
+        header = encode_envelope(_CALL, cid, op, {} if body is EMPTY else body)
         if len(header) > server.max_header_bytes:
             return None
         self._send(header, blobs)
@@ -391,8 +307,8 @@ class Client:
                     except DECODE_ERRORS:
                         version = kind = rcid = 0
                     if version == PROTOCOL_VERSION and kind == _REPLY and rcid == cid:
-                        return _Arrival(_REPLY, raw, ())
-        self._slots[cid] = _Slot()
+                        return Arrival(_REPLY, raw, ())
+        self._slots[cid] = Slot()
         if frame is not None:
             header = frame.bytes
             extra: list[memoryview] = []
@@ -404,14 +320,14 @@ class Client:
             self._server_down("process exited")
         return self._await(cid, deadline)
 
-    def cast(self, op: str, body: Any = _EMPTY, *, blobs: Sequence[Blob] = ()) -> None:
+    def cast(self, op: str, body: Any = EMPTY, *, blobs: Sequence[Blob] = ()) -> None:
         """Send ``op`` without waiting; the actor sends nothing back."""
         self._open(_CAST, op, body, blobs, None)
 
     def stream(
         self,
         op: str,
-        body: Any = _EMPTY,
+        body: Any = EMPTY,
         *,
         blobs: Sequence[Blob] = (),
         timeout: float | None = None,
@@ -447,36 +363,11 @@ class Client:
         if server is None or pidcheck is None or pidcheck.poll(0):
             # Not connected, watched without a pidfd, or the pidfd says the
             # actor is gone: the general path reconnects (or notices).
-            connect_deadline = time.monotonic() + self.connect_timeout
-            if deadline is not None:
-                connect_deadline = min(connect_deadline, deadline)
+            connect_deadline = self._connect_deadline(time.monotonic(), deadline)
             server = self._ensure_connected(connect_deadline)
-        if blobs:
-            if len(blobs) > server.max_blobs:
-                raise TooLarge(f"{len(blobs)} blobs exceed the actor's limit of {server.max_blobs}")
-            big = oversized_blob(blobs, server.max_frame_bytes)
-            if big is not None:
-                raise TooLarge(
-                    f"blob {big} exceeds the actor's frame limit of {server.max_frame_bytes} bytes",
-                    details={"limit": server.max_frame_bytes},
-                )
-        cid = self._next_cid = self._next_cid + 1 if self._next_cid < MAX_CID else 1
-        header = encode_envelope(kind, cid, op, {} if body is _EMPTY else body)
-        if len(header) > server.max_header_bytes:
-            raise TooLarge(
-                f"request header of {len(header)} bytes exceeds {server.max_header_bytes}",
-                details={"limit": server.max_header_bytes},
-            )
-        if kind != _CAST:
-            self._slots[cid] = _Slot()
-        try:
-            self._send(header, blobs)
-        except BaseException:
-            self._slots.pop(cid, None)
-            raise
-        return cid
+        return self._issue(server, kind, op, body, blobs)
 
-    def _send(self, header: bytes, blobs: Sequence[Blob]) -> None:
+    def _send(self, header: bytes, blobs: Sequence[Blob] = ()) -> None:
         sock = self._sock
         assert sock is not None
         try:
@@ -490,10 +381,10 @@ class Client:
         for i, blob in enumerate(blobs):
             send_frame(sock, blob, 0 if i == last else SNDMORE, False)
 
-    def _cancel_remote(self, cid: int) -> None:
+    def _send_cancel(self, cid: int) -> None:
         if self._sock is not None and self._server is not None:
             with contextlib.suppress(zmq.ZMQError):
-                self._sock.send(encode_envelope(Kind.CANCEL, cid, "", None), zmq.NOBLOCK)
+                self._sock.send(connection.cancel_frame(cid), zmq.NOBLOCK)
 
     def _abandon(self, cid: int) -> None:
         """A stream was dropped without being finished: cancel it on the actor.
@@ -515,15 +406,11 @@ class Client:
         while self._abandoned:
             cid = self._abandoned.pop()
             if self._slots.pop(cid, None) is not None:
-                self._cancel_remote(cid)
-
-    def _cid(self) -> int:
-        cid = self._next_cid = self._next_cid + 1 if self._next_cid < MAX_CID else 1
-        return cid
+                self._send_cancel(cid)
 
     # -- internals: receiving ------------------------------------------------
 
-    def _next_arrival(self, slot: _Slot, deadline: float | None) -> _Arrival:
+    def _next_arrival(self, slot: Slot, deadline: float | None) -> Arrival:
         arrivals = slot.arrivals
         while not arrivals:
             if self._sock is None:
@@ -537,7 +424,7 @@ class Client:
             self._pump(left, slot)
         return arrivals.popleft()
 
-    def _pump(self, timeout: float | None, want: _Slot | None = None) -> None:
+    def _pump(self, timeout: float | None, want: Slot | None = None) -> None:
         """Wait up to ``timeout`` for traffic or the actor's death; route arrivals."""
         self._busy += 1
         try:
@@ -550,7 +437,7 @@ class Client:
             if self._abandoned:
                 self._flush_abandoned()
 
-    def _poll_monitored(self, timeout: float | None, want: _Slot | None) -> None:
+    def _poll_monitored(self, timeout: float | None, want: Slot | None) -> None:
         """Connection watch: the monitor socket must be polled with ours."""
         interval = self._watch.poll_interval()
         if interval is not None:
@@ -568,12 +455,7 @@ class Client:
                 fds.append(item)
         if monitor_ready and self._disconnected():
             refusal, self._refusal = self._refusal, None
-            if refusal is not None:
-                # Refused, not crashed: whatever waits fails with the reason now.
-                self._disconnect()
-                self._fail_all(refusal)
-                return
-            self._server_down("connection lost")
+            self._lost("connection lost", refusal)
             return
         if (fds or interval is not None) and self._watch.exited(fds):
             self._server_down("process exited")
@@ -604,7 +486,7 @@ class Client:
             blobs.append(frame.buffer)
         self._route(header, tuple(blobs))
 
-    def _drain(self, want: _Slot | None = None) -> None:
+    def _drain(self, want: Slot | None = None) -> None:
         """Route what is queued; stop early once ``want`` has an arrival (the
         rest is picked up by the next poll, which returns at once)."""
         sock = self._sock
@@ -628,30 +510,6 @@ class Client:
             # exception an empty recv raises.
             if not zmq.zmq_poll(probe, 0):
                 return
-
-    def _route(self, header: bytes | memoryview, blobs: tuple[memoryview, ...]) -> None:
-        try:
-            env = decode_envelope(header, self.limits.max_frame_bytes, SERVER_KINDS)
-        except Rejected as rej:
-            log.warning(
-                "actor.client.bad_response", target=self.target, code=rej.error.code, cid=rej.cid
-            )
-            slot = self._slots.get(rej.cid)
-            if slot is not None and not slot.terminal:
-                slot.terminal = True
-                slot.arrivals.append(_Arrival(Kind.ERROR, None, (), rej.error))
-            return
-        slot = self._slots.get(env.cid)
-        if slot is None or slot.terminal:
-            return  # a late answer to something we gave up on
-        kind = env.kind
-        if kind == _ERROR:
-            slot.terminal = True
-            slot.arrivals.append(_Arrival(kind, None, (), _error(env.body)))
-            return
-        if kind != _EVENT:
-            slot.terminal = True
-        slot.arrivals.append(_Arrival(kind, env.body, blobs))
 
     def _send_hello(self, sock: zmq.Socket[bytes], frame: bytes, deadline: float) -> None:
         """Send the HELLO within the connect deadline.
@@ -686,17 +544,11 @@ class Client:
         assert monitor is not None
         lost = False
         while zmq.zmq_poll([(monitor, POLLIN)], 0):
-            frames = monitor.recv_multipart(NOBLOCK)
-            event = int.from_bytes(frames[0][:2], "little")
-            if event == zmq.EVENT_DISCONNECTED:
-                lost = True
-            elif event & HANDSHAKE_FAILED:
-                # The first event says why; retries that follow may say less.
-                if self._refusal is None:
-                    value = int.from_bytes(frames[0][2:6], "little")
-                    endpoint = frames[1].decode(errors="replace")
-                    self._refusal = handshake_refusal(event, value, endpoint)
-                lost = True
+            gone, refusal = connection.monitor_event(monitor.recv_multipart(NOBLOCK))
+            lost = lost or gone
+            if self._refusal is None:
+                # The first refusal says why; retries that follow may say less.
+                self._refusal = refusal
         return lost
 
     # -- internals: connection state -----------------------------------------
@@ -717,36 +569,21 @@ class Client:
         endpoint, expected = self._resolve()
         if self._ctx is None:
             self._ctx = zmq.Context()
-        sock = self._ctx.socket(zmq.DEALER)
-        tcp = endpoint.startswith("tcp://")
-        configure(sock, self.limits, linger_s=0.0, endpoint=endpoint)
-        if tcp and self.curve is not None:
-            secure_client(sock, self.curve)
-        sock.setsockopt(zmq.ROUTING_ID, os.urandom(12))
-        sock.setsockopt(zmq.RECONNECT_IVL, 20)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
+        sock = connection.dealer(self._ctx, endpoint, self.limits, self.curve)
         sock.setsockopt(zmq.RCVTIMEO, _CRASH_CHECK_MS)
         self._rcvtimeo = _CRASH_CHECK_MS
         self._sock = sock
         self._refusal = None
-        if tcp:
-            # Over tcp the handshake itself may be refused (CURVE): watched
-            # until it completes, then kept only if the actor is not local.
-            self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | HANDSHAKE_FAILED)
-        elif self.watch_mode == "connection" or (
-            self.watch_mode == "auto" and (expected is None or not expected.is_local())
-        ):
-            self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        events, watched = self._watch_plan(endpoint, expected)
+        if events:
+            self._monitor = sock.get_monitor_socket(events)
         sock.connect(endpoint)
-        if expected is not None and self.watch_mode != "connection":
-            self._watch.watch(expected)
+        if watched is not None:
+            self._watch.watch(watched)
         self._rebuild_items()
-        me = ProcessRef.current()
-        hello = Hello(me.pid, me.start_ticks, me.boot_id, me.pidns, self.client_name)
-        cid = self._cid()
-        slot = self._slots[cid] = _Slot()
+        cid, slot, hello = self._hello()
         try:
-            self._send_hello(sock, encode_envelope(Kind.HELLO, cid, "", hello), deadline)
+            self._send_hello(sock, hello, deadline)
             while not slot.arrivals:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -758,76 +595,25 @@ class Client:
             self._slots.pop(cid, None)
             self._disconnect()
             raise
-        self._slots.pop(cid, None)
-        arrival = slot.arrivals.popleft()
-        if arrival.error is not None:
-            self._disconnect()
-            raise arrival.error
-        assert arrival.body is not None
-        welcome = _WELCOME.decode(arrival.body)
-        ref = ProcessRef(welcome.pid, welcome.start_ticks, welcome.boot_id, welcome.pidns)
-        if expected is not None and ref != expected:
-            self._watch.unwatch(expected)
-        if self.watch_mode != "connection" and ref.is_local():
-            if not self._watch.watch(ref):
-                self._disconnect()
-                raise Unavailable(f"actor {self.target!r} exited during the handshake")
+        welcome, ref = self._welcomed(cid, slot.arrivals.popleft())
+        if self._follow(self._watch, expected, ref, monitored=self._monitor is not None):
             # The pidfd is authoritative; a socket monitor on top would only
             # cost an extra poll item and a probe per request.
             self._close_monitor()
-        elif self._monitor is None or self.watch_mode == "process":
-            self._disconnect()
-            raise Unavailable(
-                f"actor {self.target!r} is not on this host; use watch='connection' or 'auto'"
-            )
         self._rebuild_items()
         fds = self._watch.fds()
         if self._monitor is None and len(fds) == 1 and self._watch.poll_interval() is None:
             self._pidcheck = select.poll()
             self._pidcheck.register(fds[0], select.POLLIN)
-        self._server = welcome
-        self._server_ref = ref
-        log.debug("actor.client.connected", target=self.target, pid=welcome.pid)
-        return welcome
-
-    def _resolve(self) -> tuple[str, ProcessRef | None]:
-        if self._name is not None:
-            assert self._registry is not None
-            entry = self._registry.lookup(self._name)
-            if entry is None:
-                raise Unavailable(
-                    f"actor {self._name!r} is not running", details={"name": self._name}
-                )
-            return entry.endpoint, entry.process
-        assert self._endpoint is not None
-        if not listening(self._endpoint):
-            raise Unavailable(
-                f"nothing listens on {self._endpoint}", details={"endpoint": self._endpoint}
-            )
-        return self._endpoint, None
+        return self._connected(welcome)
 
     def _server_down(self, reason: str) -> None:
-        server = self._server
         if self._slots and self._sock is not None:
             # Answers the actor sent just before dying may still be in flight
             # through our I/O thread: give them a moment to land.
             self._sock.poll(round(_LATE_REPLY_GRACE_S * 1000))
             self._drain()
-        pid = server.pid if server is not None else None
-        self._disconnect()
-        log.info("actor.client.server_down", target=self.target, pid=pid, reason=reason)
-        self._fail_all(
-            WorkerCrashed(
-                f"actor {self.target!r} (pid {pid}) died: {reason}",
-                details={"actor": self.target, "pid": pid, "reason": reason},
-            )
-        )
-
-    def _fail_all(self, error: LlamadError) -> None:
-        for slot in self._slots.values():
-            if not slot.terminal:
-                slot.terminal = True
-                slot.arrivals.append(_Arrival(Kind.ERROR, None, (), error))
+        super()._server_down(reason)
 
     def _disconnect(self) -> None:
         self._close_monitor()
@@ -837,7 +623,6 @@ class Client:
         self._watch.close()
         self._pidcheck = None
         self._server = None
-        self._server_ref = None
         self._items = []
         self._probe = []
 
@@ -871,7 +656,7 @@ class Client:
             raise WrongProcess("a Client cannot be used after fork; create one in this process")
 
 
-class StreamCall:
+class StreamCall(OpenStream[Client]):
     """An open stream: iterate for events; it ends with exactly one terminal.
 
     Iteration yields each event as a :class:`~llamad.actors.wire.Message`.
@@ -884,25 +669,17 @@ class StreamCall:
     def __init__(
         self, client: Client, cid: int, op: str, timeout: float | None, event_type: Any
     ) -> None:
-        self._client = client
-        self.cid = cid
+        super().__init__(client, cid, timeout, event_type)
         self.op = op
-        self.timeout = timeout
-        self._event_type = event_type
         self.result: Any = None
         self.result_blobs: tuple[memoryview, ...] = ()
-        self.error: LlamadError | None = None
-        self.finished = False
 
     def __iter__(self) -> StreamCall:
         return self
 
     def __next__(self) -> Message:
-        if self.finished:
-            raise StopIteration
-        slot = self._client._slots.get(self.cid)
+        slot = self._slot()
         if slot is None:
-            self.finished = True
             raise StopIteration
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         try:
@@ -914,57 +691,23 @@ class StreamCall:
             self._finish()
             self.error = exc
             raise
-        if arrival.error is not None:
-            self._finish()
-            self.error = arrival.error
-            raise arrival.error
-        assert arrival.body is not None
-        if arrival.kind == _END:
-            self._finish()
-            self.result = _decode(arrival.body, Any)
-            self.result_blobs = arrival.blobs
+        event = self._take(arrival)
+        if event is connection.ENDED:
             raise StopIteration
-        return Message(_decode(arrival.body, self._event_type), arrival.blobs)
+        message: Message = event
+        return message
 
-    def cancel(self) -> None:
-        """Stop consuming and ask the actor to stop producing. Idempotent."""
-        if not self.finished:
-            self._client._cancel_remote(self.cid)
-            self._finish()
+    def _event(self, arrival: Arrival) -> Message:
+        assert arrival.body is not None
+        return Message(decode(arrival.body, self._event_type), arrival.blobs)
 
-    def _finish(self) -> None:
-        self.finished = True
-        self._client._slots.pop(self.cid, None)
-
-    def __del__(self) -> None:
-        # Breaking out of a for loop drops the last reference: the actor
-        # must stop producing for a consumer that left.
-        if not self.finished:
-            with contextlib.suppress(Exception):
-                self._client._abandon(self.cid)
+    def _ended(self, arrival: Arrival) -> None:
+        assert arrival.body is not None
+        self.result = decode(arrival.body, Any)
+        self.result_blobs = arrival.blobs
 
     def __enter__(self) -> StreamCall:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.cancel()
-
-
-def _decode(raw: msgspec.Raw, typ: Any) -> Any:
-    decoder = _ANY if typ is Any else _DECODERS.get(typ)
-    if decoder is None:
-        decoder = _DECODERS[typ] = msgspec.msgpack.Decoder(typ)
-    try:
-        return decoder.decode(raw)
-    except DECODE_ERRORS as exc:
-        raise LlamadError(f"malformed answer from the actor: {exc}") from None
-
-
-def _error(raw: msgspec.Raw) -> LlamadError:
-    try:
-        payload = _ANY.decode(raw)
-    except DECODE_ERRORS:
-        payload = None
-    if not isinstance(payload, dict):
-        return LlamadError("the actor sent a malformed error")
-    return from_wire(payload)

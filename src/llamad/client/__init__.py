@@ -4,8 +4,11 @@
 - :mod:`~llamad.client.aio`: :class:`AsyncClient`, on an asyncio loop;
 - :mod:`~llamad.client.stream`, :mod:`~llamad.client.aio_stream`: a running
   ``infer`` request as an iterator of typed events;
-- :mod:`~llamad.client.bodies`: what each method sends and how its answer is
-  read (no I/O), shared by both clients;
+- :mod:`~llamad.client.asks`: each method's request as data (no I/O),
+  and :mod:`~llamad.client.bodies`, the request bodies, validated; both
+  shared by the two clients;
+- :mod:`~llamad.client.base`: the state the two clients, and the two
+  streams, share apart from the waiting;
 - :mod:`~llamad.client.routes`: where a model is served, and the retry rule.
 
 A client loads no cache, model-worker, psutil or crc32c module

@@ -18,40 +18,36 @@ import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, TypeVar, overload
 
-import msgspec
-
-from llamad import logs
 from llamad.actors.aio_client import AsyncActorClient, AsyncStreamCall
 from llamad.actors.curve import CurveClient
 from llamad.actors.errors import ClientClosed
-from llamad.client import bodies as ops
+from llamad.client import asks
 from llamad.client.aio_stream import AsyncStream
+from llamad.client.asks import Ask
+from llamad.client.base import (
+    DEFAULT,
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    ClientBase,
+)
 from llamad.client.bodies import AdapterInfo, Prompt
 from llamad.client.routes import AsyncLinks
-from llamad.client.sync import DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_TIMEOUT
-from llamad.config import client_curve, client_endpoint
-from llamad.errors import ModelNotFound
-from llamad.front.wire import DaemonStatus, GcReport, LoadProgress, ModelInfo, ModelStatus, NoArgs
+from llamad.front.wire import DaemonStatus, GcReport, LoadProgress, ModelInfo, ModelStatus
 from llamad.model.results import Completion, Event
-from llamad.model.wire import (
-    CancelReply,
-    ChatOptions,
-    EmbedReply,
-    ForkReply,
-    TextReply,
-    TokensReply,
-)
+from llamad.model.wire import ChatOptions
 
 __all__ = ["AsyncClient"]
 
-T = TypeVar("T")
+R = TypeVar("R")
 
-_DEFAULT: Final[Any] = object()
-_NO_ARGS: Final = NoArgs()
+_DEFAULT: Final[Any] = DEFAULT
 
 
-class AsyncClient:
+class AsyncClient(ClientBase):
     """An asyncio connection to the llamad daemon; arguments as :class:`~llamad.Client`."""
+
+    _default_name = "llamad-async-client"
 
     def __init__(
         self,
@@ -64,28 +60,14 @@ class AsyncClient:
         name: str = "",
         curve: CurveClient | None = None,
     ) -> None:
-        # A library user's program never sees llamad's debug lines unless it
-        # configured logging itself (llamad/logs.py says how).
-        logs.library_default()
-        if endpoint is None:
-            endpoint = client_endpoint(config)
-        if curve is None and endpoint.startswith("tcp://"):
-            curve = client_curve(config)
-        self.endpoint = endpoint
-        self.curve = curve
-        self.timeout = timeout
-        self.connect_timeout = connect_timeout
-        self.idle_timeout = idle_timeout
-        self.name = name or f"llamad-async-client-{os.getpid()}"
+        super().__init__(endpoint, config, timeout, connect_timeout, idle_timeout, name, curve)
         self._links = AsyncLinks(
-            endpoint,
+            self.endpoint,
             timeout=timeout,
             connect_timeout=connect_timeout,
             name=self.name,
             curve=self.curve,
         )
-        self._running: dict[str, str] = {}
-        self._closed = False
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -117,32 +99,23 @@ class AsyncClient:
         **options: Any,
     ) -> ModelInfo:
         """As :meth:`llamad.Client.load_model`."""
-        body = ops.load_model_body(model_id, path, options)
+        ask = asks.load_model(model_id, path, options)
         call = await self._usable().front.stream(
-            "load_model", body, timeout=self._t(timeout), event_type=LoadProgress
+            ask.op, ask.body, timeout=self._t(timeout), event_type=LoadProgress
         )
         async for event in call:
             if progress is not None:
                 progress(event.fraction)
-        self._forget_route(model_id)
-        assert call.result is not None
-        return msgspec.msgpack.decode(call.result, type=ModelInfo)
+        return self._answered(ask, call.result)
 
     async def unload(self, model_id: str, *, timeout: float | None = _DEFAULT) -> None:
-        await self._front_call("unload", ops.model_ref(model_id), None, timeout)
-        self._forget_route(model_id)
+        return await self._run(asks.unload(model_id), timeout)
 
     async def list_models(self, *, timeout: float | None = _DEFAULT) -> list[ModelInfo]:
-        result: list[ModelInfo] = await self._front_call(
-            "list_models", _NO_ARGS, list[ModelInfo], timeout
-        )
-        return result
+        return await self._run(asks.list_models(), timeout)
 
     async def model_info(self, model_id: str, *, timeout: float | None = _DEFAULT) -> ModelInfo:
-        result: ModelInfo = await self._front_call(
-            "model_info", ops.model_ref(model_id), ModelInfo, timeout
-        )
-        return result
+        return await self._run(asks.model_info(model_id), timeout)
 
     @overload
     async def status(
@@ -153,29 +126,18 @@ class AsyncClient:
     async def status(
         self, model_id: str | None = None, *, timeout: float | None = _DEFAULT
     ) -> DaemonStatus | ModelStatus:
-        daemon: DaemonStatus = await self._front_call("status", _NO_ARGS, DaemonStatus, timeout)
-        if model_id is None:
-            return daemon
-        for model in daemon.models:
-            if model.info.model_id == model_id:
-                return model
-        raise ModelNotFound(f"no model {model_id!r}", details={"model_id": model_id})
+        return await self._run(asks.status(model_id), timeout)
 
     async def counters(self, *, timeout: float | None = _DEFAULT) -> dict[str, int]:
-        result: dict[str, int] = await self._front_call(
-            "counters", _NO_ARGS, dict[str, int], timeout
-        )
-        return result
+        return await self._run(asks.counters(), timeout)
 
     async def evict_bytes(
         self, n: int, tiers: Iterable[str] | None = None, *, timeout: float | None = _DEFAULT
     ) -> int:
-        result: int = await self._front_call("evict_bytes", ops.evict_body(n, tiers), int, timeout)
-        return result
+        return await self._run(asks.evict_bytes(n, tiers), timeout)
 
     async def gc(self, *, timeout: float | None = _DEFAULT) -> GcReport:
-        result: GcReport = await self._front_call("gc", _NO_ARGS, GcReport, timeout)
-        return result
+        return await self._run(asks.gc(), timeout)
 
     # -- requests (the worker) -----------------------------------------------
 
@@ -192,16 +154,11 @@ class AsyncClient:
         **options: Any,
     ) -> Completion:
         """As :meth:`llamad.Client.complete`; cancelling the task cancels the request."""
-        return await self._generate(
-            "complete",
-            model_id=model_id,
-            prompt=prompt,
-            messages=messages,
-            request_id=request_id,
-            add_special=add_special,
-            chat=chat,
-            timeout=timeout,
-            options=options,
+        return await self._run(
+            asks.generation(
+                "complete", model_id, prompt, messages, request_id, add_special, chat, options
+            ),
+            timeout,
         )
 
     async def prefill_only(
@@ -216,16 +173,11 @@ class AsyncClient:
         timeout: float | None = _DEFAULT,
         **options: Any,
     ) -> Completion:
-        return await self._generate(
-            "prefill_only",
-            model_id=model_id,
-            prompt=prompt,
-            messages=messages,
-            request_id=request_id,
-            add_special=add_special,
-            chat=chat,
-            timeout=timeout,
-            options=options,
+        return await self._run(
+            asks.generation(
+                "prefill_only", model_id, prompt, messages, request_id, add_special, chat, options
+            ),
+            timeout,
         )
 
     async def infer(
@@ -242,40 +194,21 @@ class AsyncClient:
         **options: Any,
     ) -> AsyncStream:
         """Start generating; ``async for`` the :class:`AsyncStream`'s events."""
-        rid = request_id or ops.new_request_id()
-        body = ops.infer_body(
-            prompt,
-            messages=messages,
-            request_id=rid,
-            add_special=add_special,
-            chat=chat,
-            options=options,
-        )
-        first = self._t(timeout)
-        idle = self.idle_timeout if idle_timeout is _DEFAULT else idle_timeout
-
-        async def send(a: AsyncActorClient) -> AsyncStreamCall:
-            return await a.stream("infer", body, timeout=first, event_type=Event)
-
-        call = await self._on_worker(model_id, send)
-        self._running[rid] = model_id
-        return AsyncStream(
-            call,
-            model_id=model_id,
-            request_id=rid,
-            idle_timeout=idle,
-            cancel=self._cancel_on,
-            on_end=self._ended,
+        return await self._stream(
+            model_id,
+            asks.generation(
+                "infer", model_id, prompt, messages, request_id, add_special, chat, options
+            ),
+            timeout,
+            idle_timeout,
         )
 
     async def cancel(
         self, request_id: str, *, model_id: str | None = None, timeout: float | None = _DEFAULT
     ) -> bool:
         """As :meth:`llamad.Client.cancel`."""
-        model = model_id or self._running.get(request_id)
-        if model is None:
-            return False
-        return await self._cancel_on(request_id, model, timeout)
+        ask = self._cancel_ask(request_id, model_id)
+        return False if ask is None else await self._run(ask, timeout)
 
     async def tokenize(
         self,
@@ -286,11 +219,7 @@ class AsyncClient:
         parse_special: bool = True,
         timeout: float | None = _DEFAULT,
     ) -> list[int]:
-        body = ops.tokenize_body(text, add_special=add_special, parse_special=parse_special)
-        reply: TokensReply = await self._worker_call(
-            model_id, "tokenize", body, TokensReply, timeout
-        )
-        return reply.tokens
+        return await self._run(asks.tokenize(model_id, text, add_special, parse_special), timeout)
 
     async def detokenize(
         self,
@@ -301,11 +230,9 @@ class AsyncClient:
         unparse_special: bool = True,
         timeout: float | None = _DEFAULT,
     ) -> str:
-        body = ops.detokenize_body(
-            tokens, remove_special=remove_special, unparse_special=unparse_special
+        return await self._run(
+            asks.detokenize(model_id, tokens, remove_special, unparse_special), timeout
         )
-        reply: TextReply = await self._worker_call(model_id, "detokenize", body, TextReply, timeout)
-        return reply.text
 
     async def apply_chat_template(
         self,
@@ -315,11 +242,7 @@ class AsyncClient:
         timeout: float | None = _DEFAULT,
         **options: Any,
     ) -> list[int]:
-        body = ops.chat_body(messages, options)
-        reply: TokensReply = await self._worker_call(
-            model_id, "apply_chat_template", body, TokensReply, timeout
-        )
-        return reply.tokens
+        return await self._run(asks.apply_chat_template(model_id, messages, options), timeout)
 
     async def embed(
         self,
@@ -329,9 +252,7 @@ class AsyncClient:
         normalize: bool = True,
         timeout: float | None = _DEFAULT,
     ) -> list[float]:
-        body = ops.embed_body(text_or_tokens, normalize=normalize)
-        reply: EmbedReply = await self._worker_call(model_id, "embed", body, EmbedReply, timeout)
-        return reply.embeddings[0]
+        return await self._run(asks.embed(model_id, text_or_tokens, normalize), timeout)
 
     async def load_adapter(
         self,
@@ -342,125 +263,88 @@ class AsyncClient:
         name: str | None = None,
         timeout: float | None = _DEFAULT,
     ) -> AdapterInfo:
-        body = ops.adapter_body(path, scale=scale, name=name)
-        result: AdapterInfo = await self._worker_call(
-            model_id, "load_adapter", body, AdapterInfo, timeout
-        )
-        return result
+        return await self._run(asks.load_adapter(model_id, path, scale, name), timeout)
 
     async def unload_adapter(
         self, model_id: str, name: str, *, timeout: float | None = _DEFAULT
     ) -> None:
-        await self._worker_call(model_id, "unload_adapter", ops.adapter_ref(name), None, timeout)
+        return await self._run(asks.unload_adapter(model_id, name), timeout)
 
     async def set_adapter_scale(
         self, model_id: str, name: str, scale: float, *, timeout: float | None = _DEFAULT
     ) -> AdapterInfo:
-        body = ops.adapter_scale_body(name, scale)
-        result: AdapterInfo = await self._worker_call(
-            model_id, "set_adapter_scale", body, AdapterInfo, timeout
-        )
-        return result
+        return await self._run(asks.set_adapter_scale(model_id, name, scale), timeout)
 
     async def list_adapters(
         self, model_id: str, *, timeout: float | None = _DEFAULT
     ) -> list[AdapterInfo]:
-        result: list[AdapterInfo] = await self._worker_call(
-            model_id, "list_adapters", _NO_ARGS, list[AdapterInfo], timeout
-        )
-        return result
+        return await self._run(asks.list_adapters(model_id), timeout)
 
     async def end_session(
         self, model_id: str, session_id: str, *, timeout: float | None = _DEFAULT
     ) -> None:
-        await self._worker_call(
-            model_id, "end_session", ops.session_body(session_id), None, timeout
-        )
+        return await self._run(asks.end_session(model_id, session_id), timeout)
 
     async def reset_session(
         self, model_id: str, session_id: str, *, timeout: float | None = _DEFAULT
     ) -> None:
-        await self._worker_call(
-            model_id, "reset_session", ops.session_body(session_id), None, timeout
-        )
+        return await self._run(asks.reset_session(model_id, session_id), timeout)
 
     async def fork_session(
         self, model_id: str, source_id: str, new_id: str, *, timeout: float | None = _DEFAULT
     ) -> bool:
-        body = ops.fork_body(source_id, new_id)
-        reply: ForkReply = await self._worker_call(
-            model_id, "fork_session", body, ForkReply, timeout
+        return await self._run(asks.fork_session(model_id, source_id, new_id), timeout)
+
+    # -- internals: the I/O --------------------------------------------------
+
+    async def _run(self, ask: Ask[R], timeout: float | None) -> R:
+        """Send ``ask`` (by the retry rule of :mod:`~llamad.client.routes`) and
+        wait for its answer; cancelling the task cancels it on the worker."""
+        limit = self._started(ask, timeout)
+        try:
+            if ask.model_id is None:
+                answer = await self._usable().front_call(ask.op, ask.body, ask.reply_type, limit)
+            else:
+
+                async def send(a: AsyncActorClient) -> Any:
+                    return await a.call(ask.op, ask.body, timeout=limit, reply_type=ask.reply_type)
+
+                answer = await self._on_worker(ask.model_id, send)
+        finally:
+            self._finished(ask)
+        return self._answered(ask, answer)
+
+    async def _stream(
+        self, model_id: str, ask: Ask[Completion], timeout: float | None, idle: float | None
+    ) -> AsyncStream:
+        """Open the stream of generation ``ask`` (by the retry rule)."""
+        first = self._t(timeout)
+
+        async def send(a: AsyncActorClient) -> AsyncStreamCall:
+            return await a.stream(ask.op, ask.body, timeout=first, event_type=Event)
+
+        call = await self._on_worker(model_id, send)
+        return AsyncStream(
+            call,
+            model_id=model_id,
+            request_id=self._stream_started(ask),
+            idle_timeout=self._idle(idle),
+            cancel=self._cancel_stream,
+            on_end=self._ended,
         )
-        return reply.copied
-
-    # -- internals -----------------------------------------------------------
-
-    def _t(self, timeout: float | None) -> float | None:
-        return self.timeout if timeout is _DEFAULT else timeout
 
     def _usable(self) -> AsyncLinks:
         if self._closed:
             raise ClientClosed("the llamad client is closed")
         return self._links
 
-    async def _front_call(self, op: str, body: Any, reply_type: Any, timeout: float | None) -> Any:
-        return await self._usable().front_call(op, body, reply_type, self._t(timeout))
-
     def _forget_route(self, model_id: str) -> None:
         self._links.forget(model_id)
 
     async def _on_worker(
-        self, model_id: str, send: Callable[[AsyncActorClient], Awaitable[T]]
-    ) -> T:
+        self, model_id: str, send: Callable[[AsyncActorClient], Awaitable[R]]
+    ) -> R:
         return await self._usable().on_worker(model_id, send)
 
-    async def _worker_call(
-        self, model_id: str, op: str, body: Any, reply_type: Any, timeout: float | None
-    ) -> Any:
-        limit = self._t(timeout)
-        rtype = Any if reply_type is None else reply_type
-
-        async def send(a: AsyncActorClient) -> Any:
-            return await a.call(op, body, timeout=limit, reply_type=rtype)
-
-        return await self._on_worker(model_id, send)
-
-    async def _generate(
-        self,
-        op: str,
-        *,
-        model_id: str,
-        prompt: Prompt | None,
-        messages: Sequence[Mapping[str, Any]] | None,
-        request_id: str | None,
-        add_special: bool,
-        chat: ChatOptions | Mapping[str, Any] | None,
-        timeout: float | None,
-        options: Mapping[str, Any],
-    ) -> Completion:
-        rid = request_id or ops.new_request_id()
-        body = ops.infer_body(
-            prompt,
-            messages=messages,
-            request_id=rid,
-            add_special=add_special,
-            chat=chat,
-            options=options,
-        )
-        self._running[rid] = model_id
-        try:
-            result: Completion = await self._worker_call(model_id, op, body, Completion, timeout)
-        finally:
-            self._ended(rid)
-        return result
-
-    async def _cancel_on(
-        self, request_id: str, model_id: str, timeout: float | None = _DEFAULT
-    ) -> bool:
-        reply: CancelReply = await self._worker_call(
-            model_id, "cancel", ops.cancel_body(request_id), CancelReply, timeout
-        )
-        return reply.cancelled
-
-    def _ended(self, request_id: str) -> None:
-        self._running.pop(request_id, None)
+    async def _cancel_stream(self, request_id: str, model_id: str) -> bool:
+        return await self.cancel(request_id, model_id=model_id)

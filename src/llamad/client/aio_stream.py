@@ -16,17 +16,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
-import msgspec
-
 from llamad.actors.aio_client import AsyncStreamCall
-from llamad.client.stream import StreamEvent
+from llamad.client.base import StreamBase, StreamEvent
 from llamad.errors import LlamadError
 from llamad.model.results import Completion, DoneEvent
 
 __all__ = ["AsyncStream"]
 
 
-class AsyncStream:
+class AsyncStream(StreamBase):
     """A running ``infer`` request; ``async for`` its events (see the module doc)."""
 
     def __init__(
@@ -39,21 +37,12 @@ class AsyncStream:
         cancel: Callable[[str, str], Coroutine[Any, Any, bool]],
         on_end: Callable[[str], None],
     ) -> None:
+        super().__init__(
+            model_id=model_id, request_id=request_id, idle_timeout=idle_timeout, on_end=on_end
+        )
         self._call = call
-        self.model_id = model_id
-        self.request_id = request_id
-        self._idle_timeout = idle_timeout
         self._cancel = cancel
-        self._on_end: Callable[[str], None] | None = on_end
-        self._events_seen = 0
         self._own: AsyncIterator[StreamEvent] | None = None
-        self.result: Completion | None = None
-        self.error: LlamadError | None = None
-
-    @property
-    def finished(self) -> bool:
-        """Whether the terminal (``done`` or an error) arrived, or the stream was closed."""
-        return self._on_end is None
 
     def __aiter__(self) -> AsyncIterator[StreamEvent]:
         return self._events()
@@ -67,10 +56,7 @@ class AsyncStream:
         """Consume the remaining events; the :class:`Completion` (or raise the error)."""
         async for _ in self._events():
             pass
-        if self.result is None:
-            assert self.error is not None, "a stream ends with a result or an error"
-            raise self.error
-        return self.result
+        return self._outcome()
 
     async def cancel(self) -> bool:
         """Ask the worker to stop; keep iterating for the ``done`` event
@@ -94,11 +80,6 @@ class AsyncStream:
     async def __aexit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self) -> None:
-        # The stream call cancels itself on the worker when collected.
-        if self._on_end is not None:
-            self._ended()
-
     async def _events(self) -> AsyncIterator[StreamEvent]:
         try:
             while not self.finished:
@@ -114,20 +95,8 @@ class AsyncStream:
         try:
             event: StreamEvent = await call.__anext__()
         except StopAsyncIteration:
-            assert call.result is not None
-            self.result = msgspec.msgpack.decode(call.result, type=Completion)
-            self._ended()
-            return DoneEvent(result=self.result)
+            return self._done(call.result)
         except LlamadError as exc:
-            self.error = exc
-            self._ended()
+            self._failed(exc)
             raise
-        if self._events_seen == 0:
-            call.timeout = self._idle_timeout
-        self._events_seen += 1
-        return event
-
-    def _ended(self) -> None:
-        on_end, self._on_end = self._on_end, None
-        if on_end is not None:
-            on_end(self.request_id)
+        return self._arrived(call, event)

@@ -1,11 +1,12 @@
-"""What each client method sends and how its answer is read (no I/O).
+"""The bodies client methods send, and the END of a stream read back (no I/O).
 
 :class:`~llamad.client.sync.Client` and :class:`~llamad.client.aio.AsyncClient`
-differ only in how they wait; both build their requests here, so the two
-cannot drift apart. Request bodies are the wire Structs of
-:mod:`llamad.model.wire` (worker ops) and :mod:`llamad.front.wire` (front
-ops), built and validated in the caller's process: a bad parameter raises
-:class:`~llamad.errors.BadRequest` naming the field before anything is sent.
+differ only in how they wait; both build their requests' bodies here (by
+way of :mod:`llamad.client.asks`), so the two cannot drift apart. Request
+bodies are the wire Structs of :mod:`llamad.model.wire` (worker ops) and
+:mod:`llamad.front.wire` (front ops), built and validated in the caller's
+process: a bad parameter raises :class:`~llamad.errors.BadRequest` naming
+the field before anything is sent.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ __all__ = [
     "load_model_body",
     "model_ref",
     "new_request_id",
+    "read_end",
     "session_body",
 ]
 
@@ -225,6 +227,14 @@ def evict_body(n: int, tiers: Iterable[str] | None) -> EvictBytes:
     return _struct(
         EvictBytes, {"n": n, "tiers": None if tiers is None else [str(t) for t in tiers]}, ""
     )
+
+
+def read_end(result: Any, typ: type[S]) -> S:
+    """A stream's END body as ``typ``: the asyncio actors client keeps it
+    undecoded (``msgspec.Raw``), the blocking one decodes it as msgpack gives it."""
+    if isinstance(result, msgspec.Raw):
+        return msgspec.msgpack.decode(result, type=typ)
+    return msgspec.convert(result, typ)
 
 
 def _tokens(tokens: Sequence[int], field: str) -> list[int]:

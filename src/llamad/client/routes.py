@@ -5,7 +5,8 @@ one per routed model to that model's worker actor, found by the front's
 ``route`` answer (actor name and registry) and cached. :class:`Links` is
 that set for the blocking client (one per thread: an actors client is
 single-threaded); :class:`AsyncLinks` for the asyncio client. Both carry out
-the same rule, side by side here so they cannot drift:
+one rule, whose decisions their common base makes (each adds only the
+waiting, so they cannot drift):
 
 - **before sending**, a worker that is gone (no live registry record, or a
   send refused with ``unavailable`` while not connected: unloaded by
@@ -29,7 +30,7 @@ server key when the daemon serves CURVE.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import zmq
 
@@ -47,12 +48,22 @@ __all__ = ["AsyncLinks", "Links"]
 T = TypeVar("T")
 
 
-class _Worker:
+class _Actor(Protocol):
+    @property
+    def connected(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+A = TypeVar("A", bound=_Actor)
+
+
+class _Worker(Generic[A]):
     """A connection to the worker a route names."""
 
     __slots__ = ("actor", "registry", "route")
 
-    def __init__(self, route: Route, actor: Any, registry: Registry | None) -> None:
+    def __init__(self, route: Route, actor: A, registry: Registry | None) -> None:
         self.route = route
         self.actor = actor
         self.registry = registry
@@ -79,8 +90,9 @@ def _worker_target(
     return {"name": route.actor, "registry": registry}, registry
 
 
-class Links:
-    """One thread's connections of a blocking client (see the module doc)."""
+class _Links(Generic[A]):
+    """A client's connections and the retry rule's decisions (see the module
+    doc); :class:`Links` and :class:`AsyncLinks` add the waiting."""
 
     def __init__(
         self,
@@ -97,8 +109,14 @@ class Links:
         self.name = name
         self.curve = curve
         self.forks = FORKS[0]
-        self._front: ActorClient | None = None
-        self._workers: dict[str, _Worker] = {}
+        """The process image that made these connections (a forked child's
+        copies are not its own to use or close)."""
+        self._front: A | None = None
+        self._workers: dict[str, _Worker[A]] = {}
+
+    def _actor(self, target: dict[str, Any]) -> A:
+        """A new actors client for ``target`` (its endpoint or name)."""
+        raise NotImplementedError
 
     def close(self) -> None:
         for w in self._workers.values():
@@ -109,16 +127,59 @@ class Links:
             self._front = None
 
     @property
-    def front(self) -> ActorClient:
+    def front(self) -> A:
         if self._front is None:
-            self._front = ActorClient(
-                self.endpoint,
-                timeout=self.timeout,
-                connect_timeout=self.connect_timeout,
-                client_name=self.name,
-                curve=self.curve,
-            )
+            self._front = self._actor({"endpoint": self.endpoint, "curve": self.curve})
         return self._front
+
+    def forget(self, model_id: str, only: _Worker[A] | None = None) -> None:
+        """Drop the cached route (and connection) of ``model_id`` (if it is still
+        ``only``: a concurrent task may have routed it again meanwhile)."""
+        w = self._workers.get(model_id)
+        if w is not None and (only is None or w is only):
+            del self._workers[model_id]
+            w.actor.close()
+
+    def _routed(self, model_id: str, route: Route) -> _Worker[A]:
+        """Cache ``route``'s worker connection for ``model_id``."""
+        target, registry = _worker_target(self.endpoint, route, self.curve)
+        w = self._workers[model_id] = _Worker(route, self._actor(target), registry)
+        return w
+
+    def _connectable(self, model_id: str, w: _Worker[A], attempt: int) -> None:
+        """Before connecting: on the first attempt, a worker with no live
+        registry record is gone (unloaded, restarting): route it again."""
+        if attempt == 1 and w.gone():
+            raise Unavailable(f"model {model_id!r} has no live worker")
+
+    def _again(self, model_id: str, w: _Worker[A], attempt: int, *, sent: bool) -> bool:
+        """Whether a request refused on ``attempt`` is routed again and retried:
+        only the first attempt, and only when it did not reach the worker (a
+        connect that failed, or a send refused while not connected; a
+        connected worker answered ``unavailable`` itself: it is stopping)."""
+        if attempt == 2 or (sent and w.actor.connected):
+            return False
+        self.forget(model_id, w)
+        return True
+
+    @staticmethod
+    def _front_again(front: A) -> bool:
+        """Whether a front op refused with ``unavailable`` is retried: only
+        when it was not sent (the front itself answered when connected: it is
+        stopping)."""
+        return not front.connected
+
+
+class Links(_Links[ActorClient]):
+    """One thread's connections of a blocking client (see the module doc)."""
+
+    def _actor(self, target: dict[str, Any]) -> ActorClient:
+        return ActorClient(
+            **target,
+            timeout=self.timeout,
+            connect_timeout=self.connect_timeout,
+            client_name=self.name,
+        )
 
     def front_call(self, op: str, body: Any, reply_type: Any, timeout: float | None) -> Any:
         front = self.front
@@ -126,8 +187,8 @@ class Links:
         try:
             return front.call(op, body, timeout=timeout, reply_type=rtype)
         except Unavailable:
-            if front.connected:
-                raise  # the front itself answered (it is stopping)
+            if not self._front_again(front):
+                raise
         front.connect(timeout=self.connect_timeout)
         return front.call(op, body, timeout=timeout, reply_type=rtype)
 
@@ -139,81 +200,38 @@ class Links:
             route = self.front_call("route", body, Route, None)
         return route
 
-    def forget(self, model_id: str) -> None:
-        """Drop the cached route (and connection) of ``model_id``."""
-        w = self._workers.pop(model_id, None)
-        if w is not None:
-            w.actor.close()
-
     def on_worker(self, model_id: str, send: Callable[[ActorClient], T]) -> T:
         """``send`` the request to ``model_id``'s worker, by the retry rule."""
         for attempt in (1, 2):
             w = self._worker(model_id)
-            actor: ActorClient = w.actor
-            if not actor.connected:
+            if not w.actor.connected:
                 try:
-                    if attempt == 1 and w.gone():
-                        raise Unavailable(f"model {model_id!r} has no live worker")
-                    actor.connect(timeout=self.connect_timeout)
+                    self._connectable(model_id, w, attempt)
+                    w.actor.connect(timeout=self.connect_timeout)
                 except (Unavailable, WorkerCrashed):
-                    if attempt == 2:
-                        raise
-                    self.forget(model_id)
-                    continue
-            try:
-                return send(actor)
-            except Unavailable:
-                # Connected means the worker itself answered (it is stopping):
-                # the request reached it, so it is not sent again.
-                if attempt == 2 or actor.connected:
+                    if self._again(model_id, w, attempt, sent=False):
+                        continue
                     raise
-                self.forget(model_id)
+            try:
+                return send(w.actor)
+            except Unavailable:
+                if not self._again(model_id, w, attempt, sent=True):
+                    raise
         raise AssertionError("unreachable: the second attempt returns or raises")
 
-    def _worker(self, model_id: str) -> _Worker:
+    def _worker(self, model_id: str) -> _Worker[ActorClient]:
         w = self._workers.get(model_id)
-        if w is None:
-            route = self.route(model_id)
-            target, registry = _worker_target(self.endpoint, route, self.curve)
-            actor = ActorClient(
-                **target,
-                timeout=self.timeout,
-                connect_timeout=self.connect_timeout,
-                client_name=self.name,
-            )
-            w = self._workers[model_id] = _Worker(route, actor, registry)
-        return w
+        return w if w is not None else self._routed(model_id, self.route(model_id))
 
 
-class AsyncLinks:
+class AsyncLinks(_Links[AsyncActorClient]):
     """An asyncio client's connections (see the module doc); one ZeroMQ
     context (one I/O thread) for all of them."""
 
-    def __init__(
-        self,
-        endpoint: str,
-        *,
-        timeout: float | None,
-        connect_timeout: float,
-        name: str,
-        curve: CurveClient | None = None,
-    ) -> None:
-        self.endpoint = endpoint
-        self.timeout = timeout
-        self.connect_timeout = connect_timeout
-        self.name = name
-        self.curve = curve
-        self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
-        self._front: AsyncActorClient | None = None
-        self._workers: dict[str, _Worker] = {}
+    _ctx: zmq.Context[zmq.Socket[bytes]] | None = None
 
     def close(self) -> None:
-        for w in self._workers.values():
-            w.actor.close()
-        self._workers.clear()
-        if self._front is not None:
-            self._front.close()
-            self._front = None
+        super().close()
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
@@ -224,18 +242,14 @@ class AsyncLinks:
             self._ctx = zmq.Context()
         return self._ctx
 
-    @property
-    def front(self) -> AsyncActorClient:
-        if self._front is None:
-            self._front = AsyncActorClient(
-                self.endpoint,
-                timeout=self.timeout,
-                connect_timeout=self.connect_timeout,
-                client_name=self.name,
-                context=self.context,
-                curve=self.curve,
-            )
-        return self._front
+    def _actor(self, target: dict[str, Any]) -> AsyncActorClient:
+        return AsyncActorClient(
+            **target,
+            timeout=self.timeout,
+            connect_timeout=self.connect_timeout,
+            client_name=self.name,
+            context=self.context,
+        )
 
     async def front_call(self, op: str, body: Any, reply_type: Any, timeout: float | None) -> Any:
         front = self.front
@@ -243,7 +257,7 @@ class AsyncLinks:
         try:
             return await front.call(op, body, timeout=timeout, reply_type=rtype)
         except Unavailable:
-            if front.connected:
+            if not self._front_again(front):
                 raise
         await front.connect(timeout=self.connect_timeout)
         return await front.call(op, body, timeout=timeout, reply_type=rtype)
@@ -256,51 +270,29 @@ class AsyncLinks:
             route = await self.front_call("route", body, Route, None)
         return route
 
-    def forget(self, model_id: str, only: _Worker | None = None) -> None:
-        """Drop the cached route of ``model_id`` (if it is still ``only``: a
-        concurrent task may have routed it again meanwhile)."""
-        w = self._workers.get(model_id)
-        if w is not None and (only is None or w is only):
-            del self._workers[model_id]
-            w.actor.close()
-
     async def on_worker(self, model_id: str, send: Callable[[AsyncActorClient], Awaitable[T]]) -> T:
         """As :meth:`Links.on_worker`."""
         for attempt in (1, 2):
             w = await self._worker(model_id)
-            actor: AsyncActorClient = w.actor
-            if not actor.connected:
+            if not w.actor.connected:
                 try:
-                    if attempt == 1 and w.gone():
-                        raise Unavailable(f"model {model_id!r} has no live worker")
-                    await actor.connect(timeout=self.connect_timeout)
+                    self._connectable(model_id, w, attempt)
+                    await w.actor.connect(timeout=self.connect_timeout)
                 except (Unavailable, WorkerCrashed):
-                    if attempt == 2:
-                        raise
-                    self.forget(model_id, w)
-                    continue
-            try:
-                return await send(actor)
-            except Unavailable:
-                if attempt == 2 or actor.connected:
+                    if self._again(model_id, w, attempt, sent=False):
+                        continue
                     raise
-                self.forget(model_id, w)
+            try:
+                return await send(w.actor)
+            except Unavailable:
+                if not self._again(model_id, w, attempt, sent=True):
+                    raise
         raise AssertionError("unreachable: the second attempt returns or raises")
 
-    async def _worker(self, model_id: str) -> _Worker:
+    async def _worker(self, model_id: str) -> _Worker[AsyncActorClient]:
         w = self._workers.get(model_id)
         if w is not None:
             return w
         route = await self.route(model_id)
         w = self._workers.get(model_id)  # another task may have routed it meanwhile
-        if w is None:
-            target, registry = _worker_target(self.endpoint, route, self.curve)
-            actor = AsyncActorClient(
-                **target,
-                timeout=self.timeout,
-                connect_timeout=self.connect_timeout,
-                client_name=self.name,
-                context=self.context,
-            )
-            w = self._workers[model_id] = _Worker(route, actor, registry)
-        return w
+        return w if w is not None else self._routed(model_id, route)

@@ -22,22 +22,18 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-import msgspec
-
 from llamad.actors.client import StreamCall
+from llamad.client.base import StreamBase, StreamEvent
 from llamad.errors import LlamadError
-from llamad.model.results import Completion, DoneEvent, ThinkingEvent, TokenEvent, ToolCallEvent
+from llamad.model.results import Completion, DoneEvent
 
 if TYPE_CHECKING:
     from llamad.client.sync import Client
 
 __all__ = ["Stream", "StreamEvent"]
 
-StreamEvent = TokenEvent | ThinkingEvent | ToolCallEvent | DoneEvent
-"""What iterating a stream yields (``done`` last)."""
 
-
-class Stream:
+class Stream(StreamBase):
     """A running ``infer`` request; iterate it for events (see the module doc).
 
     ``request_id`` names it for :meth:`Client.cancel` from any thread;
@@ -55,22 +51,13 @@ class Stream:
         idle_timeout: float | None,
         on_end: Callable[[str], None],
     ) -> None:
+        super().__init__(
+            model_id=model_id, request_id=request_id, idle_timeout=idle_timeout, on_end=on_end
+        )
         self._client = client
         self._call: StreamCall | None = call
         self._thread = threading.get_ident()
-        self.model_id = model_id
-        self.request_id = request_id
-        self._idle_timeout = idle_timeout
-        self._on_end: Callable[[str], None] | None = on_end
-        self._events_seen = 0
         self._own: Iterator[StreamEvent] | None = None
-        self.result: Completion | None = None
-        self.error: LlamadError | None = None
-
-    @property
-    def finished(self) -> bool:
-        """Whether the terminal (``done`` or an error) arrived, or the stream was closed."""
-        return self._on_end is None
 
     def __iter__(self) -> Iterator[StreamEvent]:
         return self._events()
@@ -85,10 +72,7 @@ class Stream:
         """Consume the remaining events; the :class:`Completion` (or raise the error)."""
         for _ in self._events():
             pass
-        if self.result is None:
-            assert self.error is not None, "a stream ends with a result or an error"
-            raise self.error
-        return self.result
+        return self._outcome()
 
     def cancel(self) -> bool:
         """Ask the worker to stop the request; keep iterating for the ``done``
@@ -115,12 +99,6 @@ class Stream:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self) -> None:
-        # The StreamCall cancels itself on the worker when it is collected;
-        # only the client's note of the running request is left to drop.
-        if self._on_end is not None:
-            self._ended()
-
     def _events(self) -> Iterator[StreamEvent]:
         self._check_thread()
         try:
@@ -140,21 +118,11 @@ class Stream:
         try:
             message = next(call)
         except StopIteration:
-            raw = call.result
-            self.result = msgspec.convert(raw, Completion)
-            self._ended()
-            return DoneEvent(result=self.result)
+            return self._done(call.result)
         except LlamadError as exc:
-            self.error = exc
-            self._ended()
+            self._failed(exc)
             raise
-        if self._events_seen == 0:
-            # The first event came within the first-token timeout; from
-            # now on each must come within the idle timeout.
-            call.timeout = self._idle_timeout
-        self._events_seen += 1
-        event: StreamEvent = message.body
-        return event
+        return self._arrived(call, message.body)
 
     def _check_thread(self) -> None:
         if threading.get_ident() != self._thread:
@@ -162,8 +130,3 @@ class Stream:
             # not thread-safe; cancel() and Client.cancel() work from anywhere.
             # Refused before the iteration starts, so the stream stays usable.
             raise RuntimeError("a Stream is consumed on the thread that opened it")
-
-    def _ended(self) -> None:
-        on_end, self._on_end = self._on_end, None
-        if on_end is not None:
-            on_end(self.request_id)

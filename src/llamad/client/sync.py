@@ -31,46 +31,34 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, TypeVar, overload
 
-import msgspec
-
-from llamad import logs
 from llamad.actors.client import Client as ActorClient
 from llamad.actors.curve import CurveClient
 from llamad.actors.errors import ClientClosed
 from llamad.actors.sockets import FORKS
-from llamad.client import bodies as ops
+from llamad.client import asks
+from llamad.client.asks import Ask
+from llamad.client.base import (
+    DEFAULT,
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    ClientBase,
+)
 from llamad.client.bodies import AdapterInfo, Prompt
 from llamad.client.routes import Links
 from llamad.client.stream import Stream
-from llamad.config import client_curve, client_endpoint
-from llamad.errors import ModelNotFound
-from llamad.front.wire import DaemonStatus, GcReport, LoadProgress, ModelInfo, ModelStatus, NoArgs
+from llamad.front.wire import DaemonStatus, GcReport, LoadProgress, ModelInfo, ModelStatus
 from llamad.model.results import Completion, Event
-from llamad.model.wire import (
-    CancelReply,
-    ChatOptions,
-    EmbedReply,
-    ForkReply,
-    TextReply,
-    TokensReply,
-)
+from llamad.model.wire import ChatOptions
 
 __all__ = ["DEFAULT_CONNECT_TIMEOUT", "DEFAULT_IDLE_TIMEOUT", "DEFAULT_TIMEOUT", "Client"]
 
-T = TypeVar("T")
+R = TypeVar("R")
 
-DEFAULT_TIMEOUT: Final = 300.0
-"""Seconds a call may take by default (a long prompt on a CPU, queued behind others)."""
-DEFAULT_CONNECT_TIMEOUT: Final = 10.0
-"""Seconds to wait for the daemon or a worker to be reachable (a restart in progress)."""
-DEFAULT_IDLE_TIMEOUT: Final = 60.0
-"""Seconds a stream may go without an event once its first one has arrived."""
-
-_DEFAULT: Final[Any] = object()
-_NO_ARGS: Final = NoArgs()
+_DEFAULT: Final[Any] = DEFAULT
 
 
-class Client:
+class Client(ClientBase):
     """A connection to the llamad daemon (see the module doc).
 
     ``endpoint``: the daemon's client endpoint; ``None`` reads it from the
@@ -95,24 +83,9 @@ class Client:
         name: str = "",
         curve: CurveClient | None = None,
     ) -> None:
-        # A library user's program never sees llamad's debug lines unless it
-        # configured logging itself (llamad/logs.py says how).
-        logs.library_default()
-        if endpoint is None:
-            endpoint = client_endpoint(config)
-        if curve is None and endpoint.startswith("tcp://"):
-            curve = client_curve(config)
-        self.endpoint = endpoint
-        self.curve = curve
-        self.timeout = timeout
-        self.connect_timeout = connect_timeout
-        self.idle_timeout = idle_timeout
-        self.name = name or f"llamad-client-{os.getpid()}"
         self._local = threading.local()
-        self._lock = threading.Lock()
         self._all_links: weakref.WeakSet[Links] = weakref.WeakSet()
-        self._running: dict[str, str] = {}  # request id -> model id, for cancel()
-        self._closed = False
+        super().__init__(endpoint, config, timeout, connect_timeout, idle_timeout, name, curve)
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -147,32 +120,24 @@ class Client:
         """Load ``model_id`` from ``path`` (``None``: its configured path) with
         ``options`` (the keys of a ``[models.<id>]`` config table); returns
         once it serves. ``progress`` is called with the fraction loaded."""
-        body = ops.load_model_body(model_id, path, options)
+        ask = asks.load_model(model_id, path, options)
         call = self._links().front.stream(
-            "load_model", body, timeout=self._t(timeout), event_type=LoadProgress
+            ask.op, ask.body, timeout=self._t(timeout), event_type=LoadProgress
         )
         for message in call:
             if progress is not None:
                 progress(message.body.fraction)
-        self._forget_route(model_id)
-        return _convert(call.result, ModelInfo)
+        return self._answered(ask, call.result)
 
     def unload(self, model_id: str, *, timeout: float | None = _DEFAULT) -> None:
         """Stop ``model_id``'s worker (its shutdown saves run; its cache rows stay)."""
-        self._front_call("unload", ops.model_ref(model_id), None, timeout)
-        self._forget_route(model_id)
+        return self._run(asks.unload(model_id), timeout)
 
     def list_models(self, *, timeout: float | None = _DEFAULT) -> list[ModelInfo]:
-        result: list[ModelInfo] = self._front_call(
-            "list_models", _NO_ARGS, list[ModelInfo], timeout
-        )
-        return result
+        return self._run(asks.list_models(), timeout)
 
     def model_info(self, model_id: str, *, timeout: float | None = _DEFAULT) -> ModelInfo:
-        result: ModelInfo = self._front_call(
-            "model_info", ops.model_ref(model_id), ModelInfo, timeout
-        )
-        return result
+        return self._run(asks.model_info(model_id), timeout)
 
     @overload
     def status(self, model_id: None = None, *, timeout: float | None = ...) -> DaemonStatus: ...
@@ -183,31 +148,22 @@ class Client:
     ) -> DaemonStatus | ModelStatus:
         """The daemon's status, or one model's (its info and its worker's
         published snapshot: read without waiting on a busy worker)."""
-        daemon: DaemonStatus = self._front_call("status", _NO_ARGS, DaemonStatus, timeout)
-        if model_id is None:
-            return daemon
-        for model in daemon.models:
-            if model.info.model_id == model_id:
-                return model
-        raise ModelNotFound(f"no model {model_id!r}", details={"model_id": model_id})
+        return self._run(asks.status(model_id), timeout)
 
     def counters(self, *, timeout: float | None = _DEFAULT) -> dict[str, int]:
         """The cache's counters (SPEC C10)."""
-        result: dict[str, int] = self._front_call("counters", _NO_ARGS, dict[str, int], timeout)
-        return result
+        return self._run(asks.counters(), timeout)
 
     def evict_bytes(
         self, n: int, tiers: Iterable[str] | None = None, *, timeout: float | None = _DEFAULT
     ) -> int:
         """Evict at least ``n`` bytes of cache rows (LRU, unpinned) from ``tiers``
         (default all); the bytes freed."""
-        result: int = self._front_call("evict_bytes", ops.evict_body(n, tiers), int, timeout)
-        return result
+        return self._run(asks.evict_bytes(n, tiers), timeout)
 
     def gc(self, *, timeout: float | None = _DEFAULT) -> GcReport:
         """Run the cache's garbage collection now."""
-        result: GcReport = self._front_call("gc", _NO_ARGS, GcReport, timeout)
-        return result
+        return self._run(asks.gc(), timeout)
 
     # -- requests (the worker) -----------------------------------------------
 
@@ -232,16 +188,11 @@ class Client:
         ``expect_committed``, ``cache_salt``) and chat template switches
         (``add_generation_prompt``, ``enable_thinking``, ``tools``...).
         """
-        return self._generate(
-            "complete",
-            model_id=model_id,
-            prompt=prompt,
-            messages=messages,
-            request_id=request_id,
-            add_special=add_special,
-            chat=chat,
-            timeout=timeout,
-            options=options,
+        return self._run(
+            asks.generation(
+                "complete", model_id, prompt, messages, request_id, add_special, chat, options
+            ),
+            timeout,
         )
 
     def prefill_only(
@@ -257,16 +208,11 @@ class Client:
         **options: Any,
     ) -> Completion:
         """Warm the cache with the prompt, generating nothing (SPEC M9)."""
-        return self._generate(
-            "prefill_only",
-            model_id=model_id,
-            prompt=prompt,
-            messages=messages,
-            request_id=request_id,
-            add_special=add_special,
-            chat=chat,
-            timeout=timeout,
-            options=options,
+        return self._run(
+            asks.generation(
+                "prefill_only", model_id, prompt, messages, request_id, add_special, chat, options
+            ),
+            timeout,
         )
 
     def infer(
@@ -287,23 +233,13 @@ class Client:
         ``timeout`` bounds the wait for the first event, ``idle_timeout`` the
         wait for each later one. Options as :meth:`complete`.
         """
-        rid = request_id or ops.new_request_id()
-        body = ops.infer_body(
-            prompt,
-            messages=messages,
-            request_id=rid,
-            add_special=add_special,
-            chat=chat,
-            options=options,
-        )
-        first = self._t(timeout)
-        idle = self.idle_timeout if idle_timeout is _DEFAULT else idle_timeout
-        call = self._on_worker(
-            model_id, lambda a: a.stream("infer", body, timeout=first, event_type=Event)
-        )
-        self._note_running(rid, model_id)
-        return Stream(
-            self, call, model_id=model_id, request_id=rid, idle_timeout=idle, on_end=self._ended
+        return self._stream(
+            model_id,
+            asks.generation(
+                "infer", model_id, prompt, messages, request_id, add_special, chat, options
+            ),
+            timeout,
+            idle_timeout,
         )
 
     def cancel(
@@ -313,19 +249,8 @@ class Client:
         was running it; its stream ends with ``done`` (``cancelled``). The
         client knows the model of the requests it started; for others give
         ``model_id``."""
-        model = model_id or self._running.get(request_id)
-        if model is None:
-            return False
-        reply: CancelReply = self._on_worker(
-            model,
-            lambda a: a.call(
-                "cancel",
-                ops.cancel_body(request_id),
-                timeout=self._t(timeout),
-                reply_type=CancelReply,
-            ),
-        )
-        return reply.cancelled
+        ask = self._cancel_ask(request_id, model_id)
+        return False if ask is None else self._run(ask, timeout)
 
     def tokenize(
         self,
@@ -336,9 +261,7 @@ class Client:
         parse_special: bool = True,
         timeout: float | None = _DEFAULT,
     ) -> list[int]:
-        body = ops.tokenize_body(text, add_special=add_special, parse_special=parse_special)
-        reply: TokensReply = self._worker_call(model_id, "tokenize", body, TokensReply, timeout)
-        return reply.tokens
+        return self._run(asks.tokenize(model_id, text, add_special, parse_special), timeout)
 
     def detokenize(
         self,
@@ -349,11 +272,9 @@ class Client:
         unparse_special: bool = True,
         timeout: float | None = _DEFAULT,
     ) -> str:
-        body = ops.detokenize_body(
-            tokens, remove_special=remove_special, unparse_special=unparse_special
+        return self._run(
+            asks.detokenize(model_id, tokens, remove_special, unparse_special), timeout
         )
-        reply: TextReply = self._worker_call(model_id, "detokenize", body, TextReply, timeout)
-        return reply.text
 
     def apply_chat_template(
         self,
@@ -365,11 +286,7 @@ class Client:
     ) -> list[int]:
         """The prompt tokens ``messages`` render to with the model's chat template
         (``options``: ``add_generation_prompt``, ``tools``, ``enable_thinking``...)."""
-        body = ops.chat_body(messages, options)
-        reply: TokensReply = self._worker_call(
-            model_id, "apply_chat_template", body, TokensReply, timeout
-        )
-        return reply.tokens
+        return self._run(asks.apply_chat_template(model_id, messages, options), timeout)
 
     def embed(
         self,
@@ -380,9 +297,7 @@ class Client:
         timeout: float | None = _DEFAULT,
     ) -> list[float]:
         """The pooled embedding of one text or token sequence."""
-        body = ops.embed_body(text_or_tokens, normalize=normalize)
-        reply: EmbedReply = self._worker_call(model_id, "embed", body, EmbedReply, timeout)
-        return reply.embeddings[0]
+        return self._run(asks.embed(model_id, text_or_tokens, normalize), timeout)
 
     def load_adapter(
         self,
@@ -394,43 +309,32 @@ class Client:
         timeout: float | None = _DEFAULT,
     ) -> AdapterInfo:
         """Load a LoRA adapter on ``model_id``'s worker (waits for running requests)."""
-        body = ops.adapter_body(path, scale=scale, name=name)
-        result: AdapterInfo = self._worker_call(
-            model_id, "load_adapter", body, AdapterInfo, timeout
-        )
-        return result
+        return self._run(asks.load_adapter(model_id, path, scale, name), timeout)
 
     def unload_adapter(self, model_id: str, name: str, *, timeout: float | None = _DEFAULT) -> None:
-        self._worker_call(model_id, "unload_adapter", ops.adapter_ref(name), None, timeout)
+        return self._run(asks.unload_adapter(model_id, name), timeout)
 
     def set_adapter_scale(
         self, model_id: str, name: str, scale: float, *, timeout: float | None = _DEFAULT
     ) -> AdapterInfo:
-        body = ops.adapter_scale_body(name, scale)
-        result: AdapterInfo = self._worker_call(
-            model_id, "set_adapter_scale", body, AdapterInfo, timeout
-        )
-        return result
+        return self._run(asks.set_adapter_scale(model_id, name, scale), timeout)
 
     def list_adapters(
         self, model_id: str, *, timeout: float | None = _DEFAULT
     ) -> list[AdapterInfo]:
-        result: list[AdapterInfo] = self._worker_call(
-            model_id, "list_adapters", _NO_ARGS, list[AdapterInfo], timeout
-        )
-        return result
+        return self._run(asks.list_adapters(model_id), timeout)
 
     def end_session(
         self, model_id: str, session_id: str, *, timeout: float | None = _DEFAULT
     ) -> None:
         """Forget a session and free its sequence (its saved rows stay in the cache)."""
-        self._worker_call(model_id, "end_session", ops.session_body(session_id), None, timeout)
+        return self._run(asks.end_session(model_id, session_id), timeout)
 
     def reset_session(
         self, model_id: str, session_id: str, *, timeout: float | None = _DEFAULT
     ) -> None:
         """Empty a session's transcript and KV, keeping the session."""
-        self._worker_call(model_id, "reset_session", ops.session_body(session_id), None, timeout)
+        return self._run(asks.reset_session(model_id, session_id), timeout)
 
     def fork_session(
         self, model_id: str, source_id: str, new_id: str, *, timeout: float | None = _DEFAULT
@@ -438,63 +342,42 @@ class Client:
         """Copy session ``source_id`` into a new session ``new_id``. True when its
         KV was copied into a free sequence; False when the fork starts parked
         (its first request restores or prefills its transcript)."""
-        body = ops.fork_body(source_id, new_id)
-        reply: ForkReply = self._worker_call(model_id, "fork_session", body, ForkReply, timeout)
-        return reply.copied
+        return self._run(asks.fork_session(model_id, source_id, new_id), timeout)
 
-    # -- internals -----------------------------------------------------------
+    # -- internals: the I/O --------------------------------------------------
 
-    def _t(self, timeout: float | None) -> float | None:
-        return self.timeout if timeout is _DEFAULT else timeout
-
-    def _generate(
-        self,
-        op: str,
-        *,
-        model_id: str,
-        prompt: Prompt | None,
-        messages: Sequence[Mapping[str, Any]] | None,
-        request_id: str | None,
-        add_special: bool,
-        chat: ChatOptions | Mapping[str, Any] | None,
-        timeout: float | None,
-        options: Mapping[str, Any],
-    ) -> Completion:
-        rid = request_id or ops.new_request_id()
-        body = ops.infer_body(
-            prompt,
-            messages=messages,
-            request_id=rid,
-            add_special=add_special,
-            chat=chat,
-            options=options,
-        )
-        limit = self._t(timeout)
-        self._note_running(rid, model_id)
+    def _run(self, ask: Ask[R], timeout: float | None) -> R:
+        """Send ``ask`` (by the retry rule of :mod:`~llamad.client.routes`) and
+        wait for its answer."""
+        limit = self._started(ask, timeout)
         try:
-            result: Completion = self._on_worker(
-                model_id, lambda a: a.call(op, body, timeout=limit, reply_type=Completion)
-            )
+            if ask.model_id is None:
+                answer = self._links().front_call(ask.op, ask.body, ask.reply_type, limit)
+            else:
+                answer = self._on_worker(
+                    ask.model_id,
+                    lambda a: a.call(ask.op, ask.body, timeout=limit, reply_type=ask.reply_type),
+                )
         finally:
-            self._ended(rid)
-        return result
+            self._finished(ask)
+        return self._answered(ask, answer)
 
-    def _worker_call(
-        self, model_id: str, op: str, body: Any, reply_type: Any, timeout: float | None
-    ) -> Any:
-        limit = self._t(timeout)
-        rtype = Any if reply_type is None else reply_type
-        return self._on_worker(
-            model_id, lambda a: a.call(op, body, timeout=limit, reply_type=rtype)
+    def _stream(
+        self, model_id: str, ask: Ask[Completion], timeout: float | None, idle: float | None
+    ) -> Stream:
+        """Open the stream of generation ``ask`` (by the retry rule)."""
+        first = self._t(timeout)
+        call = self._on_worker(
+            model_id, lambda a: a.stream(ask.op, ask.body, timeout=first, event_type=Event)
         )
-
-    def _note_running(self, request_id: str, model_id: str) -> None:
-        with self._lock:
-            self._running[request_id] = model_id
-
-    def _ended(self, request_id: str) -> None:
-        with self._lock:
-            self._running.pop(request_id, None)
+        return Stream(
+            self,
+            call,
+            model_id=model_id,
+            request_id=self._stream_started(ask),
+            idle_timeout=self._idle(idle),
+            on_end=self._ended,
+        )
 
     def _links(self) -> Links:
         """This thread's connections (made on first use)."""
@@ -516,15 +399,8 @@ class Client:
                 self._all_links.add(links)
         return links
 
-    def _front_call(self, op: str, body: Any, reply_type: Any, timeout: float | None) -> Any:
-        return self._links().front_call(op, body, reply_type, self._t(timeout))
-
     def _forget_route(self, model_id: str) -> None:
         self._links().forget(model_id)
 
-    def _on_worker(self, model_id: str, send: Callable[[ActorClient], T]) -> T:
+    def _on_worker(self, model_id: str, send: Callable[[ActorClient], R]) -> R:
         return self._links().on_worker(model_id, send)
-
-
-def _convert(raw: Any, typ: type[T]) -> T:
-    return msgspec.convert(raw, typ)

@@ -34,6 +34,8 @@ ALLOWED = frozenset(
         "llamad.actors.aio_client",
         "llamad.actors.aio_link",
         "llamad.actors.client",
+        # Both actors clients' connection state, apart from the waiting.
+        "llamad.actors.connection",
         "llamad.actors.curve",
         "llamad.actors.errors",
         "llamad.actors.monitor",
@@ -44,6 +46,9 @@ ALLOWED = frozenset(
         "llamad.client",
         "llamad.client.aio",
         "llamad.client.aio_stream",
+        # Both public clients' requests as data, and their shared state.
+        "llamad.client.asks",
+        "llamad.client.base",
         "llamad.client.bodies",
         "llamad.client.routes",
         "llamad.client.stream",

@@ -1,0 +1,212 @@
+"""What the two public clients, and their two streams, share: all but the waiting.
+
+:class:`~llamad.client.sync.Client` and :class:`~llamad.client.aio.AsyncClient`
+extend :class:`ClientBase`: where the daemon is (endpoint, CURVE keys, from
+the configuration), the timeouts and their defaults, the requests running
+(so ``cancel(request_id)`` knows their model), and what an answer does
+besides being returned (a loaded or unloaded model's route is stale). Each
+method's request is an :class:`~llamad.client.asks.Ask`; a client's
+``_run`` only sends it and waits.
+
+:class:`~llamad.client.stream.Stream` and
+:class:`~llamad.client.aio_stream.AsyncStream` extend :class:`StreamBase`:
+the terminal (a ``done`` event carrying the :class:`Completion`, or the
+error), the switch from the first-event timeout to the idle one, and the
+client's note of the running request, dropped exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import Any, Final, Protocol, TypeVar
+
+from llamad import logs
+from llamad.actors.curve import CurveClient
+from llamad.client import asks
+from llamad.client.asks import Ask
+from llamad.client.bodies import read_end
+from llamad.config import client_curve, client_endpoint
+from llamad.errors import LlamadError
+from llamad.model.results import Completion, DoneEvent, ThinkingEvent, TokenEvent, ToolCallEvent
+
+__all__ = [
+    "DEFAULT",
+    "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_IDLE_TIMEOUT",
+    "DEFAULT_TIMEOUT",
+    "ClientBase",
+    "StreamBase",
+    "StreamEvent",
+]
+
+R = TypeVar("R")
+
+DEFAULT_TIMEOUT: Final = 300.0
+"""Seconds a call may take by default (a long prompt on a CPU, queued behind others)."""
+DEFAULT_CONNECT_TIMEOUT: Final = 10.0
+"""Seconds to wait for the daemon or a worker to be reachable (a restart in progress)."""
+DEFAULT_IDLE_TIMEOUT: Final = 60.0
+"""Seconds a stream may go without an event once its first one has arrived."""
+DEFAULT: Final[Any] = object()
+"""A ``timeout=`` left to the client's own."""
+
+StreamEvent = TokenEvent | ThinkingEvent | ToolCallEvent | DoneEvent
+"""What iterating a stream yields (``done`` last)."""
+
+
+class ClientBase:
+    """The state both public clients keep (see the module doc); arguments as
+    :class:`~llamad.Client`."""
+
+    _default_name = "llamad-client"
+
+    def __init__(  # noqa: PLR0917 - the clients' own keywords, passed on in order
+        self,
+        endpoint: str | None,
+        config: str | os.PathLike[str] | None,
+        timeout: float | None,
+        connect_timeout: float,
+        idle_timeout: float | None,
+        name: str,
+        curve: CurveClient | None,
+    ) -> None:
+        # A library user's program never sees llamad's debug lines unless it
+        # configured logging itself (llamad/logs.py says how).
+        logs.library_default()
+        if endpoint is None:
+            endpoint = client_endpoint(config)
+        if curve is None and endpoint.startswith("tcp://"):
+            curve = client_curve(config)
+        self.endpoint = endpoint
+        self.curve = curve
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.idle_timeout = idle_timeout
+        self.name = name or f"{self._default_name}-{os.getpid()}"
+        self._lock = threading.Lock()
+        self._running: dict[str, str] = {}  # request id -> model id, for cancel()
+        self._closed = False
+
+    def _forget_route(self, model_id: str) -> None:
+        """Drop the cached route (and connection) of ``model_id``."""
+        raise NotImplementedError
+
+    def _t(self, timeout: float | None) -> float | None:
+        return self.timeout if timeout is DEFAULT else timeout
+
+    def _idle(self, idle_timeout: float | None) -> float | None:
+        return self.idle_timeout if idle_timeout is DEFAULT else idle_timeout
+
+    def _started(self, ask: Ask[Any], timeout: float | None) -> float | None:
+        """``ask`` is about to be sent: note a generation as running; its time limit."""
+        limit = self._t(timeout)
+        if ask.request_id is not None and ask.model_id is not None:
+            self._note_running(ask.request_id, ask.model_id)
+        return limit
+
+    def _stream_started(self, ask: Ask[Any]) -> str:
+        """The stream of generation ``ask`` is open: note it as running; its request id."""
+        assert ask.request_id is not None and ask.model_id is not None
+        self._note_running(ask.request_id, ask.model_id)
+        return ask.request_id
+
+    def _finished(self, ask: Ask[Any]) -> None:
+        """``ask`` was answered, or failed."""
+        if ask.request_id is not None:
+            self._ended(ask.request_id)
+
+    def _answered(self, ask: Ask[R], answer: Any) -> R:
+        """What the method returns of ``ask``'s decoded ``answer``."""
+        if ask.forgets is not None:
+            self._forget_route(ask.forgets)
+        return ask.read(answer)
+
+    def _cancel_ask(self, request_id: str, model_id: str | None) -> Ask[bool] | None:
+        """How to cancel ``request_id`` on ``model_id``'s worker (by default the
+        model this client started it on); ``None`` when that is unknown."""
+        model = model_id or self._running.get(request_id)
+        if model is None:
+            return None
+        return asks.cancel(model, request_id)
+
+    def _note_running(self, request_id: str, model_id: str) -> None:
+        with self._lock:
+            self._running[request_id] = model_id
+
+    def _ended(self, request_id: str) -> None:
+        with self._lock:
+            self._running.pop(request_id, None)
+
+
+class _Timed(Protocol):
+    timeout: float | None
+
+
+class StreamBase:
+    """A running ``infer`` request, apart from the waiting (see the module doc).
+
+    ``request_id`` names it for ``cancel``; ``model_id`` is the model
+    serving it. :attr:`result` is the :class:`Completion` once the ``done``
+    event has arrived; :attr:`error` the error that ended it instead.
+    """
+
+    def __init__(
+        self,
+        *,
+        model_id: str,
+        request_id: str,
+        idle_timeout: float | None,
+        on_end: Callable[[str], None],
+    ) -> None:
+        self.model_id = model_id
+        self.request_id = request_id
+        self._idle_timeout = idle_timeout
+        self._on_end: Callable[[str], None] | None = on_end
+        self._events_seen = 0
+        self.result: Completion | None = None
+        self.error: LlamadError | None = None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the terminal (``done`` or an error) arrived, or the stream was closed."""
+        return self._on_end is None
+
+    def _done(self, end: Any) -> DoneEvent:
+        """The stream's END arrived, with ``end`` (its body): its ``done`` event."""
+        self.result = result = read_end(end, Completion)
+        self._ended()
+        return DoneEvent(result=result)
+
+    def _failed(self, error: LlamadError) -> None:
+        """The stream ended with ``error`` (raised by the caller)."""
+        self.error = error
+        self._ended()
+
+    def _arrived(self, call: _Timed, event: StreamEvent) -> StreamEvent:
+        if self._events_seen == 0:
+            # The first event came within the first-token timeout; from
+            # now on each must come within the idle timeout.
+            call.timeout = self._idle_timeout
+        self._events_seen += 1
+        return event
+
+    def _outcome(self) -> Completion:
+        """The :class:`Completion` of a stream consumed to its end, or its error raised."""
+        if self.result is None:
+            assert self.error is not None, "a stream ends with a result or an error"
+            raise self.error
+        return self.result
+
+    def _ended(self) -> None:
+        on_end, self._on_end = self._on_end, None
+        if on_end is not None:
+            on_end(self.request_id)
+
+    def __del__(self) -> None:
+        # The actors stream call cancels itself on the worker when it is
+        # collected; only the client's note of the running request is left
+        # to drop.
+        if self._on_end is not None:
+            self._ended()
