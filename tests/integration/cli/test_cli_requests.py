@@ -192,12 +192,12 @@ def test_bytes_that_are_not_utf8_are_refused_in_one_line(daemon: DaemonProc) -> 
     argv = llamad_command(daemon.endpoint, "complete", "caf\udce9 \udcff", "--max-tokens", "2")
     piped = llamad_command(daemon.endpoint, "complete", "--max-tokens", "2")
     for run in (
-        subprocess.run(argv, capture_output=True, env=cli_env(), timeout=120, check=False),
+        subprocess.run(argv, capture_output=True, env=scrubbed_env(), timeout=120, check=False),
         subprocess.run(
             piped,
             input=b"caf\xe9 \xff\n",
             capture_output=True,
-            env=cli_env(),
+            env=scrubbed_env(),
             timeout=120,
             check=False,
         ),
