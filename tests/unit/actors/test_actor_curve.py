@@ -157,15 +157,36 @@ def test_a_plain_client_is_refused_at_once(secured: Actor) -> None:
     assert err.details["reason"] in ("security_mismatch", "handshake_failed")
 
 
-def _until_the_pipe_is_gone(sock: zmq.Socket[bytes]) -> None:
+#: How long a client is held before its HELLO, and how many tries a test
+#: makes. The server ends a plain client's handshake either with a protocol
+#: error (the pipe is gone for good: the case under test) or by closing the
+#: connection (the client reconnects and keeps its pipe); which one comes
+#: first is the kernel's race, so a try that never loses its pipe is tried
+#: again, and the test fails only if no try ever reached the case.
+HOLD_S = 2.0
+TRIES = 8
+
+
+def _until_the_pipe_is_gone(sock: zmq.Socket[bytes]) -> bool:
     """Hold a client before its HELLO, as a loaded machine does, until the
-    refused handshake has taken its socket's only pipe away (a protocol
-    error ends the connection for good): from then on a send cannot go out."""
-    deadline = time.monotonic() + FAST / 2
+    refused handshake has taken its socket's only pipe away (from then on a
+    send cannot go out); ``False`` if it kept it for :data:`HOLD_S`."""
+    deadline = time.monotonic() + HOLD_S
     while sock.getsockopt(zmq.EVENTS) & zmq.POLLOUT:
         if time.monotonic() > deadline:
-            pytest.fail("the refused handshake never took the client's pipe away")
+            return False
         time.sleep(0.01)
+    return True
+
+
+def _refused_after_losing_the_pipe(call: Callable[[], Any], held: list[bool]) -> None:
+    for _ in range(TRIES):
+        held.clear()
+        err = refused_fast(call)
+        assert err.details["reason"] in ("security_mismatch", "handshake_failed")
+        if held[:1] == [True]:
+            return
+    pytest.fail(f"in {TRIES} tries the refused handshake never took the client's pipe away")
 
 
 def test_a_plain_client_refused_before_it_sends_its_hello_is_refused_at_once(
@@ -177,23 +198,21 @@ def test_a_plain_client_refused_before_it_sends_its_hello_is_refused_at_once(
     def late(self: Client) -> None:
         rebuild(self)
         if not held and self._sock is not None:
-            held.append(True)
-            _until_the_pipe_is_gone(self._sock)
+            held.append(_until_the_pipe_is_gone(self._sock))
 
     monkeypatch.setattr(Client, "_rebuild_items", late)
-    err = refused_fast(lambda: call_once(secured.tcp_endpoint, None))
-    assert held
-    assert err.details["reason"] in ("security_mismatch", "handshake_failed")
+    _refused_after_losing_the_pipe(lambda: call_once(secured.tcp_endpoint, None), held)
 
 
 def test_the_asyncio_client_refused_before_it_sends_its_hello_is_refused_at_once(
     secured: Actor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     init = AsyncLink.__init__
+    held: list[bool] = []
 
     def late(self: AsyncLink, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
-        _until_the_pipe_is_gone(self._sock)
+        held.append(_until_the_pipe_is_gone(self._sock))
 
     monkeypatch.setattr(AsyncLink, "__init__", late)
 
@@ -204,8 +223,7 @@ def test_the_asyncio_client_refused_before_it_sends_its_hello_is_refused_at_once
         finally:
             client.close()
 
-    err = refused_fast(lambda: asyncio.run(call()))
-    assert err.details["reason"] in ("security_mismatch", "handshake_failed")
+    _refused_after_losing_the_pipe(lambda: asyncio.run(call()), held)
 
 
 def test_a_client_trusting_another_server_key_is_refused_at_once(
