@@ -9,6 +9,11 @@ conditions). Bars (issue 3): p50 round trip ≤ 100 µs, ≥ 50,000 stream
 events/s.
 
     .venv/bin/python bench/actors_bench.py [--calls N] [--events N] [--no-record]
+
+Recorded (``actors-<date>.json`` beside the ``.md``): every alternating
+round's call and floor latencies (histograms at 1 µs) and busy time, each of
+the 16 clients' latencies and span, and each stream's events and span;
+:func:`render` computes the table and the bars from them.
 """
 
 from __future__ import annotations
@@ -26,12 +31,13 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import percentile, record, table
+from bench.common import hist, percentile, record, show, table, unhist
 from llamad.actors import Client
 from llamad.actors.testing import spawn_toy
 
 CLIENTS = 16
 ROUNDS = 20
+RENDER = "bench.actors_bench:render"
 
 
 def _call_worker(endpoint: str, calls: int, start_at: float) -> dict[str, Any]:
@@ -45,8 +51,8 @@ def _call_worker(endpoint: str, calls: int, start_at: float) -> dict[str, Any]:
         for i in range(calls):
             t0 = time.perf_counter()
             c.call("echo", {"i": i})
-            lat.append(time.perf_counter() - t0)
-        return {"lat": lat, "begin": begin, "end": time.monotonic()}
+            lat.append((time.perf_counter() - t0) * 1e6)
+        return {"call_us": hist(lat), "begin": begin, "end": time.monotonic()}
 
 
 def _alternating_worker(endpoints: tuple[str, str], calls: int, start_at: float) -> dict[str, Any]:
@@ -64,23 +70,31 @@ def _alternating_worker(endpoints: tuple[str, str], calls: int, start_at: float)
                 raw.recv()
             while time.monotonic() < start_at:
                 time.sleep(0.001)
-            lat: list[float] = []
-            floor: list[float] = []
-            busy = 0.0
+            rounds = []
             per = calls // ROUNDS
             for _ in range(ROUNDS):
+                lat: list[float] = []
+                floor: list[float] = []
                 begin = time.monotonic()
                 for i in range(per):
                     t0 = time.perf_counter()
                     c.call("echo", {"i": i})
                     lat.append(time.perf_counter() - t0)
-                busy += time.monotonic() - begin
+                busy = time.monotonic() - begin
                 for _ in range(per):
                     t0 = time.perf_counter()
                     raw.send(payload)
                     raw.recv()
                     floor.append(time.perf_counter() - t0)
-            return {"lat": lat, "floor": floor, "busy": busy}
+                rounds.append(
+                    {
+                        "call_us": hist(x * 1e6 for x in lat),
+                        "busy_s": busy,
+                        "floor_us": hist(x * 1e6 for x in floor),
+                        "floor_s": sum(floor),
+                    }
+                )
+            return {"rounds": rounds}
     finally:
         raw.close(0)
         ctx.term()
@@ -135,8 +149,10 @@ def run_parallel(worker: Any, endpoint: Any, n: int, count: int) -> list[dict[st
         return [r.get(timeout=600) for r in results]
 
 
-def us(seconds: float) -> str:
-    return f"{seconds * 1e6:.0f}"
+def _spans(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each client's result with its begin and end as seconds since the first begin."""
+    t0 = min(r["begin"] for r in results)
+    return [{**r, "begin": r["begin"] - t0, "end": r["end"] - t0} for r in results]
 
 
 def main() -> int:
@@ -145,74 +161,95 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
-    rows: list[list[object]] = []
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         raw_endpoint = f"ipc://{tmp}/raw.sock"
         raw_server = start_raw_server(raw_endpoint)
         with spawn_toy("--endpoint", f"ipc://{tmp}/toy.sock", "--no-register") as toy:
             [one] = run_parallel(_alternating_worker, (toy.endpoint, raw_endpoint), 1, args.calls)
-            floor = one["floor"]
-            rows.append(
-                [
-                    "bare pyzmq echo (floor)",
-                    1,
-                    us(percentile(floor, 50)),
-                    us(percentile(floor, 99)),
-                    f"{len(floor) / sum(floor):,.0f} calls/s",
-                ]
-            )
-            lat = one["lat"]
-            rows.append(
-                [
-                    "call round trip",
-                    1,
-                    us(percentile(lat, 50)),
-                    us(percentile(lat, 99)),
-                    f"{len(lat) / one['busy']:,.0f} calls/s",
-                ]
-            )
             many = run_parallel(_call_worker, toy.endpoint, CLIENTS, args.calls // CLIENTS)
-            lat = [x for r in many for x in r["lat"]]
-            span = max(r["end"] for r in many) - min(r["begin"] for r in many)
-            rows.append(
-                [
-                    "call round trip",
-                    CLIENTS,
-                    us(percentile(lat, 50)),
-                    us(percentile(lat, 99)),
-                    f"{len(lat) / span:,.0f} calls/s",
-                ]
-            )
             [s1] = run_parallel(_stream_worker, toy.endpoint, 1, args.events)
-            rate1 = s1["events"] / (s1["end"] - s1["begin"])
-            rows.append(["stream events", 1, "", "", f"{rate1:,.0f} events/s"])
             sm = run_parallel(_stream_worker, toy.endpoint, CLIENTS, args.events // CLIENTS)
-            span = max(r["end"] for r in sm) - min(r["begin"] for r in sm)
-            rate16 = sum(r["events"] for r in sm) / span
-            rows.append(["stream events", CLIENTS, "", "", f"{rate16:,.0f} events/s"])
         stop_raw_server(raw_endpoint, raw_server)
     load_after = os.getloadavg()
-    p50_ours = percentile(one["lat"], 50)
-    body = table(["measure", "clients", "p50 µs", "p99 µs", "throughput"], rows)
-    body += (
-        f"\n\nBars: call p50 ≤ 100 µs: {'met' if p50_ours <= 100e-6 else 'MISSED'} "
-        f"({us(p50_ours)} µs; the bare floor is {us(percentile(floor, 50))} µs); "
-        f"≥ 50,000 stream events/s: {'met' if min(rate1, rate16) >= 50_000 else 'MISSED'}.\n\n"
-        f"`uname -a`: {' '.join(os.uname())}\n\n"
-        f"Transport ipc; body a small map; {args.calls} calls, {args.events} events; "
-        "client processes spawned, all against one toy actor process; the floor is a "
-        "bare pyzmq ROUTER/DEALER echo (blocking recv, no envelope, no validation, no "
-        f"crash watch) measured by the single client in {ROUNDS} rounds alternating "
-        "with its calls.\n"
-        f"Load average before/after: {load_before[0]:.2f} / {load_after[0]:.2f} "
-        "(other work on the machine inflates latency).\n"
-    )
-    print(body)
+    params = {
+        "calls": args.calls,
+        "events": args.events,
+        "clients": CLIENTS,
+        "rounds": ROUNDS,
+        "uname": " ".join(os.uname()),
+        "load_before": load_before[0],
+        "load_after": load_after[0],
+    }
+    data = {
+        "alternating": one["rounds"],
+        "calls": _spans(many),
+        "stream_1": _spans([s1]),
+        "stream_many": _spans(sm),
+    }
+    print(show(RENDER, params, data))
     if not args.no_record:
-        path = record("actors", "Actor runtime: round trip and stream throughput", body)
+        path = record(
+            "actors", "Actor runtime: round trip and stream throughput", RENDER, params, data
+        )
         print(f"recorded {path}")
     return 0
+
+
+def _span_s(results: list[dict[str, Any]]) -> float:
+    return float(max(r["end"] for r in results) - min(r["begin"] for r in results))
+
+
+def render(params: dict[str, Any], data: dict[str, Any]) -> str:
+    """The recorded body, from :func:`main`'s ``params`` and ``data`` (latencies in µs)."""
+    rounds = data["alternating"]
+    floor = unhist(*(r["floor_us"] for r in rounds))
+    lat = unhist(*(r["call_us"] for r in rounds))
+    many = unhist(*(r["call_us"] for r in data["calls"]))
+    rate1 = sum(r["events"] for r in data["stream_1"]) / _span_s(data["stream_1"])
+    rate16 = sum(r["events"] for r in data["stream_many"]) / _span_s(data["stream_many"])
+    clients = params["clients"]
+    rows: list[list[object]] = [
+        [
+            "bare pyzmq echo (floor)",
+            1,
+            f"{percentile(floor, 50):.0f}",
+            f"{percentile(floor, 99):.0f}",
+            f"{len(floor) / sum(r['floor_s'] for r in rounds):,.0f} calls/s",
+        ],
+        [
+            "call round trip",
+            1,
+            f"{percentile(lat, 50):.0f}",
+            f"{percentile(lat, 99):.0f}",
+            f"{len(lat) / sum(r['busy_s'] for r in rounds):,.0f} calls/s",
+        ],
+        [
+            "call round trip",
+            clients,
+            f"{percentile(many, 50):.0f}",
+            f"{percentile(many, 99):.0f}",
+            f"{len(many) / _span_s(data['calls']):,.0f} calls/s",
+        ],
+        ["stream events", 1, "", "", f"{rate1:,.0f} events/s"],
+        ["stream events", clients, "", "", f"{rate16:,.0f} events/s"],
+    ]
+    p50_ours = percentile(lat, 50)
+    body = table(["measure", "clients", "p50 µs", "p99 µs", "throughput"], rows)
+    body += (
+        f"\n\nBars: call p50 ≤ 100 µs: {'met' if p50_ours <= 100 else 'MISSED'} "
+        f"({p50_ours:.0f} µs; the bare floor is {percentile(floor, 50):.0f} µs); "
+        f"≥ 50,000 stream events/s: {'met' if min(rate1, rate16) >= 50_000 else 'MISSED'}.\n\n"
+        f"`uname -a`: {params['uname']}\n\n"
+        f"Transport ipc; body a small map; {params['calls']} calls, {params['events']} events; "
+        "client processes spawned, all against one toy actor process; the floor is a "
+        "bare pyzmq ROUTER/DEALER echo (blocking recv, no envelope, no validation, no "
+        f"crash watch) measured by the single client in {params['rounds']} rounds alternating "
+        "with its calls; latencies kept to 1 µs.\n"
+        f"Load average before/after: {params['load_before']:.2f} / {params['load_after']:.2f} "
+        "(other work on the machine inflates latency).\n"
+    )
+    return body
 
 
 if __name__ == "__main__":

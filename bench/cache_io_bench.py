@@ -21,6 +21,9 @@ hits all columns alike; medians are reported. Bars (issue 4): ``ram`` load
 <= 2x memcpy; ``disk`` load <= 3x a plain read.
 
     python -m bench.cache_io_bench [--reps N] [--disk-root DIR] [--record]
+
+Recorded (``cache-io-<date>.json`` beside the ``.md``): every measured time
+of every tier (seconds); :func:`render` takes the medians and judges the bars.
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from bench.common import median, percentile, record, table
+from bench.common import median, percentile, record, show, table
 from llamad.cache.counters import DictCounters
 from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcSpec, SaveReason
@@ -49,6 +53,7 @@ N_TOKENS = 2048
 BYTES_PER_TOKEN = 23_040
 PAYLOAD_LEN = N_TOKENS * BYTES_PER_TOKEN
 NS = Namespace(fingerprint=b"\x5a" * 32, quant=3, ctx_hash=b"\xa5" * 32)
+RENDER = "bench.cache_io_bench:render"
 
 
 def ms(seconds: float) -> str:
@@ -165,73 +170,88 @@ def main(argv: list[str] | None = None) -> int:
         Tier(TierConfig(TierKind.RAM_FILE, ram_file_root, 1 << 34)),
         Tier(TierConfig(TierKind.DISK, disk_root, 1 << 34)),
     ]
-    rows = []
-    verdicts = []
+    measured = []
     try:
         for tier in tiers:
             tier.prepare()
-            r = bench_tier(tier, payload, args.reps)
-            load, memcpy, read = median(r["load"]), median(r["memcpy"]), median(r["read"])
-            save, write = median(r["save"]), median(r["write"])
-            rows.append(
-                [
-                    tier.name,
-                    ms(save),
-                    ms(write),
-                    ms(median(r["first_load"])),
-                    ms(load),
-                    ms(percentile(r["load"], 90)),
-                    ms(median(r["mapped"])) if r["mapped"] else "-",
-                    ms(median(r["warm"])) if r["warm"] else "-",
-                    ms(memcpy),
-                    ms(read),
-                    f"{load / memcpy:.2f}",
-                    f"{load / read:.2f}",
-                ]
+            measured.append(
+                {"tier": tier.name, "kind": tier.kind.value, **bench_tier(tier, payload, args.reps)}
             )
-            if tier.kind is TierKind.RAM:
-                ok = load <= 2 * memcpy
-                verdicts.append(
-                    f"- ram load <= 2x memcpy: {load / memcpy:.2f}x, {'met' if ok else 'NOT met'}"
-                )
-            if tier.kind is TierKind.DISK:
-                ok = load <= 3 * read
-                met = "met" if ok else "NOT met"
-                verdicts.append(f"- disk load <= 3x plain read: {load / read:.2f}x, {met}")
     finally:
         shutil.rmtree(disk_root, ignore_errors=True)
         shutil.rmtree(ram_file_root, ignore_errors=True)
         tiers[0].purge()
 
-    headers = [
-        "tier",
-        "save ms",
-        "plain write+fdatasync ms",
-        "first load ms",
-        "load ms (p50)",
-        "load ms (p90)",
-        "mapped, no copy ms",
-        "map (writer warms) ms",
-        "memcpy ms",
-        "plain read ms",
-        "load/memcpy",
-        "load/read",
-    ]
-    body = (
-        f"Payload {N_TOKENS} tokens x {BYTES_PER_TOKEN} bytes = {PAYLOAD_LEN / 1e6:.1f} MB; "
-        f"{args.reps} saves, each followed by its first load and 3 more loads interleaved "
-        "with memcpy and plain reads (medians unless noted); "
-        f"disk tier under {disk_parent}.\n\n"
-        + table(headers, rows)
+    params = {
+        "reps": args.reps,
+        "n_tokens": N_TOKENS,
+        "bytes_per_token": BYTES_PER_TOKEN,
+        "disk_parent": str(disk_parent),
+    }
+    data = {"tiers": measured}
+    print(show(RENDER, params, data))
+    if args.record:
+        path = record("cache-io", "Cache I/O: save and load per tier", RENDER, params, data)
+        print(f"recorded {path}", file=sys.stderr)
+    return 0
+
+
+HEADERS = [
+    "tier",
+    "save ms",
+    "plain write+fdatasync ms",
+    "first load ms",
+    "load ms (p50)",
+    "load ms (p90)",
+    "mapped, no copy ms",
+    "map (writer warms) ms",
+    "memcpy ms",
+    "plain read ms",
+    "load/memcpy",
+    "load/read",
+]
+
+
+def render(params: dict[str, Any], data: dict[str, Any]) -> str:
+    """The recorded body from :func:`main`'s ``params`` and ``data``: each tier's
+    times in seconds as :func:`bench_tier` measured them; medians and bars here."""
+    rows = []
+    verdicts = []
+    for r in data["tiers"]:
+        load, memcpy, read = median(r["load"]), median(r["memcpy"]), median(r["read"])
+        rows.append(
+            [
+                r["tier"],
+                ms(median(r["save"])),
+                ms(median(r["write"])),
+                ms(median(r["first_load"])),
+                ms(load),
+                ms(percentile(r["load"], 90)),
+                ms(median(r["mapped"])) if r["mapped"] else "-",
+                ms(median(r["warm"])) if r["warm"] else "-",
+                ms(memcpy),
+                ms(read),
+                f"{load / memcpy:.2f}",
+                f"{load / read:.2f}",
+            ]
+        )
+        if r["kind"] == TierKind.RAM.value:
+            met = "met" if load <= 2 * memcpy else "NOT met"
+            verdicts.append(f"- ram load <= 2x memcpy: {load / memcpy:.2f}x, {met}")
+        if r["kind"] == TierKind.DISK.value:
+            met = "met" if load <= 3 * read else "NOT met"
+            verdicts.append(f"- disk load <= 3x plain read: {load / read:.2f}x, {met}")
+    payload = params["n_tokens"] * params["bytes_per_token"]
+    return (
+        f"Payload {params['n_tokens']} tokens x {params['bytes_per_token']} bytes = "
+        f"{payload / 1e6:.1f} MB; {params['reps']} saves, each followed by its first load and "
+        "3 more loads interleaved with memcpy and plain reads (medians unless noted); "
+        f"disk tier under {params['disk_parent']}.\n\n"
+        + table(HEADERS, rows)
         + "\n\n"
         + "\n".join(verdicts)
         + "\n"
     )
-    print(body)
-    if args.record:
-        path = record("cache-io", "Cache I/O: save and load per tier", body)
-        print(f"recorded {path}", file=sys.stderr)
-    return 0
 
 
 if __name__ == "__main__":

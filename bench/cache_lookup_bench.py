@@ -24,6 +24,11 @@ Bars (issue 4): longest-prefix p50 ≤ 200 µs at 2,000 tokens and ≤ 1 ms at
 30,000 tokens.
 
     python -m bench.cache_lookup_bench [--rows 10000] [--samples 2000] [--record]
+
+Recorded (``cache-lookup-<date>.json`` beside the ``.md``): per row of the
+table, every round's call latencies (a histogram at 1 µs) and, for the
+longest-prefix rows, the round's hits, cache-meta's server time and probes;
+:func:`render` computes the percentiles and the bars.
 """
 
 from __future__ import annotations
@@ -37,10 +42,11 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import zmq
 
-from bench.common import median, percentile, record, table
+from bench.common import hist, median, percentile, record, show, table, unhist
 from llamad.cache.client import CacheClient
 from llamad.cache.key import FingerprintMode, Namespace
 from llamad.cache.kvc import KvcSpec, SaveReason, write_kvc
@@ -54,6 +60,8 @@ NS = Namespace(fingerprint=b"\xb1" * 32, quant=3, ctx_hash=b"\xb2" * 32)
 MAX_LEN = 32_768
 MIN_LEN = 256
 PAYLOAD = b"\x00" * 64  # the bytes are irrelevant to a lookup
+RENDER = "bench.cache_lookup_bench:render"
+LENGTHS = (2000, 30_000)
 
 
 def log_uniform(rng: random.Random, lo: int, hi: int) -> int:
@@ -144,6 +152,10 @@ def row(name: str, us: list[float], note: str = "") -> list[object]:
     ]
 
 
+def lp_name(length: int, hit: bool) -> str:
+    return f"longest_prefix {length:,} tok ({'hit' if hit else 'miss'})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--rows", type=int, default=10_000)
@@ -153,7 +165,7 @@ def main() -> None:
     parser.add_argument("--record", action="store_true", help="write bench/results/")
     args = parser.parse_args()
     rng = random.Random(20261125)
-    load_before = f"{os.getloadavg()[0]:.2f}"
+    load_before = os.getloadavg()[0]
 
     # No write-behind: 10,000 rows copied to disk behind the lookups would
     # time the disk, not the lookups.
@@ -189,81 +201,115 @@ def main() -> None:
             for _ in range(200):  # warm up connections, caches and the allocator
                 cache.lookup_exact(rng.choice(keys), pin=False)
 
-            def exact_once() -> None:
+            def exact(per: int) -> list[float]:
                 # Time only the lookup: the checkin is a second call a worker makes later.
-                key = rng.choice(keys)
-                t_start = time.perf_counter_ns()
-                ref = cache.lookup_exact(key)
-                samples["exact"].append((time.perf_counter_ns() - t_start) / 1000)
-                assert ref is not None
-                cache.checkin(ref.pin)
+                out = []
+                for _ in range(per):
+                    key = rng.choice(keys)
+                    t_start = time.perf_counter_ns()
+                    ref = cache.lookup_exact(key)
+                    out.append((time.perf_counter_ns() - t_start) / 1000)
+                    assert ref is not None
+                    cache.checkin(ref.pin)
+                return out
 
-            kinds = [(length, hit) for length in (2000, 30_000) for hit in (True, False)]
+            kinds = [(length, hit) for length in LENGTHS for hit in (True, False)]
             batches = {
                 (length, hit): prompts(length, hit, n if length == 2000 else max(200, n // 4))
                 for length, hit in kinds
             }
-            samples: dict[object, list[float]] = {
-                "raw": [],
-                "ping": [],
-                "exact": [],
-                **{kind: [] for kind in kinds},
+            # Per table row, one entry per round.
+            rounds: dict[str, list[dict[str, Any]]] = {
+                name: [] for name in ("raw", "ping", "exact", *(lp_name(*k) for k in kinds))
             }
-            server_ns = dict.fromkeys(kinds, 0)
-            probes = dict.fromkeys(kinds, 0)
-            hits = dict.fromkeys(kinds, 0)
             raw = RawEcho(base)
             try:
                 for r in range(args.rounds):
                     per = n // args.rounds
-                    samples["raw"] += sample(raw.once, per)
-                    samples["ping"] += sample(lambda: cache._client.call("$ping", {}), per)
-                    for _ in range(per):
-                        exact_once()
+                    rounds["raw"].append({"us": hist(sample(raw.once, per))})
+                    ping = sample(lambda: cache._client.call("$ping", {}), per)
+                    rounds["ping"].append({"us": hist(ping)})
+                    rounds["exact"].append({"us": hist(exact(per))})
                     for kind in kinds:
                         batch = batches[kind]
                         step = len(batch) // args.rounds
                         before = cache.counters()
+                        us, hits = [], 0
                         for prompt in batch[r * step : (r + 1) * step]:
                             t_start = time.perf_counter_ns()
                             found = cache.longest_prefix(NS, prompt)
-                            samples[kind].append((time.perf_counter_ns() - t_start) / 1000)
+                            us.append((time.perf_counter_ns() - t_start) / 1000)
                             if found.row is not None:
-                                hits[kind] += 1
+                                hits += 1
                                 assert found.kind in (HitKind.PREFIX, HitKind.COMMON)
                                 cache.checkin(found.row.pin)
                         after = cache.counters()
-                        d_ns = after["longest_prefix_ns"] - before["longest_prefix_ns"]
-                        d_probes = after["longest_prefix_probes"] - before["longest_prefix_probes"]
-                        server_ns[kind] += d_ns
-                        probes[kind] += d_probes
+                        rounds[lp_name(*kind)].append(
+                            {
+                                "us": hist(us),
+                                "hits": hits,
+                                "server_ns": after["longest_prefix_ns"]
+                                - before["longest_prefix_ns"],
+                                "probes": after["longest_prefix_probes"]
+                                - before["longest_prefix_probes"],
+                            }
+                        )
             finally:
                 raw.close()
-
-            results = [
-                row("raw ZeroMQ ipc echo (no runtime)", samples["raw"], "peer: the floor"),
-                row("actor round trip ($ping)", samples["ping"], "peer: the transport"),
-                row("lookup_exact (hit, pinned)", samples["exact"]),
-            ]
-            for length, hit in kinds:
-                us = samples[(length, hit)]
-                count = len(us)
-                server = server_ns[(length, hit)] / count / 1000
-                results.append(
-                    row(
-                        f"longest_prefix {length:,} tok ({'hit' if hit else 'miss'})",
-                        us,
-                        f"hits {hits[(length, hit)]}/{count}; server {server:.0f} µs; "
-                        f"{probes[(length, hit)] / count:.0f} probes",
-                    )
-                )
             final = cache.status()
     finally:
         discard(settings)
 
+    params = {
+        "rows": args.rows,
+        "conversations": len(convs),
+        "per_conversation": args.per_conversation,
+        "min_len": MIN_LEN,
+        "max_len": MAX_LEN,
+        "samples": args.samples,
+        "rounds": args.rounds,
+        "write_s": write_s,
+        "start_s": start_s,
+        "pins_after": final["pins"],
+        "load_before": load_before,
+        "load_after": os.getloadavg()[0],
+    }
+    data = {"rows": rounds}
+    print(show(RENDER, params, data))
+    if args.record:
+        title = "Cache lookup latency (10,000 rows, over the actor transport)"
+        print(record("cache-lookup", title, RENDER, params, data))
+
+
+def render(params: dict[str, Any], data: dict[str, Any]) -> str:
+    """The recorded body from :func:`main`'s ``params`` and ``data``: per table
+    row, each round's latencies (µs) and longest-prefix counts; the bars here."""
+    rows = data["rows"]
+
+    def us(name: str) -> list[float]:
+        return unhist(*(r["us"] for r in rows[name]))
+
+    results = [
+        row("raw ZeroMQ ipc echo (no runtime)", us("raw"), "peer: the floor"),
+        row("actor round trip ($ping)", us("ping"), "peer: the transport"),
+        row("lookup_exact (hit, pinned)", us("exact")),
+    ]
+    for length in LENGTHS:
+        for hit in (True, False):
+            name = lp_name(length, hit)
+            got, count = rows[name], len(us(name))
+            server = sum(r["server_ns"] for r in got) / count / 1000
+            results.append(
+                row(
+                    name,
+                    us(name),
+                    f"hits {sum(r['hits'] for r in got)}/{count}; server {server:.0f} µs; "
+                    f"{sum(r['probes'] for r in got) / count:.0f} probes",
+                )
+            )
     body = table(["lookup", "n", "p50 µs", "p90 µs", "p99 µs", "notes"], results)
-    lp2k = next(r for r in results if str(r[0]).startswith("longest_prefix 2,000 tok (hit"))
-    lp30k = next(r for r in results if str(r[0]).startswith("longest_prefix 30,000 tok (hit"))
+    lp2k = next(r for r in results if r[0] == lp_name(2000, True))
+    lp30k = next(r for r in results if r[0] == lp_name(30_000, True))
     bars = table(
         ["bar", "measured p50", "limit", "met"],
         [
@@ -277,21 +323,15 @@ def main() -> None:
         ],
     )
     setup = (
-        f"{args.rows:,} rows ({len(convs)} conversations, lengths log-uniform "
-        f"{MIN_LEN}..{MAX_LEN} tokens) in a ram_file tier; files written in {write_s:.1f} s; "
-        f"cache-meta start with index rebuild {start_s:.1f} s; pins after the run: "
-        f"{final['pins']}. Client and cache-meta are separate processes on ipc://; every row "
-        f"measured in {args.rounds} alternating rounds. "
-        f"Load average before/after: {load_before} / {os.getloadavg()[0]:.2f}."
+        f"{params['rows']:,} rows ({params['conversations']} conversations, lengths "
+        f"log-uniform {params['min_len']}..{params['max_len']} tokens) in a ram_file tier; "
+        f"files written in {params['write_s']:.1f} s; cache-meta start with index rebuild "
+        f"{params['start_s']:.1f} s; pins after the run: {params['pins_after']}. Client and "
+        "cache-meta are separate processes on ipc://; every row measured in "
+        f"{params['rounds']} alternating rounds; latencies kept to 1 µs. "
+        f"Load average before/after: {params['load_before']:.2f} / {params['load_after']:.2f}."
     )
-    text = f"{setup}\n\n{body}\n\n{bars}\n"
-    print(text)
-    if args.record:
-        print(
-            record(
-                "cache-lookup", "Cache lookup latency (10,000 rows, over the actor transport)", text
-            )
-        )
+    return f"{setup}\n\n{body}\n\n{bars}\n"
 
 
 if __name__ == "__main__":

@@ -19,6 +19,9 @@ alternating order:
   (``POSIX_FADV_DONTNEED``) for a cold read.
 
     python -m bench.cache_view_bench [--rounds N] [--record]
+
+Recorded (``cache-view-<date>.json`` beside the ``.md``): every round's time
+of every case (seconds); :func:`render` takes the medians and judges the bars.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
-from bench.common import median, record, table
+from bench.common import median, record, show, table
 from llamad import paths
 from llamad.cache.client import CacheClient
 from llamad.cache.kvc import SaveReason
@@ -42,6 +46,7 @@ from llamad.model.client_cache_view import ClientCacheView
 from llamad.model.savepoints import SaveJob
 
 N_TOKENS = 2048
+RENDER = "bench.cache_view_bench:render"
 
 
 class _Lease:
@@ -197,39 +202,12 @@ def main() -> int:
                 columns[name].append(fn())
         ctx.seq_remove(1)
 
-        base = median(columns["memcpy"])
-        floor = median(columns["unpack"])
-        rows = [
-            [
-                name,
-                f"{median(v) * 1e3:.2f}",
-                f"{min(v) * 1e3:.2f}",
-                f"{max(v) * 1e3:.2f}",
-                f"{median(v) / base:.2f}",
-                f"{median(v) / floor:.2f}",
-            ]
-            for name, v in columns.items()
-        ]
-        ram = median(columns["ram restore"])
-        verdicts = [
-            f"- ram restore {ram * 1e3:.2f} ms = {ram / base:.2f}x memcpy "
-            f"(SPEC: within ~2x of a memcpy): {'met' if ram <= 2 * base else 'NOT met'}",
-            f"- ram restore within the 25 ms warm-TTFT bar of issue 8 (restore part only): "
-            f"{'yes' if ram <= 0.025 else 'no'}",
-        ]
-        body = (
-            f"State of {N_TOKENS} tokens of the default model: {nbytes / 1e6:.1f} MB. "
-            f"{args.rounds} rounds, alternating order; the cold disk case drops the "
-            "file's page cache (untimed) before each read. Restores include the resolve "
-            "round trip and the checkin.\n\n"
-            + table(["case", "median ms", "min ms", "max ms", "x memcpy", "x unpack"], rows)
-            + "\n\n"
-            + "\n".join(verdicts)
-            + "\n"
-        )
-        print(body)
+        params = {"rounds": args.rounds, "n_tokens": N_TOKENS, "nbytes": nbytes}
+        data = {"cases": columns}
+        print(show(RENDER, params, data))
         if args.record:
-            path = record("cache-view", "Restores through the model worker's cache view", body)
+            title = "Restores through the model worker's cache view"
+            path = record("cache-view", title, RENDER, params, data)
             print(f"recorded {path}", file=sys.stderr)
     finally:
         to_ram.close()
@@ -240,6 +218,42 @@ def main() -> int:
         meta.stop()
         discard(settings)
     return 0
+
+
+def render(params: dict[str, Any], data: dict[str, Any]) -> str:
+    """The recorded body from :func:`main`'s ``params`` and ``data``: every
+    round's time of every case, in seconds; medians and bars here."""
+    columns: dict[str, list[float]] = data["cases"]
+    base = median(columns["memcpy"])
+    floor = median(columns["unpack"])
+    rows = [
+        [
+            name,
+            f"{median(v) * 1e3:.2f}",
+            f"{min(v) * 1e3:.2f}",
+            f"{max(v) * 1e3:.2f}",
+            f"{median(v) / base:.2f}",
+            f"{median(v) / floor:.2f}",
+        ]
+        for name, v in columns.items()
+    ]
+    ram = median(columns["ram restore"])
+    verdicts = [
+        f"- ram restore {ram * 1e3:.2f} ms = {ram / base:.2f}x memcpy "
+        f"(SPEC: within ~2x of a memcpy): {'met' if ram <= 2 * base else 'NOT met'}",
+        f"- ram restore within the 25 ms warm-TTFT bar of issue 8 (restore part only): "
+        f"{'yes' if ram <= 0.025 else 'no'}",
+    ]
+    return (
+        f"State of {params['n_tokens']} tokens of the default model: "
+        f"{params['nbytes'] / 1e6:.1f} MB. {params['rounds']} rounds, alternating order; the "
+        "cold disk case drops the file's page cache (untimed) before each read. Restores "
+        "include the resolve round trip and the checkin.\n\n"
+        + table(["case", "median ms", "min ms", "max ms", "x memcpy", "x unpack"], rows)
+        + "\n\n"
+        + "\n".join(verdicts)
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

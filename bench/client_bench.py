@@ -16,6 +16,11 @@ here), the client process's CPU time per token received, time to first
 token, and, for the event loop, how
 late a ticker coroutine sleeping 5 ms at a time woke (how long the loop was
 held by anything else).
+
+Recorded (``client-<date>.json`` beside the ``.md``): every round's call
+latencies (a histogram at 1 µs) and stream rate per transport, and every
+round's tokens, wall and CPU time, TTFTs and (one loop) ticker delays per
+16-stream client; :func:`render` computes the medians.
 """
 
 from __future__ import annotations
@@ -32,8 +37,9 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-from bench.common import median, percentile, record, table
+from bench.common import hist, median, percentile, record, show, table, unhist
 from llamad import AsyncClient, Client, TokenEvent, logs, paths
 from llamad.actors import Client as ActorClient
 from llamad.actors.aio_client import AsyncActorClient
@@ -42,6 +48,8 @@ from llamad.testing import Launcher
 
 STREAMS = 16
 TOKENS = 32
+CALLS, EVENTS = 2000, 50_000
+RENDER = "bench.client_bench:render"
 
 
 def _prompt(i: int, round_no: int) -> str:
@@ -53,22 +61,22 @@ def _prompt(i: int, round_no: int) -> str:
 # -- transport --------------------------------------------------------------------
 
 
-def _sync_transport(endpoint: str, calls: int, events: int) -> tuple[float, float]:
+def _sync_transport(endpoint: str, calls: int, events: int) -> dict[str, Any]:
     with ActorClient(endpoint, timeout=30) as c:
         c.call("echo", 0)
         times = []
         for i in range(calls):
             t0 = time.perf_counter()
             c.call("echo", i)
-            times.append(time.perf_counter() - t0)
+            times.append((time.perf_counter() - t0) * 1e6)
         t0 = time.perf_counter()
         n = sum(1 for _ in c.stream("count", {"n": events}))
-        rate = n / (time.perf_counter() - t0)
-    return median(times) * 1e6, rate
+        took = time.perf_counter() - t0
+    return {"call_us": hist(times), "events": n, "stream_s": took}
 
 
-def _async_transport(endpoint: str, calls: int, events: int) -> tuple[float, float]:
-    async def main() -> tuple[float, float]:
+def _async_transport(endpoint: str, calls: int, events: int) -> dict[str, Any]:
+    async def main() -> dict[str, Any]:
         c = AsyncActorClient(endpoint, timeout=30)
         try:
             await c.call("echo", 0)
@@ -76,39 +84,33 @@ def _async_transport(endpoint: str, calls: int, events: int) -> tuple[float, flo
             for i in range(calls):
                 t0 = time.perf_counter()
                 await c.call("echo", i)
-                times.append(time.perf_counter() - t0)
+                times.append((time.perf_counter() - t0) * 1e6)
             t0 = time.perf_counter()
             n = 0
             async for _ in await c.stream("count", {"n": events}):
                 n += 1
-            rate = n / (time.perf_counter() - t0)
+            took = time.perf_counter() - t0
         finally:
             c.close()
-        return median(times) * 1e6, rate
+        return {"call_us": hist(times), "events": n, "stream_s": took}
 
     return asyncio.run(main())
 
 
-def transport(rounds: int) -> list[list[object]]:
+def transport(rounds: int) -> dict[str, list[dict[str, Any]]]:
+    """Per client kind, each round's call latencies and stream rate."""
     base = Path(tempfile.mkdtemp(prefix="lcb-", dir="/tmp"))
-    rows: dict[str, list[tuple[float, float]]] = {"blocking": [], "asyncio": []}
+    out: dict[str, list[dict[str, Any]]] = {"blocking": [], "asyncio": []}
     try:
         with spawn_toy("--endpoint", f"ipc://{base}/toy.sock", "--no-register") as toy:
             for r in range(rounds):
                 order = ["blocking", "asyncio"] if r % 2 == 0 else ["asyncio", "blocking"]
                 for kind in order:
                     run = _sync_transport if kind == "blocking" else _async_transport
-                    rows[kind].append(run(toy.endpoint, 2000, 50_000))
+                    out[kind].append(run(toy.endpoint, CALLS, EVENTS))
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    return [
-        [
-            kind,
-            f"{median([r[0] for r in rs]):.0f}",
-            f"{median([r[1] for r in rs]) / 1000:.0f} k",
-        ]
-        for kind, rs in rows.items()
-    ]
+    return out
 
 
 # -- 16 streams through the daemon -------------------------------------------------
@@ -145,8 +147,8 @@ n_seq_max = {STREAMS}
         d.close(120)
 
 
-def _one_loop(endpoint: str, round_no: int) -> dict[str, float]:
-    async def main() -> dict[str, float]:
+def _one_loop(endpoint: str, round_no: int) -> dict[str, Any]:
+    async def main() -> dict[str, Any]:
         delays: list[float] = []
         running = True
 
@@ -181,19 +183,17 @@ def _one_loop(endpoint: str, round_no: int) -> dict[str, float]:
             running = False
             await tick
         return {
-            "tok_s": sum(counts) / elapsed,
-            "cpu_us": cpu / sum(counts) * 1e6,
-            "ttft_p50": percentile(ttft, 50),
-            "ttft_p99": percentile(ttft, 99),
-            "tick_p50": percentile(delays, 50),
-            "tick_p99": percentile(delays, 99),
-            "tick_max": max(delays),
+            "tokens": list(counts),
+            "elapsed_s": elapsed,
+            "cpu_s": cpu,
+            "ttft_s": ttft,
+            "tick_late_us": hist(x * 1e6 for x in delays),
         }
 
     return asyncio.run(main())
 
 
-def _threads(endpoint: str, round_no: int) -> dict[str, float]:
+def _threads(endpoint: str, round_no: int) -> dict[str, Any]:
     ttft: list[float] = []
     counts: list[int] = []
     lock = threading.Lock()
@@ -222,16 +222,12 @@ def _threads(endpoint: str, round_no: int) -> dict[str, float]:
             t.join()
         elapsed = time.monotonic() - start
         cpu = time.process_time() - cpu
-    return {
-        "tok_s": sum(counts) / elapsed,
-        "cpu_us": cpu / sum(counts) * 1e6,
-        "ttft_p50": percentile(ttft, 50),
-        "ttft_p99": percentile(ttft, 99),
-    }
+    return {"tokens": counts, "elapsed_s": elapsed, "cpu_s": cpu, "ttft_s": ttft}
 
 
-def streams(rounds: int) -> list[list[object]]:
-    results: dict[str, list[dict[str, float]]] = {
+def streams(rounds: int) -> dict[str, list[dict[str, Any]]]:
+    """Per client, each round's tokens, times, TTFTs (and ticker delays)."""
+    results: dict[str, list[dict[str, Any]]] = {
         "AsyncClient, one loop": [],
         "Client, 16 threads": [],
     }
@@ -242,29 +238,7 @@ def streams(rounds: int) -> list[list[object]]:
             for kind in order:
                 run = _one_loop if kind.startswith("Async") else _threads
                 results[kind].append(run(endpoint, r))
-    rows = []
-    for kind, rs in results.items():
-
-        def med(key: str, rs: list[dict[str, float]] = rs) -> float:
-            return median([x[key] for x in rs])
-
-        row: list[object] = [
-            kind,
-            f"{med('tok_s'):.0f}",
-            f"{med('cpu_us'):.0f}",
-            f"{med('ttft_p50') * 1000:.0f}",
-            f"{med('ttft_p99') * 1000:.0f}",
-        ]
-        if "tick_max" in rs[0]:
-            row += [
-                f"{med('tick_p50') * 1000:.2f}",
-                f"{med('tick_p99') * 1000:.2f}",
-                f"{max(x['tick_max'] for x in rs) * 1000:.1f}",
-            ]
-        else:
-            row += ["-", "-", "-"]
-        rows.append(row)
-    return rows
+    return results
 
 
 def main() -> int:
@@ -273,14 +247,62 @@ def main() -> int:
     ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args()
     logs.configure(level="warning")
-    load = os.getloadavg()[0]
+    params = {
+        "rounds": args.rounds,
+        "load": os.getloadavg()[0],
+        "calls": CALLS,
+        "events": EVENTS,
+        "streams": STREAMS,
+        "tokens": TOKENS,
+    }
+    data = {"transport": transport(args.rounds), "streams": streams(args.rounds)}
+    print(show(RENDER, params, data))
+    if not args.no_record:
+        title = "Public client: asyncio transport and 16 streams"
+        print(record("client", title, RENDER, params, data))
+    return 0
+
+
+def _stream_row(kind: str, rs: list[dict[str, Any]]) -> list[object]:
+    """One 16-stream client's row: per-round figures, their medians over rounds."""
+
+    def med(fn: Any) -> float:
+        return median([fn(r) for r in rs])
+
+    row: list[object] = [
+        kind,
+        f"{med(lambda r: sum(r['tokens']) / r['elapsed_s']):.0f}",
+        f"{med(lambda r: r['cpu_s'] / sum(r['tokens']) * 1e6):.0f}",
+        f"{med(lambda r: percentile(r['ttft_s'], 50)) * 1000:.0f}",
+        f"{med(lambda r: percentile(r['ttft_s'], 99)) * 1000:.0f}",
+    ]
+    if "tick_late_us" in rs[0]:
+        row += [
+            f"{med(lambda r: percentile(unhist(r['tick_late_us']), 50)) / 1000:.2f}",
+            f"{med(lambda r: percentile(unhist(r['tick_late_us']), 99)) / 1000:.2f}",
+            f"{max(max(unhist(r['tick_late_us'])) for r in rs) / 1000:.1f}",
+        ]
+    else:
+        row += ["-", "-", "-"]
+    return row
+
+
+def render(params: dict[str, Any], data: dict[str, Any]) -> str:
+    """The recorded body from :func:`main`'s ``params`` and ``data``."""
     t = table(
         ["client", "call p50 (µs)", "stream events/s"],
-        transport(args.rounds),
+        [
+            [
+                kind,
+                f"{median([median(unhist(r['call_us'])) for r in rs]):.0f}",
+                f"{median([r['events'] / r['stream_s'] for r in rs]) / 1000:.0f} k",
+            ]
+            for kind, rs in data["transport"].items()
+        ],
     )
     s = table(
         [
-            "16 streams of 32 tokens",
+            f"{params['streams']} streams of {params['tokens']} tokens",
             "tok/s",
             "client CPU per token (µs)",
             "TTFT p50 (ms)",
@@ -289,16 +311,13 @@ def main() -> int:
             "p99 (ms)",
             "max (ms)",
         ],
-        streams(args.rounds),
+        [_stream_row(kind, rs) for kind, rs in data["streams"].items()],
     )
-    body = (
-        f"Load average at start: {load:.2f}. Medians of {args.rounds} alternating rounds.\n\n"
+    return (
+        f"Load average at start: {params['load']:.2f}. Medians of {params['rounds']} "
+        "alternating rounds (latencies kept to 1 µs).\n\n"
         f"## Transport (toy actor, ipc)\n\n{t}\n\n## 16 streams through the daemon\n\n{s}\n"
     )
-    print(body)
-    if not args.no_record:
-        print(record("client", "Public client: asyncio transport and 16 streams", body))
-    return 0
 
 
 if __name__ == "__main__":

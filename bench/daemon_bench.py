@@ -52,7 +52,9 @@ Rounds alternate after one warm-up round that is not counted. The report
 stats per measurement (restore, wait, prefill, hit kind, where the prompt's
 tokens came from, whether the first token came from logits stored with the
 row) and the client TTFT less those (the transport), and computes the
-verdicts.
+verdicts. A recorded run is ``daemon-<date>.json`` (every request of every
+round, :func:`bench.daemon_bench_report.round_data`) and the ``.md``
+:func:`bench.daemon_bench_report.render` makes of it.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bench.common import record
+from bench.common import record, show
 from bench.daemon_bench_report import (
     AGENTS,
     COLD,
@@ -81,13 +83,13 @@ from bench.daemon_bench_report import (
     Agents,
     Measure,
     Round,
-    logits_note,
     measure,
-    report,
+    round_data,
+    stored_logits,
 )
 from bench.peers.workload import exact_tokens
 from bench.worker_bench import WORDS
-from bench.worker_bench_report import governor_note
+from bench.worker_bench_report import governor_info
 from llamad import Client, TokenEvent, logs
 from llamad.testing import Launcher
 
@@ -99,6 +101,7 @@ MIN_ROUNDS = 5
 MODEL = "m"
 FILLER_TOKENS = 64  # a short request: below min_tokens, never saved
 READY_S, STOP_S = 180.0, 120.0
+RENDER = "bench.daemon_bench_report:render"
 
 
 class Daemon:
@@ -318,33 +321,28 @@ def main() -> int:
         return 1
     finally:
         d.close()
-    load_end = os.getloadavg()
-    settings = (
-        f"Model `default`, {cores} cores. One daemon (`python -m llamad.daemon --config`) "
-        f"serving it as `{MODEL}` with the default configuration but `n_seq_max` {AGENTS} "
-        "(P6's agents at once): default context, batch, threads (every CPU), flash attention "
-        "auto, and the cache's default tiers, quotas and policy (no save or restore tier "
-        "chosen). Driven by `llamad.Client` from the bench process; greedy, max_tokens 1; "
-        "TTFT = `infer` called to the first token event. Requests back to back: nothing "
-        f"waits for a save; the repeat from a tier follows {AGENTS} (n_seq_max) other "
-        f"{FILLER_TOKENS}-token requests, which take every sequence, the prompt's idle "
-        f"entry's last. The daemon was started {d.starts} times (a full restart, SIGTERM "
-        "then exit 0, every round, then one short untimed prompt). "
-        f"{args.rounds} rounds after one unrecorded warm-up round, orders alternating. "
-        "Values: median (min-max) over rounds.\n\n"
-        f"Load average (1/5/15 min) at start {'/'.join(f'{x:.2f}' for x in load_start)}, "
-        f"at end {'/'.join(f'{x:.2f}' for x in load_end)}; 1-min at each round's start "
-        f"(warm-up first): {', '.join(f'{x:.2f}' for x in loads)}. Wall time "
-        f"{time.monotonic() - t_start:.0f} s.\n\n{governor_note(snaps)}\n\n{logits_note(snaps)}"
-    )
-    body = report(rounds, settings)
-    print(body)
+    params = {
+        "cores": cores,
+        "model": MODEL,
+        "agents": AGENTS,
+        "filler_tokens": FILLER_TOKENS,
+        "starts": d.starts,
+        "rounds": args.rounds,
+        "load_start": list(load_start),
+        "load_end": list(os.getloadavg()),
+        "loads": loads,
+        "wall_s": time.monotonic() - t_start,
+        "governor": {name: governor_info(snap) for name, snap in snaps.items()},
+        "stored_logits_hits": {name: stored_logits(snap) for name, snap in snaps.items()},
+    }
+    data = {"rounds": [round_data(r) for r in rounds]}
+    print(show(RENDER, params, data))
     if not args.no_record:
         title = (
             "The daemon through the public client: warm TTFT, back to back, restart, "
             "8 agents (issue 9)"
         )
-        print(f"recorded {record('daemon', title, body)}")
+        print(f"recorded {record('daemon', title, RENDER, params, data)}")
     return 0
 
 

@@ -4,6 +4,9 @@ The measurements (:mod:`bench.daemon_bench`) fill :class:`Round` records of
 :class:`Measure`; :func:`report` turns them into the recorded tables and
 judges the SPEC bars it can judge alone (P1's TTFT and speed-up, P2, P6's
 prefix share; the bars against llama-server are bench/peers_bench.py's).
+:func:`render` does the same from a recorded JSON (``daemon-<date>.json``):
+:func:`round_data` is one round as recorded (every request's client TTFT
+and the worker's own account of it), :func:`round_of` reads it back.
 Nothing here touches a process, so the judging is unit-tested
 (``tests/unit/test_daemon_bench_report.py``).
 """
@@ -12,13 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from bench.common import median, percentile, table
 from bench.peers_report import prefix_ms
-from bench.worker_bench_report import spread, verdict
+from bench.worker_bench_report import governor_note, spread, verdict
 
 if TYPE_CHECKING:
     from llamad.model.results import Completion
@@ -393,14 +396,92 @@ def agents_section(agents: list[Agents]) -> str:
     )
 
 
-def logits_note(snaps: Mapping[str, WorkerSnapshot]) -> str:
+def stored_logits(snap: WorkerSnapshot) -> int | None:
+    """The worker's own count of first tokens sampled from logits kept with a
+    row since its start (``None``: a worker that does not count them)."""
+    n = getattr(snap.status, "stored_logits_hits", None)
+    return None if n is None else int(n)
+
+
+def logits_note(counts: Mapping[str, int | None]) -> str:
     """The workers' own count of first tokens sampled from logits kept with a
-    row, since the last start (a worker that does not count them says so)."""
-    parts = []
-    for name, snap in snaps.items():
-        n = getattr(snap.status, "stored_logits_hits", None)
-        parts.append(f"`{name}` {'not reported' if n is None else n}")
+    row, since the last start (:func:`stored_logits`; a worker that does not
+    count them says so)."""
+    parts = [f"`{name}` {'not reported' if n is None else n}" for name, n in counts.items()]
     return (
         "First tokens sampled from logits stored with the row, by the workers' own count "
         f"(`stored_logits_hits`, the last daemon start only): {', '.join(parts)}."
     )
+
+
+# -- the recorded form -------------------------------------------------------------------
+
+
+def measure_data(m: Measure) -> dict[str, Any]:
+    """A :class:`Measure` as recorded (``extra`` and ``sources`` as objects)."""
+    out = {k: getattr(m, k) for k in Measure.__dataclass_fields__}
+    out["extra"] = dict(m.extra)
+    out["sources"] = dict(m.sources)
+    return out
+
+
+def measure_of(data: Mapping[str, Any]) -> Measure:
+    """:func:`measure_data` read back."""
+    fields = {k: data[k] for k in Measure.__dataclass_fields__ if k in data}
+    fields["extra"] = tuple(data.get("extra", {}).items())
+    fields["sources"] = tuple(data.get("sources", {}).items())
+    return Measure(**fields)
+
+
+def round_data(r: Round) -> dict[str, Any]:
+    """One round as recorded: every timed request (path, tokens, the
+    :class:`Measure`) and P6's agents."""
+    return {
+        "ttft": [{"path": path, "tokens": n, **measure_data(m)} for (path, n), m in r.ttft.items()],
+        "agents": None
+        if r.agents is None
+        else {
+            "first": measure_data(r.agents.first),
+            "others": [measure_data(m) for m in r.agents.others],
+        },
+    }
+
+
+def round_of(data: Mapping[str, Any]) -> Round:
+    """:func:`round_data` read back."""
+    r = Round()
+    for t in data["ttft"]:
+        r.ttft[t["path"], int(t["tokens"])] = measure_of(t)
+    a = data.get("agents")
+    if a is not None:
+        r.agents = Agents(measure_of(a["first"]), [measure_of(m) for m in a["others"]])
+    return r
+
+
+def render(params: Mapping[str, Any], data: Mapping[str, Any]) -> str:
+    """The recorded body from bench/daemon_bench.py's ``params`` and ``data``."""
+
+    def avg(xs: Sequence[float]) -> str:
+        return "/".join(f"{x:.2f}" for x in xs)
+
+    agents, model = params["agents"], params["model"]
+    settings = (
+        f"Model `default`, {params['cores']} cores. One daemon (`python -m llamad.daemon "
+        f"--config`) serving it as `{model}` with the default configuration but `n_seq_max` "
+        f"{agents} (P6's agents at once): default context, batch, threads (every CPU), flash "
+        "attention auto, and the cache's default tiers, quotas and policy (no save or restore "
+        "tier chosen). Driven by `llamad.Client` from the bench process; greedy, max_tokens 1; "
+        "TTFT = `infer` called to the first token event. Requests back to back: nothing "
+        f"waits for a save; the repeat from a tier follows {agents} (n_seq_max) other "
+        f"{params['filler_tokens']}-token requests, which take every sequence, the prompt's "
+        f"idle entry's last. The daemon was started {params['starts']} times (a full restart, "
+        "SIGTERM then exit 0, every round, then one short untimed prompt). "
+        f"{params['rounds']} rounds after one unrecorded warm-up round, orders alternating. "
+        "Values: median (min-max) over rounds.\n\n"
+        f"Load average (1/5/15 min) at start {avg(params['load_start'])}, "
+        f"at end {avg(params['load_end'])}; 1-min at each round's start "
+        f"(warm-up first): {', '.join(f'{x:.2f}' for x in params['loads'])}. Wall time "
+        f"{params['wall_s']:.0f} s.\n\n{governor_note(params['governor'])}\n\n"
+        f"{logits_note(params['stored_logits_hits'])}"
+    )
+    return report([round_of(r) for r in data["rounds"]], settings)

@@ -24,6 +24,10 @@ the spread. Results are recorded only by this script, never edited.
 llama-bench's decode test feeds tokens without sampling; ours is measured both
 ways (``decode`` = batch + llama_decode per token, ``decode+greedy`` adds the
 sampler), so the ratio held to the bar compares like with like.
+
+Recorded (``ffi-<date>.json`` beside the ``.md``): every round's samples of
+both sides (tok/s) and of the state copies (ms), and each test's ``n_ctx``;
+:func:`render` computes the ratios and the verdicts from them.
 """
 
 from __future__ import annotations
@@ -36,8 +40,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from bench.common import median, record, table
+from bench.common import median, record, show, table
 from llamad import paths
 from llamad.llama_ffi import (
     Batch,
@@ -61,6 +66,7 @@ MIN_ROUNDS = 5
 SPEED_BAR = 0.95  # llama_ffi tok/s / llama-bench tok/s, at least
 STATE_BAR = 2.0  # unpack ms / plain copy ms, at most
 GREEDY = f"tg{TG_TOKENS}+greedy"
+RENDER = "bench.ffi_bench:render"
 
 
 def llama_bench_binary() -> Path:
@@ -250,30 +256,48 @@ def main() -> None:
     backend = build_record()["backend"]
 
     runner = FfiRunner(model, args.threads)
-    # Per round and test: our samples, the peer's samples; per round: state samples.
-    rounds: list[tuple[dict[str, list[float]], dict[str, list[float]]]] = []
-    states: list[dict[str, list[float]]] = []
+    # Per round: our samples and the peer's per test, and the state samples.
+    rounds: list[dict[str, dict[str, list[float]]]] = []
     for i in range(args.rounds):
-        ours: dict[str, list[float]] = {}
-        peer: dict[str, list[float]] = {}
+        got: dict[str, dict[str, list[float]]] = {}
         for side in (0, 1) if i % 2 == 0 else (1, 0):
             if side == 0:
-                ours = runner.speeds(args.reps)
-                states.append(runner.state(max(3, args.reps)))
+                got["ours"] = runner.speeds(args.reps)
+                got["state_ms"] = runner.state(max(3, args.reps))
             else:
-                peer = run_llama_bench(model, args.threads, args.reps)
-        rounds.append((ours, peer))
+                got["peer"] = run_llama_bench(model, args.threads, args.reps)
+        rounds.append(got)
         print(f"round {i + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     n_ctx = runner.n_ctx()
     runner.close()
+    params = {
+        "model": model.name,
+        "backend": backend,
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "reps": args.reps,
+        "n_batch": N_BATCH,
+        "n_ubatch": N_UBATCH,
+        "state_tokens": STATE_TOKENS,
+    }
+    data = {"n_ctx": n_ctx, "state_bytes": runner.nbytes, "rounds": rounds}
+    print(show(RENDER, params, data))
+    if not args.no_record:
+        title = "llama_ffi vs llama-bench (issues 2, 7)"
+        print(f"recorded {record('ffi', title, RENDER, params, data)}")
 
+
+def render(params: dict[str, Any], data: dict[str, Any]) -> str:
+    """The recorded body from :func:`main`'s ``params`` and ``data``: per round,
+    ``ours`` and ``peer`` (tok/s samples per test) and ``state_ms``."""
+    rounds = data["rounds"]
     rows = []
     names = [f"pp{n}" for n in PP_SIZES] + [f"tg{TG_TOKENS}", GREEDY]
     for name in names:
         ref_name = name.split("+")[0]
-        mine = [x for ours, _ in rounds for x in ours[name]]
-        theirs = [x for _, peer in rounds for x in peer[ref_name]]
-        ratios = [median(ours[name]) / median(peer[ref_name]) for ours, peer in rounds]
+        mine = [x for r in rounds for x in r["ours"][name]]
+        theirs = [x for r in rounds for x in r["peer"][ref_name]]
+        ratios = [median(r["ours"][name]) / median(r["peer"][ref_name]) for r in rounds]
         if name == GREEDY:
             judged = "info: peer does not sample"
         else:
@@ -281,7 +305,7 @@ def main() -> None:
         rows.append(
             [
                 name,
-                str(n_ctx[name]),
+                str(data["n_ctx"][name]),
                 spread(mine, ".1f"),
                 spread(theirs, ".1f"),
                 f"{median(ratios):.3f}",
@@ -303,13 +327,13 @@ def main() -> None:
     )
 
     def all_ms(key: str) -> list[float]:
-        return [x for s in states for x in s[key]]
+        return [x for r in rounds for x in r["state_ms"][key]]
 
-    state_ratios = [median(s["unpack"]) / median(s["copy"]) for s in states]
+    state_ratios = [median(r["state_ms"]["unpack"]) / median(r["state_ms"]["copy"]) for r in rounds]
     state_table = table(
-        [f"{STATE_TOKENS}-token state", "ms (range)"],
+        [f"{params['state_tokens']}-token state", "ms (range)"],
         [
-            ["bytes", f"{runner.nbytes:,}"],
+            ["bytes", f"{data['state_bytes']:,}"],
             ["pack into pre-faulted buffer", spread(all_ms("pack"), ".2f")],
             ["unpack from buffer", spread(all_ms("unpack"), ".2f")],
             ["plain copy, pre-faulted dst", spread(all_ms("copy"), ".2f")],
@@ -322,9 +346,10 @@ def main() -> None:
         ],
     )
     settings = (
-        f"model `{model.name}`, backend {backend}, threads {args.threads}, n_batch {N_BATCH}, "
-        f"n_ubatch {N_UBATCH}, flash_attn auto, n_ctx per test as llama-bench sets it "
-        f"(n_prompt + n_gen); {args.rounds} alternating rounds x {args.reps} reps per side "
+        f"model `{params['model']}`, backend {params['backend']}, threads {params['threads']}, "
+        f"n_batch {params['n_batch']}, n_ubatch {params['n_ubatch']}, flash_attn auto, n_ctx "
+        "per test as llama-bench sets it (n_prompt + n_gen); "
+        f"{params['rounds']} alternating rounds x {params['reps']} reps per side "
         "(after one warm-up each). Tok/s: median (range) of all samples. Ratio: median of the "
         "per-round ratios of medians; spread: their range. Verdict: met if the whole spread "
         "clears the bar, within noise if the bar lies inside it."
@@ -334,10 +359,7 @@ def main() -> None:
         f"sample, so only `tg{TG_TOKENS}` is held to the bar (its ratio uses llama-bench's "
         f"tg{TG_TOKENS})."
     )
-    body = f"{settings}\n\n{speed_table}\n\n{state_table}\n\n{note}\n"
-    print(body)
-    if not args.no_record:
-        print(f"recorded {record('ffi', 'llama_ffi vs llama-bench (issues 2, 7)', body)}")
+    return f"{settings}\n\n{speed_table}\n\n{state_table}\n\n{note}\n"
 
 
 if __name__ == "__main__":

@@ -16,7 +16,10 @@ that extra hop costs, with the actor runtime the daemon uses:
 Measured: first-event latency (stream request to first event, a stream of
 one event: the hop's share of TTFT), one-way event latency (producer's
 emit time to arrival, for events paced at 10 ms like tokens), and throughput
-(events/s of an unpaced stream). Recorded in ``bench/results/front-relay-<date>.md``.
+(events/s of an unpaced stream). Recorded in ``bench/results/front-relay-<date>.md``,
+rendered by :func:`report` from ``front-relay-<date>.json`` beside it: per round
+and path, the first-event and paced latencies (histograms at 1 µs), the
+unpaced rate and the relay's CPU per event.
 
     .venv/bin/python -m bench.front_relay_bench [--rounds N] [--no-record]
 """
@@ -37,7 +40,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import percentile, record, table
+from bench.common import hist, percentile, record, show, table, unhist
 from llamad import logs
 from llamad.actors import Actor, Client, OpKind, OpSpec, Request
 from llamad.actors.testing import Ticks, spawn_toy
@@ -46,6 +49,7 @@ PACED_EVENTS = 100
 PACE_S = 0.01
 FIRST_SAMPLES = 100
 BURST_EVENTS = 20_000
+RENDER = "bench.front_relay_bench:report"
 
 
 def _relay_main(endpoint: str, upstream: str) -> None:
@@ -92,7 +96,8 @@ def _throughput(client: Client) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def run(rounds: int) -> dict[str, dict[str, list[float]]]:
+def run(rounds: int) -> dict[str, list[dict[str, Any]]]:
+    """Per path, each round's measurements (latencies in µs)."""
     base = Path(tempfile.mkdtemp(prefix="lfr-", dir="/tmp"))
     producer = spawn_toy("--endpoint", f"ipc://{base}/producer.sock", "--no-register")
     relay_ep = f"ipc://{base}/relay.sock"
@@ -103,10 +108,7 @@ def run(rounds: int) -> dict[str, dict[str, list[float]]]:
         cwd=Path(__file__).resolve().parent.parent,
     )
     assert relay.stdout is not None and relay.stdout.readline().startswith("READY")
-    data: dict[str, dict[str, list[float]]] = {
-        path: {"first": [], "paced": [], "burst": [], "relay_cpu_us": []}
-        for path in ("direct", "relay")
-    }
+    data: dict[str, list[dict[str, Any]]] = {"direct": [], "relay": []}
     relay_proc = psutil.Process(relay.pid)
     try:
         with Client(producer.endpoint, timeout=60) as direct, Client(relay_ep, timeout=60) as via:
@@ -118,13 +120,18 @@ def run(rounds: int) -> dict[str, dict[str, list[float]]]:
                 order = ["direct", "relay"] if r % 2 == 0 else ["relay", "direct"]
                 for path in order:
                     c = clients[path]
-                    data[path]["first"] += [_first_event_s(c) for _ in range(FIRST_SAMPLES)]
-                    data[path]["paced"] += _paced_latencies(c)
+                    first = [_first_event_s(c) * 1e6 for _ in range(FIRST_SAMPLES)]
+                    paced = [x * 1e6 for x in _paced_latencies(c)]
                     cpu = sum(relay_proc.cpu_times()[:2])
-                    data[path]["burst"].append(_throughput(c))
+                    got: dict[str, Any] = {
+                        "first_us": hist(first),
+                        "paced_us": hist(paced),
+                        "burst_events_s": _throughput(c),
+                    }
                     if path == "relay":  # the relay's own CPU per relayed event
                         spent = sum(relay_proc.cpu_times()[:2]) - cpu
-                        data[path]["relay_cpu_us"].append(spent / BURST_EVENTS * 1e6)
+                        got["relay_cpu_us"] = spent / BURST_EVENTS * 1e6
+                    data[path].append(got)
     finally:
         relay.terminate()
         relay.wait(10)
@@ -132,27 +139,34 @@ def run(rounds: int) -> dict[str, dict[str, list[float]]]:
     return data
 
 
-def report(data: dict[str, dict[str, list[float]]], rounds: int) -> str:
-    def us(values: list[float], q: float) -> str:
-        return f"{percentile(values, q) * 1e6:.0f}"
+def report(params: dict[str, Any], data: dict[str, list[dict[str, Any]]]) -> str:
+    """The recorded body from :func:`run`'s per-round data and :func:`main`'s params."""
+
+    def pooled(path: str, name: str) -> list[float]:
+        return unhist(*(r[name] for r in data[path]))
+
+    def burst(path: str) -> list[float]:
+        return [r["burst_events_s"] for r in data[path]]
 
     rows = []
     for path in ("direct", "relay"):
-        d = data[path]
+        first, paced = pooled(path, "first_us"), pooled(path, "paced_us")
         rows.append(
             [
                 path,
-                us(d["first"], 50),
-                us(d["first"], 99),
-                us(d["paced"], 50),
-                us(d["paced"], 99),
-                f"{percentile(d['burst'], 50):,.0f}",
+                f"{percentile(first, 50):.0f}",
+                f"{percentile(first, 99):.0f}",
+                f"{percentile(paced, 50):.0f}",
+                f"{percentile(paced, 99):.0f}",
+                f"{percentile(burst(path), 50):,.0f}",
             ]
         )
-    direct, relay = data["direct"], data["relay"]
-    added_first = (percentile(relay["first"], 50) - percentile(direct["first"], 50)) * 1e6
-    added_paced = (percentile(relay["paced"], 50) - percentile(direct["paced"], 50)) * 1e6
-    ratio = percentile(relay["burst"], 50) / percentile(direct["burst"], 50)
+
+    def added(name: str) -> float:
+        return percentile(pooled("relay", name), 50) - percentile(pooled("direct", name), 50)
+
+    ratio = percentile(burst("relay"), 50) / percentile(burst("direct"), 50)
+    relay_cpu = [r["relay_cpu_us"] for r in data["relay"]]
     head = [
         "path",
         "first event p50 µs",
@@ -163,18 +177,19 @@ def report(data: dict[str, dict[str, list[float]]], rounds: int) -> str:
     ]
     return "\n".join(
         [
-            f"{rounds} alternating rounds; per round and path: {FIRST_SAMPLES} one-event "
-            f"streams, {PACED_EVENTS} events paced at {PACE_S * 1000:g} ms, "
-            f"{BURST_EVENTS:,} unpaced events. ipc, one client. Load average at end: "
-            f"{os.getloadavg()[0]:.2f}.",
+            f"{params['rounds']} alternating rounds; per round and path: "
+            f"{params['first_samples']} one-event streams, {params['paced_events']} events "
+            f"paced at {params['pace_s'] * 1000:g} ms, {params['burst_events']:,} unpaced "
+            "events. ipc, one client; latencies kept to 1 µs. Load average at end: "
+            f"{params['load_end']:.2f}.",
             "",
             table(head, rows),
             "",
-            f"- the relay hop adds {added_first:.0f} µs to the first event (p50) and "
-            f"{added_paced:.0f} µs to every paced event (p50);",
+            f"- the relay hop adds {added('first_us'):.0f} µs to the first event (p50) and "
+            f"{added('paced_us'):.0f} µs to every paced event (p50);",
             f"- relayed throughput is {ratio:.2f}x direct (the relay's loop handles every "
             "event twice: receive, decode, re-encode, send);",
-            f"- the relay process spends {percentile(relay['relay_cpu_us'], 50):.1f} µs of CPU "
+            f"- the relay process spends {percentile(relay_cpu, 50):.1f} µs of CPU "
             "per event (p50 over rounds), on the cores the model workers decode on.",
         ]
     )
@@ -191,10 +206,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.relay:
         _relay_main(*args.relay)
         return 0
-    body = report(run(args.rounds), args.rounds)
-    print(body)
+    data = run(args.rounds)
+    params = {
+        "rounds": args.rounds,
+        "first_samples": FIRST_SAMPLES,
+        "paced_events": PACED_EVENTS,
+        "pace_s": PACE_S,
+        "burst_events": BURST_EVENTS,
+        "load_end": os.getloadavg()[0],
+    }
+    print(show(RENDER, params, data))
     if not args.no_record:
-        path = record("front-relay", "Direct streams vs one relay hop (the front)", body)
+        title = "Direct streams vs one relay hop (the front)"
+        path = record("front-relay", title, RENDER, params, data)
         print(f"recorded {path}")
     return 0
 

@@ -33,7 +33,9 @@ a tier, after a restart; llama-bench pp; P3/P4 decode; P6 agents; P7 chat;
 P8 ITL), after an unrecorded warm-up round. P9 is measured once at the end.
 Verdicts (bench/peers_report.py) are computed here; plots
 (bench/peers_plots.py) lie beside the result file,
-``bench/results/<date>-<machine>.md``, which only this script writes.
+``bench/results/<date>-<machine>.md``, which only this script writes, rendered
+(:func:`bench.peers.render.render`) from ``<date>-<machine>.json`` beside it:
+every series of per-round values, every inter-token interval, the setup.
 ``--quick`` is one round at 512 tokens with short generations, for
 developing on a busy machine; ``--no-record`` prints the report instead of
 writing it.
@@ -54,17 +56,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench import peers_setup
-from bench.common import RESULTS, machine, record
+from bench.common import machine, record, results_dir, show
 from bench.peers import idle, scenarios, workload
 from bench.peers.lcpp_sys import LlamaCppPython
 from bench.peers.llamad_sys import LlamadDaemon, ModelTable
-from bench.peers.render import report
 from bench.peers.server_sys import LlamaServer
 from bench.peers_plots import plot_all
-from bench.peers_report import LCPP, LLAMAD, SERVER, Results
+from bench.peers_report import LCPP, LLAMAD, SERVER, Results, results_data
 
 N_CTX, N_SEQ = 4096, 4
 NEVER = 1_000_000_000
+RENDER = "bench.peers.render:render"
+TITLE = "llamad against its peers (P1-P9, P12)"
 
 
 def machine_name() -> str:
@@ -350,25 +353,22 @@ def main() -> int:
         res.setup["mode"] = "--quick: one round at 512 tokens; indicative only"
     if args.no_record:
         plots = plot_all(res, work, "peers")
-        print(report(res, plots=[str(p) for p in plots]))
+        params = {"rounds": rounds, "sizes": list(res.sizes), "plots": [str(p) for p in plots]}
+        print(show(RENDER, params, results_data(res)))
         log(f"plots in {work}")
         return 0
     stem = f"{dt.datetime.now(dt.UTC):%Y-%m-%d}-{machine_name()}"
-    plots = plot_all(res, RESULTS, stem)
-    body = report(res, plots=[p.name for p in plots])
-    path = record_at(stem, body)
+    plots = plot_all(res, results_dir(), stem)
+    path = record_run(stem, res, [p.name for p in plots])
     print(f"recorded {path}")
     return 0
 
 
-def record_at(stem: str, body: str) -> Path:
-    """bench.common.record names files <name>-<date>; this result is <date>-<machine>."""
-    path = record(stem, "llamad against its peers (P1-P9, P12)", body)
-    day = path.name[len(stem) + 1 : -3]
-    final = path.with_name(f"{stem}.md")
-    if day:
-        path.replace(final)
-    return final
+def record_run(stem: str, res: Results, plots: list[str], results: Path | None = None) -> Path:
+    """Record as ``<stem>.json`` and ``.md`` (``<date>-<machine>``, not
+    bench.common.record's ``<name>-<date>``); the ``.md``'s path."""
+    params = {"rounds": res.rounds, "sizes": list(res.sizes), "plots": plots}
+    return record(stem, TITLE, RENDER, params, results_data(res), results=results, dated=False)
 
 
 if __name__ == "__main__":

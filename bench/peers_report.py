@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from bench.common import median, percentile
 from bench.worker_bench_report import verdict
@@ -72,6 +73,31 @@ class Results:
 
     def get(self, *parts: object) -> list[float]:
         return self.series.get(key(*parts), [])
+
+
+def results_data(results: Results) -> dict[str, Any]:
+    """What a recorded run keeps of :class:`Results` beside its ``rounds`` and
+    ``sizes`` (the parameters): every series, interval, part, setup line and skip."""
+    return {
+        "series": results.series,
+        "itl_ms": results.itl_ms,
+        "breakdown": results.breakdown,
+        "setup": results.setup,
+        "skipped": results.skipped,
+    }
+
+
+def results_of(params: Mapping[str, Any], data: Mapping[str, Any]) -> Results:
+    """:func:`results_data` read back."""
+    return Results(
+        rounds=int(params["rounds"]),
+        sizes=tuple(int(n) for n in params["sizes"]),
+        series={k: list(v) for k, v in data["series"].items()},
+        itl_ms={k: list(v) for k, v in data["itl_ms"].items()},
+        skipped=dict(data["skipped"]),
+        breakdown={k: list(v) for k, v in data["breakdown"].items()},
+        setup=dict(data["setup"]),
+    )
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,11 @@
     python -m bench.run_all [--only NAME ...]
 
 Benchmarks run sequentially (never side by side: they measure the same
-cores) and each writes ``bench/results/<name>-<date>.md`` with the machine it
-ran on. A failing benchmark does not stop the others; the exit status says
-whether all of them ran.
+cores) and each writes ``bench/results/<name>-<date>.json`` (the machine it
+ran on, its parameters, every round's data) and the ``.md`` its report
+renders from it (``python -m bench.report --check bench/results/*.json``
+renders them again). A failing benchmark does not stop the others; the exit
+status says whether all of them ran.
 """
 
 from __future__ import annotations

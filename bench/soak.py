@@ -32,6 +32,13 @@ file and two plots (``--no-plot`` without matplotlib).
 The killer's kills are the only faults: every error a client sees must be a
 typed ``LlamadError`` whose code :data:`bench.soak_report.EXPECTED_CODES`
 explains, and every request must end with exactly one terminal.
+
+A recorded run is ``soak-<date>.json`` beside the ``.md``: every /proc sample
+of every process, the fd kinds of the samples the fd comparison picks, every
+request with its outcomes, the kills and exits, the load averages, the
+models' state and the cache's counters at the end;
+:func:`bench.soak_report.render` judges the bars from it and renders the
+``.md``.
 """
 
 from __future__ import annotations
@@ -40,20 +47,18 @@ import argparse
 import json
 import os
 import signal
-import statistics
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
 from bench import soak_report
-from bench.common import RESULTS, machine, record
+from bench.common import machine, record, results_dir, show
 from bench.soak_ledger import Ledger
 from bench.soak_load import Load, Vocab, Worker, build_vocab, run_async_clients
 from bench.soak_procs import Sampler
@@ -63,6 +68,15 @@ from llamad.actors import Registry
 from llamad.testing import Launcher
 
 MODELS = {"a": 4096, "b": 2048}  # model id -> n_ctx
+RENDER = "bench.soak_report:render"
+CACHE_COUNTERS = (
+    "hits_exact",
+    "hits_resume",
+    "hits_longest_prefix",
+    "misses",
+    "evictions",
+    "saves_dropped",
+)
 THREADS = 12
 ASYNC_TASKS = 4
 
@@ -335,73 +349,58 @@ def run(args: argparse.Namespace) -> int:
         problems = d.log_problems()
         exits = d.exits(wall_t0)
         exit_code = d.stop()
-    summary = ledger.summary()
     w = Windows(warmup=warmup, span=span, end=end_t, age=age)
-    grown, missing = soak_report.growths(sampler.samples, w)
-    failed = [f"{m} ({i.error})" for m, i in infos.items() if i.state.value == "failed"]
-    bars = soak_report.judge(summary, grown, missing, killer.kills, failed, exits=exits)
-    fd_notes = {}
-    for g in grown:
-        pair = soak_report.fd_samples(sampler.samples, g.role, w)
-        if g.fds_end > g.fds_ref and pair is not None:
-            before, after = (sampler.fds.get((s.t, s.pid), Counter()) for s in pair)
-            fd_notes[g.role] = soak_report.fd_diff(before, after)
-    settings = {
-        "duration": f"{end_t:.0f} s of load ({args.minutes} min asked), warm-up {warmup:.0f} s, "
-        f"windows {span:.0f} s, fresh workers compared at age {age:.0f} s",
-        "daemon": "python -m llamad.daemon, default model twice: "
-        + ", ".join(f"{m} n_ctx {n}" for m, n in MODELS.items())
-        + f"; n_seq_max 4, 1 thread each; quotas ram {args.ram_quota}, ram_file "
-        f"{args.ram_file_quota}, disk {args.disk_quota} (small, so rows move and are "
-        "evicted all along); policy min_tokens 16 (the soak's prompts are short); the "
-        "save tier and the wait for a save in flight are the defaults",
-        "waits": "none: each client sends its next request the moment the previous one "
-        "ended; no client waits for a save",
-        "clients": f"{THREADS} threads with a Client each + {ASYNC_TASKS} tasks on one AsyncClient "
-        "(timeout 120 s, idle 60 s, connect 60 s)",
-        "kills": f"SIGKILL a worker every {args.kill_every:.0f} s, models in turn",
-        "load average (1 min)": f"{load_start[0]:.2f} at start; during the run median "
-        f"{statistics.median(sampler.load):.2f}, max {max(sampler.load):.2f}",
-        "cache": ", ".join(
-            f"{k} {counters.get(k, 0)}"
-            for k in (
-                "hits_exact",
-                "hits_resume",
-                "hits_longest_prefix",
-                "misses",
-                "evictions",
-                "saves_dropped",
-            )
-        ),
-        "front's view at the end": "; ".join(
-            f"{m} {i.state.value}, {i.restarts} restarts" for m, i in infos.items()
-        ),
-        "daemon exit": f"exit {exit_code} on SIGTERM; {problems} log lines at error or above",
-        "client threads still running at the end": ", ".join(stuck) or "none",
+    day = machine()["date"][:10]
+    plots: list[Path] = []
+    if not args.no_plot:
+        out = results_dir() if args.record else Path(tempfile.gettempdir())
+        out.mkdir(parents=True, exist_ok=True)
+        plots = plot(sampler.samples, killer.kills, w, out / f"soak-{day}")
+        print("plots: " + ", ".join(str(p) for p in plots))
+    params = {
+        "minutes": args.minutes,
+        "kill_every_s": args.kill_every,
+        "warmup_s": warmup,
+        "span_s": span,
+        "age_s": age,
+        "ram_quota": args.ram_quota,
+        "ram_file_quota": args.ram_file_quota,
+        "disk_quota": args.disk_quota,
+        "models": MODELS,
+        "threads": THREADS,
+        "async_tasks": ASYNC_TASKS,
+        "load_start": load_start[0],
+        "plots": [p.name for p in plots],
     }
+    data = {
+        "end_s": end_t,
+        "samples": [soak_report.sample_data(s) for s in sampler.samples],
+        "fd_kinds": soak_report.picked_fds(sampler.samples, sampler.fds, w),
+        "load": sampler.load,
+        "kills": [[k.t, k.model, k.pid, k.back_s] for k in killer.kills],
+        "exits": [[e.t, e.child, e.pid, e.how] for e in exits],
+        "requests": ledger.requests(),
+        "models": {
+            m: {
+                "state": i.state.value,
+                "restarts": i.restarts,
+                "error": None if i.error is None else str(i.error),
+            }
+            for m, i in infos.items()
+        },
+        "counters": {k: counters.get(k, 0) for k in CACHE_COUNTERS},
+        "log_problems": problems,
+        "exit_code": exit_code,
+        "stuck": stuck,
+    }
+    bars = soak_report.run_bars(params, data)
     for b in bars:
         print(f"{b.verdict:>12}  {b.name}: {b.value}")
-    plots: list[Path] = []
-    day = machine()["date"][:10]
-    if not args.no_plot:
-        stem = (
-            RESULTS / f"soak-{day}" if args.record else Path(tempfile.gettempdir()) / f"soak-{day}"
-        )
-        plots = plot(sampler.samples, killer.kills, w, stem)
-        print("plots: " + ", ".join(str(p) for p in plots))
-    body = soak_report.report(
-        settings=settings,
-        ledger=summary,
-        grown=grown,
-        kills=killer.kills,
-        bars=bars,
-        plots=[p.name for p in plots],
-        fd_notes=fd_notes,
-    )
     if args.record:
-        print(f"recorded {record('soak', 'Load and soak (bench/soak.py)', body)}")
+        title = "Load and soak (bench/soak.py)"
+        print(f"recorded {record('soak', title, RENDER, params, data)}")
     else:
-        print(body)
+        print(show(RENDER, params, data))
     return 0 if all(b.verdict == "met" for b in bars) else 1
 
 

@@ -6,7 +6,9 @@ the client left the stream or asked the worker to stop it; ``mismatch`` for
 a reply that does not continue the request's own prompt), a typed error
 (``error:<code>``), or anything else (``untyped:...``). Lost: no terminal,
 or a timeout (a reply that never came); duplicated: more than one. Pure,
-unit-tested in ``tests/unit/test_soak_report.py``.
+unit-tested in ``tests/unit/test_soak_report.py``. A recorded run keeps every
+request (:meth:`Ledger.requests`) and its report counts them
+(:func:`summarize`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import itertools
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 #: Error codes a client may see in this soak, and why. Anything else fails "every error
@@ -107,37 +109,49 @@ class Ledger:
         with self._lock:
             self._requests[rid].ends.append(outcome)
 
-    def summary(self) -> LedgerSummary:
+    def requests(self) -> list[list[object]]:
+        """Every request as ``[kind, model, [outcome, ...]]``, in the order they
+        started (request ``soak-<i>`` is the i-th): what a recorded run keeps."""
         with self._lock:
-            requests = dict(self._requests)
-        counts: dict[str, Counter[str]] = defaultdict(Counter)
-        errors: dict[str, Counter[str]] = defaultdict(Counter)
-        untyped: list[str] = []
-        lost: list[str] = []
-        duplicated: list[str] = []
-        for rid, req in requests.items():
-            c = counts[req.kind]
-            c["started"] += 1
-            if len(req.ends) > 1:
-                c["duplicated"] += 1
-                duplicated.append(rid)
-            codes = [o.split(":", 1)[1] for o in req.ends if o.startswith("error:")]
-            if not req.ends or any(code in LOST_CODES for code in codes):
-                c["lost"] += 1
-                lost.append(rid)
-            for outcome in req.ends[:1]:
-                if outcome == OK:
-                    c["served"] += 1
-                elif outcome == CANCELLED:
-                    c["cancelled"] += 1
-                elif outcome == MISMATCH:
-                    c["mismatched"] += 1
-                elif outcome.startswith("untyped:"):
-                    c["untyped"] += 1
-                    untyped.append(f"{req.kind}: {outcome}")
-            for code in codes:
-                if code not in LOST_CODES:
-                    c["errors"] += 1
-                errors[code][req.kind] += 1
-        kinds = [KindCounts(kind, **c) for kind, c in sorted(counts.items())]
-        return LedgerSummary(kinds, dict(errors), untyped[:10], lost, duplicated)
+            requests = list(self._requests.values())
+        return [[r.kind, r.model, list(r.ends)] for r in requests]
+
+    def summary(self) -> LedgerSummary:
+        return summarize(self.requests())
+
+
+def summarize(requests: Iterable[Sequence[object]]) -> LedgerSummary:
+    """The counts of :meth:`Ledger.requests` (``[kind, model, ends]`` in order)."""
+    counts: dict[str, Counter[str]] = defaultdict(Counter)
+    errors: dict[str, Counter[str]] = defaultdict(Counter)
+    untyped: list[str] = []
+    lost: list[str] = []
+    duplicated: list[str] = []
+    for i, (kind, _model, ends) in enumerate(requests):
+        assert isinstance(kind, str) and isinstance(ends, list)
+        rid = f"soak-{i}"
+        c = counts[kind]
+        c["started"] += 1
+        if len(ends) > 1:
+            c["duplicated"] += 1
+            duplicated.append(rid)
+        codes = [o.split(":", 1)[1] for o in ends if o.startswith("error:")]
+        if not ends or any(code in LOST_CODES for code in codes):
+            c["lost"] += 1
+            lost.append(rid)
+        for outcome in ends[:1]:
+            if outcome == OK:
+                c["served"] += 1
+            elif outcome == CANCELLED:
+                c["cancelled"] += 1
+            elif outcome == MISMATCH:
+                c["mismatched"] += 1
+            elif outcome.startswith("untyped:"):
+                c["untyped"] += 1
+                untyped.append(f"{kind}: {outcome}")
+        for code in codes:
+            if code not in LOST_CODES:
+                c["errors"] += 1
+            errors[code][kind] += 1
+    kinds = [KindCounts(kind, **c) for kind, c in sorted(counts.items())]
+    return LedgerSummary(kinds, dict(errors), untyped[:10], lost, duplicated)

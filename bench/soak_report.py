@@ -4,7 +4,11 @@ Nothing here touches a process or a socket, so the judging is unit-tested
 (``tests/unit/test_soak_report.py``). The clients' side is the ledger
 (:mod:`bench.soak_ledger`); :class:`Sample` is one process at one moment;
 :func:`judge` turns a run into bars with verdicts and :func:`report` into
-the recorded markdown.
+the recorded markdown. A recorded run is ``soak-<date>.json``: every sample
+of every process, every request and its outcomes, the kills and the exits
+the supervisors logged (:func:`bench.soak.run` says what else);
+:func:`render` judges it and renders the ``.md`` (:func:`run_bars`: the bars
+alone).
 
 **The daemon's own RSS** (``Sample.own_kb``): ``VmRSS - RssShmem - Rss of
 every mapping of a .gguf file`` (``/proc/PID/status`` and ``/proc/PID/smaps``).
@@ -21,11 +25,12 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from bench.common import table
-from bench.soak_ledger import EXPECTED_CODES, LedgerSummary
+from bench.soak_ledger import EXPECTED_CODES, LedgerSummary, summarize
 
 RSS_BAR_MB = 20.0  # growth of the daemon's own processes after warm-up, at most
 RESTARTS_ALLOWED = 3  # the front gives a model up past 3 restarts in 60 s
@@ -532,3 +537,109 @@ def report(
     if plots:
         parts += ["\n\n### Plots\n", "\n".join(f"![{p}]({p})" for p in plots)]
     return "".join(parts) + "\n"
+
+
+# -- the recorded run ------------------------------------------------------------------
+
+
+def sample_data(s: Sample) -> list[object]:
+    """A :class:`Sample` as recorded: ``[t, pid, role, rss_kb, own_kb, fds, threads]``."""
+    return [s.t, s.pid, s.role, s.rss_kb, s.own_kb, s.fds, s.threads]
+
+
+def windows_of(params: Mapping[str, Any], data: Mapping[str, Any]) -> Windows:
+    return Windows(
+        warmup=params["warmup_s"], span=params["span_s"], end=data["end_s"], age=params["age_s"]
+    )
+
+
+def picked_fds(
+    samples: Sequence[Sample], fds: Mapping[tuple[float, int], Counter[str]], w: Windows
+) -> list[list[object]]:
+    """What a recorded run keeps of the fd kinds: those of the two samples
+    :func:`fd_samples` picks for each role, ``[t, pid, {kind: count}]``."""
+    out: list[list[object]] = []
+    for role in sorted({s.role for s in samples}):
+        for s in fd_samples(samples, role, w) or ():
+            out.append([s.t, s.pid, dict(fds.get((s.t, s.pid), Counter()))])
+    return out
+
+
+@dataclass(frozen=True)
+class Run:
+    """A recorded run read back and judged."""
+
+    ledger: LedgerSummary
+    samples: list[Sample]
+    windows: Windows
+    grown: list[Growth]
+    missing: list[str]
+    kills: list[Kill]
+    exits: list[Exit]
+    bars: list[Bar]
+
+
+def run_of(params: Mapping[str, Any], data: Mapping[str, Any]) -> Run:
+    """bench/soak.py's ``params`` and ``data``, counted and judged."""
+    ledger = summarize(data["requests"])
+    samples = [Sample(*row) for row in data["samples"]]
+    w = windows_of(params, data)
+    grown, missing = growths(samples, w)
+    kills = [Kill(*row) for row in data["kills"]]
+    exits = [Exit(*row) for row in data["exits"]]
+    failed = [f"{m} ({i['error']})" for m, i in data["models"].items() if i["state"] == "failed"]
+    bars = judge(ledger, grown, missing, kills, failed, exits=exits)
+    return Run(ledger, samples, w, grown, missing, kills, exits, bars)
+
+
+def run_bars(params: Mapping[str, Any], data: Mapping[str, Any]) -> list[Bar]:
+    """The bars of a recorded run, judged from its data."""
+    return run_of(params, data).bars
+
+
+def render(params: Mapping[str, Any], data: Mapping[str, Any]) -> str:
+    """The recorded body from bench/soak.py's ``params`` and ``data``."""
+    run = run_of(params, data)
+    kinds = {(t, pid): Counter(k) for t, pid, k in data["fd_kinds"]}
+    fd_notes = {}
+    for g in run.grown:
+        pair = fd_samples(run.samples, g.role, run.windows)
+        if g.fds_end > g.fds_ref and pair is not None:
+            before, after = (kinds.get((s.t, s.pid), Counter()) for s in pair)
+            fd_notes[g.role] = fd_diff(before, after)
+    load = data["load"]
+    models = params["models"]
+    settings = {
+        "duration": f"{data['end_s']:.0f} s of load ({params['minutes']} min asked), warm-up "
+        f"{params['warmup_s']:.0f} s, windows {params['span_s']:.0f} s, fresh workers compared "
+        f"at age {params['age_s']:.0f} s",
+        "daemon": "python -m llamad.daemon, default model twice: "
+        + ", ".join(f"{m} n_ctx {n}" for m, n in models.items())
+        + f"; n_seq_max 4, 1 thread each; quotas ram {params['ram_quota']}, ram_file "
+        f"{params['ram_file_quota']}, disk {params['disk_quota']} (small, so rows move and are "
+        "evicted all along); policy min_tokens 16 (the soak's prompts are short); the "
+        "save tier and the wait for a save in flight are the defaults",
+        "waits": "none: each client sends its next request the moment the previous one "
+        "ended; no client waits for a save",
+        "clients": f"{params['threads']} threads with a Client each + {params['async_tasks']} "
+        "tasks on one AsyncClient (timeout 120 s, idle 60 s, connect 60 s)",
+        "kills": f"SIGKILL a worker every {params['kill_every_s']:.0f} s, models in turn",
+        "load average (1 min)": f"{params['load_start']:.2f} at start; during the run median "
+        f"{statistics.median(load):.2f}, max {max(load):.2f}",
+        "cache": ", ".join(f"{k} {v}" for k, v in data["counters"].items()),
+        "front's view at the end": "; ".join(
+            f"{m} {i['state']}, {i['restarts']} restarts" for m, i in data["models"].items()
+        ),
+        "daemon exit": f"exit {data['exit_code']} on SIGTERM; {data['log_problems']} log lines "
+        "at error or above",
+        "client threads still running at the end": ", ".join(data["stuck"]) or "none",
+    }
+    return report(
+        settings=settings,
+        ledger=run.ledger,
+        grown=run.grown,
+        kills=run.kills,
+        bars=run.bars,
+        plots=params["plots"],
+        fd_notes=fd_notes,
+    )

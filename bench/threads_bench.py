@@ -35,6 +35,11 @@ quiet and under hogs and the worst single step under hogs.
 
 The machine is shared: other processes may run beside the bench, so the load
 average at each round's start is recorded with the results.
+
+Recorded (``threads-<date>.json``, ``threads-matrix-<date>.json`` beside the
+``.md``): every round's load average and every loop's own result (tok/s,
+tokens, worst step, spin, the governor's counts); :func:`render` and
+:func:`render_matrix` compute the tables, ratios and verdicts from them.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
 
-from bench.common import median, record, table
+from bench.common import median, record, show, table
 from llamad import paths
 from llamad.llama_ffi import Batch, ContextOptions, Model, Sampler, SamplerParams, default_threads
 from llamad.llama_ffi.spin import spin_setting
@@ -95,6 +100,8 @@ MATRIX: dict[str, dict[str, Any]] = {
 _READY = "@@ready"
 _RESULT = "@@result "
 PROMPT = "The history of the lighthouse begins with fires lit on hills above the sea."
+RENDER = "bench.threads_bench:render"
+RENDER_MATRIX = "bench.threads_bench:render_matrix"
 
 
 def verdict(ratios: list[float], bar: float) -> str:
@@ -304,15 +311,13 @@ def spread(values: list[float], fmt: str) -> str:
     return f"{median(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
 
 
-def run_matrix(rounds: int, seconds: float, cores: int) -> str:
-    """The investigation: every MATRIX configuration quiet and beside hogs."""
+def run_matrix(rounds: int, seconds: float, cores: int) -> list[dict[str, Any]]:
+    """The investigation: every MATRIX configuration quiet and beside hogs; per
+    round, its load average and each configuration's two loop results."""
     names = list(MATRIX)
-    quiet: dict[str, list[float]] = {n: [] for n in names}
-    hogs: dict[str, list[float]] = {n: [] for n in names}
-    worst: dict[str, list[float]] = {n: [] for n in names}
-    loads = []
+    out: list[dict[str, Any]] = []
     for i in range(rounds):
-        loads.append(os.getloadavg()[0])
+        got: dict[str, Any] = {"load": os.getloadavg()[0], "configs": {}}
         for name in names if i % 2 == 0 else list(reversed(names)):
             spec = MATRIX[name]
             cfg = {
@@ -324,23 +329,41 @@ def run_matrix(rounds: int, seconds: float, cores: int) -> str:
             env = spec.get("env", {})
             q = run_loops(cfg, env, 1, 0, hogs_first=False)[0]
             h = run_loops({**cfg, "warmup": STARTING_STEPS}, env, 1, cores, hogs_first=True)[0]
-            quiet[name].append(1e3 / float(q["tok_s"]))
-            hogs[name].append(1e3 / float(h["tok_s"]))
-            worst[name].append(1e3 * float(h["worst_step_s"]))
+            got["configs"][name] = {"quiet": q, "hogs": h}
             print(
-                f"round {i + 1}/{rounds} {name}: {quiet[name][-1]:.1f} ms/token quiet, "
-                f"{hogs[name][-1]:.1f} beside hogs",
+                f"round {i + 1}/{rounds} {name}: {1e3 / float(q['tok_s']):.1f} ms/token quiet, "
+                f"{1e3 / float(h['tok_s']):.1f} beside hogs",
                 file=sys.stderr,
                 flush=True,
             )
-    best_quiet = min(median(v) for v in quiet.values())
+        out.append(got)
+    return out
+
+
+def loads(rounds: list[dict[str, Any]]) -> str:
+    """Each round's load average at its start."""
+    return ", ".join(f"{r['load']:.2f}" for r in rounds)
+
+
+def render_matrix(params: dict[str, Any], data: dict[str, Any]) -> str:
+    """The investigation's body from :func:`run_matrix`'s rounds and :func:`main`'s params."""
+    rounds = data["rounds"]
+    names = list(rounds[0]["configs"])
+
+    def ms(name: str, which: str) -> list[float]:
+        return [1e3 / float(r["configs"][name][which]["tok_s"]) for r in rounds]
+
+    def worst(name: str) -> list[float]:
+        return [1e3 * float(r["configs"][name]["hogs"]["worst_step_s"]) for r in rounds]
+
+    best_quiet = min(median(ms(n, "quiet")) for n in names)
     rows = [
         [
             name,
-            spread(quiet[name], ".1f"),
-            spread(hogs[name], ".1f"),
-            f"{max(worst[name]):.0f}",
-            f"{best_quiet / median(hogs[name]):.3f}",
+            spread(ms(name, "quiet"), ".1f"),
+            spread(ms(name, "hogs"), ".1f"),
+            f"{max(worst(name)):.0f}",
+            f"{best_quiet / median(ms(name, 'hogs')):.3f}",
         ]
         for name in names
     ]
@@ -354,14 +377,15 @@ def run_matrix(rounds: int, seconds: float, cores: int) -> str:
         ],
         rows,
     )
+    cores = params["cores"]
     settings = (
-        f"model `default`, {cores} cores, {rounds} alternating rounds; per configuration "
-        f"and round one loop quiet, then one started beside {cores} `while True: pass` "
-        f"hogs, each {seconds:g} s of one-row greedy decode after {WARMUP_STEPS} warm-up "
-        f"steps quiet, {STARTING_STEPS} beside hogs, no "
-        "governor. ms/token: median (range) over rounds. Last column: the best quiet "
+        f"model `default`, {cores} cores, {params['rounds']} alternating rounds; per "
+        f"configuration and round one loop quiet, then one started beside {cores} "
+        f"`while True: pass` hogs, each {params['seconds']:g} s of one-row greedy decode after "
+        f"{params['warmup_steps']} warm-up steps quiet, {params['starting_steps']} beside hogs, "
+        "no governor. ms/token: median (range) over rounds. Last column: the best quiet "
         "configuration's median speed against this one's beside hogs. Load average (1 min) "
-        f"at each round's start: {', '.join(f'{x:.2f}' for x in loads)}."
+        f"at each round's start: {loads(rounds)}."
     )
     return f"{settings}\n\n{matrix_table}\n"
 
@@ -385,24 +409,50 @@ def main() -> None:
     if n_rounds < 1 or seconds <= 0:
         ap.error("--rounds must be >= 1 and --seconds > 0")
     cores = len(os.sched_getaffinity(0))
+    params = {
+        "cores": cores,
+        "rounds": n_rounds,
+        "seconds": seconds,
+        "warmup_steps": WARMUP_STEPS,
+        "warmup_max_s": WARMUP_MAX_S,
+        "starting_steps": STARTING_STEPS,
+    }
     if args.matrix:
-        body = run_matrix(n_rounds, seconds, cores)
-        print(body)
+        data = {"rounds": run_matrix(n_rounds, seconds, cores)}
+        print(show(RENDER_MATRIX, params, data))
         if not args.no_record:
             title = "Threads on a shared machine: the investigation (SPEC M14, issue 8)"
-            print(f"recorded {record('threads-matrix', title, body)}")
+            print(f"recorded {record('threads-matrix', title, RENDER_MATRIX, params, data)}")
         return
     cells = [(m, s) for s in SCENARIOS for m in MODES]
-    rounds: list[dict[tuple[str, str], Cell]] = []
-    loads: list[float] = []
+    rounds: list[dict[str, Any]] = []
     with TemporaryDirectory(prefix="llamad-threads-bench-") as tmp:
         for i in range(n_rounds):
-            loads.append(os.getloadavg()[0])
+            load = os.getloadavg()[0]
             order = cells if i % 2 == 0 else list(reversed(cells))
             got = {(m, s): run_cell(m, s, seconds, cores, Path(tmp)) for m, s in order}
-            rounds.append(got)
+            rounds.append(
+                {
+                    "load": load,
+                    "cells": {m: {s: got[m, s].results for s in SCENARIOS} for m in MODES},
+                }
+            )
             summary = ", ".join(f"{m}/{s} {got[m, s].total:.1f}" for m, s in cells)
             print(f"round {i + 1}/{n_rounds}: tok/s {summary}", file=sys.stderr, flush=True)
+    data = {"rounds": rounds}
+    print(show(RENDER, params, data))
+    if not args.no_record:
+        title = "Threads on a shared machine (SPEC M14, issue 8)"
+        print(f"recorded {record('threads', title, RENDER, params, data)}")
+
+
+def render(params: dict[str, Any], data: dict[str, Any]) -> str:
+    """The recorded body from :func:`main`'s ``params`` and ``data``: per round,
+    its load average and every cell's loop results (``cells[mode][scenario]``)."""
+    rounds = [
+        {(m, s): Cell(m, s, results) for m, by in r["cells"].items() for s, results in by.items()}
+        for r in data["rounds"]
+    ]
 
     def totals(mode: str, scenario: str) -> list[float]:
         return [r[mode, scenario].total for r in rounds]
@@ -475,24 +525,22 @@ def main() -> None:
             for x in cell.results
         }
     )
+    cores = params["cores"]
     settings = (
-        f"model `default`, {cores} cores, {n_rounds} alternating rounds, "
-        f"{seconds:g} s of one-row greedy decode per loop after {WARMUP_STEPS} warm-up "
-        f"steps (or {WARMUP_MAX_S:g} s; {STARTING_STEPS} in `hogs_first`); "
+        f"model `default`, {cores} cores, {params['rounds']} alternating rounds, "
+        f"{params['seconds']:g} s of one-row greedy decode per loop after "
+        f"{params['warmup_steps']} warm-up steps (or {params['warmup_max_s']:g} s; "
+        f"{params['starting_steps']} in `hogs_first`); "
         f"hogs: {cores} `while True: pass` processes, started before the loop "
         "(`hogs_first`) or once it is warm (`hogs_later`). tok/s: median (range) over rounds of "
         "the cell's total (both loops in `pair`). Ratios are per round against the same "
         "mode's quiet loop; spread: their range. Verdict: met if the whole spread clears the "
         "bar, within noise if the bar lies inside it.\n\n"
         f"Spin per mode: {'; '.join(spins)}. Load average (1 min) at each round's start: "
-        f"{', '.join(f'{x:.2f}' for x in loads)}."
+        f"{loads(data['rounds'])}."
     )
     note = f"Quiet cost of the mechanism (governed / plain, quiet): {spread(quiet_cost, '.3f')}."
-    body = f"{settings}\n\n{speed_table}\n\n{bar_table}\n\n{note}\n"
-    print(body)
-    if not args.no_record:
-        title = "Threads on a shared machine (SPEC M14, issue 8)"
-        print(f"recorded {record('threads', title, body)}")
+    return f"{settings}\n\n{speed_table}\n\n{bar_table}\n\n{note}\n"
 
 
 if __name__ == "__main__":

@@ -51,6 +51,9 @@ lies inside the rounds' spread, else below (or above) bar (tables and
 verdicts: :mod:`bench.worker_bench_report`). Results are written only by this
 script, with the load average at start and end; ``--flash-attn off|on`` runs
 the workers with flash attention forced (recorded as ``worker-fa-<value>``).
+A result is ``worker-<date>.json`` (every round's TTFTs with the worker's stats,
+every stream's token arrival times; :func:`bench.worker_bench_report.round_data`)
+and the ``.md`` :func:`bench.worker_bench_report.render` makes of it.
 """
 
 from __future__ import annotations
@@ -67,25 +70,29 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bench.common import record
+import msgspec
+
+from bench.common import record, show
 from bench.worker_bench_report import (
     SCENARIOS,
     SIZES,
     Decode,
     Round,
     Ttft,
-    governor_note,
-    report,
+    governor_info,
+    round_data,
     threads_of,
 )
 
 if TYPE_CHECKING:
+    from llamad.model.results import Completion
     from llamad.model.status_board import WorkerSnapshot
     from llamad.model.worker_client import WorkerClient
 
 ROOT = Path(__file__).resolve().parents[1]
 MIN_ROUNDS = 5
 N_CTX, N_BATCH, N_SEQ = 4096, 512, 4
+RENDER = "bench.worker_bench_report:render"
 _WORDS = (
     "river stone lamp cloud paper garden mirror copper harbor winter signal orchard "
     "lantern meadow thunder canvas silver market bridge forest candle window ladder "
@@ -224,7 +231,7 @@ def drop_pages(path: str) -> None:
 # -- measurements ----------------------------------------------------------------------
 
 
-def ttft(tree: Tree, name: str, client: WorkerClient, tokens: list[int]) -> Ttft:
+def ttft(tree: Tree, name: str, client: WorkerClient, tokens: list[int]) -> tuple[Ttft, Completion]:
     """Client send to first token event, one greedy token; then, once the
     worker is idle, the duration of its last decode (the one that computed
     the first token's logits) from its status board, or none when the first
@@ -245,13 +252,14 @@ def ttft(tree: Tree, name: str, client: WorkerClient, tokens: list[int]) -> Ttft
     snap = tree.wait_idle(name, admitted=ahead.requests_total)
     decoded = snap.status.ticks > before.ticks
     from_logits = snap.status.stored_logits_hits > before.stored_logits_hits
-    return Ttft(
+    measured = Ttft(
         (first - t0) * 1e3,
-        result,
+        msgspec.structs.asdict(result.stats),
         snap.last_tick_ms if decoded else 0.0,
         threads_of(snap) if decoded else None,
         from_logits=from_logits,
     )
+    return measured, result
 
 
 def prompt_tokens(client: WorkerClient, n: int, nonce: str) -> list[int]:
@@ -340,20 +348,21 @@ def ttft_round(tree: Tree, clients: dict[str, WorkerClient], i: int) -> dict[tup
         for name in workers:
             c = clients[name]
             tokens = prompt_tokens(c, n, f"{name}-{i}-{n}-{os.urandom(4).hex()}")
-            cold = ttft(tree, name, c, tokens)
-            got["cold" if name == "ram" else "cold (disk worker)", n] = cold
-            path = tree.row_file(cold.result.finish_key)
+            got["cold" if name == "ram" else "cold (disk worker)", n], cold = ttft(
+                tree, name, c, tokens
+            )
+            path = tree.row_file(cold.finish_key)
             order = ["ram", "ram again"] if name == "ram" else ["disk", "disk, pages dropped"]
             if name == "disk" and i % 2:
                 order.reverse()
             for kind in order:
                 if kind == "disk, pages dropped":
                     drop_pages(path)
-                got[kind, n] = warm = ttft(tree, name, c, tokens)
-                if warm.result.finish_key is not None:
+                got[kind, n], warm = ttft(tree, name, c, tokens)
+                if warm.finish_key is not None:
                     # Its finish save (a 47 MB write at 2048 tokens) off the
                     # clock: the next hit measures the restore, not the write.
-                    tree.row_file(warm.result.finish_key)
+                    tree.row_file(warm.finish_key)
     return got
 
 
@@ -421,33 +430,28 @@ def main() -> None:
         finally:
             for c in clients.values():
                 c.close()
-    load_end = os.getloadavg()
-    settings = (
-        f"Model `default`, {cores} cores; two workers (`ram`, `disk`) under a real "
-        f"supervisor with cache-meta, each n_threads = n_threads_batch = {cores}, "
-        f"n_ctx {N_CTX}, n_seq_max {N_SEQ}, n_batch = n_ubatch {N_BATCH}, flash attention "
-        f"{args.flash_attn}, prefill chunk "
-        f"{max(64, N_BATCH // 4)} (default), default cache policy; driven by `WorkerClient` "
-        f"from the bench process. {n_rounds} rounds after one unrecorded warm-up round, "
-        "orders alternating between rounds. TTFT: client send to first token event, "
-        f"greedy, max_tokens 1. Decode: greedy streams of max_tokens {max_tokens} "
-        "(short prompts, no saves), tok/s over the window in which all streams decode. "
-        "Values: median (range) over rounds; a ratio is taken per round, its spread is "
-        "the rounds' range. Verdict: met if every round clears the bar, within noise if "
-        f"the bar lies inside the spread. Hogs: {cores} busy-loop Python processes.\n\n"
-        f"Load average (1/5/15 min) at start {'/'.join(f'{x:.2f}' for x in load_start)}, "
-        f"at end {'/'.join(f'{x:.2f}' for x in load_end)}; 1-min at each round's start "
-        f"(warm-up first): {', '.join(f'{x:.2f}' for x in loads)}. Wall time "
-        f"{time.monotonic() - t_start:.0f} s.\n\n{governor_note(snaps)}"
-    )
-    body = report(rounds, settings)
-    print(body)
+    params = {
+        "cores": cores,
+        "flash_attn": args.flash_attn,
+        "n_ctx": N_CTX,
+        "n_seq_max": N_SEQ,
+        "n_batch": N_BATCH,
+        "rounds": n_rounds,
+        "max_tokens": max_tokens,
+        "load_start": list(load_start),
+        "load_end": list(os.getloadavg()),
+        "loads": loads,
+        "wall_s": time.monotonic() - t_start,
+        "governor": {name: governor_info(snap) for name, snap in snaps.items()},
+    }
+    data = {"rounds": [round_data(r) for r in rounds]}
+    print(show(RENDER, params, data))
     if record_it:
         title = "The model worker: warm TTFT, streams, busy neighbours (issue 8)"
         name = "worker" if args.flash_attn == "auto" else f"worker-fa-{args.flash_attn}"
         if args.flash_attn != "auto":
             title += f", flash attention {args.flash_attn}"
-        print(f"recorded {record(name, title, body)}")
+        print(f"recorded {record(name, title, RENDER, params, data)}")
 
 
 if __name__ == "__main__":

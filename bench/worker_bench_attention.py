@@ -17,7 +17,9 @@ before the first round; the settings' order rotates between rounds. A
 one-row figure is the median of ``--reps`` decodes (each re-decodes the same
 position after dropping it). The table shows each setting's median over
 rounds (range), and the per-round ratio off / on (below 1: off is faster).
-Results are written only by this script (``bench/results/worker-attention-<date>.md``).
+Results are written only by this script (``bench/results/worker-attention-<date>.md``,
+rendered by :func:`render` from ``worker-attention-<date>.json`` beside it: per
+setting and round, every decode's ms behind each figure).
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ import random
 import statistics
 import sys
 import time
+from typing import Any
 
-from bench.common import record, table
+from bench.common import record, show, table
 from llamad import paths
 from llamad.llama_ffi import Batch, Context, ContextOptions, FlashAttn, Model
 from llamad.llama_ffi.build_info import compute_backend
@@ -37,6 +40,7 @@ from llamad.llama_ffi.build_info import compute_backend
 N_CTX, N_BATCH, N_SEQ, CHUNK = 4096, 512, 4, 128
 SETTINGS = (FlashAttn.ON, FlashAttn.OFF, FlashAttn.AUTO)
 MIN_ROUNDS = 5
+RENDER = "bench.worker_bench_attention:render"
 METRICS = (
     "prefill 512, ms",
     "prefill 2048, ms",
@@ -74,23 +78,24 @@ class Probe:
         self.ctx.decode(b)
         return time.perf_counter() - t0
 
-    def _one_row(self, seq: int, pos: int, reps: int) -> float:
-        """Median ms of ``reps`` one-row decodes at ``pos`` (the cell dropped between)."""
+    def _one_row(self, seq: int, pos: int, reps: int) -> list[float]:
+        """The ms of ``reps`` one-row decodes at ``pos`` (the cell dropped between)."""
         out = []
         for _ in range(reps):
-            out.append(self._decode(seq, pos, [self.tokens[pos % len(self.tokens)]]))
+            out.append(self._decode(seq, pos, [self.tokens[pos % len(self.tokens)]]) * 1e3)
             self.ctx.seq_remove(seq, pos)
-        return statistics.median(out) * 1e3
+        return out
 
-    def round(self, reps: int) -> dict[str, float]:
+    def round(self, reps: int) -> dict[str, list[float]]:
+        """Per metric, its decodes' ms (a prefill: its one time)."""
         ctx, got = self.ctx, {}
         ctx.clear()
         spent = 0.0
         for pos in range(0, 2048, CHUNK):
             spent += self._decode(0, pos, self.tokens[pos : pos + CHUNK])
             if pos + CHUNK == 512:
-                got[METRICS[0]] = spent * 1e3
-        got[METRICS[1]] = spent * 1e3
+                got[METRICS[0]] = [spent * 1e3]
+        got[METRICS[1]] = [spent * 1e3]
         got[METRICS[4]] = self._one_row(0, 2048, reps)
         self._decode(1, 0, self.tokens[:16])
         got[METRICS[5]] = self._one_row(1, 16, reps)
@@ -126,7 +131,7 @@ def main() -> None:
     rng = random.Random(0)
     tokens = [rng.randrange(1, model.n_vocab - 1) for _ in range(2048 + 1)]
     probes = {fa: Probe(model, fa, args.threads, tokens) for fa in SETTINGS}
-    results: dict[FlashAttn, list[dict[str, float]]] = {fa: [] for fa in SETTINGS}
+    results: dict[str, list[dict[str, list[float]]]] = {fa.name.lower(): [] for fa in SETTINGS}
     loads: list[float] = []
     try:
         for probe in probes.values():  # warm-up: page faults, thread start
@@ -135,40 +140,63 @@ def main() -> None:
             loads.append(os.getloadavg()[0])
             order = SETTINGS[i % 3 :] + SETTINGS[: i % 3]
             for fa in order:
-                results[fa].append(probes[fa].round(args.reps))
+                results[fa.name.lower()].append(probes[fa].round(args.reps))
             print(f"round {i + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     finally:
         for probe in probes.values():
             probe.close()
         model.close()
-    load_end = os.getloadavg()
+    params = {
+        "backend": compute_backend(),
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "reps": args.reps,
+        "n_ctx": N_CTX,
+        "n_seq_max": N_SEQ,
+        "n_batch": N_BATCH,
+        "chunk": CHUNK,
+        "load_start": list(load_start),
+        "load_end": list(os.getloadavg()),
+        "loads": loads,
+    }
+    data = {"settings": results}
+    print(show(RENDER, params, data))
+    if not args.no_record:
+        title = "Flash attention on the CPU: the worker's prefill and one-row decodes (issue 8)"
+        print(f"recorded {record('worker-attention', title, RENDER, params, data)}")
 
-    def col(fa: FlashAttn, metric: str) -> list[float]:
-        return [r[metric] for r in results[fa]]
 
+def render(params: dict[str, Any], data: dict[str, Any]) -> str:
+    """The recorded body from :func:`main`'s ``params`` and ``data``: per
+    setting (on, off, auto), per round, each metric's decodes in ms (a figure
+    is their median)."""
+    results = data["settings"]
+
+    def col(fa: str, metric: str) -> list[float]:
+        return [statistics.median(r[metric]) for r in results[fa]]
+
+    names = ("on", "off", "auto")  # SETTINGS' order
     rows: list[list[str]] = []
     for metric in METRICS:
-        ratios = [
-            off / on
-            for off, on in zip(col(FlashAttn.OFF, metric), col(FlashAttn.ON, metric), strict=True)
-        ]
-        rows.append([metric, *(spread(col(fa, metric)) for fa in SETTINGS), spread(ratios, ".2f")])
-    body = (
-        f"Model `default`, compute backend {compute_backend()}, {args.threads} threads; "
-        f"context n_ctx {N_CTX}, n_seq_max {N_SEQ}, kv_unified, n_batch = n_ubatch "
-        f"{N_BATCH}; prefill in {CHUNK}-row chunks. {args.rounds} rounds after a warm-up, "
-        f"settings' order rotating; a one-row figure is the median of {args.reps} decodes. "
+        ratios = [off / on for off, on in zip(col("off", metric), col("on", metric), strict=True)]
+        rows.append([metric, *(spread(col(fa, metric)) for fa in names), spread(ratios, ".2f")])
+
+    def avg(xs: list[float]) -> str:
+        return "/".join(f"{x:.2f}" for x in xs)
+
+    return (
+        f"Model `default`, compute backend {params['backend']}, {params['threads']} threads; "
+        f"context n_ctx {params['n_ctx']}, n_seq_max {params['n_seq_max']}, kv_unified, "
+        f"n_batch = n_ubatch {params['n_batch']}; prefill in {params['chunk']}-row chunks. "
+        f"{params['rounds']} rounds after a warm-up, settings' order rotating; a one-row "
+        f"figure is the median of {params['reps']} decodes. "
         "Values: median (range) over rounds; off / on: per-round ratio.\n\n"
-        f"Load average (1/5/15 min) at start {'/'.join(f'{x:.2f}' for x in load_start)}, "
-        f"at end {'/'.join(f'{x:.2f}' for x in load_end)}; 1-min at each round's start: "
-        f"{', '.join(f'{x:.2f}' for x in loads)}.\n\n"
+        f"Load average (1/5/15 min) at start {avg(params['load_start'])}, "
+        f"at end {avg(params['load_end'])}; 1-min at each round's start: "
+        f"{', '.join(f'{x:.2f}' for x in params['loads'])}.\n\n"
         + table(["what", "flash attention on", "off", "auto", "off / on"], rows)
         + "\n"
     )
-    print(body)
-    if not args.no_record:
-        title = "Flash attention on the CPU: the worker's prefill and one-row decodes (issue 8)"
-        print(f"recorded {record('worker-attention', title, body)}")
 
 
 if __name__ == "__main__":

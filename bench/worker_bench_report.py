@@ -2,20 +2,22 @@
 
 The measurements (:mod:`bench.worker_bench`) fill :class:`Round` records; :func:`report`
 turns them into the recorded tables and judges the bars (:func:`verdict`).
+:func:`render` does the same from a recorded JSON (``worker-<date>.json``):
+:func:`round_data` is one round as recorded (every TTFT with the worker's
+stats, every stream's token arrival times), :func:`round_of` reads it back.
 Nothing here touches a process, so the judging is unit-tested
 (``tests/unit/test_worker_bench.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bench.common import median, table
 
 if TYPE_CHECKING:
-    from llamad.model.results import Completion
     from llamad.model.status_board import WorkerSnapshot
 
 SIZES = (512, 1024, 2048)
@@ -63,10 +65,11 @@ def spread(values: Sequence[float], fmt: str) -> str:
 
 @dataclass
 class Ttft:
-    """One request's TTFT on the client, its stats, and its last decode's time."""
+    """One request's TTFT on the client, the worker's stats of it
+    (``Completion.stats`` as a dict), and its last decode's time."""
 
     ms: float
-    result: Completion
+    stats: dict[str, Any]
     last_decode_ms: float  # 0.0: the request decoded nothing
     threads: int | None  # of that decode (None: not governed, or no decode)
     from_logits: bool = False
@@ -128,7 +131,7 @@ def report(rounds: list[Round], settings: str) -> str:
     )
 
     def stat(path: str, n: int, name: str) -> float:
-        return median([float(getattr(r.ttft[path, n].result.stats, name)) for r in rounds])
+        return median([float(r.ttft[path, n].stats[name]) for r in rounds])
 
     where_rows = []
     for path in (*WARM_PATHS, "cold"):
@@ -138,7 +141,7 @@ def report(rounds: list[Round], settings: str) -> str:
             runs = [r.ttft[path, n] for r in rounds]
             decodes = [t.last_decode_ms for t in runs if not t.from_logits]
             threads = sorted({str(t.threads) for t in runs if not t.from_logits})
-            prefill = [float(t.result.stats.prefill_tokens) for t in runs]
+            prefill = [float(t.stats["prefill_tokens"]) for t in runs]
             where_rows.append(
                 [
                     path,
@@ -248,20 +251,111 @@ def report(rounds: list[Round], settings: str) -> str:
     )
 
 
-def governor_note(snaps: dict[str, WorkerSnapshot]) -> str:
-    """What the M14 thread governor did in each worker, read from its status."""
+def governor_info(snap: WorkerSnapshot) -> dict[str, Any]:
+    """What the M14 thread governor did in a worker, from its status, as recorded."""
+    spin = getattr(getattr(snap, "spin", None), "value", "unknown")
+    status = getattr(snap, "threads", None)
+    if status is None:
+        return {"spin": spin, "threads": None}
+    names = (
+        "threads",
+        "budget",
+        "ceiling",
+        "collapses",
+        "fallbacks",
+        "probes",
+        "probes_kept",
+        "explorations",
+        "explorations_kept",
+    )
+    return {"spin": spin, "threads": {k: getattr(status, k) for k in names}}
+
+
+def governor_note(infos: Mapping[str, Mapping[str, Any]]) -> str:
+    """What the M14 thread governor did in each worker (:func:`governor_info`)."""
     lines = []
-    for name, snap in snaps.items():
-        spin = getattr(getattr(snap, "spin", None), "value", "unknown")
-        status = getattr(snap, "threads", None)
-        if status is None:
+    for name, info in infos.items():
+        spin, t = info["spin"], info["threads"]
+        if t is None:
             lines.append(f"`{name}` not governed (fixed n_threads; spin {spin})")
             continue
         lines.append(
-            f"`{name}` governed (spin {spin}), {status.threads} threads at the end "
-            f"(budget {status.budget}, ceiling {status.ceiling}), collapses "
-            f"{status.collapses}, fallbacks {status.fallbacks}, probes {status.probes} "
-            f"({status.probes_kept} kept), explorations {status.explorations} "
-            f"({status.explorations_kept} kept)"
+            f"`{name}` governed (spin {spin}), {t['threads']} threads at the end "
+            f"(budget {t['budget']}, ceiling {t['ceiling']}), collapses "
+            f"{t['collapses']}, fallbacks {t['fallbacks']}, probes {t['probes']} "
+            f"({t['probes_kept']} kept), explorations {t['explorations']} "
+            f"({t['explorations_kept']} kept)"
         )
     return "Thread governor (SPEC M14), over the whole run: " + "; ".join(lines) + "."
+
+
+# -- the recorded form -------------------------------------------------------------------
+
+
+def round_data(r: Round) -> dict[str, Any]:
+    """One round as recorded: every TTFT (path, tokens, client ms, the worker's
+    stats, its last decode), every scenario's streams (token arrival times in
+    seconds since the scenario's first token, finish reasons, threads)."""
+    decode = {}
+    for s, d in r.decode.items():
+        t0 = min((a[0] for a in d.arrivals if a), default=0.0)
+        decode[s] = {
+            "arrivals_s": [[round(t - t0, 6) for t in a] for a in d.arrivals],
+            "finish": d.finish,
+            "threads": d.threads,
+        }
+    return {
+        "ttft": [
+            {
+                "path": path,
+                "tokens": n,
+                "ms": t.ms,
+                "stats": t.stats,
+                "last_decode_ms": t.last_decode_ms,
+                "threads": t.threads,
+                "from_logits": t.from_logits,
+            }
+            for (path, n), t in r.ttft.items()
+        ],
+        "decode": decode,
+    }
+
+
+def round_of(data: Mapping[str, Any]) -> Round:
+    """:func:`round_data` read back."""
+    r = Round()
+    for t in data["ttft"]:
+        r.ttft[t["path"], int(t["tokens"])] = Ttft(
+            t["ms"], dict(t["stats"]), t["last_decode_ms"], t["threads"], t["from_logits"]
+        )
+    for s, d in data["decode"].items():
+        r.decode[s] = Decode(d["arrivals_s"], d["finish"], d["threads"])
+    return r
+
+
+def render(params: Mapping[str, Any], data: Mapping[str, Any]) -> str:
+    """The recorded body from bench/worker_bench.py's ``params`` and ``data``."""
+    cores = params["cores"]
+
+    def avg(xs: Sequence[float]) -> str:
+        return "/".join(f"{x:.2f}" for x in xs)
+
+    settings = (
+        f"Model `default`, {cores} cores; two workers (`ram`, `disk`) under a real "
+        f"supervisor with cache-meta, each n_threads = n_threads_batch = {cores}, "
+        f"n_ctx {params['n_ctx']}, n_seq_max {params['n_seq_max']}, n_batch = n_ubatch "
+        f"{params['n_batch']}, flash attention {params['flash_attn']}, prefill chunk "
+        f"{max(64, params['n_batch'] // 4)} (default), default cache policy; driven by "
+        f"`WorkerClient` from the bench process. {params['rounds']} rounds after one "
+        "unrecorded warm-up round, orders alternating between rounds. TTFT: client send to "
+        "first token event, greedy, max_tokens 1. Decode: greedy streams of max_tokens "
+        f"{params['max_tokens']} (short prompts, no saves), tok/s over the window in which all "
+        "streams decode. Values: median (range) over rounds; a ratio is taken per round, its "
+        "spread is the rounds' range. Verdict: met if every round clears the bar, within noise "
+        f"if the bar lies inside the spread. Hogs: {cores} busy-loop Python processes.\n\n"
+        f"Load average (1/5/15 min) at start {avg(params['load_start'])}, "
+        f"at end {avg(params['load_end'])}; 1-min at each round's start "
+        f"(warm-up first): {', '.join(f'{x:.2f}' for x in params['loads'])}. Wall time "
+        f"{params['wall_s']:.0f} s.\n\n{governor_note(params['governor'])}"
+    )
+    return report([round_of(r) for r in data["rounds"]], settings)

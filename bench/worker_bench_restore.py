@@ -28,7 +28,9 @@ Each round then times, in alternating order:
   ``prefill_ms`` (the held-back last token decoded alone); its finish save is
   written and drained before the next case runs.
 
-Results are written only by this script (``bench/results/worker-restore-<date>.md``).
+Results are written only by this script (``bench/results/worker-restore-<date>.md``,
+rendered by :func:`render` from ``worker-restore-<date>.json`` beside it: every
+round's ms of every part, and the core's own stats and calls per hit).
 """
 
 from __future__ import annotations
@@ -40,10 +42,11 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import crc32c
 
-from bench.common import record, table
+from bench.common import record, show, table
 from llamad import paths
 from llamad.cache.kvc import SaveReason, check_prefix_unchanged
 from llamad.cache.lookup import RowRef
@@ -63,6 +66,7 @@ from llamad.model.savepoints import SaveJob
 from llamad.model.threads import ThreadGovernor, ThreadPolicy
 
 N_TOKENS, N_CTX, N_SEQ = 2048, 4096, 4
+RENDER = "bench.worker_bench_restore:render"
 
 
 class _Lease:
@@ -291,31 +295,19 @@ def main() -> int:
         meta.stop()
         discard(settings)
 
-    def spread(v: list[float]) -> str:
-        return f"{statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})"
-
-    body = (
-        f"Model `default`, compute backend {compute_backend()}; context n_ctx {N_CTX}, "
-        f"n_seq_max {N_SEQ}, kv_unified, flash attention {opts.flash_attn.name.lower()}; "
-        f"a {N_TOKENS}-token state of {nbytes / 1e6:.1f} MB saved to `ram` and restored into "
-        f"another sequence. {args.rounds} rounds after a warm-up, order alternating. "
-        "Values: ms, median (range) over rounds. `crc32c` is the read's time with and "
-        "without a second CRC pass, subtracted.\n\n"
-        f"Load average (1/5/15 min) at start {'/'.join(f'{x:.2f}' for x in load_start)}; "
-        f"1-min at each round's start: {', '.join(f'{x:.2f}' for x in loads)}.\n\n"
-        + table(["part", "ms"], [[name, spread(v)] for name, v in times.items()])
-        + "\n\nThe exact hit through WorkerCore, from the core's own stats: "
-        + ", ".join(f"`{k}` {spread(v[-len(times['unpack']) :])}" for k, v in core_stats.items())
-        + " ms (the first token follows `prefill_ms`: the held-back token's decode). "
-        + "Its calls until the first token, ms (median (range); a call made twice in one "
-        + "hit counts each time):\n\n"
-        + table(
-            ["call", "ms"],
-            [[k, spread(v[-len(times["unpack"]) :])] for k, v in sorted(core_parts.items())],
-        )
-        + "\n"
-    )
-    print(body)
+    params = {
+        "backend": compute_backend(),
+        "n_ctx": N_CTX,
+        "n_seq_max": N_SEQ,
+        "flash_attn": opts.flash_attn.name.lower(),
+        "n_tokens": N_TOKENS,
+        "state_bytes": nbytes,
+        "rounds": args.rounds,
+        "load_start": list(load_start),
+        "loads": loads,
+    }
+    data = {"parts_ms": times, "core_stats_ms": core_stats, "core_calls_ms": core_parts}
+    print(show(RENDER, params, data))
     if not args.no_record:
         title = "A warm hit's restore, part by part (issue 8)"
         name = (
@@ -323,8 +315,43 @@ def main() -> int:
             if args.flash_attn == "auto"
             else f"worker-restore-fa-{args.flash_attn}"
         )
-        print(f"recorded {record(name, title, body)}")
+        print(f"recorded {record(name, title, RENDER, params, data)}")
     return 0
+
+
+def render(params: dict[str, Any], data: dict[str, Any]) -> str:
+    """The recorded body from :func:`main`'s ``params`` and ``data``: every
+    round's ms of every part; the core's stats and calls of every hit (the
+    warm-up's first: the table takes the last ``rounds``)."""
+    times: dict[str, list[float]] = data["parts_ms"]
+    rounds = len(times["unpack"])
+
+    def spread(v: list[float]) -> str:
+        return f"{statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})"
+
+    load_start = "/".join(f"{x:.2f}" for x in params["load_start"])
+    return (
+        f"Model `default`, compute backend {params['backend']}; context n_ctx "
+        f"{params['n_ctx']}, n_seq_max {params['n_seq_max']}, kv_unified, flash attention "
+        f"{params['flash_attn']}; a {params['n_tokens']}-token state of "
+        f"{params['state_bytes'] / 1e6:.1f} MB saved to `ram` and restored into another "
+        f"sequence. {params['rounds']} rounds after a warm-up, order alternating. "
+        "Values: ms, median (range) over rounds. `crc32c` is the read's time with and "
+        "without a second CRC pass, subtracted.\n\n"
+        f"Load average (1/5/15 min) at start {load_start}; "
+        f"1-min at each round's start: {', '.join(f'{x:.2f}' for x in params['loads'])}.\n\n"
+        + table(["part", "ms"], [[name, spread(v)] for name, v in times.items()])
+        + "\n\nThe exact hit through WorkerCore, from the core's own stats: "
+        + ", ".join(f"`{k}` {spread(v[-rounds:])}" for k, v in data["core_stats_ms"].items())
+        + " ms (the first token follows `prefill_ms`: the held-back token's decode). "
+        + "Its calls until the first token, ms (median (range); a call made twice in one "
+        + "hit counts each time):\n\n"
+        + table(
+            ["call", "ms"],
+            [[k, spread(v[-rounds:])] for k, v in sorted(data["core_calls_ms"].items())],
+        )
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

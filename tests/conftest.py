@@ -1,4 +1,5 @@
-"""What every test shares: structlog's configuration is put back after each test.
+"""What every test shares: structlog's configuration is put back after each test,
+and bench results are recorded into a temporary folder.
 
 A test that runs ``llamad.cli.main.main`` in this process runs ``logs.configure``
 (a level filter, a renderer printing to the ``sys.stderr`` of that moment,
@@ -19,6 +20,15 @@ import structlog
 
 import llamad
 from llamad.cli import install as cli_install
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _bench_records_elsewhere(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A bench result a test records (``bench.common.record``) lands in a
+    temporary folder, never in bench/results."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LLAMAD_BENCH_RESULTS", str(tmp_path_factory.mktemp("bench-results")))
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -1,8 +1,17 @@
-"""The result file's tables and text, from :class:`bench.peers_report.Results`."""
+"""The result file's tables and text, from :class:`bench.peers_report.Results`.
+
+A recorded run is ``<date>-<machine>.json`` beside its ``.md``:
+:func:`render` reads its ``data`` back into :class:`~bench.peers_report.Results`
+(every series, one value per round; every inter-token interval; the warm
+path's parts per round; the setup and what was skipped) and renders the
+``.md`` with :func:`report`, the verdicts judged again by
+:func:`bench.peers_report.bars`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from bench.common import median, table
 from bench.peers_report import (
@@ -23,6 +32,7 @@ from bench.peers_report import (
     bars,
     floor_parts,
     itl_p,
+    results_of,
     spread,
 )
 
@@ -500,3 +510,9 @@ def report(results: Results, *, plots: Sequence[str] = ()) -> str:
         ]
     parts += [f"![{p}]({p})" for p in plots]
     return "\n".join(parts) + "\n"
+
+
+def render(params: Mapping[str, Any], data: Mapping[str, Any]) -> str:
+    """The recorded body from bench/peers_bench.py's ``params`` (rounds, sizes,
+    plots) and ``data`` (:func:`bench.peers_report.results_data`)."""
+    return report(results_of(params, data), plots=params["plots"])

@@ -1,14 +1,18 @@
-"""bench/daemon_bench.py judges SPEC P1, P2 and P6 itself, from the rounds it measured."""
+"""bench/daemon_bench.py judges SPEC P1, P2 and P6 itself, from the rounds it measured (and
+recorded: the result's JSON renders the same report)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import msgspec
 import pytest
+from bench.common import show
 
 from llamad.model.results import CacheHitKind, Completion, FinishReason, Stats
 
@@ -171,5 +175,45 @@ class NewerStats(Stats, frozen=True):
 def test_the_workers_own_stored_logits_count_is_reported_or_said_to_be_missing() -> None:
     newer = SimpleNamespace(status=SimpleNamespace(stored_logits_hits=3))
     older = SimpleNamespace(status=SimpleNamespace())
-    note = rep.logits_note({"disk": newer, "ram": older})
+    counts = {"disk": rep.stored_logits(newer), "ram": rep.stored_logits(older)}
+    assert counts == {"disk": 3, "ram": None}
+    note = rep.logits_note(counts)
     assert "`disk` 3" in note and "`ram` not reported" in note
+
+
+PARAMS: dict[str, Any] = {
+    "cores": 2,
+    "model": "m",
+    "agents": 8,
+    "filler_tokens": 64,
+    "starts": 7,
+    "rounds": 2,
+    "load_start": [1.0, 1.1, 1.2],
+    "load_end": [1.3, 1.2, 1.1],
+    "loads": [0.9, 1.0, 1.1],
+    "wall_s": 321.0,
+    "governor": {"m": {"spin": "bounded", "threads": None}},
+    "stored_logits_hits": {"m": 5},
+}
+
+
+def test_the_recorded_rounds_render_the_same_report_and_verdicts() -> None:
+    r = a_round(20.0, 30.0)
+    # A stats field a newer worker reports survives the JSON too.
+    r.ttft[rep.TIER, 2048] = dataclasses.replace(m(21.0), extra=(("logits_ms", 0.3),))
+    rounds = [r, a_round(24.0, 39.0)]
+    data = {"rounds": [rep.round_data(x) for x in rounds]}
+    back = [rep.round_of(d) for d in json.loads(json.dumps(data))["rounds"]]
+    assert back == rounds  # every request's measure, as measured
+    text = show("bench.daemon_bench_report:render", PARAMS, data)
+    assert text.endswith(rep.report(rounds, text.split("\n\n### TTFT")[0]))
+    assert "The daemon was started 7 times" in text and "Wall time 321 s." in text
+    assert "at start 1.00/1.10/1.20, at end 1.30/1.20/1.10" in text
+    assert "`m` not governed" in text and "the last daemon start only): `m` 5." in text
+    assert "logits_ms=0.3" in text
+    assert bar_line(text, "P1: warm").rstrip(" |").endswith("met")
+    assert bar_line(text, "P2: first").rstrip(" |").endswith("met")
+    slow = {"rounds": [rep.round_data(a_round(20.0, 41.0)), rep.round_data(a_round(26.0, 30.0))]}
+    text = show("bench.daemon_bench_report:render", PARAMS, slow)
+    assert "within noise" in bar_line(text, "P1: warm")
+    assert "within noise" in bar_line(text, "P2: first")

@@ -122,19 +122,6 @@ def test_the_llama_cpp_python_key_names_this_cpus_flags() -> None:
     assert len(setup.cpu_flags_digest()) == 16
 
 
-def test_the_result_is_recorded_as_date_machine_md_and_nothing_else(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    common = importlib.import_module("bench.common")
-    bench = importlib.import_module("bench.peers_bench")
-    monkeypatch.setattr(common, "RESULTS", tmp_path)
-    path = bench.record_at("2026-11-26-intel-xeon-2c", "| P1 | ... |\n")
-    assert path == tmp_path / "2026-11-26-intel-xeon-2c.md"
-    assert [p.name for p in tmp_path.iterdir()] == [path.name]
-    text = path.read_text()
-    assert "## Machine" in text and "| P1 | ... |" in text
-
-
 def test_a_model_table_sets_only_its_context_and_a_policy_when_asked() -> None:
     llamad_sys = importlib.import_module("bench.peers.llamad_sys")
     table = llamad_sys.ModelTable("saves", 4096, 4, 2, {"continued_interval": 64})

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import importlib
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from bench.common import show
 
 pytestmark = pytest.mark.timeout(60)
 
 ROOT = Path(__file__).resolve().parents[2]
 rep = importlib.import_module("bench.peers_report")
 render = importlib.import_module("bench.peers.render")
+report_cli = importlib.import_module("bench.report")
 if TYPE_CHECKING:
     from bench.peers_report import Bar, Results
 LLAMAD, SERVER = rep.LLAMAD, rep.SERVER
@@ -249,3 +252,38 @@ def test_the_plots_are_written_as_png(tmp_path: Path) -> None:
     assert [p.name for p in written] == ["x-ttft.png", "x-decode.png", "x-itl.png"]
     for p in written:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_recorded_run_renders_the_same_report_and_verdicts_from_its_json() -> None:
+    r = results(
+        ttft__llamad__ram__2048=[10.0, 12.0, 30.0],
+        ttft__llamad__cold__2048=[6000.0, 6100.0, 6200.0],
+        **{"ttft__llama-server__ram-cache__2048": [40.0, 40.0, 40.0]},
+    )
+    r.itl_ms = {"saves": [10.0, 12.0, 30.0], "no saves": [10.0, 11.0, 12.0]}
+    r.breakdown = {rep.TOTAL: [10.0, 12.0, 30.0], rep.COPY_FLOOR: [3.0, 3.0, 3.0]}
+    r.skipped["llama-cpp-python"] = "--skip"
+    r.setup["model"] = "m.gguf"
+    params = {"rounds": r.rounds, "sizes": list(r.sizes), "plots": ["x-ttft.png"]}
+    data = json.loads(json.dumps(rep.results_data(r)))
+    assert rep.results_of(params, data) == r
+    text = show("bench.peers.render:render", params, data)
+    assert text == render.report(r, plots=["x-ttft.png"])
+    # P1 judged from the recorded rounds: one round above 25 ms.
+    assert by_id(rep.results_of(params, data), "P1", "ms").verdict == "within noise"
+    line = next(x for x in text.splitlines() if x.startswith("| P1  | warm TTFT from a tier"))
+    assert line.rstrip(" |").endswith("within noise")
+
+
+def test_the_peers_result_is_recorded_as_date_machine_json_and_md(tmp_path: Path) -> None:
+    bench = importlib.import_module("bench.peers_bench")
+    r = results(ttft__llamad__ram__2048=[10.0, 11.0, 12.0])
+    path = bench.record_run("2026-11-26-intel-xeon-2c", r, ["x.png"], results=tmp_path)
+    assert path == tmp_path / "2026-11-26-intel-xeon-2c.md"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "2026-11-26-intel-xeon-2c.json",
+        "2026-11-26-intel-xeon-2c.md",
+    ]
+    assert report_cli.main(["--check", str(path.with_suffix(".json"))]) == 0
+    text = path.read_text()
+    assert "## Machine" in text and "| P1 " in text and "![x.png](x.png)" in text

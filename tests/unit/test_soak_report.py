@@ -4,6 +4,7 @@ own-RSS growth like for like, fds, threads, and the kills' restart window."""
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import subprocess
 import time
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bench.common import show
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -322,3 +324,83 @@ def test_an_exited_unreaped_process_is_not_sampled_as_some_other_role() -> None:
         assert procs.sample(os.getpid(), root=os.getpid(), t=0.0).role == "root"
     finally:
         child.wait()
+
+
+# -- the recorded run ----------------------------------------------------------------
+
+
+def recorded(requests: list[list[Any]], samples: list[Any], kills: list[Any]) -> tuple[Any, Any]:
+    """``params`` and ``data`` as bench/soak.py records them."""
+    fds = {(s.t, s.pid): Counter(socket=s.fds - 2, pipe=2) for s in samples}
+    params = {
+        "minutes": 10.0,
+        "kill_every_s": 60.0,
+        "warmup_s": W.warmup,
+        "span_s": W.span,
+        "age_s": W.age,
+        "ram_quota": "32MiB",
+        "ram_file_quota": "32MiB",
+        "disk_quota": "64MiB",
+        "models": {"a": 4096, "b": 2048},
+        "threads": 12,
+        "async_tasks": 4,
+        "load_start": 1.5,
+        "plots": ["soak-x-rss.png"],
+    }
+    data = {
+        "end_s": W.end,
+        "samples": [sr.sample_data(s) for s in samples],
+        "fd_kinds": sr.picked_fds(samples, fds, W),
+        "load": [1.0, 2.0, 3.0],
+        "kills": [[k.t, k.model, k.pid, k.back_s] for k in kills],
+        "exits": [],
+        "requests": requests,
+        "models": {
+            "a": {"state": "ready", "restarts": 1, "error": None},
+            "b": {"state": "ready", "restarts": 0, "error": None},
+        },
+        "counters": {"hits_exact": 3, "misses": 4},
+        "log_problems": 0,
+        "exit_code": 0,
+        "stuck": [],
+    }
+    return json.loads(json.dumps(params)), json.loads(json.dumps(data))
+
+
+def test_a_recorded_run_is_judged_from_its_requests_samples_and_kills() -> None:
+    ledger = lg.Ledger()
+    ledger.end(ledger.start("stream", "a"), lg.OK)
+    ledger.end(ledger.start("complete", "b"), lg.error_outcome("worker_crashed"))
+    flat = series("front", 7, range(0, 605, 5), 40)
+    kills = [sr.Kill(60.0, "a", 11, 0.5)]
+    params, data = recorded(ledger.requests(), flat, kills)
+    text = show("bench.soak_report:render", params, data)
+    assert all(b.verdict == "met" for b in sr.run_bars(params, data))
+    assert "| no reply lost or duplicated " in text and "of 2 " in text
+    assert "- load average (1 min): 1.50 at start; during the run median 2.00, max 3.00" in text
+    assert "- cache: hits_exact 3, misses 4" in text
+    assert "- front's view at the end: a ready, 1 restarts; b ready, 0 restarts" in text
+    assert "| 60    | a     | 11  | 0.5" in text and "![soak-x-rss.png](soak-x-rss.png)" in text
+    # A request that never ended, and fds that grew: judged from the data.
+    never = ledger.start("stream", "a")
+    grew = series("front", 7, range(0, 570, 5), 40) + series(
+        "front", 7, range(570, 605, 5), 40, fds=23
+    )
+    params, data = recorded(ledger.requests(), grew, kills)
+    bars = sr.run_bars(params, data)
+    assert bar(bars, "no reply lost").verdict == "FAILED"
+    assert bar(bars, "no fd growth").verdict == "FAILED"
+    text = show("bench.soak_report:render", params, data)
+    assert "- front: +3 socket" in text  # the fd kinds of the two samples compared
+    assert sr.run_of(params, data).ledger.lost == [never]
+
+
+def test_the_ledgers_requests_count_the_same_as_its_summary() -> None:
+    ledger = lg.Ledger()
+    for outcome in (lg.OK, lg.CANCELLED, lg.MISMATCH, lg.untyped_outcome(ValueError("x"))):
+        ledger.end(ledger.start("stream", "a"), outcome)
+    twice = ledger.start("complete", "b")
+    ledger.end(twice, lg.OK)
+    ledger.end(twice, lg.error_outcome("timeout"))
+    ledger.start("embed", "a")
+    assert lg.summarize(json.loads(json.dumps(ledger.requests()))) == ledger.summary()

@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bench.common import show
+
+from bench_samples import GOVERNOR
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -85,36 +88,24 @@ def test_a_recorded_run_needs_at_least_five_rounds() -> None:
     assert "--rounds >= 5" in proc.stderr
 
 
-def synthetic_round(from_logits: bool) -> Any:
-    from llamad.model.results import (  # noqa: PLC0415
-        CacheHitKind,
-        Completion,
-        FinishReason,
-        Stats,
-    )
-
-    def done(prefill: int) -> Completion:
-        return Completion(
-            reply="x",
-            generated=[1],
-            context_tokens=[1],
-            committed_tokens=1,
-            cache_hit_kind=CacheHitKind.EXACT,
-            finish_reason=FinishReason.LENGTH,
-            stats=Stats(prefill_tokens=prefill, restore_ms=12.0, prefill_ms=0.5),
-        )
+def synthetic_round(from_logits: bool, ram_ms: float = 14.0, four_streams: float = 2.0) -> Any:
+    def stats(prefill: int) -> dict[str, Any]:
+        return {"prefill_tokens": prefill, "queue_ms": 0.0, "restore_ms": 12.0, "prefill_ms": 0.5}
 
     r = report.Round()
     for path in report.TTFT_PATHS:
         for n in report.SIZES:
             if path.startswith("cold"):
-                r.ttft[path, n] = report.Ttft(7000.0, done(n), 33.0, 2)
+                r.ttft[path, n] = report.Ttft(7000.0, stats(n), 33.0, 2)
             elif from_logits and path.startswith("ram"):
-                r.ttft[path, n] = report.Ttft(14.0, done(0), 0.0, None, from_logits=True)
+                r.ttft[path, n] = report.Ttft(ram_ms, stats(0), 0.0, None, from_logits=True)
             else:
-                r.ttft[path, n] = report.Ttft(48.0, done(1), 33.0, 2)
-    arrivals = [[i / 64 for i in range(11)]]
+                r.ttft[path, n] = report.Ttft(48.0, stats(1), 33.0, 2)
+    one = [[100.0 + i / 64 for i in range(11)]]  # 64 tok/s
     for s in report.SCENARIOS:
+        # 4 streams: each at 64 * four_streams / 4 tok/s, together four_streams x one.
+        step = 4 / (64 * four_streams)
+        arrivals = [[100.0 + i * step for i in range(11)]] * 4 if s == "4 streams" else one
         r.decode[s] = report.Decode(arrivals, ["length"], {"ram": 2})
     return r
 
@@ -140,3 +131,40 @@ def test_a_first_token_from_stored_logits_shows_no_decode_of_its_own() -> None:
     assert disk[6:10] == ["33.00", "2", "1", "no"]
     mixed = report.report([synthetic_round(True), synthetic_round(False)], "settings")
     assert where_row(mixed, "ram", 2048)[9] == "1/2 rounds"
+
+
+def test_the_recorded_rounds_render_the_same_report_and_verdicts() -> None:
+    rounds = [synthetic_round(True, ram_ms=14.0), synthetic_round(False)]
+    data = {"rounds": [report.round_data(r) for r in rounds]}
+    params = {
+        "cores": 2,
+        "flash_attn": "auto",
+        "n_ctx": 4096,
+        "n_seq_max": 4,
+        "n_batch": 512,
+        "rounds": 2,
+        "max_tokens": 32,
+        "load_start": [1.0, 1.0, 1.0],
+        "load_end": [1.2, 1.0, 1.0],
+        "loads": [0.9, 1.0, 1.1],
+        "wall_s": 600.0,
+        "governor": {"ram": GOVERNOR, "disk": {"spin": "bounded", "threads": None}},
+    }
+    text = show("bench.worker_bench_report:render", params, data)
+    assert text.endswith(report.report(rounds, text.split("\n\n### TTFT")[0]))
+    assert "prefill chunk 128 (default)" in text and "Wall time 600 s." in text
+    assert "`ram` governed (spin bounded), 2 threads at the end" in text
+    assert "`disk` not governed (fixed n_threads; spin bounded)" in text
+    # The verdicts, from the recorded rounds: the ram TTFT 14 ms in one round
+    # (first token from stored logits), 48 ms in the other: above 25 ms once.
+    assert bar_row(text, "warm 2048-token TTFT from ram")[-1] == "within noise"
+    assert bar_row(text, "4 streams / one stream")[1:] == ["2.000", "2.000-2.000", "met"]
+    slow = {"rounds": [report.round_data(synthetic_round(False, four_streams=1.5))]}
+    text = show("bench.worker_bench_report:render", params | {"rounds": 1}, slow)
+    assert bar_row(text, "4 streams / one stream")[1:] == ["1.500", "1.500-1.500", "BELOW BAR"]
+    assert bar_row(text, "warm 2048-token TTFT from ram")[-1] == "ABOVE BAR"
+
+
+def bar_row(text: str, start: str) -> list[str]:
+    line = next(x for x in text.splitlines() if x.startswith(f"| {start}"))
+    return [c.strip() for c in line.strip("|").split("|")]
