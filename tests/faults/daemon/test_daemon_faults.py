@@ -16,6 +16,7 @@ import pytest
 from daemon_harness import GREEDY, Daemon, prompt_text, wait_gone, wait_until
 from llamad import paths
 from llamad.actors import Registry
+from llamad.errors import RequestTimeout, Unavailable
 from llamad.front.wire import ModelFailed, ModelState
 from llamad.llama_ffi.errors import TruncatedGGUF
 from llamad.model.results import CacheHitKind, FinishReason
@@ -134,14 +135,21 @@ def test_a_model_failing_on_every_load_is_given_up_reported_and_others_serve(
     assert "restarts within" in refused.value.details["error"]
     with pytest.raises(TruncatedGGUF):  # load_model tries again, and says why not
         daemon.load("victim", path=str(victim))
+
     # Given up for good: model_sup holds no child for it, so nothing is left
     # that would restart a worker (the front, the only other starter, holds it
     # FAILED: route and load_model above refused), and model_sup did not escalate.
-    sup = SupervisorClient("llamad.model_sup", registry=Registry(daemon.registry_root))
-    try:
-        assert [c.id for c in sup.which_children() if c.id == "model.victim"] == []
-    finally:
-        sup.close()
+    def children() -> tuple[list[str]] | None:
+        sup = SupervisorClient("llamad.model_sup", registry=Registry(daemon.registry_root))
+        try:
+            return ([c.id for c in sup.which_children()],)
+        except (Unavailable, RequestTimeout):  # a loaded machine: it answers late
+            return None
+        finally:
+            sup.close()
+
+    (ids,) = wait_until(children, "model_sup's children")
+    assert "model.victim" not in ids
     assert Registry(daemon.registry_root).lookup("model.victim") is None
     reply = daemon.worker("a").complete(prompt_text(25), max_tokens=2, **GREEDY)
     assert reply.stats.completion_tokens == 2
