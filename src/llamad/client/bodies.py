@@ -238,6 +238,15 @@ def read_end(result: Any, typ: type[S]) -> S:
 
 
 def _tokens(tokens: Sequence[int], field: str) -> list[int]:
+    if isinstance(tokens, bytes | bytearray | memoryview):
+        # A bytes object is a sequence of ints, and was read as token ids.
+        # Text must be given as str (decoded by the caller, who knows its
+        # encoding), as surrogates are refused (llamad.actors.wire).
+        raise BadRequest(
+            f"{field}: bytes are neither text nor token ids: decode them to a str, "
+            "or give the token ids as a list of ints",
+            details={"field": field},
+        )
     out = list(tokens)
     for i, t in enumerate(out):
         if isinstance(t, bool) or not isinstance(t, int):

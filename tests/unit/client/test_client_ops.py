@@ -50,6 +50,15 @@ def test_token_prompts_travel_as_a_list_of_ints() -> None:
     assert info.value.details["field"] == "prompt"
 
 
+@pytest.mark.parametrize("prompt", [b"caf\xc3\xa9", bytearray(b"hi"), memoryview(b"hi")])
+def test_a_bytes_prompt_is_refused_not_read_as_token_ids(prompt: object) -> None:
+    # b"hi" is a sequence of ints (104, 105): it used to go out as two token ids.
+    with pytest.raises(BadRequest) as info:
+        _infer(prompt)
+    assert info.value.details["field"] == "prompt"
+    assert "decode them to a str" in info.value.message
+
+
 @pytest.mark.parametrize(
     ("options", "field"),
     [
