@@ -31,7 +31,7 @@ import zmq
 
 from llamad.actors.sockets import SNDMORE, SNDMORE_NOBLOCK, send_frame
 from llamad.actors.wire import Blob, Kind, Limits, encode_envelope, error_body
-from llamad.errors import LlamadError
+from llamad.errors import BadRequest, LlamadError
 
 if TYPE_CHECKING:
     from llamad.actors.actor import ActorStats
@@ -113,7 +113,8 @@ class SocketOutbox:
     ) -> bool:
         try:
             header = encode_envelope(kind, cid, "", body)
-        except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
+        # BadRequest: text that is not Unicode (encode_envelope refuses it).
+        except (TypeError, ValueError, OverflowError, msgspec.EncodeError, BadRequest) as exc:
             self._stats.handler_failures += 1
             log.error(
                 "actor.unencodable", actor=self._name, op=op, kind=Kind(kind).name, error=str(exc)

@@ -182,9 +182,13 @@ def test_calling_a_stream_op_as_a_call_is_bad_request(client: Client) -> None:
 def test_unencodable_reply_becomes_an_internal_error(registry: Registry) -> None:
     actor = Actor("odd", registry=registry)
     actor.add_op(OpSpec("odd", OpKind.CALL), lambda req: object())
+    # Text that is not Unicode cannot be encoded either (actors.wire refuses it).
+    actor.add_op(OpSpec("surrogate", OpKind.CALL), lambda req: {"text": "caf\udce9"})
     with running(actor), Client(name="odd", registry=registry, timeout=20) as c:
         with pytest.raises(LlamadError, match="could not be encoded"):
             c.call("odd")
+        with pytest.raises(LlamadError, match="could not be encoded"):
+            c.call("surrogate")
         assert c.call("$ping")["name"] == "odd"
 
 
