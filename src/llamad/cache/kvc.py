@@ -50,10 +50,10 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TYPE_CHECKING, Final, Protocol
 
-import crc32c
 import structlog
 
 from llamad._pins import LLAMAD_VERSION
+from llamad.cache.checksum import HARDWARE_BASED, crc32c
 from llamad.cache.errors import InvalidCacheValue, KvcCorrupt
 from llamad.cache.key import (
     CTX_HASH_LEN,
@@ -67,7 +67,7 @@ from llamad.cache.key import (
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-if not crc32c.hardware_based:  # pragma: no cover - every CI host has SSE4.2 or ARMv8 CRC
+if not HARDWARE_BASED:  # pragma: no cover - every CI host has SSE4.2 or ARMv8 CRC
     # Software CRC32C runs at a few hundred MB/s: every restore would pay for it.
     structlog.get_logger("llamad.cache.kvc").warning("cache.crc32c_software_fallback")
 
@@ -375,7 +375,7 @@ def encode_prefix(spec: KvcSpec, payload_len: int, payload_crc: int) -> bytes:
         offset,
         payload_len,
         len(tlv),
-        crc32c.crc32c(region),
+        crc32c(region),
         payload_crc,
         0,
     )
@@ -383,7 +383,7 @@ def encode_prefix(spec: KvcSpec, payload_len: int, payload_crc: int) -> bytes:
 
 
 def _seal_header(head: bytes | bytearray) -> bytes:
-    crc = crc32c.crc32c(memoryview(head)[:_HEADER_CRC_SPAN])
+    crc = crc32c(memoryview(head)[:_HEADER_CRC_SPAN])
     return bytes(head[:_HEADER_CRC_SPAN]) + struct.pack("<I", crc)
 
 
@@ -397,7 +397,7 @@ def _payload_view(payload: Buffer) -> memoryview:
 def encode_kvc(spec: KvcSpec, payload: Buffer) -> bytes:
     """A whole file in memory (tests and small payloads; writers use :func:`write_kvc`)."""
     view = _payload_view(payload)
-    return encode_prefix(spec, len(view), crc32c.crc32c(view)) + bytes(view)
+    return encode_prefix(spec, len(view), crc32c(view)) + bytes(view)
 
 
 def _fd_of(target: int | _HasFileno) -> int:
@@ -425,7 +425,7 @@ def write_kvc(target: int | _HasFileno, spec: KvcSpec, payload: Buffer) -> int:
     crc = 0
     for start in range(0, len(view), IO_CHUNK):
         chunk = view[start : start + IO_CHUNK]
-        crc = crc32c.crc32c(chunk, crc)
+        crc = crc32c(chunk, crc)
         _pwrite_all(fd, chunk, offset + start)
     prefix = encode_prefix(spec, len(view), crc)
     if len(prefix) != offset:  # pragma: no cover - encode_prefix and payload_offset agree
@@ -468,7 +468,7 @@ def _decode_header(head: bytes | bytearray | memoryview) -> _Header:
         raise KvcCorrupt(
             "version", f"format version {version}, expected one of {sorted(_VERSIONS)}"
         )
-    if crc32c.crc32c(memoryview(head)[:_HEADER_CRC_SPAN]) != fields[-1]:
+    if crc32c(memoryview(head)[:_HEADER_CRC_SPAN]) != fields[-1]:
         raise KvcCorrupt("header_crc", "header checksum mismatch")
     # Past the checksum these can only fail for a file we did not write.
     if reserved != 0 or reason not in SaveReason._value2member_map_:
@@ -506,7 +506,7 @@ def _decode_meta(
         raise KvcCorrupt(kind, f"file is {file_size} bytes, header says {hdr.file_size}")
     if len(region) != hdr.payload_offset - HEADER_LEN:
         raise KvcCorrupt("truncated", "TLV region is short")
-    if crc32c.crc32c(region) != hdr.tlv_crc:
+    if crc32c(region) != hdr.tlv_crc:
         raise KvcCorrupt("tlv_crc", "TLV checksum mismatch")
     view = memoryview(region)
     # Counted in C: any() over a memoryview walks the padding (up to 4 KiB)
@@ -636,7 +636,7 @@ def parse_meta(
 def parse(data: Buffer, *, expected_key: bytes | None = None) -> tuple[KvcMeta, memoryview]:
     """Fully validate a file held in memory; returns the meta and a view of the payload."""
     meta, payload = _meta_from_buffer(data, expected_key)
-    if crc32c.crc32c(payload) != meta.payload_crc32c:
+    if crc32c(payload) != meta.payload_crc32c:
         raise KvcCorrupt("payload_crc", "payload checksum mismatch")
     return meta, payload
 
@@ -660,7 +660,7 @@ def read_payload_into(fd: int, meta: KvcMeta, buffer: Buffer) -> int:
         if n <= 0:
             _scrub(view, done)
             raise KvcCorrupt("truncated", f"payload ends after {done} bytes")
-        crc = crc32c.crc32c(chunk[:n], crc)
+        crc = crc32c(chunk[:n], crc)
         done += n
     if crc != meta.payload_crc32c:
         _scrub(view, done)
@@ -726,7 +726,7 @@ def copy_payload_into(file_bytes: Buffer, meta: KvcMeta, buffer: Buffer) -> int:
             # Released at once: a view left alive (even in a traceback) would
             # keep the caller's mapping from being closed.
             with src[base + start : base + stop] as chunk:
-                crc = crc32c.crc32c(chunk, crc)
+                crc = crc32c(chunk, crc)
                 dst[start:stop] = chunk
         if crc != meta.payload_crc32c:
             _scrub(dst, meta.payload_len)

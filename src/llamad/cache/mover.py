@@ -56,9 +56,9 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Final
 
-import crc32c
 import structlog
 
+from llamad.cache.checksum import crc32c
 from llamad.cache.counters import CounterAdd
 from llamad.cache.errors import KvcCorrupt, TierError, TierFull
 from llamad.cache.kvc import KvcMeta, read_meta
@@ -244,7 +244,7 @@ def _write_tmp(
                 raise KvcCorrupt("truncated", f"{job.src_location} ended at {done} of {size}")
             chunk = view[:n]
             if done + n > meta.payload_offset:
-                crc = crc32c.crc32c(chunk[max(0, meta.payload_offset - done) :], crc)
+                crc = crc32c(chunk[max(0, meta.payload_offset - done) :], crc)
             written = 0
             while written < n:
                 written += os.write(out, chunk[written:])

@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, NamedTuple
 
-import crc32c
 import structlog
 
+from llamad.cache.checksum import crc32c
 from llamad.cache.counters import CounterAdd
 from llamad.cache.errors import CacheError, InvalidCacheValue, KvcCorrupt, TierError, TierFull
 from llamad.cache.kvc import (
@@ -400,7 +400,7 @@ class Tier:
             raise
         payload = segment.view[meta.payload_offset : meta.file_size]
         try:
-            if crc32c.crc32c(payload) != meta.payload_crc32c:
+            if crc32c(payload) != meta.payload_crc32c:
                 SEGMENTS.drop(path)
                 raise KvcCorrupt("payload_crc", "payload checksum mismatch")
             yield LoadedRow(meta, payload)

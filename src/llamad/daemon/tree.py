@@ -3,11 +3,15 @@
 ::
 
     llamad (root, one_for_one, 5 restarts in 60 s)        service llamad.root
-    ├── cache_sup (rest_for_one, 5 in 30 s, liveness 30 s) service llamad.cache_sup
+    ├── cache_sup (rest_for_one, 5 in 30 s, liveness 30 s, hosted) service llamad.cache_sup
     │   └── cache-meta
-    ├── model_sup (simple_one_for_one, 25 in 60 s, liveness 30 s) service llamad.model_sup
+    ├── model_sup (simple_one_for_one, 25 in 60 s, liveness 30 s, hosted) service llamad.model_sup
     │   └── model.<id> ...   one worker per model, permanent, started by the front
     └── front (permanent)                                 actor llamad.front on config.endpoint
+
+``cache_sup`` and ``model_sup`` are hosted on threads of the root
+(:mod:`llamad.supervisor.hosted`): a supervisor holds no state a crash must
+not take down, and an interpreter each cost ~31 MB of RSS (SPEC P9).
 
 Start order is the list order, shutdown the reverse: the front stops taking
 requests first, then every worker runs its shutdown saves (all at once,
@@ -142,6 +146,7 @@ def daemon_spec(config: LlamadConfig, *, started_at: float) -> SupervisorSpec:
         cache_sup_spec(config.cache_settings()),
         service=CACHE_SUP_SERVICE,
         liveness_timeout=SUPERVISOR_LIVENESS_S,
+        hosted=True,
     )
     models = supervisor_child(
         SupervisorSpec(
@@ -162,6 +167,7 @@ def daemon_spec(config: LlamadConfig, *, started_at: float) -> SupervisorSpec:
         ),
         service=MODEL_SUP_SERVICE,
         liveness_timeout=SUPERVISOR_LIVENESS_S,
+        hosted=True,
     )
     front = ChildSpec(
         id="front",

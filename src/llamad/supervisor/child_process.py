@@ -1,5 +1,11 @@
 """Child OS processes: spawn with exec semantics, signal, watch, reap.
 
+:class:`ChildHandle` is what a supervisor watches any child through: an fd
+that turns readable when the child ends, and the status pipe it reports
+ready and heartbeats on. :class:`ChildProcess` is the common case, an OS
+process; :class:`~llamad.supervisor.hosted.HostedChild` a supervisor run on
+a thread of this process.
+
 Each child is ``python -m llamad.supervisor.run_child`` started by
 ``subprocess.Popen`` (fork+exec in C with nothing run in between, so safe from
 a threaded parent) in its own process group, so a terminal's Ctrl-C reaches
@@ -18,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -27,7 +34,7 @@ import msgpack
 from llamad.supervisor.child import HEARTBEAT, READY
 from llamad.supervisor.spec import BRUTAL_KILL, INFINITY, ChildSpec, Shutdown
 
-__all__ = ["ChildProcess", "Interrupt", "ReadyOutcome", "shutdown_processes"]
+__all__ = ["ChildHandle", "ChildProcess", "Interrupt", "ReadyOutcome", "shutdown_processes"]
 
 Tick = Callable[[], None]
 
@@ -52,24 +59,136 @@ class Interrupt:
     check: Callable[[], bool]
 
 
-class ChildProcess:
-    """One running child process and the two fds we watch it through.
+class ChildHandle(ABC):
+    """One running child and the two fds we watch it through.
 
-    The object owns its pidfd and the read end of its status pipe from
-    construction until :meth:`close`; whoever drops a ``ChildProcess`` (the
-    supervisor, after the exit is reaped, on every path) must close it.
+    ``pidfd`` turns readable once the child has ended (then :meth:`reap`
+    returns its status); ``status_fd`` is the read end of its status pipe.
+    The object owns both from construction until :meth:`close`; whoever
+    drops a handle (the supervisor, after the exit is reaped, on every path)
+    must close it.
     """
 
-    def __init__(self, spec: ChildSpec, popen: subprocess.Popen[bytes], status_fd: int) -> None:
+    def __init__(self, spec: ChildSpec, pid: int, pidfd: int, status_fd: int) -> None:
         self.spec = spec
-        self.pid = popen.pid
-        self._popen = popen
-        self.pidfd = os.pidfd_open(popen.pid)
+        self.pid = pid
+        self.pidfd = pidfd
         self.status_fd: int | None = status_fd
         self.ready = False
         self.last_beat = time.monotonic()
         #: Why *we* SIGKILLed it, if we did: ``hung``, ``shutdown_timeout``, ``start_timeout``.
         self.killed_for: str | None = None
+
+    @abstractmethod
+    def send(self, sig: signal.Signals) -> None:
+        """Deliver ``sig`` (no effect once the child is gone)."""
+
+    @property
+    @abstractmethod
+    def returncode(self) -> int | None:
+        """The exit status once reaped, as ``Popen.returncode`` has it."""
+
+    @abstractmethod
+    def reap(self) -> int | None:
+        """Collect the exit status if the child has ended (never blocks)."""
+
+    def close(self) -> None:
+        """Release our fds (after the child is reaped)."""
+        self.close_status()
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
+
+    # ----------------------------------------------------------------- status
+
+    def read_status(self) -> bool:
+        """Drain the status pipe; ``False`` once the child closed it (then
+        stop watching the fd and call :meth:`close_status`)."""
+        if self.status_fd is None:
+            return False
+        while True:
+            try:
+                data = os.read(self.status_fd, 4096)
+            except BlockingIOError:
+                return True
+            if not data:
+                return False
+            now = time.monotonic()
+            if READY in data:
+                self.ready = True
+            if READY in data or HEARTBEAT in data:
+                self.last_beat = now
+
+    def wait_ready(
+        self,
+        timeout: float | None,
+        tick: Tick | None = None,
+        tick_every: float | None = None,
+        interrupt: Interrupt | None = None,
+    ) -> ReadyOutcome:
+        """Block until the child reports ready, exits, ``timeout`` passes or
+        ``interrupt`` says to give up."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        poller = select.poll()
+        if self.status_fd is not None:
+            poller.register(self.status_fd, select.POLLIN)
+        poller.register(self.pidfd, select.POLLIN)
+        if interrupt is not None:
+            poller.register(interrupt.fd, select.POLLIN)
+        while True:
+            events = poller.poll(_slice_ms(deadline, tick_every))
+            for fd, _ in events:
+                if fd == self.status_fd and not self.read_status():
+                    poller.unregister(fd)
+                    self.close_status()
+                elif interrupt is not None and fd == interrupt.fd and interrupt.check():
+                    return ReadyOutcome.INTERRUPTED
+            # Ready wins over exit: a child may report ready and exit at once,
+            # and that is a started child that then exited, not a failed start.
+            if self.ready:
+                return ReadyOutcome.READY
+            if any(fd == self.pidfd for fd, _ in events):
+                self.reap()
+                return ReadyOutcome.EXITED
+            if deadline is not None and time.monotonic() >= deadline:
+                return ReadyOutcome.TIMEOUT
+            if tick is not None:
+                tick()
+
+    # ---------------------------------------------------------------- signals
+
+    def kill(self, why: str) -> None:
+        """SIGKILL, remembering why (for the exit log)."""
+        if self.killed_for is None:
+            self.killed_for = why
+        self.send(signal.SIGKILL)
+
+    # ------------------------------------------------------------------ exit
+
+    def wait(
+        self, timeout: float | None, tick: Tick | None = None, tick_every: float | None = None
+    ) -> int | None:
+        """Block until exit (reaped) or ``timeout``; the exit status or ``None``."""
+        _wait_exits(
+            [self], None if timeout is None else time.monotonic() + timeout, tick, tick_every
+        )
+        return self.reap()
+
+    def close_status(self) -> None:
+        if self.status_fd is not None:
+            os.close(self.status_fd)
+            self.status_fd = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(id={self.spec.id!r}, pid={self.pid}, rc={self.returncode})"
+
+
+class ChildProcess(ChildHandle):
+    """A child OS process, watched through its pidfd."""
+
+    def __init__(self, spec: ChildSpec, popen: subprocess.Popen[bytes], status_fd: int) -> None:
+        super().__init__(spec, popen.pid, os.pidfd_open(popen.pid), status_fd)
+        self._popen = popen
 
     @classmethod
     def spawn(cls, spec: ChildSpec, *, supervisor: str) -> ChildProcess:
@@ -140,108 +259,17 @@ class ChildProcess:
             os.close(boot_w)
         return proc
 
-    # ----------------------------------------------------------------- status
-
-    def read_status(self) -> bool:
-        """Drain the status pipe; ``False`` once the child closed it (then
-        stop watching the fd and call :meth:`close_status`)."""
-        if self.status_fd is None:
-            return False
-        while True:
-            try:
-                data = os.read(self.status_fd, 4096)
-            except BlockingIOError:
-                return True
-            if not data:
-                return False
-            now = time.monotonic()
-            if READY in data:
-                self.ready = True
-            if READY in data or HEARTBEAT in data:
-                self.last_beat = now
-
-    def wait_ready(
-        self,
-        timeout: float | None,
-        tick: Tick | None = None,
-        tick_every: float | None = None,
-        interrupt: Interrupt | None = None,
-    ) -> ReadyOutcome:
-        """Block until the child reports ready, exits, ``timeout`` passes or
-        ``interrupt`` says to give up."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        poller = select.poll()
-        if self.status_fd is not None:
-            poller.register(self.status_fd, select.POLLIN)
-        poller.register(self.pidfd, select.POLLIN)
-        if interrupt is not None:
-            poller.register(interrupt.fd, select.POLLIN)
-        while True:
-            events = poller.poll(_slice_ms(deadline, tick_every))
-            for fd, _ in events:
-                if fd == self.status_fd and not self.read_status():
-                    poller.unregister(fd)
-                    self.close_status()
-                elif interrupt is not None and fd == interrupt.fd and interrupt.check():
-                    return ReadyOutcome.INTERRUPTED
-            # Ready wins over exit: a child may report ready and exit at once,
-            # and that is a started child that then exited, not a failed start.
-            if self.ready:
-                return ReadyOutcome.READY
-            if any(fd == self.pidfd for fd, _ in events):
-                self.reap()
-                return ReadyOutcome.EXITED
-            if deadline is not None and time.monotonic() >= deadline:
-                return ReadyOutcome.TIMEOUT
-            if tick is not None:
-                tick()
-
-    # ---------------------------------------------------------------- signals
-
     def send(self, sig: signal.Signals) -> None:
         """Signal the child through its pidfd (no effect once it is gone)."""
         with contextlib.suppress(ProcessLookupError):
             signal.pidfd_send_signal(self.pidfd, sig)
-
-    def kill(self, why: str) -> None:
-        """SIGKILL, remembering why (for the exit log)."""
-        if self.killed_for is None:
-            self.killed_for = why
-        self.send(signal.SIGKILL)
-
-    # ------------------------------------------------------------------ exit
 
     @property
     def returncode(self) -> int | None:
         return self._popen.returncode
 
     def reap(self) -> int | None:
-        """Collect the exit status if the child has exited (never blocks)."""
         return self._popen.poll()
-
-    def wait(
-        self, timeout: float | None, tick: Tick | None = None, tick_every: float | None = None
-    ) -> int | None:
-        """Block until exit (reaped) or ``timeout``; the exit status or ``None``."""
-        _wait_exits(
-            [self], None if timeout is None else time.monotonic() + timeout, tick, tick_every
-        )
-        return self.reap()
-
-    def close_status(self) -> None:
-        if self.status_fd is not None:
-            os.close(self.status_fd)
-            self.status_fd = None
-
-    def close(self) -> None:
-        """Release our fds (after the child is reaped)."""
-        self.close_status()
-        if self.pidfd >= 0:
-            os.close(self.pidfd)
-            self.pidfd = -1
-
-    def __repr__(self) -> str:
-        return f"ChildProcess(id={self.spec.id!r}, pid={self.pid}, rc={self.returncode})"
 
 
 def _slice_ms(deadline: float | None, tick_every: float | None) -> int | None:
@@ -257,7 +285,7 @@ def _slice_ms(deadline: float | None, tick_every: float | None) -> int | None:
 
 
 def _wait_exits(
-    procs: Sequence[ChildProcess],
+    procs: Sequence[ChildHandle],
     deadline: float | None,
     tick: Tick | None,
     tick_every: float | None,
@@ -280,7 +308,7 @@ def _wait_exits(
 
 
 def shutdown_processes(
-    procs: Sequence[ChildProcess],
+    procs: Sequence[ChildHandle],
     policy: Shutdown,
     tick: Tick | None = None,
     tick_every: float | None = None,

@@ -255,6 +255,12 @@ class ChildSpec:
     - ``cwd`` (beyond OTP): the child's working directory, an absolute path;
       ``None`` keeps the supervisor's. A directory that does not exist when
       the child starts makes the start fail (reason ``spawn``).
+    - ``hosted`` (beyond OTP): a supervisor child that runs on a thread of
+      its parent's process instead of a process of its own
+      (:mod:`llamad.supervisor.hosted`). Only for ``type`` ``supervisor``
+      started by :func:`supervisor_child`, without ``env`` or ``cwd``: a
+      supervisor holds no state a crash must not take down, so an
+      interpreter of its own buys nothing but memory.
     """
 
     id: str
@@ -267,6 +273,7 @@ class ChildSpec:
     start_timeout: float | None = DEFAULT_START_TIMEOUT
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str | None = None
+    hosted: bool = False
 
     def __post_init__(self) -> None:
         _check_id(self.id, "id")
@@ -286,6 +293,17 @@ class ChildSpec:
         set_(self, "start_timeout", _optional_seconds(self.start_timeout, "start_timeout"))
         set_(self, "env", _check_env(self.env, "env"))
         set_(self, "cwd", _check_cwd(self.cwd, "cwd"))
+        self._check_hosted()
+
+    def _check_hosted(self) -> None:
+        if not isinstance(self.hosted, bool):
+            raise InvalidSpec("hosted", f"must be a bool, got {self.hosted!r}")
+        if not self.hosted:
+            return
+        if self.type is not ChildType.SUPERVISOR or self.start.target != SUPERVISOR_ENTRY:
+            raise InvalidSpec("hosted", "only a supervisor child (supervisor_child) can be hosted")
+        if self.env or self.cwd is not None:
+            raise InvalidSpec("hosted", "a hosted child shares its parent's env and cwd")
 
     def _resolve_shutdown(self) -> Shutdown:
         value = self.shutdown
@@ -318,6 +336,7 @@ class ChildSpec:
             start_timeout=self.start_timeout,
             env=self.env,
             cwd=self.cwd,
+            hosted=self.hosted,
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -332,6 +351,7 @@ class ChildSpec:
             "start_timeout": self.start_timeout,
             "env": dict(self.env),
             "cwd": self.cwd,
+            "hosted": self.hosted,
         }
 
     @classmethod
@@ -474,8 +494,11 @@ def supervisor_child(
     liveness_timeout: float | None = None,
     start_timeout: float | None = DEFAULT_START_TIMEOUT,
     service: str | None = None,
+    hosted: bool = False,
 ) -> ChildSpec:
-    """A child spec that runs the supervisor ``spec`` as a child process.
+    """A child spec that runs the supervisor ``spec`` as a child process
+    (``hosted``: on a thread of its parent's process, see
+    :mod:`llamad.supervisor.hosted`).
 
     The child reports ready only once all of its own children have started, so
     the parent's start order holds across levels (as with OTP's ``start_link``).
@@ -495,4 +518,5 @@ def supervisor_child(
         significant=significant,
         liveness_timeout=liveness_timeout,
         start_timeout=start_timeout,
+        hosted=hosted,
     )

@@ -26,7 +26,9 @@ Every decision carried out is logged and published as one event
 (:mod:`llamad.supervisor.events`) on :attr:`Supervisor.events`.
 
 File descriptors: the supervisor owns its wake-up pipe and ``epoll`` set, and
-per child a pidfd and the status pipe's read end (:class:`ChildProcess`).
+per child a pidfd and the status pipe's read end (:class:`ChildHandle`: a
+:class:`ChildProcess`, or a :class:`~llamad.supervisor.hosted.HostedChild`
+for a supervisor child hosted on a thread of this process).
 Every path that drops a child — its own exit, a stop, a failed start, the
 supervisor's end — closes that child's fds, so a supervisor that restarts a
 crashing child forever holds the same fds throughout, and one that has
@@ -55,6 +57,7 @@ from llamad.logs import configure as configure_logs
 from llamad.supervisor import child as child_side
 from llamad.supervisor.child import notifies_ready, notify_ready
 from llamad.supervisor.child_process import (
+    ChildHandle,
     ChildProcess,
     Interrupt,
     ReadyOutcome,
@@ -106,7 +109,8 @@ from llamad.supervisor.exits import (
     classify_exit,
     describe_exit,
 )
-from llamad.supervisor.spec import ChildSpec, Shutdown, SupervisorSpec
+from llamad.supervisor.hosted import HostedChild, PipeBeat
+from llamad.supervisor.spec import BRUTAL_KILL, ChildSpec, Shutdown, SupervisorSpec
 
 __all__ = ["ChildBeat", "OwnBeat", "ParentBeat", "Supervisor", "run_root", "run_supervisor_process"]
 
@@ -115,6 +119,7 @@ log = structlog.get_logger("llamad.supervisor")
 _T = TypeVar("_T")
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_STOP_TICK_S = 0.5
 
 
 class OwnBeat(Protocol):
@@ -166,7 +171,10 @@ class Supervisor:
         self._core = SupervisorCore(spec)
         self._log = log.bind(sup=spec.name)
         self._events = EventFeed(spec.name)
-        self._procs: dict[int, ChildProcess] = {}
+        self._procs: dict[int, ChildHandle] = {}
+        #: Children being stopped now (out of ``_procs``), for a kill that
+        #: comes in the middle of a graceful stop.
+        self._stopping: list[ChildHandle] = []
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -177,6 +185,7 @@ class Supervisor:
         self._accepting = True
         self._retries: deque[str] = deque()
         self._stop_requested = False
+        self._kill_requested = False
         self._loop_thread: int | None = None
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
@@ -265,6 +274,16 @@ class Supervisor:
         """Ask the loop to shut down (returns at once; safe from any thread)."""
         self._stop_requested = True
         self._wake()
+
+    def request_kill(self) -> None:
+        """Kill every child at once (SIGKILL, no shutdown policy) and end the
+        loop, even in the middle of a graceful stop (safe from any thread).
+
+        What a supervisor process does when its own parent SIGKILLs it (its
+        children die with it by their parent-death signal), for a supervisor
+        hosted on a thread (:mod:`llamad.supervisor.hosted`)."""
+        self._kill_requested = True
+        self.request_stop()
 
     def wait(self, timeout: float | None = None) -> int | None:
         """Wait for the loop to end (stop, escalation, auto_shutdown); its exit code."""
@@ -356,7 +375,7 @@ class Supervisor:
         while True:
             if self._stop_requested:
                 return self._shut_down("requested", self._core.shutdown_order(), EXIT_NORMAL)
-            exited: list[ChildProcess] = []
+            exited: list[ChildHandle] = []
             for key, _ in self._selector.select(self._next_timeout()):
                 if key.data is None:
                     self._drain_wake()
@@ -386,6 +405,11 @@ class Supervisor:
             self._beat()
 
     def _beat(self) -> None:
+        if self._kill_requested:
+            # Runs while every wait turns (a start, a stop): a kill that came
+            # during a graceful stop ends that stop now.
+            for proc in self._stopping:
+                proc.kill("supervisor_killed")
         self._own_beat.beat(self)
 
     def _next_timeout(self) -> float | None:
@@ -402,7 +426,7 @@ class Supervisor:
             waits.append(own)
         return min(waits) if waits else None
 
-    def _handle_exit(self, proc: ChildProcess) -> int | None:
+    def _handle_exit(self, proc: ChildHandle) -> int | None:
         rc = proc.reap()
         assert rc is not None, "pidfd readable means the child has exited"
         self._forget(proc)
@@ -531,9 +555,14 @@ class Supervisor:
         )
         return None
 
-    def _spawn_and_wait(self, spec: ChildSpec) -> ChildProcess | StartFailed:
+    def _spawn(self, spec: ChildSpec) -> ChildHandle:
+        if spec.hosted:
+            return HostedChild.spawn(spec, lambda beat: _HostedSupervisor(spec, beat))
+        return ChildProcess.spawn(spec, supervisor=self.name)
+
+    def _spawn_and_wait(self, spec: ChildSpec) -> ChildHandle | StartFailed:
         try:
-            proc = ChildProcess.spawn(spec, supervisor=self.name)
+            proc = self._spawn(spec)
         except OSError as exc:
             return StartFailed(
                 f"cannot spawn {spec.id!r}: {exc}",
@@ -594,10 +623,20 @@ class Supervisor:
         for proc in procs:
             self._terminate([proc], proc.spec.shutdown_policy)
 
-    def _terminate(self, procs: list[ChildProcess], policy: Shutdown) -> None:
+    def _terminate(self, procs: list[ChildHandle], policy: Shutdown) -> None:
         for proc in procs:
             self._forget(proc)
-        shutdown_processes(procs, policy, self._beat, self._own_beat.interval())
+        if self._kill_requested:
+            policy = BRUTAL_KILL
+        self._stopping = procs
+        own = self._own_beat.interval()
+        # Turn at least every _STOP_TICK_S while children stop, so that a kill
+        # (request_kill) cuts a long graceful stop short promptly.
+        tick_every = _STOP_TICK_S if own is None else min(own, _STOP_TICK_S)
+        try:
+            shutdown_processes(procs, policy, self._beat, tick_every)
+        finally:
+            self._stopping = []
         for proc in procs:
             proc.close()
             rc = proc.returncode
@@ -619,7 +658,7 @@ class Supervisor:
         self._publish(SupStopped(reason=why, exit_code=code))
         return code
 
-    def _forget(self, proc: ChildProcess) -> None:
+    def _forget(self, proc: ChildHandle) -> None:
         self._procs.pop(proc.pid, None)
         for fd in (proc.pidfd, proc.status_fd):
             if fd is not None and fd >= 0:
@@ -759,6 +798,42 @@ class Supervisor:
 def _failure_fields(err: StartFailed) -> dict[str, Any]:
     """The parts of a start failure that its event carries (see ``StartFailed``)."""
     return {k: err.details[k] for k in ("reason", "exit", "pid", "error") if k in err.details}
+
+
+class _HostedSupervisor:
+    """A :class:`~llamad.supervisor.hosted.HostedBody`: the supervisor a hosted
+    child spec describes, and its service, on the hosting thread."""
+
+    def __init__(self, spec: ChildSpec, beat: PipeBeat) -> None:
+        kwargs = spec.start.kwargs
+        self._supervisor = Supervisor(SupervisorSpec.from_wire(kwargs["spec"]), own_beat=beat)
+        service = kwargs.get("service")
+        self._service_name = service if isinstance(service, str) else None
+
+    def run(self, ready: Callable[[], None]) -> int:
+        stop_service: Callable[[], None] | None = None
+
+        def on_ready() -> None:
+            nonlocal stop_service
+            if self._service_name is not None:
+                from llamad.supervisor.service import SupervisorService  # noqa: PLC0415
+
+                served = SupervisorService(self._supervisor, self._service_name)
+                served.start()
+                stop_service = served.stop
+            ready()
+
+        try:
+            return self._supervisor.run(install_signal_handlers=False, on_ready=on_ready)
+        finally:
+            if stop_service is not None:
+                stop_service()
+
+    def request_stop(self) -> None:
+        self._supervisor.request_stop()
+
+    def request_kill(self) -> None:
+        self._supervisor.request_kill()
 
 
 # -- the entry points --------------------------------------------------------

@@ -55,7 +55,7 @@ def test_a_killed_daemon_leaves_its_instances_files_and_remove_takes_them(
     route = launcher.start().wait_routed(["smollm2"], timeout=240)["smollm2"]
     assert route.actor == "model.smollm2"
     tree = launcher.tree()
-    assert len(tree) >= 5
+    assert len(tree) >= 3  # cache-meta, the worker, front
     launcher.kill()
     assert wait_gone(tree, 10) == []
     # Nothing was stopped cleanly: the ram tier's lock file and the ram_file

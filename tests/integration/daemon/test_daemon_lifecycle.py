@@ -39,7 +39,9 @@ def test_sigterm_saves_what_workers_hold_exits_0_and_a_restart_hits_warm_from_di
         d.start(wait_for=["m"])
         route = d.route("m")
         tree = d.tree()
-        assert len(tree) >= 5  # cache_sup, cache-meta, model_sup, the worker, front
+        assert (
+            len(tree) >= 3
+        )  # cache-meta, the worker, front (the supervisors are threads of the root)
         with WorkerClient("m", registry=Registry(route.registry_root)) as worker:
             stream = worker.infer(prompt_text(11), max_tokens=100_000, grammar=ENDLESS, **GREEDY)
             events = iter(stream)
