@@ -32,6 +32,9 @@ import pytest
 
 from daemon_harness import POLICY, Daemon, wait_gone, wait_until
 from llamad import paths
+from llamad.cache.tier_kind import TierKind
+from llamad.cache.tiers import Tier
+from llamad.config import load_config
 from llamad.daemon.main import EXIT_IN_USE
 from llamad.testing import Launcher
 
@@ -60,14 +63,21 @@ def _ram_off(d: Daemon) -> Daemon:
     return d
 
 
+def _with_rows(d: Daemon, *kinds: TierKind) -> Daemon:
+    """Start ``d`` and give it rows to lose: a saved prompt, in the fastest
+    tier and in ``disk`` by write-behind, each of ``kinds`` holding one."""
+    d.start(wait_for=[MODEL])
+    d.worker(MODEL).complete(_long_prompt(), max_tokens=1, temperature=0.0)
+    tiers = {cfg.kind: Tier(cfg) for cfg in load_config(d.config, env={}).cache_settings().tiers}
+    wait_until(lambda: all(tiers[k].row_keys() for k in kinds), f"a row in each of {kinds}", 60.0)
+    return d
+
+
 @pytest.fixture(scope="module")
 def full() -> Iterator[Daemon]:
     d = _with_ram_file(Daemon({MODEL: {}}))
     try:
-        d.start(wait_for=[MODEL])
-        # Rows in every tier: a saved prompt (ram, and disk by write-behind).
-        d.worker(MODEL).complete(_long_prompt(), max_tokens=1, temperature=0.0)
-        yield d
+        yield _with_rows(d, TierKind.RAM, TierKind.DISK)
     finally:
         d.cleanup()
 
@@ -76,9 +86,7 @@ def full() -> Iterator[Daemon]:
 def ram_off() -> Iterator[Daemon]:
     d = _ram_off(Daemon({MODEL: {}}))
     try:
-        d.start(wait_for=[MODEL])
-        d.worker(MODEL).complete(_long_prompt(), max_tokens=1, temperature=0.0)
-        yield d
+        yield _with_rows(d, TierKind.DISK)
     finally:
         d.cleanup()
 
