@@ -187,6 +187,14 @@ class PathNotAllowed(ConfigError):
     code = "path_not_allowed"
 
 
+class DaemonInUse(LlamadError):
+    """Another llamad daemon holds a place this one would use (its runtime
+    directory, a tier): this one refuses to start, having changed nothing there.
+    ``details["held"]``: one ``{place, lock, holder_pid}`` per place held."""
+
+    code = "daemon_in_use"
+
+
 class SchemaError(BadRequest):
     """A JSON Schema that cannot become a grammar; details name ``path`` and ``keyword``."""
 

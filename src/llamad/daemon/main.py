@@ -11,7 +11,12 @@ In order, before any child starts:
 3. the environment every child inherits is set: ``LLAMAD_RUNTIME_DIR`` (so
    every process finds the same registry), ``LLAMAD_LOG_FORMAT`` and
    ``LLAMAD_LOG_LEVEL`` (``auto`` is json unless stderr is a terminal);
-4. the ``ram`` tier's segments of a previous run and the front's table file
+4. the daemon claims its places (:mod:`llamad.daemon.claim`): a lock on its
+   runtime directory and on every tier it uses, held until it exits. Another
+   daemon holding any of them: exit :data:`EXIT_IN_USE`, one log line naming
+   each place held and its holder, and nothing there read, written or
+   deleted;
+5. the ``ram`` tier's segments of a previous run and the front's table file
    are removed (both describe one run).
 
 Then the root supervisor (:func:`llamad.daemon.tree.daemon_spec`) runs in the
@@ -38,6 +43,7 @@ import stat
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Final
 
 import structlog
@@ -47,15 +53,16 @@ from llamad.actors import Registry
 from llamad.cache.errors import TierLocked
 from llamad.cache.ram_purge import purge_ram
 from llamad.config import LlamadConfig, load_config
+from llamad.daemon.claim import DaemonClaim, daemon_places
 from llamad.daemon.notify import Notifier
 from llamad.daemon.readiness import SystemdReporter, Watchdog
 from llamad.daemon.tree import ROOT_SERVICE, daemon_spec
-from llamad.errors import ConfigError
+from llamad.errors import ConfigError, DaemonInUse
 from llamad.front.persist import table_path
 from llamad.supervisor.service import SupervisorService
 from llamad.supervisor.supervisor_proc import Supervisor
 
-__all__ = ["EXIT_CONFIG", "EXIT_IN_USE", "main", "prepare_dirs"]
+__all__ = ["EXIT_CONFIG", "EXIT_IN_USE", "main", "make_private", "prepare_dirs"]
 
 log = structlog.get_logger("llamad.daemon")
 
@@ -63,15 +70,22 @@ EXIT_CONFIG: Final = 78
 """A configuration refused before anything started (sysexits' ``EX_CONFIG``:
 ``RestartPreventExitStatus=78`` keeps systemd from retrying it)."""
 EXIT_IN_USE: Final = 75
-"""Another daemon runs on the same cache or runtime directory."""
+"""Another daemon holds the runtime directory or a tier this one would use
+(sysexits' ``EX_TEMPFAIL``: it may start once the other has stopped)."""
+
+
+def _dirs(config: LlamadConfig) -> tuple[tuple[Path, str], ...]:
+    return (
+        (config.runtime_dir, "daemon.runtime_dir"),
+        (config.state_dir, "daemon.state_dir"),
+    )
 
 
 def prepare_dirs(config: LlamadConfig) -> None:
-    """Create the runtime and state directories, private to this user (0700)."""
-    for path, name in (
-        (config.runtime_dir, "daemon.runtime_dir"),
-        (config.state_dir, "daemon.state_dir"),
-    ):
+    """Create the runtime and state directories (0700) and refuse one another
+    user owns. A directory that exists keeps its mode here: :func:`make_private`
+    fixes it once the daemon holds its places (it may be another daemon's)."""
+    for path, name in _dirs(config):
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         st = path.stat()
         if st.st_uid != os.getuid():
@@ -79,7 +93,12 @@ def prepare_dirs(config: LlamadConfig) -> None:
                 f"{name}: {path} belongs to another user (uid {st.st_uid})",
                 details={"field": name},
             )
-        if stat.S_IMODE(st.st_mode) != 0o700:
+
+
+def make_private(config: LlamadConfig) -> None:
+    """Make the runtime and state directories private to this user (0700)."""
+    for path, _ in _dirs(config):
+        if stat.S_IMODE(path.stat().st_mode) != 0o700:
             path.chmod(0o700)
 
 
@@ -124,10 +143,31 @@ def _run(config_path: str | None, notifier: Notifier) -> int:
     fmt = _log_setting("LLAMAD_LOG_FORMAT", config.daemon.log_format)
     level = _log_setting("LLAMAD_LOG_LEVEL", config.daemon.log_level)
     logs.configure(level, fmt)
+    # First of all, before a file of a previous run (or of another daemon)
+    # is read, written, truncated or deleted.
+    try:
+        claim = DaemonClaim.take(daemon_places(config))
+    except DaemonInUse as exc:
+        log.error("daemon.in_use", error=exc.message, held=exc.details.get("held"))
+        notifier.status("Refused: " + exc.message)
+        return EXIT_IN_USE
+    except ConfigError as exc:
+        sys.stderr.write(exc.message + "\n")
+        notifier.status("Configuration refused: " + exc.message)
+        return EXIT_CONFIG
+    with claim:
+        make_private(config)
+        return _serve(config, notifier)
+
+
+def _serve(config: LlamadConfig, notifier: Notifier) -> int:
     settings = config.cache_settings()
     try:
         purge_ram(settings)
     except TierLocked as exc:
+        # This daemon holds the tiers' places, so the owner is a cache-meta
+        # of no daemon (run on its own), or one outliving a killed daemon
+        # for the moment its parent-death signal takes.
         log.error("daemon.cache_in_use", error=exc.message)
         notifier.status("Refused: " + exc.message)
         return EXIT_IN_USE
