@@ -844,6 +844,7 @@ class Actor:
             "tcp_endpoint": self.tcp_endpoint,
             "peers": len(self._peers),
             "open": self._peer_table.open_count(),
+            "peer_idle_s": self.limits.peer_idle_s,
             "ops": {n: str(r.spec.kind) for n, r in self._routes.items()},
             "stats": {
                 "received": s.received,

@@ -9,27 +9,23 @@ can no longer route once their connection closed.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import pytest
 import zmq
 
+from foreign_peers import ForeignClient, foreign_dealer
 from llamad.actors import Client
-from llamad.actors.connection import Slot
 from llamad.actors.testing import ToyProcess, spawn_toy
-from llamad.actors.wire import PROTOCOL_VERSION, Hello, Kind, encode_envelope
+from llamad.actors.wire import PROTOCOL_VERSION, Kind
 from llamad.testing import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
 IDLE_S = 0.3
 CHURN = 300
-OTHER_HOST = "0e5c1d9a-0000-4000-8000-another-host"
-ANY = msgspec.msgpack.Decoder()
 
 
 @pytest.fixture(params=["ipc", "tcp"])
@@ -37,28 +33,6 @@ def toy(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ToyProcess]:
     endpoint = f"ipc://{tmp_path}/toy.sock" if request.param == "ipc" else "tcp://127.0.0.1:0"
     with spawn_toy("--endpoint", endpoint, "--no-register", "--peer-idle-s", str(IDLE_S)) as proc:
         yield proc
-
-
-class ForeignClient(Client):
-    """The real client, introducing itself as a process of another host."""
-
-    def _hello(self) -> tuple[int, Slot, bytes]:
-        cid, slot, _ = super()._hello()
-        hello = Hello(os.getpid(), 1, OTHER_HOST, 1, "remote")
-        return cid, slot, encode_envelope(Kind.HELLO, cid, "", hello)
-
-
-def foreign_dealer(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, tag: int) -> Any:
-    """A bare DEALER that has completed a handshake as a process of another host."""
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, 30_000)
-    sock.connect(endpoint)
-    hello = Hello(100_000 + tag, tag, OTHER_HOST, 1, f"churn-{tag}")
-    sock.send(msgspec.msgpack.encode([PROTOCOL_VERSION, Kind.HELLO, 1, "", hello]))
-    version, kind, cid, _, _ = ANY.decode(sock.recv())
-    assert (version, kind, cid) == (PROTOCOL_VERSION, Kind.REPLY, 1)
-    return sock
 
 
 def test_gone_foreign_peers_are_released_and_a_live_idle_one_stays(toy: ToyProcess) -> None:
