@@ -9,15 +9,18 @@ can no longer route once their connection closed.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
 import pytest
+import structlog
 import zmq
 
 from foreign_peers import ForeignClient, foreign_dealer
 from llamad.actors import Client
+from llamad.actors.aio_client import AsyncActorClient
 from llamad.actors.testing import ToyProcess, spawn_toy
 from llamad.actors.wire import PROTOCOL_VERSION, Kind
 from llamad.testing import wait_until
@@ -81,3 +84,28 @@ def test_gone_foreign_peers_are_released_and_a_live_idle_one_stays(toy: ToyProce
         assert live.call("echo", "still here") == "still here"
         after = watcher.call("$info")["stats"]
         assert (after["peers_down"], after["peers_expired"]) == (CHURN + 1, CHURN + 1)
+
+
+def test_both_clients_drop_pings_quietly_and_keep_working(toy: ToyProcess) -> None:
+    async def idle_async_client(watcher: Client) -> str:
+        aio = AsyncActorClient(toy.endpoint, timeout=30)
+        try:
+            assert await aio.call("echo", "first") == "first"
+            pinged = watcher.call("$info")["stats"]["pings"]
+            # The sync client and this one sit quiet: both are PINGed.
+            while watcher.call("$info")["stats"]["pings"] < pinged + 4:
+                await asyncio.sleep(0.05)
+            answer: str = await aio.call("echo", "after")
+            return answer
+        finally:
+            aio.close()
+
+    with structlog.testing.capture_logs() as logs, Client(toy.endpoint, timeout=30) as quiet:
+        assert quiet.call("echo", "first") == "first"
+        with Client(toy.endpoint, timeout=30) as watcher:
+            assert asyncio.run(asyncio.wait_for(idle_async_client(watcher), 60)) == "after"
+            assert quiet.call("echo", "after") == "after"
+            stats = watcher.call("$info")["stats"]
+    assert stats["peers_down"] == 1  # the async client's BYE, nothing expired
+    assert stats["peers_expired"] == 0
+    assert not [e for e in logs if e["event"] == "actor.client.bad_response"]
