@@ -13,7 +13,8 @@ client.
       python foreign_peers.py ENDPOINT [CLIENT_SECRET SERVER_PUBLIC]
 
   prints ``READY`` once its call was answered (CURVE when the key files are
-  given).
+  given), then, for each line ``call`` on its stdin, calls again and prints
+  ``ANSWERED`` (at EOF it just idles).
 """
 
 from __future__ import annotations
@@ -71,6 +72,10 @@ def main() -> None:
     )
     client.call("$ping")
     print("READY", flush=True)
+    for line in sys.stdin:
+        if line.strip() == "call":
+            client.call("$ping")
+            print("ANSWERED", flush=True)
     while True:
         time.sleep(3600)
 

@@ -10,6 +10,10 @@ can no longer route once their connection closed.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +33,7 @@ pytestmark = pytest.mark.timeout(180)
 
 IDLE_S = 0.3
 CHURN = 300
+SUPPORT = Path(__file__).resolve().parents[2] / "support"
 
 
 @pytest.fixture(params=["ipc", "tcp"])
@@ -109,3 +114,49 @@ def test_both_clients_drop_pings_quietly_and_keep_working(toy: ToyProcess) -> No
     assert stats["peers_down"] == 1  # the async client's BYE, nothing expired
     assert stats["peers_expired"] == 0
     assert not [e for e in logs if e["event"] == "actor.client.bad_response"]
+
+
+def test_a_remote_client_that_stops_answering_heartbeats_is_released_and_can_come_back(
+    tmp_path: Path,
+) -> None:
+    """SIGSTOP stands for a host that went away without a FIN: its libzmq stops
+    answering ZMTP heartbeats, the actor's closes the connection (3 s), and
+    the idle check's PING then finds it gone. Resumed, the same client's next
+    call is refused as from an unknown peer (handshake_required), and the
+    client introduces itself again and gets its answer."""
+    with (
+        spawn_toy(
+            "--endpoint", "tcp://127.0.0.1:0", "--no-register", "--peer-idle-s", "0.3"
+        ) as toy,
+        Client(toy.endpoint, timeout=30) as watcher,
+    ):
+        child = subprocess.Popen(
+            [sys.executable, str(SUPPORT / "foreign_peers.py"), toy.endpoint],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert child.stdin is not None and child.stdout is not None
+            while (line := child.stdout.readline()) != "READY\n":
+                assert line, "the remote client exited before its call was answered"
+            assert watcher.call("$info")["peers"] == 2
+            os.kill(child.pid, signal.SIGSTOP)
+            info = wait_until(
+                lambda: (i := watcher.call("$info"))["peers"] == 1 and i,
+                "the stopped client released",
+                60,
+            )
+            assert info["stats"]["peers_expired"] == 1
+            os.kill(child.pid, signal.SIGCONT)
+            child.stdin.write("call\n")
+            child.stdin.flush()
+            while (line := child.stdout.readline()) != "ANSWERED\n":
+                assert line, "the remote client exited instead of calling again"
+            info = watcher.call("$info")
+            assert info["peers"] == 2
+            assert info["stats"]["rejected"] == {"bad_request": 1}  # handshake_required
+        finally:
+            os.kill(child.pid, signal.SIGCONT)
+            child.kill()
+            child.wait()
