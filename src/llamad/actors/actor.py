@@ -113,6 +113,8 @@ class ActorStats:
     handler_failures: int = 0
     send_dropped: int = 0
     peers_down: int = 0
+    peers_expired: int = 0  # of peers_down: released by the idle check
+    pings: int = 0  # PINGs the idle check sent to quiet peers still connected
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +197,12 @@ class Actor:
         self._timers = Timers()
         self._outbox = SocketOutbox(self.name, self.limits, self.stats, self._timers)
         self._peer_table = PeerTable(
-            self.name, self.stats, self._outbox, fds_changed=self._fds_changed
+            self.name,
+            self.stats,
+            self._outbox,
+            self._timers,
+            self.limits,
+            fds_changed=self._fds_changed,
         )
         # The parts' state the loop reads on every message or poll, one
         # attribute lookup away (the objects are never replaced).
@@ -242,7 +249,8 @@ class Actor:
         """Run ``callback(peer, reason)`` when a client goes away (after its
         open requests were cancelled). Reasons: ``peer_closed`` (it said bye),
         ``peer_died`` (its process exited), ``unreachable`` (a send found no
-        connection)."""
+        connection), ``backpressure`` (it stopped reading), ``idle_expired``
+        (quiet for ``Limits.peer_idle_s`` and its connection gone)."""
         self._peer_table.on_down.append(callback)
 
     def add_reader(self, fd: int, callback: Callable[[], None]) -> None:
@@ -582,6 +590,8 @@ class Actor:
                 extra=extra,
             )
             return
+        # What the idle check reads (peers.py): no clock on a message's path.
+        peer.heard = True
         try:
             body = decode_body(raw, route.decoder)
         except BadRequest as exc:
@@ -605,6 +615,8 @@ class Actor:
         nblobs: int,
         extra: int,
     ) -> None:
+        if peer is not None:
+            peer.heard = True
         if extra:
             self._refuse(
                 ident,
@@ -768,7 +780,11 @@ class Actor:
             self._refuse(ident, cid, Kind.HELLO, exc)
             return
         ref = ProcessRef(hello.pid, hello.start_ticks, hello.boot_id, hello.pidns)
-        peer = self._peer_table.admit(ident, ref, hello.name)
+        try:
+            peer = self._peer_table.admit(ident, ref, hello.name)
+        except Unavailable as exc:  # too many peers
+            self._refuse(ident, cid, Kind.HELLO, exc)
+            return
         if peer is None:
             self._refuse(ident, cid, Kind.HELLO, BadRequest(f"no live process {hello.pid}"))
             return
@@ -828,6 +844,7 @@ class Actor:
             "tcp_endpoint": self.tcp_endpoint,
             "peers": len(self._peers),
             "open": self._peer_table.open_count(),
+            "peer_idle_s": self.limits.peer_idle_s,
             "ops": {n: str(r.spec.kind) for n, r in self._routes.items()},
             "stats": {
                 "received": s.received,
@@ -838,6 +855,8 @@ class Actor:
                 "handler_failures": s.handler_failures,
                 "send_dropped": s.send_dropped,
                 "peers_down": s.peers_down,
+                "peers_expired": s.peers_expired,
+                "pings": s.pings,
             },
         }
 

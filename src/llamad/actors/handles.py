@@ -57,6 +57,9 @@ class Peer:
     host and pid namespace). ``open`` maps correlation ids to the peer's
     unanswered deferred replies and streams; ``backlog`` holds messages that
     did not fit the peer's ZeroMQ queue, sent in order as it drains.
+    ``heard`` is set by every message from the peer and ``seen`` is when the
+    peer table last found it so, or found its connection there: the idle
+    check's state (:mod:`llamad.actors.peers`).
     """
 
     routing_id: bytes
@@ -66,6 +69,8 @@ class Peer:
     open: dict[int, _Open] = field(default_factory=dict)
     connected: bool = True
     backlog: deque[tuple[bytes, tuple[Blob, ...]]] = field(default_factory=deque)
+    heard: bool = True
+    seen: float = 0.0
 
 
 class _Open:
@@ -91,7 +96,8 @@ class _Open:
     @property
     def cancelled(self) -> str | None:
         """Why the request was cancelled (``cancelled``, ``peer_died``,
-        ``peer_closed``, ``unreachable``, ``backpressure``), or ``None``."""
+        ``peer_closed``, ``unreachable``, ``backpressure``, ``idle_expired``),
+        or ``None``."""
         return self._cancel_reason
 
     def on_cancel(self, callback: Callable[[str], None]) -> None:

@@ -13,6 +13,8 @@ implementation, over its ROUTER socket:
   passes ``Limits.max_backlog`` is dropped as stuck (``backpressure``), and
   one the socket no longer routes to is dropped as ``unreachable``: both go
   to the peer table through :attr:`SocketOutbox.lost`;
+- a ``PING`` asks whether a quiet peer's connection is still there
+  (:meth:`SocketOutbox.probe`, for the peer table's idle check);
 - a body that cannot be encoded becomes an ``internal`` error to the peer
   (and ends the stream it was for).
 
@@ -43,6 +45,7 @@ __all__ = ["Outbox", "SocketOutbox"]
 log = structlog.get_logger("llamad.actors")
 
 _EVENT: Final = int(Kind.EVENT)
+_PING: Final = encode_envelope(Kind.PING, 0, "", None)
 
 
 class Outbox(Protocol):
@@ -197,6 +200,16 @@ class SocketOutbox:
         for i, blob in enumerate(blobs):
             send_frame(sock, blob, 0 if i == last else SNDMORE, False)
         return True
+
+    def probe(self, peer: Peer) -> bool | None:
+        """Send ``peer`` a ``PING``, the idle check's question to its connection:
+        ``True`` it went out (the connection is there), ``False`` the socket
+        no longer routes to it (gone; the caller decides what that means),
+        ``None`` no answer now (its queue is full, or a backlog ahead of it is
+        being retried, whose own sends will tell)."""
+        if peer.backlog or not peer.connected or self.sock is None:
+            return None
+        return self.send_raw(peer.routing_id, _PING, (), None)
 
     def clear(self) -> None:
         """Forget the socket and every backlog (the actor is closing)."""

@@ -8,9 +8,9 @@ Run it as its own process (spawn/exec semantics, like a supervised child)::
 It prints ``READY <endpoint> <pid>`` on stdout once it serves, and exercises
 every serving style: immediate replies (``echo``, ``fail``, ``refuse``),
 blocking work (``sleep``), deferred replies answered from the loop (``wait``
-+ ``publish``, ``hang``), synchronous streams (``count``) and streams pushed
-across loop iterations (``ticks``), plus cancellation bookkeeping
-(``cancels``).
++ ``publish``, ``hang``), synchronous streams (``count``), streams pushed
+across loop iterations (``ticks``) and one that stays open without events
+(``hold``), plus cancellation bookkeeping (``cancels``).
 """
 
 from __future__ import annotations
@@ -104,6 +104,9 @@ class _Toy:
         pending.on_cancel(self.cancels.append)
         self.hung.append(pending)
 
+    def hold(self, req: Request[Any]) -> None:
+        req.stream().on_cancel(self.cancels.append)
+
     def wait(self, req: Request[Wait]) -> None:
         pending = req.defer(timeout=req.body.timeout, on_timeout=lambda: {"hit": False})
         pending.on_cancel(self.cancels.append)
@@ -157,6 +160,7 @@ def build_toy(actor: Actor) -> _Toy:
     actor.add_op(OpSpec("refuse", OpKind.CALL), toy.refuse)
     actor.add_op(OpSpec("sleep", OpKind.CALL, body=Sleep), toy.sleep)
     actor.add_op(OpSpec("hang", OpKind.CALL), toy.hang)
+    actor.add_op(OpSpec("hold", OpKind.STREAM), toy.hold)
     actor.add_op(OpSpec("wait", OpKind.CALL, body=Wait), toy.wait)
     actor.add_op(OpSpec("publish", OpKind.CAST, body=Publish), toy.publish)
     actor.add_op(OpSpec("count", OpKind.STREAM, body=Count), toy.count)
@@ -193,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--registry", type=Path)
     parser.add_argument("--no-register", action="store_true")
     parser.add_argument("--max-frame-bytes", type=int, default=Limits().max_frame_bytes)
+    parser.add_argument("--peer-idle-s", type=float, default=Limits().peer_idle_s)
     args = parser.parse_args(argv)
     # stdout carries the READY line; logs go to stderr.
     logs.configure()
@@ -204,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         endpoint=args.endpoint,
         registry=registry,
         register=not args.no_register,
-        limits=Limits(max_frame_bytes=args.max_frame_bytes),
+        limits=Limits(max_frame_bytes=args.max_frame_bytes, peer_idle_s=args.peer_idle_s),
     )
     toy = build_toy(actor)
     endpoint = actor.start()

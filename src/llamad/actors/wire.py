@@ -43,6 +43,8 @@ __all__ = [
     "HANDSHAKE_REQUIRED",
     "MAX_CID",
     "MAX_OP_LEN",
+    "MAX_PEER_IDLE_S",
+    "MIN_PEER_IDLE_S",
     "PROTOCOL_VERSION",
     "SERVER_KINDS",
     "Blob",
@@ -66,9 +68,12 @@ PROTOCOL_VERSION: Final = 1
 MAX_CID: Final = 2**63 - 1
 HANDSHAKE_REQUIRED: Final = "handshake_required"
 """``details["reason"]`` of the ``bad_request`` an actor sends to a peer it does
-not know (it never said HELLO, or the actor dropped it as stuck): the request
+not know (it never said HELLO, or the actor dropped it as stuck or expired it): the request
 was not processed, and the client re-handshakes and sends it again."""
 MAX_OP_LEN: Final = 64
+MIN_PEER_IDLE_S: Final = 0.05
+MAX_PEER_IDLE_S: Final = 86_400.0
+"""The range of ``Limits.peer_idle_s`` (the shortest ones are for tests)."""
 OP_NAME: Final = re.compile(r"^\$?[A-Za-z][A-Za-z0-9_.:-]{0,62}$")
 """Op names: a letter then letters, digits, ``_ . : -``; a leading ``$`` marks runtime ops."""
 
@@ -89,12 +94,13 @@ class Kind(IntEnum):
     HELLO = 8  # handshake: protocol version and both processes' identities
     CANCEL = 9  # the client gave up on an open CALL or STREAM (cid names it)
     BYE = 10  # the client is closing; the actor forgets it
+    PING = 11  # the actor checks a quiet client's connection; cid 0, nothing answers it
 
 
 CLIENT_KINDS: Final = frozenset(
     {Kind.CALL, Kind.CAST, Kind.STREAM, Kind.HELLO, Kind.CANCEL, Kind.BYE}
 )
-SERVER_KINDS: Final = frozenset({Kind.REPLY, Kind.ERROR, Kind.EVENT, Kind.END})
+SERVER_KINDS: Final = frozenset({Kind.REPLY, Kind.ERROR, Kind.EVENT, Kind.END, Kind.PING})
 
 
 class Envelope(NamedTuple):
@@ -151,6 +157,12 @@ class Limits:
     peer that falls further behind is treated as stuck (its requests are
     cancelled with reason ``backpressure``). ``linger_s`` is how long
     closing waits to flush unsent messages.
+
+    ``peer_idle_s`` and ``max_peers`` bound an actor's clients
+    (:mod:`llamad.actors.peers`): a client silent for ``peer_idle_s`` is sent
+    a ``PING``, and released (reason ``idle_expired``) when that finds its
+    connection gone; a handshake that would make more than ``max_peers``
+    clients is refused with ``unavailable``.
     """
 
     max_frame_bytes: int = 64 * 1024 * 1024
@@ -160,11 +172,20 @@ class Limits:
     rcvhwm: int = 10_000
     max_backlog: int = 100_000
     linger_s: float = 0.2
+    peer_idle_s: float = 30.0
+    max_peers: int = 10_000
 
     def __post_init__(self) -> None:
         if self.max_header_bytes == 0 and isinstance(self.max_frame_bytes, int):
             object.__setattr__(self, "max_header_bytes", min(1 << 20, self.max_frame_bytes))
-        for name in ("max_frame_bytes", "max_header_bytes", "sndhwm", "rcvhwm", "max_backlog"):
+        for name in (
+            "max_frame_bytes",
+            "max_header_bytes",
+            "sndhwm",
+            "rcvhwm",
+            "max_backlog",
+            "max_peers",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ActorConfigError(name, f"must be a positive int, got {value!r}")
@@ -182,6 +203,16 @@ class Limits:
             )
         if not isinstance(self.linger_s, int | float) or not 0 <= self.linger_s <= 60:
             raise ActorConfigError("linger_s", f"must be seconds in 0..60, got {self.linger_s!r}")
+        idle = self.peer_idle_s
+        if (
+            not isinstance(idle, int | float)
+            or isinstance(idle, bool)
+            or not MIN_PEER_IDLE_S <= idle <= MAX_PEER_IDLE_S
+        ):
+            raise ActorConfigError(
+                "peer_idle_s",
+                f"must be seconds in {MIN_PEER_IDLE_S}..{MAX_PEER_IDLE_S}, got {idle!r}",
+            )
 
 
 @dataclass(frozen=True, slots=True)

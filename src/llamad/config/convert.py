@@ -209,7 +209,12 @@ def limits(config: LlamadConfig) -> Limits:
     """Message size limits of the daemon's client-facing sockets."""
     s = config.security
     return _built(
-        lambda: Limits(max_frame_bytes=s.max_message_bytes, max_header_bytes=s.max_header_bytes),
+        lambda: Limits(
+            max_frame_bytes=s.max_message_bytes,
+            max_header_bytes=s.max_header_bytes,
+            peer_idle_s=s.peer_idle_s,
+            max_peers=s.max_peers,
+        ),
         _under(("security",), {"max_frame_bytes": ("security", "max_message_bytes")}),
     )
 

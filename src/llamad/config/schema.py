@@ -305,6 +305,24 @@ class SecuritySection(Table, frozen=True, kw_only=True):
     max_header_bytes: Annotated[
         int, Key("Largest msgpack header (<= max_message_bytes).", Size(ge=1))
     ] = MIB
+    peer_idle_s: Annotated[
+        float,
+        Key(
+            "A client of the front silent this long is sent a PING; one whose connection "
+            "is gone (it crashed, or its host went away) is then released and its open "
+            "requests cancelled. A live client stays however long it is idle "
+            "(0.05 s to 1 day).",
+            _seconds,
+        ),
+    ] = 30.0
+    max_peers: Annotated[
+        int,
+        Key(
+            "Most clients the front knows at once; a handshake beyond it is refused "
+            "(unavailable, reason too_many_peers).",
+            Integer(ge=1),
+        ),
+    ] = 10_000
     curve_secret_key: Annotated[
         str | None,
         Key(
