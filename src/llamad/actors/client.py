@@ -90,11 +90,15 @@ from llamad.actors.wire import (
 )
 from llamad.errors import LlamadError, PermissionDenied, RequestTimeout, Unavailable
 
-__all__ = ["CRASH_CHECK_S", "Client", "StreamCall"]
+__all__ = ["CRASH_CHECK_S", "HANDSHAKE_TIMEOUT", "Client", "StreamCall"]
 
 _LATE_REPLY_GRACE_S: Final = 0.01
 CRASH_CHECK_S: Final = 0.1
 """How often a client blocked waiting for an answer checks that the actor lives."""
+HANDSHAKE_TIMEOUT: Final = "handshake_timeout"
+"""``details["reason"]`` of the :class:`~llamad.errors.Unavailable` a connect
+raises when the actor took the connection and did not answer in time (its
+loop does not run), as opposed to one refused at once (nobody listening)."""
 _CRASH_CHECK_MS: Final = round(CRASH_CHECK_S * 1000)
 # Enum attribute access costs a microsecond on the hot path; bind plain ints.
 _CALL: Final = int(Kind.CALL)
@@ -195,6 +199,7 @@ class Client(Connection):
         blobs: Sequence[Blob] = (),
         timeout: float | None = EMPTY,
         reply_type: Any = Any,
+        heard_within: float | None = None,
     ) -> Any:
         """Call ``op`` and return the reply body, or raise the actor's typed error.
 
@@ -203,8 +208,16 @@ class Client(Connection):
         the actor dying raises :class:`~llamad.errors.WorkerCrashed` within
         about :data:`CRASH_CHECK_S`.
         ``reply_type`` decodes (and validates) the body into a msgspec type.
+        ``heard_within``: for an op the actor may rightly hold for long (a
+        wait it was asked for), the actor must still show that it runs
+        within these seconds: a ``$ping`` goes out right behind the call,
+        and :class:`~llamad.errors.RequestTimeout` is raised (the call
+        cancelled) if neither is answered in time. A stopped or stuck actor
+        then costs ``heard_within``, not the whole ``timeout``.
         """
-        arrival = self._round_trip(op, body, blobs, self.timeout if timeout is EMPTY else timeout)
+        arrival = self._round_trip(
+            op, body, blobs, self.timeout if timeout is EMPTY else timeout, heard_within
+        )
         assert arrival.body is not None
         return decode(arrival.body, reply_type)
 
@@ -223,10 +236,18 @@ class Client(Connection):
         return Message(decode(arrival.body, reply_type), arrival.blobs)
 
     def _round_trip(
-        self, op: str, body: Any, blobs: Sequence[Blob], limit: float | None
+        self,
+        op: str,
+        body: Any,
+        blobs: Sequence[Blob],
+        limit: float | None,
+        heard_within: float | None = None,
     ) -> Arrival:
         """Send a CALL and wait for its answer; raise its error, if any."""
-        deadline = None if limit is None else time.monotonic() + limit
+        now = time.monotonic()
+        deadline = None if limit is None else now + limit
+        if heard_within is not None and (deadline is None or now + heard_within < deadline):
+            return self._heard_round_trip(op, body, blobs, deadline, now + heard_within)
         for attempt in (1, 2):
             arrival = None
             if (
@@ -246,6 +267,43 @@ class Client(Connection):
                 return arrival
             if self._forgot_us(error, attempt):
                 continue  # introduce ourselves again and resend
+            raise error
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    def _heard_round_trip(
+        self,
+        op: str,
+        body: Any,
+        blobs: Sequence[Blob],
+        deadline: float | None,
+        heard_by: float,
+    ) -> Arrival:
+        """:meth:`_round_trip` with a ``$ping`` right behind the call: the actor
+        handles messages in order, so the ping's answer (or the call's) by
+        ``heard_by`` shows that its loop runs, whatever the call waits for."""
+        for attempt in (1, 2):
+            cid = self._open(_CALL, op, body, blobs, deadline)
+            try:
+                ping = self._open(_CALL, "$ping", EMPTY, (), deadline)
+                try:
+                    self._next_arrival(self._slots[ping], heard_by)
+                except RequestTimeout:
+                    # Only the call's own answer proves as much.
+                    if not self._slots[cid].arrivals:
+                        self._send_cancel(ping)
+                        raise
+                finally:
+                    self._slots.pop(ping, None)
+            except BaseException:
+                if self._slots.pop(cid, None) is not None:
+                    self._send_cancel(cid)
+                raise
+            arrival = self._await(cid, deadline)
+            error = arrival.error
+            if error is None:
+                return arrival
+            if self._forgot_us(error, attempt):
+                continue
             raise error
         raise AssertionError("unreachable: the second attempt returns or raises")
 
@@ -587,7 +645,10 @@ class Client(Connection):
             while not slot.arrivals:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise Unavailable(f"actor {self.target!r} did not answer the handshake")
+                    raise Unavailable(
+                        f"actor {self.target!r} did not answer the handshake",
+                        details={"reason": HANDSHAKE_TIMEOUT},
+                    )
                 if self._sock is None:
                     raise Unavailable(f"actor {self.target!r} went away during the handshake")
                 self._pump(left)

@@ -34,7 +34,13 @@ from llamad.cache.tier_kind import TierKind
 __all__ = [
     "ACTOR_NAME",
     "LIVENESS_S",
-    "OPS", "TOKENS_BLOB", "Evicted", "GcResult", "NoArgs", "Reserved"]
+    "OPS",
+    "TOKENS_BLOB",
+    "Evicted",
+    "GcResult",
+    "NoArgs",
+    "Reserved",
+]
 
 ACTOR_NAME: Final = "cache-meta"
 """The registry name cache-meta serves under."""
