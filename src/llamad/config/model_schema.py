@@ -146,11 +146,11 @@ class ModelCache(Table, frozen=True, kw_only=True):
         float,
         Key(
             "While the cache is taken for down (after a lookup timeout), lookups are "
-            "skipped and saves not tried for at least this long, and until cache-meta "
-            "answers again.",
+            "skipped and synchronous saves not tried for at least this long, and until "
+            "cache-meta answers again.",
             Duration(),
         ),
-    ] = 1.0
+    ] = 0.0
     sync_save_timeout_s: Annotated[
         float, Key("Bound of a synchronous save whose job carries no deadline.", _seconds)
     ] = 30.0

@@ -77,9 +77,10 @@ class CacheViewConfig:
     Short by default (0.3 s) so that a request meeting a wedged cache-meta
     is still answered, cold, within half a second of its own compute.
     ``cooldown_s``: after such a timeout the cache is taken for down:
-    lookups are skipped (cold at once) and saves not tried for at least this
-    long, and until cache-meta answers the view's probe, so a hung
-    cache-meta costs the loop one timeout rather than one per request. ``sync_save_timeout_s``:
+    lookups are skipped (cold at once) and sync saves not tried for at least
+    this long (0 by default), and until cache-meta answers the view's probe,
+    so a hung cache-meta costs the loop one timeout rather than one per
+    request, and a slow but running one only the request that timed out. ``sync_save_timeout_s``:
     the bound of a synchronous save whose job carries no deadline.
     ``writer_threads``: threads of the writer pool.
     """
@@ -89,7 +90,7 @@ class CacheViewConfig:
     fingerprint_mode: FingerprintMode = FingerprintMode.GGUF_CHUNKED
     supplied_fingerprint: bytes | None = None
     lookup_timeout_s: float = LOOKUP_TIMEOUT_S
-    cooldown_s: float = 1.0
+    cooldown_s: float = 0.0
     sync_save_timeout_s: float = 30.0
     writer_threads: int = 2
 

@@ -18,8 +18,8 @@ come back through :class:`~llamad.model.save_completions.SaveCompletions`.
   (``worker_crashed``, ``unavailable``, ``timeout``), which the core turns
   into a cold start. **Cache down**: after a timeout the view takes the
   cache for down: every lookup is skipped (cold at once, no round trip) and
-  no save is tried, for at least ``cooldown_s`` and until cache-meta answers
-  a probe (a thread of the view pinging it on its own connection, which
+  no sync save is tried, for at least ``cooldown_s`` and until cache-meta
+  answers a probe (a thread of the view pinging it on its own connection, which
   follows a restarted cache-meta). So a wedged cache-meta costs one
   ``lookup_timeout_s`` per episode, never one per request. The loop's client
   reconnects by itself once cache-meta is back (it follows the registry
@@ -108,7 +108,7 @@ class ViewStats:
     saves_sync: int = 0
     sync_timeouts: int = 0
     saves_skipped: int = 0
-    """Saves not tried because the cache was down (see :attr:`ClientCacheView.cache_down`)."""
+    """Sync saves not tried because the cache was down (:attr:`ClientCacheView.cache_down`)."""
     cache_downs: int = 0
     """Times a lookup timeout made the view take the cache for down."""
 
@@ -508,13 +508,14 @@ class ClientCacheView:
             log.warning("model.save_not_started", key=job.key.hex(), error=repr(exc))
             return False
         release = _releaser(state, payload)
-        if self.cache_down:
-            # Its reservation would wait on cache-meta: a sync save for its
-            # whole deadline on the loop, an async one in a writer thread.
-            self.stats.saves_skipped += 1
-            release()
-            return False
         if job.sync:
+            if self.cache_down:
+                # Its reservation would hold the loop for its whole deadline.
+                # (An async save is still tried: a writer thread waits, not
+                # the loop, and the pool's permits bound how many.)
+                self.stats.saves_skipped += 1
+                release()
+                return False
             return self._save_sync(job, spec, payload, release)
         return self._save_async(job, spec, payload, release)
 
