@@ -31,7 +31,7 @@ from llamad.model.results import CacheHitKind, FinishReason
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
 
-META_LIVENESS_S = 3.0
+META_LIVENESS_S = 6.0  # the three requests below run well within it
 WORKER_LIVENESS_S = 5.0  # the worker template's floor: a model cannot ask for less
 
 
@@ -71,6 +71,14 @@ def _stopped(pid: int) -> None:
     wait_until(lambda: psutil.Process(pid).status() == psutil.STATUS_STOPPED, "SIGSTOP", 10)
 
 
+def _pid_of(d: Daemon, child: str) -> int | None:
+    """The pid of the root's child ``child``, or ``None`` while it has none."""
+    try:
+        return d.child_pid(child)
+    except AssertionError:  # between the kill and the restart
+        return None
+
+
 def _row(d: Daemon, sup: str, child: str) -> Any:
     (s,) = [s for s in d.status().supervisors if s.name == sup]
     (row,) = [c for c in s.children if c.id == child]
@@ -86,6 +94,7 @@ def test_a_stopped_cache_meta_is_replaced_and_requests_meanwhile_run_cold(daemon
     registry = Registry(daemon.registry_root)
     meta = daemon.child_pid("cache-meta")
     downs = len(_events(daemon, "model.cache_down"))
+    failed_before = len(_events(daemon, "model.lookup_failed"))
 
     _stopped(meta)
     try:
@@ -99,6 +108,11 @@ def test_a_stopped_cache_meta_is_replaced_and_requests_meanwhile_run_cold(daemon
             if entry is not None and entry.pid == meta:
                 assert reply.cache_hit_kind is CacheHitKind.COLD, i
         assert len(_events(daemon, "model.cache_down")) == downs + 1
+        # One lookup waited (and timed out); the others were skipped at once.
+        failed = [e["error"] for e in _events(daemon, "model.lookup_failed")[failed_before:]]
+        assert len(failed) == 3, failed
+        assert "RequestTimeout" in failed[0], failed
+        assert all("taken for down" in e for e in failed[1:]), failed
 
         # cache_sup finds it silent past its window, kills it and starts another.
         (hung,) = wait_until(
@@ -168,7 +182,7 @@ def test_a_stopped_front_is_replaced_and_routes_again(daemon: Daemon) -> None:
             60,
         )
         assert hung["liveness_timeout"] == 15.0  # FRONT_LIVENESS_S: not configurable
-        wait_until(lambda: daemon.child_pid("front") != front, "a new front")
+        wait_until(lambda: _pid_of(daemon, "front") not in (None, front), "a new front")
     finally:
         if psutil.pid_exists(front):
             os.kill(front, signal.SIGCONT)
