@@ -93,6 +93,8 @@ from llamad.errors import LlamadError, PermissionDenied, RequestTimeout, Unavail
 __all__ = ["CRASH_CHECK_S", "HANDSHAKE_TIMEOUT", "Client", "StreamCall"]
 
 _LATE_REPLY_GRACE_S: Final = 0.01
+_HEARD_GRACE_S: Final = 0.02
+"""A call with ``heard_within`` sends its ``$ping`` only if not answered within this."""
 CRASH_CHECK_S: Final = 0.1
 """How often a client blocked waiting for an answer checks that the actor lives."""
 HANDSHAKE_TIMEOUT: Final = "handshake_timeout"
@@ -210,9 +212,9 @@ class Client(Connection):
         ``reply_type`` decodes (and validates) the body into a msgspec type.
         ``heard_within``: for an op the actor may rightly hold for long (a
         wait it was asked for), the actor must still show that it runs
-        within these seconds: a ``$ping`` goes out right behind the call,
-        and :class:`~llamad.errors.RequestTimeout` is raised (the call
-        cancelled) if neither is answered in time. A stopped or stuck actor
+        within these seconds: a call not answered at once (20 ms) is
+        followed by a ``$ping``, and :class:`~llamad.errors.RequestTimeout`
+        is raised (the call cancelled) if neither is answered in time. A stopped or stuck actor
         then costs ``heard_within``, not the whole ``timeout``.
         """
         arrival = self._round_trip(
@@ -278,22 +280,12 @@ class Client(Connection):
         deadline: float | None,
         heard_by: float,
     ) -> Arrival:
-        """:meth:`_round_trip` with a ``$ping`` right behind the call: the actor
-        handles messages in order, so the ping's answer (or the call's) by
-        ``heard_by`` shows that its loop runs, whatever the call waits for."""
+        """:meth:`_round_trip` that hears from the actor by ``heard_by``: its
+        answer, or else its answer to a ``$ping`` (:meth:`_hear`)."""
         for attempt in (1, 2):
             cid = self._open(_CALL, op, body, blobs, deadline)
             try:
-                ping = self._open(_CALL, "$ping", EMPTY, (), deadline)
-                try:
-                    self._next_arrival(self._slots[ping], heard_by)
-                except RequestTimeout:
-                    # Only the call's own answer proves as much.
-                    if not self._slots[cid].arrivals:
-                        self._send_cancel(ping)
-                        raise
-                finally:
-                    self._slots.pop(ping, None)
+                self._hear(self._slots[cid], heard_by)
             except BaseException:
                 if self._slots.pop(cid, None) is not None:
                     self._send_cancel(cid)
@@ -306,6 +298,35 @@ class Client(Connection):
                 continue
             raise error
         raise AssertionError("unreachable: the second attempt returns or raises")
+
+    def _hear(self, call: Slot, heard_by: float) -> None:
+        """Return once ``call`` has an answer or the actor answered a ``$ping``;
+        :class:`~llamad.errors.RequestTimeout` if neither came by ``heard_by``.
+
+        The ping goes out only if the call is not answered within
+        :data:`_HEARD_GRACE_S` (the common case costs nothing more); the actor
+        handles a peer's messages in order, so its answer shows that its loop
+        runs while it holds the call.
+        """
+        grace = min(heard_by, time.monotonic() + _HEARD_GRACE_S)
+        while not call.arrivals and self._sock is not None:
+            left = grace - time.monotonic()
+            if left <= 0:
+                break
+            self._pump(left, call)
+        if call.arrivals or self._sock is None:
+            return  # answered, or down: the call's own wait says how
+        ping = self._open(_CALL, "$ping", EMPTY, (), heard_by)
+        pinged = self._slots[ping]
+        try:
+            while not call.arrivals and not pinged.arrivals and self._sock is not None:
+                left = heard_by - time.monotonic()
+                if left <= 0:
+                    self._send_cancel(ping)
+                    raise RequestTimeout(f"no answer from {self.target!r} in time")
+                self._pump(left, pinged)
+        finally:
+            self._slots.pop(ping, None)
 
     def _await(self, cid: int, deadline: float | None) -> Arrival:
         slot = self._slots[cid]

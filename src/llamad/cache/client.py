@@ -258,9 +258,10 @@ class CacheClient:
         ``wait_s + 30``); past it :class:`~llamad.errors.RequestTimeout`.
         ``tiers``: the tiers this worker restores from (the answer is a copy
         in one of them; default any). ``heard_within``: with a ``wait_s``,
-        cache-meta must still answer a ``$ping`` sent behind the lookup
-        within this many seconds (a stopped cache-meta then costs this, not
-        the wait; see :meth:`llamad.actors.Client.call`).
+        cache-meta must answer the lookup, or a ``$ping`` that follows a
+        lookup not answered at once, within this many seconds (a stopped
+        cache-meta then costs this, not the wait; see
+        :meth:`llamad.actors.Client.call`).
         """
         body = wire.Resolve(
             _header(namespace), parent_key=parent_key, wait_s=wait_s, tiers=_tier_list(tiers)

@@ -11,8 +11,8 @@ come back through :class:`~llamad.model.save_completions.SaveCompletions`.
   recomputed only when the attached adapter set changes, with the request's
   ``cache_salt`` folded in by :func:`llamad.model.identity.salted`.
 - **resolve**: one ``resolve`` round trip (the answered row pinned), bounded
-  by ``wait_s + lookup_timeout_s``; cache-meta must answer a ``$ping`` sent
-  behind it within ``lookup_timeout_s`` whatever the wait (a stopped
+  by ``wait_s + lookup_timeout_s``; cache-meta must answer it, or a ``$ping``
+  that follows it, within ``lookup_timeout_s`` whatever the wait (a stopped
   cache-meta costs the loop that, not the wait). A cache that is down,
   restarting or hung raises a :class:`~llamad.errors.LlamadError`
   (``worker_crashed``, ``unavailable``, ``timeout``), which the core turns
