@@ -90,11 +90,17 @@ from llamad.actors.wire import (
 )
 from llamad.errors import LlamadError, PermissionDenied, RequestTimeout, Unavailable
 
-__all__ = ["CRASH_CHECK_S", "Client", "StreamCall"]
+__all__ = ["CRASH_CHECK_S", "HANDSHAKE_TIMEOUT", "Client", "StreamCall"]
 
 _LATE_REPLY_GRACE_S: Final = 0.01
+_HEARD_GRACE_S: Final = 0.02
+"""A call with ``heard_within`` sends its ``$ping`` only if not answered within this."""
 CRASH_CHECK_S: Final = 0.1
 """How often a client blocked waiting for an answer checks that the actor lives."""
+HANDSHAKE_TIMEOUT: Final = "handshake_timeout"
+"""``details["reason"]`` of the :class:`~llamad.errors.Unavailable` a connect
+raises when the actor took the connection and did not answer in time (its
+loop does not run), as opposed to one refused at once (nobody listening)."""
 _CRASH_CHECK_MS: Final = round(CRASH_CHECK_S * 1000)
 # Enum attribute access costs a microsecond on the hot path; bind plain ints.
 _CALL: Final = int(Kind.CALL)
@@ -195,6 +201,7 @@ class Client(Connection):
         blobs: Sequence[Blob] = (),
         timeout: float | None = EMPTY,
         reply_type: Any = Any,
+        heard_within: float | None = None,
     ) -> Any:
         """Call ``op`` and return the reply body, or raise the actor's typed error.
 
@@ -203,8 +210,16 @@ class Client(Connection):
         the actor dying raises :class:`~llamad.errors.WorkerCrashed` within
         about :data:`CRASH_CHECK_S`.
         ``reply_type`` decodes (and validates) the body into a msgspec type.
+        ``heard_within``: for an op the actor may rightly hold for long (a
+        wait it was asked for), the actor must still show that it runs
+        within these seconds: a call not answered at once (20 ms) is
+        followed by a ``$ping``, and :class:`~llamad.errors.RequestTimeout`
+        is raised (the call cancelled) if neither is answered in time. A stopped or stuck actor
+        then costs ``heard_within``, not the whole ``timeout``.
         """
-        arrival = self._round_trip(op, body, blobs, self.timeout if timeout is EMPTY else timeout)
+        arrival = self._round_trip(
+            op, body, blobs, self.timeout if timeout is EMPTY else timeout, heard_within
+        )
         assert arrival.body is not None
         return decode(arrival.body, reply_type)
 
@@ -223,10 +238,18 @@ class Client(Connection):
         return Message(decode(arrival.body, reply_type), arrival.blobs)
 
     def _round_trip(
-        self, op: str, body: Any, blobs: Sequence[Blob], limit: float | None
+        self,
+        op: str,
+        body: Any,
+        blobs: Sequence[Blob],
+        limit: float | None,
+        heard_within: float | None = None,
     ) -> Arrival:
         """Send a CALL and wait for its answer; raise its error, if any."""
-        deadline = None if limit is None else time.monotonic() + limit
+        now = time.monotonic()
+        deadline = None if limit is None else now + limit
+        if heard_within is not None and (deadline is None or now + heard_within < deadline):
+            return self._heard_round_trip(op, body, blobs, deadline, now + heard_within)
         for attempt in (1, 2):
             arrival = None
             if (
@@ -248,6 +271,62 @@ class Client(Connection):
                 continue  # introduce ourselves again and resend
             raise error
         raise AssertionError("unreachable: the second attempt returns or raises")
+
+    def _heard_round_trip(
+        self,
+        op: str,
+        body: Any,
+        blobs: Sequence[Blob],
+        deadline: float | None,
+        heard_by: float,
+    ) -> Arrival:
+        """:meth:`_round_trip` that hears from the actor by ``heard_by``: its
+        answer, or else its answer to a ``$ping`` (:meth:`_hear`)."""
+        for attempt in (1, 2):
+            cid = self._open(_CALL, op, body, blobs, deadline)
+            try:
+                self._hear(self._slots[cid], heard_by)
+            except BaseException:
+                if self._slots.pop(cid, None) is not None:
+                    self._send_cancel(cid)
+                raise
+            arrival = self._await(cid, deadline)
+            error = arrival.error
+            if error is None:
+                return arrival
+            if self._forgot_us(error, attempt):
+                continue
+            raise error
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    def _hear(self, call: Slot, heard_by: float) -> None:
+        """Return once ``call`` has an answer or the actor answered a ``$ping``;
+        :class:`~llamad.errors.RequestTimeout` if neither came by ``heard_by``.
+
+        The ping goes out only if the call is not answered within
+        :data:`_HEARD_GRACE_S` (the common case costs nothing more); the actor
+        handles a peer's messages in order, so its answer shows that its loop
+        runs while it holds the call.
+        """
+        grace = min(heard_by, time.monotonic() + _HEARD_GRACE_S)
+        while not call.arrivals and self._sock is not None:
+            left = grace - time.monotonic()
+            if left <= 0:
+                break
+            self._pump(left, call)
+        if call.arrivals or self._sock is None:
+            return  # answered, or down: the call's own wait says how
+        ping = self._open(_CALL, "$ping", EMPTY, (), heard_by)
+        pinged = self._slots[ping]
+        try:
+            while not call.arrivals and not pinged.arrivals and self._sock is not None:
+                left = heard_by - time.monotonic()
+                if left <= 0:
+                    self._send_cancel(ping)
+                    raise RequestTimeout(f"no answer from {self.target!r} in time")
+                self._pump(left, pinged)
+        finally:
+            self._slots.pop(ping, None)
 
     def _await(self, cid: int, deadline: float | None) -> Arrival:
         slot = self._slots[cid]
@@ -587,7 +666,10 @@ class Client(Connection):
             while not slot.arrivals:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise Unavailable(f"actor {self.target!r} did not answer the handshake")
+                    raise Unavailable(
+                        f"actor {self.target!r} did not answer the handshake",
+                        details={"reason": HANDSHAKE_TIMEOUT},
+                    )
                 if self._sock is None:
                     raise Unavailable(f"actor {self.target!r} went away during the handshake")
                 self._pump(left)

@@ -250,22 +250,40 @@ class CacheClient:
         wait_s: float = 0.0,
         timeout: float | None = None,
         tiers: Collection[TierKind] | None = None,
+        heard_within: float | None = None,
     ) -> Lookup:
         """A model worker's whole cache resolution in one round trip (pinned).
 
         ``timeout`` bounds the whole call, the wait included (default
         ``wait_s + 30``); past it :class:`~llamad.errors.RequestTimeout`.
         ``tiers``: the tiers this worker restores from (the answer is a copy
-        in one of them; default any).
+        in one of them; default any). ``heard_within``: with a ``wait_s``,
+        cache-meta must answer the lookup, or a ``$ping`` that follows a
+        lookup not answered at once, within this many seconds (a stopped
+        cache-meta then costs this, not the wait; see
+        :meth:`llamad.actors.Client.call`).
         """
         body = wire.Resolve(
             _header(namespace), parent_key=parent_key, wait_s=wait_s, tiers=_tier_list(tiers)
         )
         limit = wait_s + 30.0 if timeout is None else timeout
         found: Lookup = self._call(
-            "resolve", body, tokens_to_bytes(tokens), timeout=limit, reply_type=Lookup
+            "resolve",
+            body,
+            tokens_to_bytes(tokens),
+            timeout=limit,
+            reply_type=Lookup,
+            heard_within=heard_within if wait_s > 0 else None,
         )
         return found
+
+    def ping(self, timeout: float | None = None) -> None:
+        """Return once cache-meta's loop answers (the actor's ``$ping``), within
+        ``timeout`` (default: the client's) or :class:`~llamad.errors.RequestTimeout`."""
+        if timeout is None:
+            self._client.call("$ping")
+        else:
+            self._client.call("$ping", timeout=timeout)
 
     def checkout(self, key: bytes) -> RowRef | None:
         """Pin a row without counting a lookup."""

@@ -31,10 +31,26 @@ import msgspec
 from llamad.actors.ops import NoArgs, OpKind, OpSpec
 from llamad.cache.tier_kind import TierKind
 
-__all__ = ["ACTOR_NAME", "OPS", "TOKENS_BLOB", "Evicted", "GcResult", "NoArgs", "Reserved"]
+__all__ = [
+    "ACTOR_NAME",
+    "LIVENESS_S",
+    "OPS",
+    "TOKENS_BLOB",
+    "Evicted",
+    "GcResult",
+    "NoArgs",
+    "Reserved",
+]
 
 ACTOR_NAME: Final = "cache-meta"
 """The registry name cache-meta serves under."""
+
+LIVENESS_S: Final = 10.0
+"""cache-meta's heartbeat window by default (``[cache] liveness_s``): it beats
+from its loop at least every quarter of it, and nothing it runs after it is
+ready holds that loop for seconds (the scan at start comes before ready, the
+slow file work is the mover's and the prefetcher's threads). Shorter than the
+front's 15 s: while it is silent every lookup runs cold."""
 
 TOKENS_BLOB: Final = 1
 """Ops with tokens take exactly one binary frame: the u32 little-endian ids."""

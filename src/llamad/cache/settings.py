@@ -31,7 +31,7 @@ import msgspec
 from llamad.cache.errors import InvalidCacheValue
 from llamad.cache.lookup import LookupPolicy
 from llamad.cache.meta import MetaConfig
-from llamad.cache.meta_wire import ACTOR_NAME
+from llamad.cache.meta_wire import ACTOR_NAME, LIVENESS_S
 from llamad.cache.prefetch import DEFAULT_PREFETCH_BYTES, check_budget
 from llamad.cache.pressure import PressureConfig
 from llamad.cache.ram_purge import purge_ram
@@ -84,7 +84,9 @@ class CacheSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     counters file, ``<counters_path>.permits``; always a path once built).
     ``registry_root`` is the actor registry directory (``None``: the runtime
     default). ``stats_flush_s`` is how often hit counts are written back into
-    file headers. ``liveness_timeout`` enables heartbeats to the supervisor.
+    file headers. ``liveness_timeout``: cache-meta's heartbeat window under a
+    supervisor (:data:`~llamad.cache.meta_wire.LIVENESS_S` by default; ``None``:
+    no heartbeats, never found hung).
     ``prefetch_bytes`` bounds the ``disk`` rows cache-meta reads into the page
     cache when it starts, newest first (0: none; see :mod:`llamad.cache.prefetch`).
     ``promote_hits``: a row read from a slower tier than the reader could read
@@ -104,7 +106,7 @@ class CacheSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     stats_flush_s: float = 10.0
     registry_root: Path | None = None
     actor_name: str = ACTOR_NAME
-    liveness_timeout: float | None = None
+    liveness_timeout: float | None = LIVENESS_S
     permits_path: Path | None = None
     save_permits: int = 4
     prefetch_bytes: int = DEFAULT_PREFETCH_BYTES

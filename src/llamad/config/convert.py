@@ -188,6 +188,7 @@ def cache_settings(config: LlamadConfig) -> CacheSettings:
             promote_hits=c.promote_hits,
             write_behind=c.disk.write_behind,
             stop_moves_s=c.stop_moves_s,
+            liveness_timeout=c.liveness_s,
         ),
         _under(
             ("cache",),
@@ -200,6 +201,7 @@ def cache_settings(config: LlamadConfig) -> CacheSettings:
                 "reservation_ttl": ("cache", "reservation_ttl_s"),
                 "prefetch_bytes": ("cache", "disk", "prefetch"),
                 "write_behind": ("cache", "disk", "write_behind"),
+                "liveness_timeout": ("cache", "liveness_s"),
             },
         ),
     )

@@ -34,6 +34,7 @@ from llamad.config.kinds import (
     Text,
 )
 from llamad.config.sections import Table
+from llamad.model.cache_view_config import LOOKUP_TIMEOUT_S
 from llamad.model.strategies import DEFAULT_STRATEGY, STRATEGIES
 
 __all__ = [
@@ -135,15 +136,21 @@ class ModelCache(Table, frozen=True, kw_only=True):
     lookup_timeout_s: Annotated[
         float,
         Key(
-            "The most a cache lookup may hold the worker's loop; a slower lookup runs "
-            "the request cold.",
+            "The most a cache lookup may hold the worker's loop beyond a wait for a save "
+            "in flight (and the most cache-meta may stay silent during one); a slower "
+            "lookup runs the request cold and the cache is taken for down.",
             _seconds,
         ),
-    ] = 2.0
+    ] = LOOKUP_TIMEOUT_S
     cooldown_s: Annotated[
         float,
-        Key("After a lookup timeout, lookups are skipped for this long.", Duration()),
-    ] = 1.0
+        Key(
+            "While the cache is taken for down (after a lookup timeout), lookups are "
+            "skipped and synchronous saves not tried for at least this long, and until "
+            "cache-meta answers again.",
+            Duration(),
+        ),
+    ] = 0.0
     sync_save_timeout_s: Annotated[
         float, Key("Bound of a synchronous save whose job carries no deadline.", _seconds)
     ] = 30.0

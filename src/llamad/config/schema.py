@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 
+from llamad.cache.meta_wire import LIVENESS_S as META_LIVENESS_S
 from llamad.cache.policy import CachePolicy
 from llamad.cache.prefetch import DEFAULT_PREFETCH_BYTES
 from llamad.cache.pressure import SOURCES
@@ -275,6 +276,15 @@ class CacheSection(Table, frozen=True, kw_only=True):
             Number(ge=0, le=600),
         ),
     ] = 5.0
+    liveness_s: Annotated[
+        float,
+        Key(
+            "cache-meta's heartbeat window: silent this long (stopped, or stuck in one "
+            "operation), it is killed and restarted by cache_sup. Meanwhile lookups run "
+            "cold (see models.<id>.cache.lookup_timeout_s).",
+            _seconds,
+        ),
+    ] = META_LIVENESS_S
     policy: Annotated[PolicySection, Section("The save policy (SPEC C7).")] = msgspec.field(
         default_factory=PolicySection
     )

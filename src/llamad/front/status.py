@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from llamad.config import LlamadConfig
-from llamad.front.table import ModelEntry
+from llamad.front.table import ModelEntry, exit_text
 from llamad.front.wire import (
     DaemonStatus,
     ModelStatus,
@@ -50,7 +50,10 @@ def supervisor_status(name: str, children: list[ChildInfo] | str) -> SupervisorS
                 pid=c.pid,
                 state=c.state.value,
                 restarts=c.restarts,
-                last_exit=None if c.last_exit is None else c.last_exit.exit,
+                # With the cause, a child killed for being hung says so.
+                last_exit=None
+                if c.last_exit is None
+                else exit_text(c.last_exit.exit, c.last_exit.cause),
             )
             for c in children
         ],

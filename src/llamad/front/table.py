@@ -45,6 +45,7 @@ __all__ = [
     "ModelEntry",
     "ModelTable",
     "child_id_of",
+    "exit_text",
     "model_id_of",
 ]
 
@@ -122,7 +123,9 @@ class GiveUp:
     why: str
 
 
-def _exit_text(exit: str | None, cause: str | None) -> str | None:
+def exit_text(exit: str | None, cause: str | None) -> str | None:
+    """A child's last exit for people: ``signal SIGKILL (hung)`` when its
+    supervisor killed it for a reason."""
     if exit is None:
         return cause
     return exit if cause is None else f"{exit} ({cause})"
@@ -204,14 +207,14 @@ class ModelTable:
         if entry is None:
             return None
         if isinstance(event, ChildExited):
-            entry.last_exit = _exit_text(event.exit, event.cause)
+            entry.last_exit = exit_text(event.exit, event.cause)
             if event.reason is ExitReason.SHUTDOWN and entry.state is ModelState.UNLOADING:
                 return None
             entry.pid = None
             entry.instance = None
             return self._restart_attempt(entry, event.at, f"its worker exited ({event.exit})")
         if isinstance(event, ChildRestartFailed):
-            entry.last_exit = _exit_text(event.exit, event.reason) or entry.last_exit
+            entry.last_exit = exit_text(event.exit, event.reason) or entry.last_exit
             return self._restart_attempt(
                 entry, event.at, f"its worker failed to restart ({event.exit or event.reason})"
             )

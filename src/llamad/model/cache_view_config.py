@@ -23,9 +23,13 @@ from llamad.cache.key import FINGERPRINT_LEN, FingerprintMode
 from llamad.cache.tier_kind import AUTO, TierKind
 from llamad.errors import ConfigError
 
-__all__ = ["ALL_TIERS", "CacheViewConfig"]
+__all__ = ["ALL_TIERS", "LOOKUP_TIMEOUT_S", "CacheViewConfig"]
 
 ALL_TIERS: Final = frozenset(TierKind)
+
+LOOKUP_TIMEOUT_S: Final = 0.3
+"""A lookup's bound by default: a healthy cache-meta answers in a millisecond
+or two, and a slower answer only costs one request its restore."""
 
 
 def _bad(name: str, problem: str) -> ConfigError:
@@ -68,10 +72,15 @@ class CacheViewConfig:
     ``supplied_fingerprint``: how the model file is identified
     (:func:`llamad.model.identity.base_fingerprint`).
     ``lookup_timeout_s``: the most a lookup, checkin or forget may hold the
-    loop beyond a parent-save wait; a lookup that takes longer runs the
-    request cold. ``cooldown_s``: after such a timeout, lookups are skipped
-    (cold at once) for this long, so a hung cache-meta costs the loop one
-    timeout per cooldown rather than one per request. ``sync_save_timeout_s``:
+    loop beyond a parent-save wait (and the most cache-meta may stay silent
+    during such a wait); a lookup that takes longer runs the request cold.
+    Short by default (0.3 s) so that a request meeting a wedged cache-meta
+    is still answered, cold, within half a second of its own compute.
+    ``cooldown_s``: after such a timeout the cache is taken for down:
+    lookups are skipped (cold at once) and sync saves not tried for at least
+    this long (0 by default), and until cache-meta answers the view's probe,
+    so a hung cache-meta costs the loop one timeout rather than one per
+    request, and a slow but running one only the request that timed out. ``sync_save_timeout_s``:
     the bound of a synchronous save whose job carries no deadline.
     ``writer_threads``: threads of the writer pool.
     """
@@ -80,8 +89,8 @@ class CacheViewConfig:
     restore_tiers: frozenset[TierKind] = field(default=ALL_TIERS)
     fingerprint_mode: FingerprintMode = FingerprintMode.GGUF_CHUNKED
     supplied_fingerprint: bytes | None = None
-    lookup_timeout_s: float = 2.0
-    cooldown_s: float = 1.0
+    lookup_timeout_s: float = LOOKUP_TIMEOUT_S
+    cooldown_s: float = 0.0
     sync_save_timeout_s: float = 30.0
     writer_threads: int = 2
 

@@ -11,13 +11,21 @@ come back through :class:`~llamad.model.save_completions.SaveCompletions`.
   recomputed only when the attached adapter set changes, with the request's
   ``cache_salt`` folded in by :func:`llamad.model.identity.salted`.
 - **resolve**: one ``resolve`` round trip (the answered row pinned), bounded
-  by ``wait_s + lookup_timeout_s``. A cache that is down, restarting or hung
-  raises a :class:`~llamad.errors.LlamadError` (``worker_crashed``,
-  ``unavailable``, ``timeout``), which the core turns into a cold start; after
-  a timeout, lookups are skipped for ``cooldown_s``. The client reconnects by
-  itself once cache-meta is back (it follows the registry name). The lookup
-  names the tiers this model restores from, and cache-meta answers the
-  fastest copy among them (a row with none there is a miss).
+  by ``wait_s + lookup_timeout_s``; cache-meta must answer it, or a ``$ping``
+  that follows it, within ``lookup_timeout_s`` whatever the wait (a stopped
+  cache-meta costs the loop that, not the wait). A cache that is down,
+  restarting or hung raises a :class:`~llamad.errors.LlamadError`
+  (``worker_crashed``, ``unavailable``, ``timeout``), which the core turns
+  into a cold start. **Cache down**: after a timeout the view takes the
+  cache for down: every lookup is skipped (cold at once, no round trip) and
+  no sync save is tried, for at least ``cooldown_s`` and until cache-meta
+  answers a probe (a thread of the view pinging it on its own connection, which
+  follows a restarted cache-meta). So a wedged cache-meta costs one
+  ``lookup_timeout_s`` per episode, never one per request. The loop's client
+  reconnects by itself once cache-meta is back (it follows the registry
+  name). The lookup names the tiers this model restores from, and
+  cache-meta answers the fastest copy among them (a row with none there is
+  a miss).
 - **read**: a ``ram`` row's payload in place (the shared-memory mapping,
   validated, no copy); any other tier's through plain reads into one reusable
   pre-faulted buffer; with either, the logits the row keeps (validated with
@@ -41,11 +49,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import msgspec
 import structlog
 
+from llamad.actors.client import HANDSHAKE_TIMEOUT
 from llamad.cache.client import CacheClient
 from llamad.cache.counters import Counters, CountersUnavailable
 from llamad.cache.key import Namespace, tokens_to_bytes
@@ -70,9 +79,16 @@ if TYPE_CHECKING:
     from llamad.cache.counters import CounterAdd
     from llamad.cache.settings import CacheSettings
 
-__all__ = ["ClientCacheView", "ViewStats"]
+__all__ = ["PROBE_TIMEOUT_S", "ClientCacheView", "ViewStats"]
 
 log = structlog.get_logger("llamad.model")
+
+PROBE_TIMEOUT_S: Final = 1.0
+"""How long one probe of a cache taken for down waits for cache-meta's answer
+(then it asks again); also its connect bound. Off the loop: only how soon a
+cache that is back is used again depends on it."""
+_PROBE_RETRY_S: Final = 0.1
+"""Between probes that failed at once (cache-meta dead, not back yet)."""
 
 
 @dataclass(slots=True)
@@ -91,6 +107,10 @@ class ViewStats:
     saves_refused: int = 0
     saves_sync: int = 0
     sync_timeouts: int = 0
+    saves_skipped: int = 0
+    """Sync saves not tried because the cache was down (:attr:`ClientCacheView.cache_down`)."""
+    cache_downs: int = 0
+    """Times a lookup timeout made the view take the cache for down."""
 
 
 def _releaser(state: PackedState, payload: memoryview | None) -> Callable[[], None]:
@@ -129,7 +149,9 @@ class ClientCacheView:
     read for the namespace and the context size written into each row.
     ``client`` and ``writer`` become the view's: :meth:`close` closes them.
     ``client`` is used from the loop thread only; ``clock`` must be the
-    core's (``SaveJob.deadline`` is a time on it). The shell registers
+    core's (``SaveJob.deadline`` is a time on it). ``probe`` makes the
+    connection a thread of the view pings a cache taken for down on
+    (without one, lookups are tried again once ``cooldown_s`` has passed). The shell registers
     ``completions.fileno()`` in its poll and feeds ``completions.drain()`` to
     ``WorkerCore.save_done``.
     """
@@ -143,6 +165,7 @@ class ClientCacheView:
         config: CacheViewConfig | None = None,
         counters: CounterAdd | None = None,
         clock: Callable[[], float] = time.monotonic,
+        probe: Callable[[], CacheClient] | None = None,
     ) -> None:
         self.config = config if config is not None else CacheViewConfig()
         quotas = {k: t.quota for k, t in client.tiers.items() if k in writer.tiers}
@@ -171,6 +194,16 @@ class ClientCacheView:
         self._clock = clock
         self.stats = ViewStats()
         self._skip_until = float("-inf")
+        # The cache-down state (loop thread) and its probe: the thread sets
+        # _answered once cache-meta answers, and clears _probing under the
+        # lock as it ends, so the loop never waits on a thread that is done.
+        self._down_since: float | None = None
+        self._probe_client = probe
+        self._answered = threading.Event()
+        self._probing = False
+        self._probe_lock = threading.Lock()
+        self._probe_stop = threading.Event()
+        self._probe_thread: threading.Thread | None = None
         self._buffer: StateBuffer | None = None
         self._owned: list[Callable[[], None]] = []
         self._closed = False
@@ -207,6 +240,15 @@ class ClientCacheView:
         client = CacheClient.from_settings(
             settings, timeout=bound, connect_timeout=bound, client_name=client_name
         )
+
+        def probe() -> CacheClient:
+            return CacheClient.from_settings(
+                settings,
+                timeout=PROBE_TIMEOUT_S,
+                connect_timeout=PROBE_TIMEOUT_S,
+                client_name=f"{client_name}-probe",
+            )
+
         writer: WriterPool | None = None
         try:
             writer = WriterPool.from_settings(
@@ -216,7 +258,9 @@ class ClientCacheView:
                 threads=config.writer_threads,
             )
             client.load_counters = counters
-            view = cls(ctx, client, writer, config=config, counters=counters, clock=clock)
+            view = cls(
+                ctx, client, writer, config=config, counters=counters, clock=clock, probe=probe
+            )
         except BaseException:
             client.close()
             if writer is not None:
@@ -270,28 +314,33 @@ class ClientCacheView:
         wait_s: float,
     ) -> Lookup:
         """cache-meta's resolve (pinned row); a failing cache raises a typed error."""
-        if self._clock() < self._skip_until:
+        if self.cache_down:
             self.stats.lookups_skipped += 1
             raise Unavailable(
-                "cache lookups are paused after a lookup timed out",
-                details={"retry_in_s": round(self._skip_until - self._clock(), 3)},
+                "the cache is taken for down after a lookup timed out",
+                details={"down_s": round(self._clock() - (self._down_since or 0.0), 3)},
             )
         self.stats.lookups += 1
+        bound = self.config.lookup_timeout_s
         try:
             found = self._client.resolve(
                 namespace,
                 tokens,
                 parent_key=parent_key,
                 wait_s=wait_s,
-                timeout=wait_s + self.config.lookup_timeout_s,
+                timeout=wait_s + bound,
                 tiers=self._lookup_tiers,
+                heard_within=bound,
             )
         except RequestTimeout:
             self.stats.lookup_failures += 1
-            self._skip_until = self._clock() + self.config.cooldown_s
+            self._went_down()
             raise
-        except LlamadError:
+        except LlamadError as exc:
             self.stats.lookup_failures += 1
+            if isinstance(exc, Unavailable) and exc.details.get("reason") == HANDSHAKE_TIMEOUT:
+                # Reconnecting to a cache-meta that does not run: hung as well.
+                self._went_down()
             raise
         except Exception as exc:
             # Whatever the transport raised, the request must still run (cold).
@@ -304,6 +353,66 @@ class ClientCacheView:
             self.checkin(row.pin)
             return msgspec.structs.replace(found, kind=None, row=None, use_tokens=0)
         return found
+
+    # -- the cache-down state -------------------------------------------------------------
+
+    @property
+    def cache_down(self) -> bool:
+        """Whether the cache is taken for down (loop thread): since a lookup
+        timed out, for at least ``cooldown_s`` and until cache-meta answered
+        the probe. Reading it ends the state once both hold."""
+        if self._down_since is None:
+            return False
+        if self._clock() < self._skip_until:
+            return True
+        if self._probe_client is not None and not self._answered.is_set():
+            return True
+        log.info("model.cache_back", down_s=round(self._clock() - self._down_since, 3))
+        self._down_since = None
+        return False
+
+    def _went_down(self) -> None:
+        now = self._clock()
+        self._skip_until = now + self.config.cooldown_s
+        if self._down_since is None:
+            self._down_since = now
+            self.stats.cache_downs += 1
+            log.warning(
+                "model.cache_down",
+                lookup_timeout_s=self.config.lookup_timeout_s,
+                cooldown_s=self.config.cooldown_s,
+            )
+        self._answered.clear()
+        with self._probe_lock:
+            if self._probing or self._probe_client is None or self._closed:
+                return
+            self._probing = True
+        self._probe_thread = threading.Thread(target=self._probe, name="kvc-probe", daemon=True)
+        self._probe_thread.start()
+
+    def _probe(self) -> None:
+        """Ping cache-meta on a connection of its own until it answers (probe thread)."""
+        assert self._probe_client is not None
+        client: CacheClient | None = None
+        try:
+            while not self._probe_stop.is_set():
+                try:
+                    if client is None:
+                        client = self._probe_client()
+                    client.ping(PROBE_TIMEOUT_S)
+                except RequestTimeout:
+                    continue  # stopped or stuck: ask again
+                except Exception:
+                    # Dead and not back yet, or not registered again yet.
+                    self._probe_stop.wait(_PROBE_RETRY_S)
+                    continue
+                self._answered.set()
+                return
+        finally:
+            with self._probe_lock:
+                self._probing = False
+            if client is not None:
+                client.close()
 
     def checkin(self, pin: int | None) -> None:
         """Release a pin. Never raises: a checkin that times out is still queued
@@ -365,6 +474,8 @@ class ClientCacheView:
 
     def _missed(self, row: RowRef) -> None:
         self.stats.read_misses += 1
+        if self.cache_down:
+            return  # the loader deleted the file; cache-meta notices it later
         try:
             # Only the copy this read found missing or damaged: the row's
             # copies in other tiers stay served.
@@ -398,6 +509,13 @@ class ClientCacheView:
             return False
         release = _releaser(state, payload)
         if job.sync:
+            if self.cache_down:
+                # Its reservation would hold the loop for its whole deadline.
+                # (An async save is still tried: a writer thread waits, not
+                # the loop, and the pool's permits bound how many.)
+                self.stats.saves_skipped += 1
+                release()
+                return False
             return self._save_sync(job, spec, payload, release)
         return self._save_async(job, spec, payload, release)
 
@@ -490,6 +608,9 @@ class ClientCacheView:
         """Refuse new saves, let accepted ones finish (``wait``), release every
         state, close the connections; answers the completions not drained yet."""
         self._closed = True
+        self._probe_stop.set()
+        if self._probe_thread is not None:
+            self._probe_thread.join(PROBE_TIMEOUT_S + 1.0)
         # The save thread first: it writes through a connection the pool
         # closes once its own threads are done.
         self._sync.shutdown(wait=wait, cancel_futures=not wait)

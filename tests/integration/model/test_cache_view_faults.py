@@ -173,7 +173,7 @@ def test_a_hung_cache_meta_costs_one_lookup_timeout_then_lookups_pause_for_the_c
         assert 0.9 <= time.monotonic() - started < 4.0
         started = time.monotonic()
         drv.submit("r2", tokens, max_tokens=4)
-        drv.run(settle=False)  # its saves wait on the stopped cache-meta, off the loop
+        drv.run(settle=False)
         hung = drv.result("r2")
         assert hung.cache_hit_kind is CacheHitKind.COLD
         assert time.monotonic() - started < 0.5  # skipped: no second timeout
@@ -181,10 +181,109 @@ def test_a_hung_cache_meta_costs_one_lookup_timeout_then_lookups_pause_for_the_c
         meta.signal(signal.SIGCONT)
         now[0] += 59.0
         drv.complete("r2b", tokens, max_tokens=4)
-        assert view.stats.lookups_skipped == 2  # still cooling down
+        assert view.stats.lookups_skipped == 2  # answered, but still cooling down
         now[0] += 1.0
+        wait_until(lambda: not view.cache_down, "the probe to hear from cache-meta", 30)
         back = drv.complete("r3", tokens, max_tokens=4)
         assert back.cache_hit_kind is CacheHitKind.EXACT
+    finally:
+        resume_and_close(meta, view)
+
+
+def test_a_stopped_cache_meta_is_taken_for_down_until_it_answers_again(
+    settings: CacheSettings, meta: Meta
+) -> None:
+    # No cooldown: only cache-meta's answer to the probe ends the state, so
+    # the requests below can only be cold at once if the view skips them.
+    view = new_view(settings, lookup_timeout_s=0.3, cooldown_s=0.0)
+    try:
+        drv = make_driver(view)
+        tokens = prompt(40, start=53)
+        drv.complete("warm", tokens, max_tokens=4)
+        meta.signal(signal.SIGSTOP)
+        for i in range(4):
+            drv.submit(f"r{i}", [*tokens, *prompt(8 + i, start=3)], max_tokens=4)
+            drv.run(settle=False)  # their saves wait on the stopped cache-meta, off the loop
+            assert drv.result(f"r{i}").cache_hit_kind is CacheHitKind.COLD
+        assert view.cache_down
+        assert view.stats.lookup_failures == 1 and view.stats.cache_downs == 1
+        assert view.stats.lookups_skipped == 3  # one timeout, then no round trip
+        # Nor a sync save holding the loop for its deadline.
+        ns = view.namespace(None)
+        job = SaveJob(
+            SaveReason.EVICT,
+            ns.key(tokens),
+            ns,
+            tuple(tokens),
+            seq=0,
+            deadline=time.monotonic() + 60,
+        )
+        state = packed(tokens)
+        assert view.save(job, state) is False
+        assert state.released and view.stats.saves_skipped == 1
+        meta.signal(signal.SIGCONT)
+        wait_until(lambda: not view.cache_down, "the probe to hear from cache-meta", 30)
+        assert drv.complete("back", tokens, max_tokens=4).cache_hit_kind is CacheHitKind.EXACT
+        assert view.stats.lookups_skipped == 3
+    finally:
+        resume_and_close(meta, view)
+
+
+def test_a_cache_taken_for_down_comes_back_when_a_new_cache_meta_answers(
+    settings: CacheSettings, meta: Meta
+) -> None:
+    view = new_view(settings, lookup_timeout_s=0.3, cooldown_s=0.0)
+    try:
+        drv = make_driver(view)
+        tokens = prompt(40, start=59)
+        drv.complete("warm", tokens, max_tokens=4)
+        meta.signal(signal.SIGSTOP)
+        assert drv.complete("hung", tokens, max_tokens=4).cache_hit_kind is CacheHitKind.COLD
+        assert view.cache_down
+        meta.kill()  # what cache_sup does to a hung cache-meta, then a new one
+        meta.restart()
+        wait_until(lambda: not view.cache_down, "the probe to find the new cache-meta", 30)
+        assert drv.complete("back", tokens, max_tokens=4).cache_hit_kind is CacheHitKind.EXACT
+    finally:
+        resume_and_close(meta, view)
+
+
+def test_a_connect_to_a_stopped_cache_meta_takes_the_cache_for_down(
+    settings: CacheSettings, meta: Meta
+) -> None:
+    # A worker (re)started while cache-meta is stopped: its first lookup's
+    # handshake is not answered, which is a timeout as much as a lookup's.
+    view = new_view(settings, lookup_timeout_s=0.3, cooldown_s=0.0)
+    try:
+        drv = make_driver(view)
+        meta.signal(signal.SIGSTOP)
+        for i in range(3):
+            drv.submit(f"r{i}", prompt(20, start=67 + i), max_tokens=2)
+            drv.run(settle=False)  # their saves wait in writer threads
+            assert drv.result(f"r{i}").cache_hit_kind is CacheHitKind.COLD
+        assert view.cache_down
+        assert view.stats.lookup_failures == 1 and view.stats.lookups_skipped == 2
+    finally:
+        resume_and_close(meta, view)
+
+
+def test_a_lookup_that_may_wait_for_a_save_still_hears_from_cache_meta_in_its_timeout(
+    settings: CacheSettings, meta: Meta
+) -> None:
+    view = new_view(settings, lookup_timeout_s=0.3)
+    try:
+        tokens = prompt(16, start=61)
+        # Connected first: a connect to a stopped cache-meta fails on its own bound.
+        assert view.resolve(view.namespace(None), tokens, parent_key=None, wait_s=0.0).row is None
+        meta.signal(signal.SIGSTOP)
+        started = time.monotonic()
+        with pytest.raises(RequestTimeout):
+            # Allowed to wait 30 s for a save in flight; a stopped cache-meta
+            # answers not even the ping behind it (the bound is loose: 0.3 s
+            # against the 30.3 s the wait alone would take).
+            view.resolve(view.namespace(None), tokens, parent_key=None, wait_s=30.0)
+        assert time.monotonic() - started < 15.0
+        assert view.cache_down
     finally:
         resume_and_close(meta, view)
 

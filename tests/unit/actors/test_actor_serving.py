@@ -263,6 +263,24 @@ def test_client_timeout_cancels_the_deferred_request_on_the_actor(client: Client
     wait_until(lambda: client.call("cancels") == ["cancelled"], "the cancel", 20)
 
 
+def test_a_call_heard_within_may_wait_as_long_as_the_actor_runs(client: Client) -> None:
+    # The actor holds the answer (a deferred wait) but its loop answers the
+    # ping behind it: the call gets its whole timeout.
+    got = client.call("wait", {"key": "late", "timeout": 1.0}, heard_within=0.2)
+    assert got == {"hit": False}
+
+
+def test_a_call_heard_within_fails_fast_when_the_actor_loop_is_stuck(client: Client) -> None:
+    # "sleep" holds the actor's loop itself: not even the ping is answered.
+    started = time.monotonic()
+    with pytest.raises(RequestTimeout):
+        client.call("sleep", {"s": 6.0}, timeout=30, heard_within=0.3)
+    assert time.monotonic() - started < 5.0  # loose: 0.3 s against the 6 s sleep
+    # The late answers to what was given up on are dropped; the client serves on.
+    assert client.call("echo", [1], timeout=30) == [1]
+    assert client.call("echo", [2], heard_within=0.5, timeout=30) == [2]
+
+
 def test_defer_on_a_stream_op_is_a_handler_error(registry: Registry) -> None:
     actor = Actor("wrong", registry=registry)
     actor.add_op(OpSpec("s", OpKind.STREAM), lambda req: req.defer())

@@ -19,6 +19,7 @@ from llamad.cache.lookup import LookupPolicy
 from llamad.cache.policy import CachePolicy
 from llamad.cache.pressure import PressureConfig
 from llamad.cache.settings import CacheSettings
+from llamad.cache.sup import meta_child_spec
 from llamad.cache.tier_kind import AUTO, TierKind
 from llamad.config import LlamadConfig
 from llamad.config.keys import fields_of
@@ -88,6 +89,7 @@ save_permits = 7
 reservation_ttl_s = 90
 max_wait_s = "45s"
 stats_flush_s = 20
+liveness_s = "4s"
 
 [cache.ram]
 quota = "1GiB"
@@ -232,6 +234,8 @@ def test_cache_settings_carry_every_cache_key(full: LlamadConfig, ws: Workspace)
         45.0,
         20.0,
     )
+    assert s.liveness_timeout == 4.0
+    assert meta_child_spec(s).liveness_timeout == 4.0
     assert s.lookup == LookupPolicy(common_min_tokens=128, restore_cost=0.1, allow_common=False)
     assert s.pressure == PressureConfig(
         enabled=True,
@@ -369,6 +373,14 @@ def test_a_model_policy_override_keeps_the_other_daemon_wide_keys(ws: Workspace)
     assert policy.cold_max_tokens == CachePolicy().cold_max_tokens
 
 
+def test_cache_meta_has_a_liveness_window_by_default(ws: Workspace) -> None:
+    # Without one, a stopped cache-meta is never found hung (issue 17).
+    settings = ws.loaded(ws.data()).cache_settings()
+    assert settings.liveness_timeout == 10.0
+    spec = meta_child_spec(settings)
+    assert spec.liveness_timeout == 10.0
+
+
 def test_a_tier_with_quota_0_is_left_out(ws: Workspace) -> None:
     config = ws.loaded(
         ws.data(
@@ -484,6 +496,7 @@ def test_cache_and_security_defaults_are_the_daemons_classes() -> None:
         "stop_moves_s",
     ):
         assert getattr(cache, name) == settings[name].default, name
+    assert cache.liveness_s == settings["liveness_timeout"].default
     assert cache.disk.write_behind == settings["write_behind"].default
     assert ModelCache().save_tier == AUTO and CacheViewConfig().save_tier is None
     limits, security = Limits(), SecuritySection()
