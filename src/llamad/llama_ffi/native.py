@@ -7,6 +7,11 @@ drops the rest in C, so debug chatter never costs a trip into Python. The
 threshold comes from ``LLAMAD_LLAMA_LOG`` (``debug``, ``info``, ``warn``,
 ``error``, ``off``; default ``warn``), or from :func:`set_log_level`, which
 holds whether it is called before the backend starts or after.
+
+:func:`llama_errors` also hands the error-level messages that llama.cpp logs
+on the calling thread during a call to that caller, so an error it only
+logs (a grammar it cannot parse says *why* only in its log) can be told to
+whoever sent the input.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ import atexit
 import functools
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import structlog
@@ -36,6 +42,7 @@ __all__ = [
     "ensure_backend",
     "ffi",
     "lib",
+    "llama_errors",
     "read_metadata",
     "read_string",
     "set_log_level",
@@ -65,6 +72,27 @@ _initialised = False
 _chosen_level: int | None = None
 """What :func:`set_log_level` chose (``None``: ``LLAMAD_LLAMA_LOG``'s)."""
 
+_ERROR = int(lib.GGML_LOG_LEVEL_ERROR)
+_capture = threading.local()
+"""``errors``: the list :func:`llama_errors` collects into on this thread."""
+
+
+@contextmanager
+def llama_errors() -> Iterator[list[str]]:
+    """Collect the error-level messages llama.cpp logs *on this thread* while
+    the block runs (they still reach the log as well).
+
+    Empty when llama.cpp logged none, or when its log level is ``off``
+    (those messages are dropped in C before they reach Python).
+    """
+    found: list[str] = []
+    outer = getattr(_capture, "errors", None)
+    _capture.errors = found
+    try:
+        yield found
+    finally:
+        _capture.errors = outer
+
 
 @ffi.def_extern(onerror=lambda *_: None)  # type: ignore[untyped-decorator]
 def _llamad_log_cb(level: int, text: Any, _user_data: Any) -> None:
@@ -77,6 +105,10 @@ def _llamad_log_cb(level: int, text: Any, _user_data: Any) -> None:
             return
         method = _STRUCTLOG_METHOD.get(int(level), "info")
         getattr(log, method)("llama.log", message=message)
+        if int(level) == _ERROR:
+            collecting = getattr(_capture, "errors", None)
+            if collecting is not None:
+                collecting.append(message)
     except BaseException:
         return
 

@@ -18,13 +18,18 @@ from llamad.errors import ConfigError
 from llamad.llama_ffi.errors import GrammarError, InvalidToken, NoLogits
 from llamad.llama_ffi.inputs import c_string
 from llamad.llama_ffi.lifetime import NativeHandle
-from llamad.llama_ffi.native import ffi, lib
+from llamad.llama_ffi.native import ffi, lib, llama_errors
 from llamad.llama_ffi.vocab import check_tokens
 
 if TYPE_CHECKING:
     from llamad.llama_ffi.model import Model
 
-__all__ = ["Sampler", "SamplerParams"]
+__all__ = ["Sampler", "SamplerParams", "grammar_problem"]
+
+#: What llama.cpp adds after the specific reason once a grammar fails to
+#: parse: it says nothing more.
+_GENERIC = "failed to parse grammar"
+_REASON_CHARS = 200
 
 _U32_MAX = 2**32 - 1
 
@@ -123,6 +128,27 @@ class SamplerParams:
         ) and self.penalty_last_n != 0
 
 
+def grammar_problem(said: list[str]) -> str:
+    """Why llama.cpp refused a grammar, from what it logged (:func:`llama_errors`).
+
+    The parser's message ends with the whole grammar text after a blank
+    line, and its reason quotes the rest of the grammar from where it
+    stopped ("expecting ::= at ..."): the sender has that text already and
+    it may be long, so the reason is put on one line and cut at
+    :data:`_REASON_CHARS`.
+    """
+    reasons: list[str] = []
+    for message in said:
+        head = " ".join(message.split("\n\n", 1)[0].split())
+        if len(head) > _REASON_CHARS:
+            head = head[: _REASON_CHARS - 1] + "…"
+        if head and head != _GENERIC and head not in reasons:
+            reasons.append(head)
+    if not reasons:
+        return "llama.cpp refused it without saying why (is its log level off?)"
+    return "; ".join(reasons)
+
+
 def _free_chain(model_handle: NativeHandle) -> Any:
     def free(ptr: Any) -> None:
         lib.llama_sampler_free(ptr)
@@ -175,13 +201,15 @@ class Sampler:
                     )
                 )
             if p.grammar is not None:
-                grammar = lib.llama_sampler_init_grammar(
-                    vocab, p.grammar.encode("utf-8"), p.grammar_root.encode("utf-8")
-                )
+                with llama_errors() as said:
+                    grammar = lib.llama_sampler_init_grammar(
+                        vocab, p.grammar.encode("utf-8"), p.grammar_root.encode("utf-8")
+                    )
                 if grammar == ffi.NULL:
+                    reason = grammar_problem(said)
                     raise GrammarError(
-                        "llama.cpp could not parse the grammar (see llama.log events)",
-                        details={"root": p.grammar_root},
+                        f"the grammar is invalid: {reason}",
+                        details={"root": p.grammar_root, "reason": reason},
                     )
                 self._grammar_index = int(lib.llama_sampler_chain_n(chain))
                 add(grammar)

@@ -184,6 +184,12 @@ def test_a_refused_request_exits_with_its_code(daemon: DaemonProc) -> None:
     overflow = llamad(daemon.endpoint, "complete", long_prompt, "--max-tokens", "4")
     assert overflow.returncode == EXIT_REFUSED, overflow.stderr
     assert overflow.stderr.startswith("llamad: context_overflow: "), overflow.stderr
+    grammar = llamad(daemon.endpoint, "complete", "hi", "--grammar", "root ::= (")
+    assert grammar.returncode == EXIT_REFUSED, grammar.stderr
+    assert grammar.stderr.splitlines() == [
+        "llamad: invalid_grammar: the grammar is invalid: "
+        "parse: error parsing grammar: expecting ')' at"
+    ]
 
 
 def test_bytes_that_are_not_utf8_are_refused_in_one_line(daemon: DaemonProc) -> None:

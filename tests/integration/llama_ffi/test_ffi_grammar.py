@@ -35,22 +35,42 @@ def test_digits_only_grammar_yields_only_digits(
 
 
 @pytest.mark.parametrize(
-    "grammar",
+    ("grammar", "reason"),
     [
-        "root ::= [0-9",
-        'root ::= "unterminated',
-        "root ::= undefined-rule",
-        "this is not gbnf",
+        ("root ::= [0-9", "parse: error parsing grammar: unexpected end of input"),
+        ('root ::= "unterminated', "parse: error parsing grammar: unexpected end of input"),
+        (
+            "root ::= undefined-rule",
+            "parse: error parsing grammar: Undefined rule identifier 'undefined-rule'",
+        ),
+        ("this is not gbnf", "parse: error parsing grammar: expecting ::= at is not gbnf"),
+        ('root ::= root "a"', "left recursion detected for nonterminal at index 0"),
     ],
 )
-def test_invalid_grammar_raises_grammar_error(model: Model, grammar: str) -> None:
-    with pytest.raises(GrammarError):
+def test_invalid_grammar_raises_grammar_error_with_llama_cpps_reason(
+    model: Model, grammar: str, reason: str
+) -> None:
+    # The parser's own reason used to go to stderr with fprintf; patch 0002
+    # sends it through the log callback, where llama_errors() hands it over.
+    with pytest.raises(GrammarError) as refused:
         Sampler(model, SamplerParams(grammar=grammar))
+    assert reason in refused.value.message
+    assert reason in refused.value.details["reason"]
 
 
 def test_missing_root_rule_raises_grammar_error(model: Model) -> None:
-    with pytest.raises(GrammarError):
+    with pytest.raises(GrammarError) as refused:
         Sampler(model, SamplerParams(grammar=DIGITS, grammar_root="start"))
+    assert refused.value.details["reason"] == "grammar does not contain a 'start' symbol"
+
+
+def test_a_long_bad_grammar_is_named_in_one_short_line(model: Model) -> None:
+    rules = "\n".join(f"r{i} ::= [a-z]+" for i in range(2000))
+    with pytest.raises(GrammarError) as refused:
+        Sampler(model, SamplerParams(grammar=f"root ::= r0\n{rules}\nbroken ::= (\n{rules}"))
+    assert "expecting" in refused.value.message
+    assert "\n" not in refused.value.message
+    assert len(refused.value.message) < 300
 
 
 def test_prompt_tokens_accepted_into_a_grammar_chain_skip_the_grammar(

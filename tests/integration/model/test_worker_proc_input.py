@@ -58,8 +58,10 @@ def test_prompt_longer_than_the_context_is_context_overflow(worker: WorkerClient
 
 
 def test_invalid_grammar_and_schema_are_refused_at_submit(worker: WorkerClient) -> None:
-    with pytest.raises(GrammarError):
+    with pytest.raises(GrammarError) as refused:
         worker.complete("hi", grammar="root ::= (", max_tokens=2)
+    # llama.cpp's own reason reaches the client, not a pointer to a log it cannot see.
+    assert "expecting ')'" in refused.value.message
     with pytest.raises(SchemaError):
         worker.complete("hi", json_schema={"type": "no-such-type"}, max_tokens=2)
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 import structlog
 
 from llamad.llama_ffi import LlamaError, Model, ModelOptions, ensure_backend, set_log_level
-from llamad.llama_ffi.native import _llamad_log_cb, ffi, lib
+from llamad.llama_ffi.native import _llamad_log_cb, ffi, lib, llama_errors
+from llamad.llama_ffi.sampling import grammar_problem
 from llamad.paths import default_model_path
 
 pytestmark = pytest.mark.timeout(30)
@@ -104,3 +106,38 @@ def test_a_level_chosen_before_the_backend_starts_is_kept() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert int(out.stdout.split()[-1]) > 0
+
+
+def _say(level: int, text: bytes) -> None:
+    _llamad_log_cb(level, ffi.new("char[]", text), ffi.NULL)
+
+
+def test_llama_errors_hands_this_threads_error_messages_to_the_caller() -> None:
+    with llama_errors() as said:
+        _say(lib.GGML_LOG_LEVEL_WARN, b"only a warning\n")
+        _say(lib.GGML_LOG_LEVEL_ERROR, b"parse: error parsing grammar: x\n\nroot ::= x\n")
+        other = threading.Thread(target=_say, args=(lib.GGML_LOG_LEVEL_ERROR, b"elsewhere"))
+        other.start()
+        other.join()
+        with llama_errors() as inner:
+            _say(lib.GGML_LOG_LEVEL_ERROR, b"nested")
+        _say(lib.GGML_LOG_LEVEL_ERROR, b"after the nested block")
+    _say(lib.GGML_LOG_LEVEL_ERROR, b"after the block")
+    assert said == ["parse: error parsing grammar: x\n\nroot ::= x", "after the nested block"]
+    assert inner == ["nested"]
+
+
+def test_a_grammar_problem_is_one_short_line_without_the_grammar() -> None:
+    tail = "x " * 500
+    said = [
+        f"parse: error parsing grammar: expecting ::= at is\nnot {tail}\n\nthe whole\ngrammar",
+        "failed to parse grammar",
+    ]
+    reason = grammar_problem(said)
+    assert reason.startswith("parse: error parsing grammar: expecting ::= at is not x x")
+    assert "\n" not in reason and "the whole" not in reason
+    assert len(reason) == 200 and reason.endswith("…")
+    assert grammar_problem(["grammar does not contain a 'start' symbol"]) == (
+        "grammar does not contain a 'start' symbol"
+    )
+    assert "log level" in grammar_problem(["failed to parse grammar"])
