@@ -256,12 +256,18 @@ which does every check and says what is wrong."""
 
 
 def encode_envelope(kind: int, cid: int, op: str, body: Any) -> bytes:
-    """Encode one header frame; raises ``TypeError``/``msgspec.EncodeError`` if
-    ``body`` is not msgpack-encodable, and :class:`~llamad.errors.BadRequest`
-    if a string in it is not Unicode text (a lone surrogate: what Python makes
-    of bytes that are not UTF-8 in a command line, a file name or a pipe)."""
+    """Encode one header frame; raises :class:`~llamad.errors.BadRequest` if
+    ``body`` holds what msgpack cannot carry: a string that is not Unicode
+    text (a lone surrogate: what Python makes of bytes that are not UTF-8 in
+    a command line, a file name or a pipe), an int outside -2**63..2**64-1,
+    or an object of a type it has no form for."""
     try:
         return _ENCODER.encode((PROTOCOL_VERSION, kind, cid, op, body))
+    except (OverflowError, TypeError, msgspec.EncodeError) as exc:
+        raise BadRequest(
+            f"{op or 'the message'}: a value that cannot be sent ({exc})",
+            details={"op": op, "error": str(exc)},
+        ) from None
     except UnicodeEncodeError as exc:
         bad = exc.object[exc.start : exc.end]
         code = f"U+{ord(bad[0]):04X}" if bad else "?"

@@ -78,6 +78,11 @@ class AdapterInfo(msgspec.Struct, frozen=True):
     scale: float
 
 
+class UnknownOption(TypeError):
+    """A keyword option no request has: the program's typo, raised like
+    Python's own "unexpected keyword argument" (nothing is sent)."""
+
+
 def new_request_id() -> str:
     """A request id unique enough to name a request across connections."""
     return "r-" + os.urandom(12).hex()
@@ -102,7 +107,7 @@ def split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str,
         elif key in CHAT_FIELDS:
             chat[key] = value
         else:
-            raise TypeError(f"unknown request option {key!r}")
+            raise UnknownOption(f"unknown request option {key!r}")
     stop = params.get("stop", ())
     if stop is None:
         del params["stop"]

@@ -238,3 +238,19 @@ def test_text_that_is_not_unicode_is_refused_typed(body: object) -> None:
     assert info.value.code == "bad_request"
     assert "not valid Unicode" in info.value.message
     assert info.value.details["op"] == "infer"
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ({"n": 2**64}, "can't serialize ints"),
+        ([-(2**63) - 1], "can't serialize ints"),
+        ({"x": object()}, "unsupported"),
+        ({"text": "caf\udce9"}, "not valid Unicode"),
+    ],
+)
+def test_a_body_msgpack_cannot_carry_is_a_bad_request_naming_the_op(body: Any, said: str) -> None:
+    with pytest.raises(BadRequest, match=said) as refused:
+        encode_envelope(Kind.CALL, 1, "tokenize", body)
+    assert refused.value.message.startswith("tokenize: ")
+    assert refused.value.details["op"] == "tokenize"
