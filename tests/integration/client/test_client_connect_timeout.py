@@ -10,6 +10,8 @@ never runs; a fake front answers ``route`` with that actor's name.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import tempfile
 import threading
 import time
@@ -22,6 +24,8 @@ import pytest
 
 from llamad import AsyncClient, Client
 from llamad.actors import Actor, Registry
+from llamad.cli.errors import EXIT_UNAVAILABLE
+from llamad.cli.main import main as llamad_main
 from llamad.errors import Unavailable
 from llamad.front.wire import OPS as FRONT_OPS
 from llamad.front.wire import Route
@@ -102,3 +106,17 @@ def test_the_async_client_keeps_the_connect_timeout_too(endpoints: Endpoints) ->
 
     assert CONNECT_TIMEOUT * 0.9 <= _elapsed_async(front) < LIMIT
     assert CONNECT_TIMEOUT * 0.9 <= _elapsed_async(worker) < LIMIT
+
+
+def test_the_cli_says_unavailable_in_one_line_after_the_connect_timeout(
+    endpoints: Endpoints,
+) -> None:
+    err = io.StringIO()
+    started = time.monotonic()
+    with contextlib.redirect_stderr(err):
+        status = llamad_main(["status", "--endpoint", endpoints.deaf, "--connect-timeout", "1"])
+    elapsed = time.monotonic() - started
+    assert status == EXIT_UNAVAILABLE, err.getvalue()
+    lines = err.getvalue().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("llamad: unavailable: "), lines
+    assert CONNECT_TIMEOUT * 0.9 <= elapsed < LIMIT
