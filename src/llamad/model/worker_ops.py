@@ -188,8 +188,10 @@ class WorkerOps:
             actor.add_op(spec, handler if name == "status" else self._busy(handler))
 
     def _busy(self, handler: Callable[[Request[Any]], Any]) -> Callable[[Request[Any]], Any]:
-        # A handler (a long tokenize, an embedding batch, an adapter load) is
-        # loop time like a tick: it counts against decode_timeout_ms too.
+        # A handler (an embedding batch, an adapter load, a short text
+        # tokenized inline) is loop time like a tick: it counts against
+        # decode_timeout_ms too. A long text's tokenizing is not: it runs on
+        # the text thread, outside any busy section.
         mark = self.mark
 
         def run(req: Request[Any]) -> Any:
