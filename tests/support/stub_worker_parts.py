@@ -29,6 +29,18 @@ class StubText:
     def __init__(self, n_vocab: int) -> None:
         self.n_vocab = n_vocab
 
+    @property
+    def max_token_bytes(self) -> int | None:
+        # One token per character, and a character is at most 4 UTF-8 bytes.
+        return 4
+
+    def chat_prompt(self, messages: object, **options: Any) -> tuple[str, bool]:
+        if not isinstance(messages, Sequence):
+            raise ConfigError("messages must be a list")
+        return "".join(
+            f"{m['role']}{m['content']}" for m in messages if isinstance(m, Mapping)
+        ), False
+
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
         return [(ord(c) - 97) % self.n_vocab for c in text]
 
@@ -38,9 +50,7 @@ class StubText:
         return "".join(chr(97 + t % 26) for t in tokens)
 
     def apply_chat_template(self, messages: object, **options: Any) -> list[int]:
-        if not isinstance(messages, Sequence):
-            raise ConfigError("messages must be a list")
-        text = "".join(f"{m['role']}{m['content']}" for m in messages if isinstance(m, Mapping))
+        text, _ = self.chat_prompt(messages)
         return self.tokenize(text, add_special=False, parse_special=True)
 
 

@@ -8,7 +8,8 @@ The same events and terminal as :class:`llamad.client.stream.Stream`: the
 Leaving early cancels the request on the worker: ``break`` out of
 ``async for`` (asyncio closes the abandoned iterator), an exception, the
 consuming task being cancelled, the ``async with`` block's end,
-:meth:`AsyncStream.close`, or the stream being garbage collected.
+:meth:`AsyncStream.close`, or the stream being garbage collected. Then
+:meth:`AsyncStream.completion` raises :class:`~llamad.errors.Cancelled`.
 """
 
 from __future__ import annotations
@@ -53,7 +54,13 @@ class AsyncStream(StreamBase):
         return await anext(self._own)
 
     async def completion(self) -> Completion:
-        """Consume the remaining events; the :class:`Completion` (or raise the error)."""
+        """Consume the remaining events; the :class:`Completion` (or raise the error).
+
+        As :meth:`llamad.client.stream.Stream.completion`: on a stream already
+        closed (``break``, :meth:`close`, the ``async with`` block's end) it
+        raises :class:`~llamad.errors.Cancelled` (``details["reason"] ==
+        "closed"``).
+        """
         async for _ in self._events():
             pass
         return self._outcome()

@@ -28,7 +28,7 @@ from llamad.client import asks
 from llamad.client.asks import Ask
 from llamad.client.bodies import read_end
 from llamad.config import client_curve, client_endpoint
-from llamad.errors import LlamadError
+from llamad.errors import Cancelled, LlamadError
 from llamad.model.results import Completion, DoneEvent, ThinkingEvent, TokenEvent, ToolCallEvent
 
 __all__ = [
@@ -193,11 +193,20 @@ class StreamBase:
         return event
 
     def _outcome(self) -> Completion:
-        """The :class:`Completion` of a stream consumed to its end, or its error raised."""
-        if self.result is None:
-            assert self.error is not None, "a stream ends with a result or an error"
+        """The :class:`Completion` of a stream consumed to its end, or its error
+        raised; :class:`~llamad.errors.Cancelled` for a stream closed before its
+        end (it has no :class:`Completion`: the worker cancelled the request
+        and the rest of its events were never read)."""
+        if self.result is not None:
+            return self.result
+        if self.error is not None:
             raise self.error
-        return self.result
+        raise Cancelled(
+            f"stream {self.request_id!r} was closed before its done event (a break out of"
+            " its loop, close(), the with block's end): its request was cancelled and has"
+            " no Completion; use stream.cancel() and read on for the partial reply",
+            details={"reason": "closed", "request_id": self.request_id},
+        )
 
     def _ended(self) -> None:
         on_end, self._on_end = self._on_end, None

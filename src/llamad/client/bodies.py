@@ -19,7 +19,7 @@ from typing import Any, Final, TypeVar
 import msgspec
 
 from llamad.errors import BadRequest
-from llamad.front.wire import EvictBytes, LoadModel, ModelRef
+from llamad.front.wire import EVICT_ALL, EvictBytes, LoadModel, ModelRef
 from llamad.model.requests import RequestParams
 from llamad.model.wire import (
     AdapterRef,
@@ -229,6 +229,10 @@ def load_model_body(
 
 
 def evict_body(n: int, tiers: Iterable[str] | None) -> EvictBytes:
+    """Any int ``n >= 0``, clamped to :data:`~llamad.front.wire.EVICT_ALL`
+    (``evict_bytes(sys.maxsize)`` means "all that can go")."""
+    if isinstance(n, int) and not isinstance(n, bool) and n > EVICT_ALL:
+        n = EVICT_ALL
     return _struct(
         EvictBytes, {"n": n, "tiers": None if tiers is None else [str(t) for t in tiers]}, ""
     )

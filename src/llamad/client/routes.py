@@ -17,7 +17,11 @@ waiting, so they cannot drift):
   ``WorkerCrashed``, and a generation is never resent;
 - a front op refused before sending (the daemon down or restarting) waits
   up to ``connect_timeout`` for the front once; ``route`` is idempotent and
-  is asked again after a front crash.
+  is asked again after a front crash;
+- ``connect_timeout`` bounds all the waiting for connections of one call,
+  the retry's included: the retry waits for what its first attempt left
+  (an endpoint that never answers fails after ``connect_timeout``, not
+  twice that).
 
 The transport follows the front's: a client of an ``ipc://`` front reaches
 the worker by name in the registry (its ipc socket); a client of a
@@ -29,6 +33,7 @@ server key when the daemon serves CURVE.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -169,6 +174,11 @@ class _Links(Generic[A]):
         stopping)."""
         return not front.connected
 
+    def _connect_left(self, started: float) -> float:
+        """What is left of ``connect_timeout`` to a call that began waiting for
+        a connection at ``started`` (``time.monotonic()``); 0 when spent."""
+        return max(0.0, started + self.connect_timeout - time.monotonic())
+
 
 class Links(_Links[ActorClient]):
     """One thread's connections of a blocking client (see the module doc)."""
@@ -184,12 +194,14 @@ class Links(_Links[ActorClient]):
     def front_call(self, op: str, body: Any, reply_type: Any, timeout: float | None) -> Any:
         front = self.front
         rtype = Any if reply_type is None else reply_type
+        started = time.monotonic()
         try:
             return front.call(op, body, timeout=timeout, reply_type=rtype)
         except Unavailable:
-            if not self._front_again(front):
+            left = self._connect_left(started)
+            if not self._front_again(front) or left <= 0:
                 raise
-        front.connect(timeout=self.connect_timeout)
+        front.connect(timeout=left)
         return front.call(op, body, timeout=timeout, reply_type=rtype)
 
     def route(self, model_id: str) -> Route:
@@ -202,12 +214,13 @@ class Links(_Links[ActorClient]):
 
     def on_worker(self, model_id: str, send: Callable[[ActorClient], T]) -> T:
         """``send`` the request to ``model_id``'s worker, by the retry rule."""
+        started = time.monotonic()
         for attempt in (1, 2):
             w = self._worker(model_id)
             if not w.actor.connected:
                 try:
                     self._connectable(model_id, w, attempt)
-                    w.actor.connect(timeout=self.connect_timeout)
+                    w.actor.connect(timeout=self._connect_left(started))
                 except (Unavailable, WorkerCrashed):
                     if self._again(model_id, w, attempt, sent=False):
                         continue
@@ -254,12 +267,14 @@ class AsyncLinks(_Links[AsyncActorClient]):
     async def front_call(self, op: str, body: Any, reply_type: Any, timeout: float | None) -> Any:
         front = self.front
         rtype = Any if reply_type is None else reply_type
+        started = time.monotonic()
         try:
             return await front.call(op, body, timeout=timeout, reply_type=rtype)
         except Unavailable:
-            if not self._front_again(front):
+            left = self._connect_left(started)
+            if not self._front_again(front) or left <= 0:
                 raise
-        await front.connect(timeout=self.connect_timeout)
+        await front.connect(timeout=left)
         return await front.call(op, body, timeout=timeout, reply_type=rtype)
 
     async def route(self, model_id: str) -> Route:
@@ -272,12 +287,13 @@ class AsyncLinks(_Links[AsyncActorClient]):
 
     async def on_worker(self, model_id: str, send: Callable[[AsyncActorClient], Awaitable[T]]) -> T:
         """As :meth:`Links.on_worker`."""
+        started = time.monotonic()
         for attempt in (1, 2):
             w = await self._worker(model_id)
             if not w.actor.connected:
                 try:
                     self._connectable(model_id, w, attempt)
-                    await w.actor.connect(timeout=self.connect_timeout)
+                    await w.actor.connect(timeout=self._connect_left(started))
                 except (Unavailable, WorkerCrashed):
                     if self._again(model_id, w, attempt, sent=False):
                         continue

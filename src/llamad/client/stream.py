@@ -13,7 +13,8 @@ Leaving early cancels the request on the worker, which frees its sequence:
 ``with`` block's end, :meth:`Stream.close`, or the stream being garbage
 collected. :meth:`Stream.cancel` instead asks the worker to stop and lets the
 iteration run on to a ``done`` whose ``finish_reason`` is ``cancelled`` (the
-partial reply included).
+partial reply included). :meth:`Stream.completion` on a stream left early
+raises :class:`~llamad.errors.Cancelled`: it has no result.
 """
 
 from __future__ import annotations
@@ -69,7 +70,14 @@ class Stream(StreamBase):
         return next(self._own)
 
     def completion(self) -> Completion:
-        """Consume the remaining events; the :class:`Completion` (or raise the error)."""
+        """Consume the remaining events; the :class:`Completion` (or raise the error).
+
+        On a stream already closed (a ``break`` out of its loop, :meth:`close`,
+        the ``with`` block's end) it raises :class:`~llamad.errors.Cancelled`
+        (``details["reason"] == "closed"``): the request was cancelled when the
+        stream was left and no :class:`Completion` came. For the partial reply,
+        :meth:`cancel` instead and read on.
+        """
         for _ in self._events():
             pass
         return self._outcome()

@@ -158,7 +158,8 @@ class Client(ClientBase):
         self, n: int, tiers: Iterable[str] | None = None, *, timeout: float | None = _DEFAULT
     ) -> int:
         """Evict at least ``n`` bytes of cache rows (LRU, unpinned) from ``tiers``
-        (default all); the bytes freed."""
+        (default all); the bytes freed. Any int ``n >= 0``: past everything
+        (``sys.maxsize``) it is clamped, and evicts all that can go."""
         return self._run(asks.evict_bytes(n, tiers), timeout)
 
     def gc(self, *, timeout: float | None = _DEFAULT) -> GcReport:

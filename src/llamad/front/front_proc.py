@@ -47,6 +47,7 @@ from llamad.front.status import Supervisors, daemon_status
 from llamad.front.table import ModelEntry, ModelTable
 from llamad.front.watch import SupervisorWatch
 from llamad.front.wire import (
+    EVICT_ALL,
     FRONT_ACTOR,
     OPS,
     DaemonStatus,
@@ -348,7 +349,7 @@ class Front:
         # The wire refused any tier that is not a TierKind before this runs.
         tiers = req.body.tiers
         pending = req.defer()
-        n = req.body.n
+        n = min(req.body.n, EVICT_ALL)  # cache-meta's wire stops at EVICT_ALL
         self.cache_lane.submit(
             lambda cache: cache.evict_bytes(n, tiers)[1], lambda o: _answer(pending, o)
         )

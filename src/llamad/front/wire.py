@@ -45,6 +45,7 @@ from llamad.model.wire import WorkerSnapshot
 from llamad.tiers import TierKind
 
 __all__ = [
+    "EVICT_ALL",
     "FRONT_ACTOR",
     "OPS",
     "DaemonStatus",
@@ -210,8 +211,16 @@ class DaemonStatus(msgspec.Struct, frozen=True):
     """Wall clock (``time.time()``) when the daemon started."""
 
 
+EVICT_ALL: Final = 2**62
+"""``evict_bytes`` asks for at most this many bytes (4 EiB, past any cache);
+a larger ``n`` is clamped to it, meaning "everything that can go"."""
+
+
 class EvictBytes(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    n: Annotated[int, msgspec.Meta(ge=0, le=2**62)]
+    """``evict_bytes``: any ``n >= 0`` (up to 2**64 - 1 on the wire), clamped
+    to :data:`EVICT_ALL` by the front."""
+
+    n: Annotated[int, msgspec.Meta(ge=0)]
     tiers: list[TierKind] | None = None
 
 

@@ -51,6 +51,7 @@ __all__ = [
     "TemplateError",
     "TemplateSecurityError",
     "apply_chat_template",
+    "chat_prompt",
     "validate_messages",
 ]
 
@@ -586,8 +587,21 @@ def apply_chat_template(
     tokens; BOS is added only when the model wants one and the template did
     not already write it. ``options`` are :meth:`ChatFormatter.render`'s.
     """
+    text, add_bos = chat_prompt(model, messages, formatter=formatter, **options)
+    return model.tokenize(text, add_special=add_bos, parse_special=True)
+
+
+def chat_prompt(
+    model: ModelLike,
+    messages: object,
+    *,
+    formatter: ChatFormatter | None = None,
+    **options: Any,
+) -> tuple[str, bool]:
+    """The prompt text :func:`apply_chat_template` tokenizes, and whether BOS
+    is added to it (the model wants one and the template did not write it)."""
     formatter = formatter or ChatFormatter.for_model(model)
     text = formatter.render(messages, **options)
     bos_text = formatter.jinja.bos_token if formatter.jinja is not None else ""
     add_bos = model.add_bos and not (bos_text and text.startswith(bos_text))
-    return model.tokenize(text, add_special=add_bos, parse_special=True)
+    return text, add_bos

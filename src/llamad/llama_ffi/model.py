@@ -125,6 +125,7 @@ class Model:
         self._finalizer = weakref.finalize(self, self._handle.close)
         self._metadata: dict[str, str] | None = None
         self._eog: frozenset[int] | None = None
+        self._max_token_bytes: int | None = -1  # -1: not measured yet
 
         self.n_vocab = int(lib.llama_vocab_n_tokens(self._vocab))
         self.n_ctx_train = int(lib.llama_model_n_ctx_train(ptr))
@@ -282,6 +283,21 @@ class Model:
         self.check_tokens([token])
         with self._handle.lease():
             return _vocab.token_piece(self._vocab, token, special)
+
+    @property
+    def max_token_bytes(self) -> int | None:
+        """The most bytes of text one token stands for, when this vocabulary's
+        tokenizer puts every byte of a text in exactly one token (then a text
+        of ``B`` bytes makes at least ``ceil(B / max_token_bytes)`` tokens);
+        ``None`` when it may drop or merge text (WPM, UGM, special tokens that
+        strip whitespace). Measured once, over the whole vocabulary."""
+        if self._max_token_bytes == -1:
+            longest = None
+            if _vocab.pieces_cover_text(self.metadata):
+                with self._handle.lease():
+                    longest = _vocab.longest_piece(self._vocab, self.n_vocab) or None
+            self._max_token_bytes = longest
+        return self._max_token_bytes
 
     # -- dependants --------------------------------------------------------------
 

@@ -7,14 +7,22 @@ C boundary, which aborts the process.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from llamad.errors import BadRequest
 from llamad.llama_ffi.errors import InvalidToken
 from llamad.llama_ffi.native import ffi, lib
 
-__all__ = ["check_tokens", "detokenize", "to_token_array", "token_piece", "tokenize"]
+__all__ = [
+    "check_tokens",
+    "detokenize",
+    "longest_piece",
+    "pieces_cover_text",
+    "to_token_array",
+    "token_piece",
+    "tokenize",
+]
 
 _INT32_MAX = 2**31 - 1
 
@@ -101,3 +109,49 @@ def token_piece(vocab: Any, token: int, special: bool) -> bytes:
         buf = ffi.new("char[]", -n)
         n = int(lib.llama_token_to_piece(vocab, token, buf, -n, 0, special))
     return bytes(ffi.buffer(buf, max(n, 0)))
+
+
+def longest_piece(vocab: Any, n_vocab: int) -> int:
+    """The most bytes any token of ``vocab`` renders as (special tokens as
+    their text, which is what ``parse_special`` matches in a prompt)."""
+    size = 256
+    buf = ffi.new("char[]", size)
+    longest = 0
+    for token in range(n_vocab):
+        n = int(lib.llama_token_to_piece(vocab, token, buf, size, 0, True))
+        # A negative count is the size the piece needs: its length all the same.
+        longest = max(longest, abs(n))
+    return longest
+
+
+# The tokenizers of llama.cpp (src/llama-vocab.cpp at the pinned commit) that
+# never drop or merge input text: every byte of a prompt lands in exactly one
+# token, and a token covers exactly the bytes its piece renders as. SPM
+# ("llama") only escapes spaces as U+2581, which the piece unescapes; BPE
+# ("gpt2") maps bytes one to one. WPM ("bert") drops control characters and
+# UGM ("t5") normalizes and collapses whitespace, so many bytes can become no
+# token at all; the others (rwkv, plamo2, hybriddna, whitespace, gemma4) are
+# left out for want of a reason to trust them.
+_BYTEWISE_TOKENIZERS = frozenset({"llama", "gpt2"})
+# A special token with LSTRIP/RSTRIP swallows the whitespace beside it, however
+# long. llama.cpp sets those by name in llama_vocab::impl::load; these are its
+# rules (a vocabulary they match gets no bound).
+_STRIPPING_PRE = ("jina-v2-de", "jina-v2-es", "jina-v2-code", "whitespace")
+_STRIPPING_ARCH = ("nomic-bert-moe", "jina-bert-v3")
+_STRIPPING_NAME = ("phi-3", "phi3", "modern-bert")
+
+
+def pieces_cover_text(metadata: Mapping[str, str]) -> bool:
+    """Whether text of ``B`` bytes certainly makes at least ``ceil(B / L)``
+    tokens, ``L`` being :func:`longest_piece`, for the vocabulary these GGUF
+    ``metadata`` describe (see the rules above)."""
+    if metadata.get("tokenizer.ggml.model") not in _BYTEWISE_TOKENIZERS:
+        return False
+    pre = metadata.get("tokenizer.ggml.pre", "")
+    arch = metadata.get("general.architecture", "")
+    name = metadata.get("general.name", "").lower()
+    return not (
+        any(p in pre for p in _STRIPPING_PRE)
+        or any(a in arch for a in _STRIPPING_ARCH)
+        or any(n in name for n in _STRIPPING_NAME)
+    )

@@ -31,6 +31,7 @@ __all__ = [
     "RequestParams",
     "checked_tokens",
     "parse_params",
+    "refuse_unfittable",
     "target_tokens",
 ]
 
@@ -219,3 +220,29 @@ def target_tokens(
             details={"tokens": len(target), "n_ctx": n_ctx},
         )
     return target
+
+
+def refuse_unfittable(
+    n_bytes: int, max_token_bytes: int | None, n_ctx: int, *, exact: bool = True
+) -> None:
+    """``context_overflow`` for a prompt text of ``n_bytes`` (UTF-8; a lower
+    bound unless ``exact``) that cannot fit ``n_ctx`` tokens, before anything
+    tokenizes it.
+
+    Sound, never a guess: where every byte of a text lands in one token and
+    a token stands for at most ``max_token_bytes`` of them
+    (:attr:`llamad.llama_ffi.Model.max_token_bytes`), the text makes at least
+    ``ceil(n_bytes / max_token_bytes)`` tokens; BOS and a session's
+    transcript only add to that. ``None`` (no such bound for the
+    vocabulary): nothing is refused here, the tokens are counted instead.
+    """
+    if max_token_bytes is None or max_token_bytes <= 0:
+        return
+    fewest = -(-n_bytes // max_token_bytes)
+    if fewest > n_ctx:
+        size = f"{n_bytes} bytes" if exact else f"at least {n_bytes} bytes"
+        raise ContextOverflow(
+            f"the prompt cannot fit a context of {n_ctx} tokens: its text of {size} makes"
+            f" at least {fewest} tokens (no token covers more than {max_token_bytes} bytes)",
+            details={"bytes": n_bytes, "min_tokens": fewest, "n_ctx": n_ctx},
+        )

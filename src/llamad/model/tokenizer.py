@@ -9,15 +9,23 @@ falling back to llama.cpp's built-in templates when the file has none.
 Inputs are bounded here as well as by the message size: a prompt is refused
 past :data:`MAX_TEXT_CHARS` characters and a detokenize past
 :data:`MAX_DETOKENIZE_TOKENS` ids, with ``bad_request`` naming the field.
+
+Thread-safe: the worker tokenizes long texts on a thread beside its loop
+(:mod:`llamad.model.text_jobs`). llama.cpp's tokenizer only reads the
+vocabulary (``llama_vocab::impl::tokenize`` is ``const`` and makes its own
+session per call, as llama-server relies on when its HTTP threads tokenize
+while the loop decodes), the model is leased for each call, and the Jinja
+template renders in a fresh context each time.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from llamad.errors import BadRequest
-from llamad.llama_ffi.chat_template import ChatFormatter, apply_chat_template
+from llamad.llama_ffi.chat_template import ChatFormatter, apply_chat_template, chat_prompt
 from llamad.llama_ffi.model import Model
 
 __all__ = ["MAX_DETOKENIZE_TOKENS", "MAX_TEXT_CHARS", "Tokenizer"]
@@ -33,13 +41,18 @@ class Tokenizer:
     def __init__(self, model: Model) -> None:
         self.model = model
         self._formatter: ChatFormatter | None = None
+        self._lock = threading.Lock()
+        #: The most bytes of text one token stands for (``None``: no sound
+        #: bound for this vocabulary); measured here, at load, not in a request.
+        self.max_token_bytes: int | None = model.max_token_bytes
 
     @property
     def formatter(self) -> ChatFormatter:
         """The compiled chat template (made on first use: compiling costs ~ms)."""
-        if self._formatter is None:
-            self._formatter = ChatFormatter.for_model(self.model)
-        return self._formatter
+        with self._lock:  # the loop and the text thread may both ask first
+            if self._formatter is None:
+                self._formatter = ChatFormatter.for_model(self.model)
+            return self._formatter
 
     def tokenize(
         self, text: str, *, add_special: bool = True, parse_special: bool = False
@@ -90,6 +103,11 @@ class Tokenizer:
             enable_thinking=enable_thinking,
             **options,
         )
+
+    def chat_prompt(self, messages: object, **options: Any) -> tuple[str, bool]:
+        """The prompt text of ``messages`` and whether BOS is added to it: what
+        :meth:`apply_chat_template` tokenizes (with special tokens parsed)."""
+        return chat_prompt(self.model, messages, formatter=self.formatter, **options)
 
     def apply_chat_template(
         self,

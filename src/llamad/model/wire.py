@@ -148,6 +148,9 @@ class WorkerSnapshot(msgspec.Struct, frozen=True):
     same monotonic clock; ``None`` before the first. The daemon's front
     unloads a model idle for its ``keep_alive`` from it (SPEC D7).
 
+    ``tokenizing``: long texts the worker's text thread is rendering or
+    tokenizing, or holds to do next (:mod:`llamad.model.text_jobs`).
+
     ``threads`` (SPEC M14): the thread governor's
     :class:`ThreadStatus` (the last step's count, the
     daemon-wide budget and busy workers, collapses, fallbacks, probes), or
@@ -171,6 +174,7 @@ class WorkerSnapshot(msgspec.Struct, frozen=True):
     threads: ThreadStatus | None = None
     spin: SpinSetting = SpinSetting.NOT_YET
     last_request_at: float | None = None
+    tokenizing: int = 0
 
 
 class ChatOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

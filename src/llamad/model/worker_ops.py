@@ -7,6 +7,15 @@ answers it. An admitted request takes a stream or a deferred reply and is
 registered with :class:`~llamad.model.deliveries.Deliveries`, whose
 cancellation callback cancels it in the core when its client goes away.
 Schemas: :mod:`llamad.model.wire`.
+
+A text longer than :data:`INLINE_TEXT_CHARS` (a prompt, a chat's messages,
+a ``tokenize`` or ``apply_chat_template`` body) is rendered and tokenized on
+the text thread (:mod:`llamad.model.text_jobs`), not on the loop: the
+request goes on from the loop once its tokens are there, and meanwhile the
+worker serves everyone else. Before any tokenizing, a prompt text that
+cannot fit the context is ``context_overflow``
+(:func:`~llamad.model.requests.refuse_unfittable`: a text prompt at once on
+the loop, a chat once rendered).
 """
 
 from __future__ import annotations
@@ -17,16 +26,19 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final, TypeVar
 
 import msgspec
 import structlog
 
 from llamad.actors import Actor, PendingReply, Request, StreamSender
+from llamad.errors import BadRequest, Unavailable
 from llamad.llama_ffi.errors import Unsupported
 from llamad.model.core import WorkerCore
 from llamad.model.deliveries import Deliveries
 from llamad.model.heartbeat import BusyMark
+from llamad.model.requests import refuse_unfittable
+from llamad.model.text_jobs import Outcome, TextJobs
 from llamad.model.wire import (
     OPS,
     AdapterRef,
@@ -52,9 +64,15 @@ from llamad.model.wire import (
 from llamad.model.worker_parts import Adapters, WorkerParts
 from llamad.paths import contained_model_path
 
-__all__ = ["WorkerOps"]
+__all__ = ["INLINE_TEXT_CHARS", "WorkerOps"]
 
 log = structlog.get_logger("llamad.model")
+
+T = TypeVar("T")
+
+INLINE_TEXT_CHARS: Final = 16 << 10
+"""The longest text tokenized on the loop (characters; a few ms at most);
+longer ones go to the text thread. A chat counts its messages' strings."""
 
 
 def _chat_options(chat: ChatOptions) -> dict[str, Any]:
@@ -69,11 +87,35 @@ def _chat_options(chat: ChatOptions) -> dict[str, Any]:
 
 @dataclass(eq=False, slots=True)
 class _Held:
-    """A request and its client end, admitted now or after an adapter change."""
+    """A request and its client end, admitted once its tokens are there and no
+    adapter change is waiting (``cancel`` asked before then: ``cancelled``)."""
 
     req: Request[InferBody]
     handle: StreamSender | PendingReply
+    request_id: str
     prefill_only: bool = False
+    tokens: list[int] | None = None
+    cancel_asked: bool = False
+
+
+def _utf8_bytes(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def _chars_in(value: object) -> int:
+    """Characters in the strings of a decoded message tree (keys included)."""
+    total = 0
+    todo = [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            todo.extend(item.keys())
+            todo.extend(item.values())
+        elif isinstance(item, list | tuple):
+            todo.extend(item)
+    return total
 
 
 _MAX_WAITED_S = 600.0
@@ -116,6 +158,9 @@ class WorkerOps:
         self._ids = itertools.count(1)
         self._changes: deque[tuple[Callable[[Adapters], Any], PendingReply]] = deque()
         self._held: deque[_Held] = deque()
+        #: Requests whose text the text thread is rendering or tokenizing.
+        self._preparing: dict[str, _Held] = {}
+        self.text_jobs = TextJobs()
 
     def register(self, actor: Actor) -> None:
         handlers: dict[str, Callable[[Request[Any]], Any]] = {
@@ -143,8 +188,10 @@ class WorkerOps:
             actor.add_op(spec, handler if name == "status" else self._busy(handler))
 
     def _busy(self, handler: Callable[[Request[Any]], Any]) -> Callable[[Request[Any]], Any]:
-        # A handler (a long tokenize, an embedding batch, an adapter load) is
-        # loop time like a tick: it counts against decode_timeout_ms too.
+        # A handler (an embedding batch, an adapter load, a short text
+        # tokenized inline) is loop time like a tick: it counts against
+        # decode_timeout_ms too. A long text's tokenizing is not: it runs on
+        # the text thread, outside any busy section.
         mark = self.mark
 
         def run(req: Request[Any]) -> Any:
@@ -156,52 +203,108 @@ class WorkerOps:
 
     # -- requests --------------------------------------------------------------------
 
-    def _tokens(self, body: InferBody) -> list[int]:
+    def _prompt(self, body: InferBody) -> list[int] | Callable[[], list[int]]:
+        """The prompt's tokens, or the work that makes them on the text thread
+        (a long text). A prompt that cannot fit the context is refused first."""
+        text = self.parts.text
+        n_ctx = self.core.config.n_ctx
+        bound = text.max_token_bytes
         if body.messages is not None:
-            return self.parts.text.apply_chat_template(body.messages, **_chat_options(body.chat))
+            messages, options = body.messages, _chat_options(body.chat)
+
+            def chat() -> list[int]:
+                # A template may leave messages out: only the rendered text
+                # bounds the tokens.
+                prompt, add_bos = text.chat_prompt(messages, **options)
+                refuse_unfittable(_utf8_bytes(prompt), bound, n_ctx)
+                return text.tokenize(prompt, add_special=add_bos, parse_special=True)
+
+            return chat if _chars_in(messages) > INLINE_TEXT_CHARS else chat()
         if isinstance(body.prompt, str):
-            return self.parts.text.tokenize(
-                body.prompt, add_special=body.add_special, parse_special=True
-            )
+            prompt, add_special = body.prompt, body.add_special
+            # At once, before it waits for the text thread: every character
+            # is at least one byte (exactly one in ASCII).
+            ascii_ = prompt.isascii()
+            refuse_unfittable(len(prompt), bound, n_ctx, exact=ascii_)
+
+            def tokens() -> list[int]:
+                if not ascii_:
+                    refuse_unfittable(_utf8_bytes(prompt), bound, n_ctx)
+                return text.tokenize(prompt, add_special=add_special, parse_special=True)
+
+            return tokens if len(prompt) > INLINE_TEXT_CHARS else tokens()
         assert body.prompt is not None
         return body.prompt
 
-    def _submit(self, req: Request[InferBody], *, prefill_only: bool = False) -> str:
-        body = req.body
-        params = body.params
-        if prefill_only and not params.prefill_only:
-            params = msgspec.structs.replace(params, prefill_only=True)
-        request_id = body.request_id or f"r{next(self._ids)}.{req.peer.process.pid}"
-        self.core.submit(
-            request_id, self._tokens(body), params, waited_s=_waited(body, local=req.peer.local)
-        )
-        self.requests_total += 1
-        return request_id
-
     def infer(self, req: Request[InferBody]) -> None:
-        self._request(_Held(req, req.stream()))
+        self._request(req, req.stream())
 
     def complete(self, req: Request[InferBody]) -> None:
-        self._request(_Held(req, req.defer()))
+        self._request(req, req.defer())
 
     def prefill_only(self, req: Request[InferBody]) -> None:
-        self._request(_Held(req, req.defer(), prefill_only=True))
+        self._request(req, req.defer(), prefill_only=True)
 
-    def _request(self, held: _Held) -> None:
+    def _request(
+        self,
+        req: Request[InferBody],
+        handle: StreamSender | PendingReply,
+        *,
+        prefill_only: bool = False,
+    ) -> None:
+        # A refusal raises: the actor fails the handle with it.
+        request_id = req.body.request_id or f"r{next(self._ids)}.{req.peer.process.pid}"
+        if request_id in self._preparing:
+            raise BadRequest(
+                f"request {request_id!r} is already running", details={"field": "request_id"}
+            )
+        held = _Held(req, handle, request_id, prefill_only)
+        prompt = self._prompt(req.body)
+        if isinstance(prompt, list):
+            held.tokens = prompt
+            self._admit(held)
+            return
+        self.text_jobs.submit(prompt, lambda outcome: self._prepared(held, outcome))
+        self._preparing[request_id] = held
+
+    def _prepared(self, held: _Held, outcome: Outcome[list[int]]) -> None:
+        """On the loop: the text thread made ``held``'s tokens (or failed)."""
+        self._preparing.pop(held.request_id, None)
+        if held.handle.done:
+            return  # its client went away meanwhile
+        try:
+            held.tokens = outcome.get()
+            with self.mark.busy():
+                self._admit(held)
+        except Exception as exc:
+            held.handle.fail(exc)
+
+    def _admit(self, held: _Held) -> None:
         if self._changes:
             # An adapter change waits for the worker to drain; requests that
             # came after it wait behind it, so it cannot be starved.
             self._held.append(held)
             return
-        self._start(held)  # a refusal raises: the actor fails the handle with it
+        self._start(held)
 
     def _start(self, held: _Held) -> None:
-        request_id = self._submit(held.req, prefill_only=held.prefill_only)
+        body = held.req.body
+        params = body.params
+        if held.prefill_only and not params.prefill_only:
+            params = msgspec.structs.replace(params, prefill_only=True)
+        assert held.tokens is not None
+        request_id = held.request_id
+        self.core.submit(
+            request_id, held.tokens, params, waited_s=_waited(body, local=held.req.peer.local)
+        )
+        self.requests_total += 1
         handle = held.handle
         if isinstance(handle, StreamSender):
             self.deliveries.add_stream(request_id, handle, self._client_gone)
         else:
             self.deliveries.add_reply(request_id, handle, self._client_gone)
+        if held.cancel_asked:
+            self.core.cancel(request_id)  # ends ``cancelled`` like any other
 
     def _client_gone(self, request_id: str) -> None:
         # Observed at the next tick: the request ends ``cancelled``, takes its
@@ -209,7 +312,15 @@ class WorkerOps:
         self.core.cancel(request_id)
 
     def cancel(self, req: Request[CancelBody]) -> CancelReply:
-        return CancelReply(self.core.cancel(req.body.request_id))
+        request_id = req.body.request_id
+        waiting = self._preparing.get(request_id)
+        if waiting is None:
+            waiting = next((h for h in self._held if h.request_id == request_id), None)
+        if waiting is not None and not waiting.handle.done:
+            # Not in the core yet: cancelled as soon as it is.
+            waiting.cancel_asked = True
+            return CancelReply(True)
+        return CancelReply(self.core.cancel(request_id))
 
     # -- sessions ----------------------------------------------------------------------
 
@@ -227,12 +338,16 @@ class WorkerOps:
 
     # -- text, embeddings, adapters (SPEC M11) ------------------------------------------
 
-    def tokenize(self, req: Request[TokenizeBody]) -> TokensReply:
+    def tokenize(self, req: Request[TokenizeBody]) -> TokensReply | None:
         b = req.body
-        tokens = self.parts.text.tokenize(
-            b.text, add_special=b.add_special, parse_special=b.parse_special
-        )
-        return TokensReply(tokens)
+        text = self.parts.text
+
+        def tokens() -> TokensReply:
+            return TokensReply(
+                text.tokenize(b.text, add_special=b.add_special, parse_special=b.parse_special)
+            )
+
+        return self._text_op(req, tokens, len(b.text))
 
     def detokenize(self, req: Request[DetokenizeBody]) -> TextReply:
         b = req.body
@@ -241,9 +356,23 @@ class WorkerOps:
         )
         return TextReply(text)
 
-    def apply_chat_template(self, req: Request[ChatBody]) -> TokensReply:
+    def apply_chat_template(self, req: Request[ChatBody]) -> TokensReply | None:
         b = req.body
-        return TokensReply(self.parts.text.apply_chat_template(b.messages, **_chat_options(b.chat)))
+        text = self.parts.text
+
+        def tokens() -> TokensReply:
+            return TokensReply(text.apply_chat_template(b.messages, **_chat_options(b.chat)))
+
+        return self._text_op(req, tokens, _chars_in(b.messages))
+
+    def _text_op(self, req: Request[Any], work: Callable[[], T], chars: int) -> T | None:
+        """``work()``'s reply now, or for a long text (``chars``) from the text
+        thread (the reply deferred until then)."""
+        if chars <= INLINE_TEXT_CHARS:
+            return work()
+        pending = req.defer()
+        self.text_jobs.submit(work, lambda outcome: _answer(pending, outcome))
+        return None
 
     def embed(self, req: Request[EmbedBody]) -> EmbedReply:
         embeddings = self.parts.embeddings
@@ -289,6 +418,14 @@ class WorkerOps:
         log.info("model.adapter_change_waits", running=len(self.core.requests))
         return None
 
+    def close(self) -> None:
+        """At shutdown: requests still waiting for their tokens end
+        ``unavailable``; the text thread takes no more work."""
+        self.text_jobs.close()
+        preparing, self._preparing = self._preparing, {}
+        for held in preparing.values():
+            held.handle.fail(Unavailable("the worker is shutting down"))
+
     def settle(self) -> None:
         """Between ticks: apply adapter changes once no request is left, then
         submit the requests that waited behind them, in arrival order."""
@@ -310,3 +447,12 @@ class WorkerOps:
                     self._start(held)
             except Exception as exc:
                 held.handle.fail(exc)
+
+
+def _answer(pending: PendingReply, outcome: Outcome[Any]) -> None:
+    if pending.done:
+        return  # its client went away meanwhile
+    try:
+        pending.reply(outcome.get())
+    except Exception as exc:
+        pending.fail(exc)

@@ -72,7 +72,17 @@ def thread_board_path(registry_root: Path | str) -> Path:
 
 
 class ModelText(Protocol):
-    """The vocabulary and chat template (SPEC M11)."""
+    """The vocabulary and chat template (SPEC M11). Called from the loop and
+    from the worker's text thread (:mod:`llamad.model.text_jobs`): thread-safe.
+
+    ``max_token_bytes``: the most bytes of text one token stands for, where
+    every byte of a text lands in one token (``None``: no such bound), for
+    :func:`~llamad.model.requests.refuse_unfittable`."""
+
+    @property
+    def max_token_bytes(self) -> int | None: ...
+
+    def chat_prompt(self, messages: object, **options: Any) -> tuple[str, bool]: ...
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]: ...
 

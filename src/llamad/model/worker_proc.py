@@ -13,6 +13,7 @@ ready, and runs the loop until SIGTERM:
         actor.poll(0 if core.has_work() else until core.next_wakeup())
             # requests, cancels, session ops, status; finished saves (fd reader);
             # disconnected clients cancel their requests (handle on_cancel)
+            # long texts' tokens from the text thread (fd reader, text_jobs)
         report = core.step()             # one llama_decode at most
         deliver report.events            # stream events, done/error terminals
         apply adapter changes once idle  # and admit the requests held behind them
@@ -148,6 +149,7 @@ class WorkerProcess:
             threads=None if governor is None else governor.status(),
             spin=spin_setting(),
             last_request_at=self.ops.last_request_at,
+            tokenizing=self.ops.text_jobs.waiting,
         )
 
     def _publish(self) -> None:
@@ -176,6 +178,7 @@ class WorkerProcess:
             completions = self.parts.completions
             if completions is not None:
                 self.actor.add_reader(completions.fileno(), self._saves_done)
+            self.actor.add_reader(self.ops.text_jobs.fileno(), self.ops.text_jobs.drain)
             self._publish()
             if ready is not None:
                 ready()
@@ -188,6 +191,7 @@ class WorkerProcess:
             restore()
             if beats is not None:
                 beats.stop()
+            self.ops.close()
             self.actor.close()
             if self.board is not None:
                 self.board.close(remove=clean)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -124,6 +125,10 @@ def test_counters_and_cache_maintenance(daemon: DaemonProc) -> None:
     after = json.loads(llamad(daemon.endpoint, "counters", "--json").stdout)
     assert after["bytes_ram"] == 0
     assert after["evictions"] > counters["evictions"]
+
+    everything = llamad(daemon.endpoint, "cache", "evict", str(sys.maxsize), "--json")
+    assert everything.returncode == 0, everything.stderr
+    assert json.loads(everything.stdout)["requested"] == sys.maxsize
 
     bad = llamad(daemon.endpoint, "cache", "evict", "lots")
     assert bad.returncode == EXIT_USAGE, bad.stderr

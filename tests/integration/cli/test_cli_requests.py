@@ -190,6 +190,13 @@ def test_a_refused_request_exits_with_its_code(daemon: DaemonProc) -> None:
         "llamad: invalid_grammar: the grammar is invalid: "
         "parse: error parsing grammar: expecting ')' at"
     ]
+    # Megabytes on stdin: refused by the vocabulary's bound, never tokenized.
+    huge = llamad(daemon.endpoint, "complete", "--max-tokens", "4", input="river " * (1 << 20))
+    assert huge.returncode == EXIT_REFUSED, huge.stderr
+    lines = huge.stderr.strip().splitlines()
+    assert len(lines) == 1, huge.stderr
+    assert lines[0].startswith("llamad: context_overflow: the prompt cannot fit"), lines[0]
+    assert huge.stdout == ""
 
 
 def test_bytes_that_are_not_utf8_are_refused_in_one_line(daemon: DaemonProc) -> None:

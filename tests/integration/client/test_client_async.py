@@ -14,6 +14,7 @@ import pytest
 from llamad import (
     AsyncClient,
     CacheHitKind,
+    Cancelled,
     DoneEvent,
     FinishReason,
     ModelNotFound,
@@ -119,6 +120,9 @@ def test_breaking_out_of_an_async_stream_cancels_it(served: Served) -> None:
                 await asyncio.sleep(0.01)
             assert stream.finished
             await asyncio.to_thread(served.wait_idle, timeout=5)
+            with pytest.raises(Cancelled) as exc:
+                await stream.completion()
+            assert exc.value.details["reason"] == "closed"
 
     asyncio.run(main())
 

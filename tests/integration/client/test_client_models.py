@@ -3,12 +3,14 @@ status and the cache operations, and the front's refusals as their classes."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 
 import pytest
 
 from daemon_proc import DaemonProc
 from llamad import (
+    BadRequest,
     CacheHitKind,
     Client,
     ConfigError,
@@ -111,7 +113,10 @@ def test_status_counters_eviction_and_gc(served: DaemonProc, client: Client) -> 
         client.status("never-loaded")
     counters = client.counters()
     assert counters["misses"] >= 1
-    freed = client.evict_bytes(1 << 40)
+    # Any count is taken, clamped: this one means all that can go.
+    freed = client.evict_bytes(sys.maxsize)
     assert freed > 0
+    with pytest.raises(BadRequest):
+        client.evict_bytes(-1)
     assert isinstance(client.gc(), GcReport)
     assert client.counters()["evictions"] >= 1

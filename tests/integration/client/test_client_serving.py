@@ -15,6 +15,7 @@ import pytest
 
 from llamad import (
     CacheHitKind,
+    Cancelled,
     Client,
     DoneEvent,
     FinishReason,
@@ -274,6 +275,10 @@ def test_breaking_out_of_a_stream_cancels_the_request(served: Served, client: Cl
         break
     assert stream.finished
     served.assert_dropped(before)
+    # Left early, it has no Completion: a typed error says so.
+    with pytest.raises(Cancelled) as exc:
+        stream.completion()
+    assert exc.value.details == {"reason": "closed", "request_id": stream.request_id}
     before = served.ticks()
     for _ in client.infer(served.model_id, prompt_text(110), max_tokens=MANY, grammar=ENDLESS):
         break

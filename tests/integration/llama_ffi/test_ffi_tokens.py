@@ -101,3 +101,32 @@ def test_non_text_input_is_bad_request(model: Model) -> None:
         model.tokenize(b"bytes")  # type: ignore[arg-type]
     with pytest.raises(BadRequest):
         model.tokenize("lone surrogate \ud800")
+
+
+def test_the_longest_token_bounds_the_tokens_of_any_text(model: Model) -> None:
+    """The bound the worker refuses unfittable prompts by (issue 17): no token
+    stands for more bytes than the longest piece, so a text of ``B`` bytes
+    makes at least ``ceil(B / L)`` tokens, special-token text included."""
+    bound = model.max_token_bytes
+    assert bound == max(len(model.token_piece(t, special=True)) for t in range(model.n_vocab))
+    whitespace = ["\n" + " " * 80, " " * 5000, "\n" * 300, "\t \n" * 700]
+    for text in [*VARIED, *whitespace, "<|im_start|>" * 50]:
+        n_bytes = len(text.encode())
+        for add_special in (False, True):
+            tokens = model.tokenize(text, add_special=add_special, parse_special=True)
+            assert len(tokens) >= -(-n_bytes // bound), (text[:40], len(tokens))
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(st.sampled_from([" ", "\n", "\t", "a", "é", "🦙", "<|im_end|>"]), max_size=400).map(
+        "".join
+    )
+)
+def test_the_bound_holds_for_runs_of_whitespace_and_specials(model: Model, text: str) -> None:
+    bound = model.max_token_bytes
+    assert bound is not None
+    tokens = model.tokenize(text, add_special=False, parse_special=True)
+    assert len(tokens) >= -(-len(text.encode()) // bound)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+
 import msgspec
 import pytest
 
 from llamad.client import bodies as ops
 from llamad.errors import BadRequest
+from llamad.front.wire import EVICT_ALL
 from llamad.model.adapters import AdapterInfo as WorkerAdapterInfo
 from llamad.model.requests import RequestParams
 from llamad.model.wire import InferBody
@@ -107,3 +110,16 @@ def test_adapter_info_has_the_workers_fields() -> None:
     ours = [(f.name, f.type) for f in msgspec.structs.fields(ops.AdapterInfo)]
     theirs = [(f.name, f.type) for f in msgspec.structs.fields(WorkerAdapterInfo)]
     assert ours == theirs
+
+
+@pytest.mark.parametrize("n", [2**62 + 1, sys.maxsize, 2**64, 10**40])
+def test_evict_bytes_takes_any_count_clamped_to_everything(n: int) -> None:
+    assert ops.evict_body(n, None).n == EVICT_ALL
+    assert ops.evict_body(12345, ["ram"]).n == 12345
+
+
+@pytest.mark.parametrize("n", [-1, True, 1.5, "1GiB", None])
+def test_evict_bytes_refuses_what_is_not_a_count(n: object) -> None:
+    with pytest.raises(BadRequest) as exc:
+        ops.evict_body(n, None)  # type: ignore[arg-type]
+    assert exc.value.details["field"] == "n"
