@@ -1,6 +1,6 @@
 """Actor runtime benchmark: call round trip and stream throughput over ipc.
 
-Runs the toy actor (``llamad.actors.testing``) in its own process and drives
+Runs the toy actor (``llamad.testing.toy_actor``) in its own process and drives
 it from 1 and from 16 client processes. A bare pyzmq ROUTER/DEALER echo over
 the same transport is the floor our runtime adds to: the single client
 measures it and the call in alternating rounds from the same process (on a
@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import hist, percentile, record, show, table, unhist
 from llamad.actors import Client
-from llamad.actors.testing import spawn_toy
+from llamad.testing.toy_actor import spawn_toy
 
 CLIENTS = 16
 ROUNDS = 20

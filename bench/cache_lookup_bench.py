@@ -51,10 +51,9 @@ from llamad.cache.client import CacheClient
 from llamad.cache.key import FingerprintMode, Namespace
 from llamad.cache.kvc import KvcSpec, SaveReason, write_kvc
 from llamad.cache.lookup import HitKind
-from llamad.cache.meta_proc import MetaProcess
-from llamad.cache.settings import CacheSettings, discard
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
+from llamad.testing import MetaProcess, discard_scratch, scratch_settings
 
 NS = Namespace(fingerprint=b"\xb1" * 32, quant=3, ctx_hash=b"\xb2" * 32)
 MAX_LEN = 32_768
@@ -169,7 +168,7 @@ def main() -> None:
 
     # No write-behind: 10,000 rows copied to disk behind the lookups would
     # time the disk, not the lookups.
-    settings = CacheSettings.scratch(prefix="lcb", ram_file_quota=64 << 30, write_behind=False)
+    settings = scratch_settings(prefix="lcb", ram_file_quota=64 << 30, write_behind=False)
     ram_file = settings.tier(TierKind.RAM_FILE)
     assert ram_file is not None and settings.registry_root is not None
     base = settings.registry_root.parent
@@ -258,7 +257,7 @@ def main() -> None:
                 raw.close()
             final = cache.status()
     finally:
-        discard(settings)
+        discard_scratch(settings)
 
     params = {
         "rows": args.rows,

@@ -37,13 +37,12 @@ from bench.common import median, record, show, table
 from llamad import paths
 from llamad.cache.client import CacheClient
 from llamad.cache.kvc import SaveReason
-from llamad.cache.meta_proc import MetaProcess
-from llamad.cache.settings import CacheSettings, discard
 from llamad.cache.tier_kind import TierKind
 from llamad.llama_ffi import ContextOptions, Model, StateBuffer
 from llamad.model.cache_view_config import CacheViewConfig
 from llamad.model.client_cache_view import ClientCacheView
 from llamad.model.savepoints import SaveJob
+from llamad.testing import MetaProcess, discard_scratch, scratch_settings
 
 N_TOKENS = 2048
 RENDER = "bench.cache_view_bench:render"
@@ -91,7 +90,7 @@ def main() -> int:
     args = parser.parse_args()
 
     # Each tier timed on its own: no disk copy written behind the ram saves.
-    settings = CacheSettings.scratch(
+    settings = scratch_settings(
         prefix="cvb",
         ram_quota=512 << 20,
         ram_file_quota=64 << 20,
@@ -216,7 +215,7 @@ def main() -> int:
         ctx.close()
         model.close()
         meta.stop()
-        discard(settings)
+        discard_scratch(settings)
     return 0
 
 

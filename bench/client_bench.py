@@ -43,8 +43,8 @@ from bench.common import hist, median, percentile, record, show, table, unhist
 from llamad import AsyncClient, Client, TokenEvent, logs, paths
 from llamad.actors import Client as ActorClient
 from llamad.actors.aio_client import AsyncActorClient
-from llamad.actors.testing import spawn_toy
 from llamad.testing import Launcher
+from llamad.testing.toy_actor import spawn_toy
 
 STREAMS = 16
 TOKENS = 32

@@ -5,7 +5,7 @@ streams from the worker actor itself. The alternative is a front that relays
 every event (client -> front -> worker and back). This bench measures what
 that extra hop costs, with the actor runtime the daemon uses:
 
-- ``producer``: the toy actor (``llamad.actors.testing``) in its own process,
+- ``producer``: the toy actor (``llamad.testing.toy_actor``) in its own process,
   pushing ``ticks`` events from its loop the way a worker pushes tokens;
 - ``relay``: an actor in its own process whose stream op opens the same
   stream upstream with its own client and re-emits every event (the least a
@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import hist, percentile, record, show, table, unhist
 from llamad import logs
 from llamad.actors import Actor, Client, OpKind, OpSpec, Request
-from llamad.actors.testing import Ticks, spawn_toy
+from llamad.testing.toy_actor import Ticks, spawn_toy
 
 PACED_EVENTS = 100
 PACE_S = 0.01

@@ -116,7 +116,6 @@ class Tree:
     def __init__(self, cores: int, flash_attn: str = "auto") -> None:
         from llamad import paths  # noqa: PLC0415
         from llamad.actors import Registry  # noqa: PLC0415
-        from llamad.cache.settings import CacheSettings  # noqa: PLC0415
         from llamad.cache.sup import meta_child_spec  # noqa: PLC0415
         from llamad.cache.tier_kind import TierKind  # noqa: PLC0415
         from llamad.llama_ffi import ContextOptions, FlashAttn  # noqa: PLC0415
@@ -124,8 +123,9 @@ class Tree:
         from llamad.model.config import WorkerConfig  # noqa: PLC0415
         from llamad.model.worker_spec import WorkerSpec, worker_child_spec  # noqa: PLC0415
         from llamad.supervisor import Supervisor, SupervisorSpec, SupFlags  # noqa: PLC0415
+        from llamad.testing import scratch_settings  # noqa: PLC0415
 
-        self.settings = CacheSettings.scratch(prefix="lwb", ram_quota=1 << 30, disk_quota=1 << 30)
+        self.settings = scratch_settings(prefix="lwb", ram_quota=1 << 30, disk_quota=1 << 30)
         context = ContextOptions(
             n_ctx=N_CTX,
             n_batch=N_BATCH,
@@ -157,22 +157,22 @@ class Tree:
         )
 
     def __enter__(self) -> Tree:
-        from llamad.cache.settings import discard  # noqa: PLC0415
+        from llamad.testing import discard_scratch  # noqa: PLC0415
 
         try:
             self.sup.start()
         except BaseException:
-            discard(self.settings)
+            discard_scratch(self.settings)
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        from llamad.cache.settings import discard  # noqa: PLC0415
+        from llamad.testing import discard_scratch  # noqa: PLC0415
 
         try:
             self.sup.stop(120)
         finally:
-            discard(self.settings)
+            discard_scratch(self.settings)
 
     def client(self, name: str) -> WorkerClient:
         from llamad.model.worker_client import WorkerClient  # noqa: PLC0415

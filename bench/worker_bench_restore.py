@@ -50,8 +50,6 @@ from bench.common import record, show, table
 from llamad import paths
 from llamad.cache.kvc import SaveReason, check_prefix_unchanged
 from llamad.cache.lookup import RowRef
-from llamad.cache.meta_proc import MetaProcess
-from llamad.cache.settings import CacheSettings, discard
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import SEGMENTS
 from llamad.llama_ffi import ContextOptions, FlashAttn, Model, StateBuffer
@@ -64,6 +62,7 @@ from llamad.model.requests import RequestParams
 from llamad.model.results import DoneEvent, TokenEvent
 from llamad.model.savepoints import SaveJob
 from llamad.model.threads import ThreadGovernor, ThreadPolicy
+from llamad.testing import MetaProcess, discard_scratch, scratch_settings
 
 N_TOKENS, N_CTX, N_SEQ = 2048, 4096, 4
 RENDER = "bench.worker_bench_restore:render"
@@ -91,7 +90,7 @@ def main() -> int:
     ap.add_argument("--flash-attn", choices=("auto", "off", "on"), default="auto")
     args = ap.parse_args()
     load_start = os.getloadavg()
-    settings = CacheSettings.scratch(prefix="lwr", ram_quota=512 << 20)
+    settings = scratch_settings(prefix="lwr", ram_quota=512 << 20)
     meta = MetaProcess(settings).start()
     model = Model(paths.default_model_path())
     opts = ContextOptions(
@@ -293,7 +292,7 @@ def main() -> int:
         ctx.close()
         model.close()
         meta.stop()
-        discard(settings)
+        discard_scratch(settings)
 
     params = {
         "backend": compute_backend(),

@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llamad.cache.lookup import LookupPolicy
-from llamad.cache.meta_proc import MetaProcess
 from llamad.cache.policy import CachePolicy
-from llamad.cache.settings import CacheSettings, discard
+from llamad.cache.settings import CacheSettings
 from llamad.llama_ffi import Context, Model
 from llamad.llama_ffi.options import ContextOptions
 from llamad.llama_ffi.state import StateBuffer
@@ -29,6 +28,7 @@ from llamad.model.llama_backend import LlamaBackend
 from llamad.model.requests import RequestParams
 from llamad.model.results import Completion, DoneEvent, ErrorEvent, Event
 from llamad.model.stub import StubBackend
+from llamad.testing import MetaProcess, discard_scratch, scratch_settings
 
 DIGEST = b"\x5a" * 32
 
@@ -238,7 +238,7 @@ def scratch_cache(prefix: str) -> Iterator[tuple[CacheSettings, Meta]]:
     damage first) would race what they check. test_cache_view_model.py
     covers a real model's rows written behind to disk.
     """
-    settings = CacheSettings.scratch(
+    settings = scratch_settings(
         prefix=prefix,
         stats_flush_s=0.5,
         lookup=LookupPolicy(common_min_tokens=8),
@@ -251,7 +251,7 @@ def scratch_cache(prefix: str) -> Iterator[tuple[CacheSettings, Meta]]:
         finally:
             meta.stop()
     finally:
-        discard(settings)
+        discard_scratch(settings)
 
 
 def real_context(model: Model) -> Context:

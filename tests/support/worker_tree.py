@@ -21,7 +21,6 @@ from llamad.cache.client import CacheClient
 from llamad.cache.lookup import LookupPolicy
 from llamad.cache.meta_wire import ACTOR_NAME as META
 from llamad.cache.policy import CachePolicy
-from llamad.cache.settings import CacheSettings, discard
 from llamad.cache.sup import meta_child_spec
 from llamad.llama_ffi import ContextOptions
 from llamad.model.config import WorkerConfig
@@ -30,7 +29,7 @@ from llamad.model.threads import ThreadPolicy
 from llamad.model.worker_client import WorkerClient
 from llamad.model.worker_spec import WorkerSpec, worker_child_spec
 from llamad.supervisor import Supervisor, SupervisorSpec, SupFlags
-from llamad.testing import wait_until
+from llamad.testing import discard_scratch, scratch_settings, wait_until
 
 #: "Eventually" on a 2-core machine shared with other test runs.
 EVENTUALLY = 60.0
@@ -68,7 +67,7 @@ class WorkerTree:
         threads: ThreadPolicy | None = None,
         live_reuse: bool = True,
     ) -> None:
-        self.settings = CacheSettings.scratch(
+        self.settings = scratch_settings(
             prefix=prefix, lookup=LookupPolicy(common_min_tokens=8), stats_flush_s=0.5
         )
         shape: dict[str, Any] = {
@@ -148,7 +147,7 @@ class WorkerTree:
         try:
             self.sup.start()
         except BaseException:
-            discard(self.settings)
+            discard_scratch(self.settings)
             raise
         return self
 
@@ -158,7 +157,7 @@ class WorkerTree:
         try:
             self.sup.stop(120)
         finally:
-            discard(self.settings)
+            discard_scratch(self.settings)
 
     # -- reaching it -----------------------------------------------------------------
 

@@ -29,10 +29,11 @@ FLOORS: tuple[frozenset[str], ...] = (
     frozenset({"model"}),
     frozenset({"config"}),
     frozenset({"front"}),
-    # testing (the daemon harness of tests, benches and `make run`) starts the
-    # daemon as a program and reads the front through llamad.actors and
+    # testing (the daemon harness of tests, benches and `make run`, a scratch
+    # cache with cache-meta as a process, the toy actor) starts the daemon,
+    # cache-meta and the toy as programs, over actors, cache, config and
     # front.wire: it imports neither client nor daemon, so it shares their
-    # floor, below cli, whose demo uses it.
+    # floor, below cli, whose demo uses it; no package of the daemon imports it.
     frozenset({"client", "daemon", "testing"}),
     frozenset({"cli"}),
     # The public face re-exports every floor's names: nothing below imports it.

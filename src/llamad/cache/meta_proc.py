@@ -23,10 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import select
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -57,7 +54,7 @@ from llamad.cache.waiters import WAIT
 from llamad.errors import BadRequest
 from llamad.supervisor.child import heartbeat, heartbeat_interval, notifies_ready, notify_ready
 
-__all__ = ["MetaProcess", "MetaServer", "main", "run_meta"]
+__all__ = ["MetaServer", "main", "run_meta"]
 
 log = structlog.get_logger("llamad.cache.meta_proc")
 
@@ -546,83 +543,11 @@ def run_meta(settings: dict[str, Any]) -> None:
     server.serve(notify_ready)
 
 
-class MetaProcess:
-    """cache-meta in a child process of its own, outside any supervisor.
-
-    For tests, benchmarks and the standalone example: starts
-    ``python -m llamad.cache.meta_proc`` with ``settings``, waits for it to
-    serve, and stops it (SIGTERM, then SIGKILL) on :meth:`stop` or at the end
-    of a ``with`` block. In the daemon, :func:`llamad.cache.sup.cache_sup_spec`
-    runs cache-meta under a supervisor instead.
-    """
-
-    def __init__(self, settings: CacheSettings, *, ready_timeout: float = 60.0) -> None:
-        self.settings = settings
-        self.ready_timeout = ready_timeout
-        self.proc: subprocess.Popen[str] | None = None
-        self.endpoint = ""
-        self._settings_file: Path | None = None
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def start(self) -> MetaProcess:
-        fd, name = tempfile.mkstemp(prefix="llamad-cache-settings-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            json.dump(self.settings.to_wire(), f)
-        self._settings_file = Path(name)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "llamad.cache.meta_proc", name],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + self.ready_timeout
-        line = ""
-        while not line.startswith("READY "):
-            left = deadline - time.monotonic()
-            ready, _, _ = select.select([self.proc.stdout], [], [], max(0.0, left))
-            line = self.proc.stdout.readline() if ready else ""
-            if not ready or not line:
-                self.stop()
-                raise RuntimeError("cache-meta exited or timed out before serving")
-        self.endpoint = line.split()[1]
-        return self
-
-    def stop(self, timeout: float = 10.0) -> int | None:
-        """SIGTERM, wait up to ``timeout``, then SIGKILL; returns the exit code."""
-        code = None
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.terminate()
-                try:
-                    self.proc.wait(timeout)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait()
-            code = self.proc.returncode
-            if self.proc.stdout is not None:
-                self.proc.stdout.close()
-        if self._settings_file is not None:
-            with contextlib.suppress(FileNotFoundError):
-                self._settings_file.unlink()
-            self._settings_file = None
-        return code
-
-    def __enter__(self) -> MetaProcess:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
 def main(argv: list[str] | None = None) -> None:
     """``python -m llamad.cache.meta_proc SETTINGS.json``: cache-meta outside a supervisor.
 
-    Prints ``READY <endpoint> <pid>`` once it serves (tests, benchmarks, the
-    standalone example); SIGTERM stops it.
+    Prints ``READY <endpoint> <pid>`` once it serves (what
+    :class:`llamad.testing.MetaProcess` waits for); SIGTERM stops it.
     """
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:

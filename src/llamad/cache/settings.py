@@ -10,19 +10,15 @@ same checks as building one, and a refusal names the field.
 The daemon builds its settings from the config
 (:func:`llamad.config.convert.cache_settings`); :meth:`CacheSettings.defaults`
 lays out the three tiers the same way for a cache run on its own
-(``examples/cache_standalone.py``). :meth:`CacheSettings.scratch` and
-:func:`discard` make and remove a private cache for tests and benchmarks
-(kept here, not in ``tests/support``, because the benchmarks use them).
+(``examples/cache_standalone.py``). A private cache for tests and benchmarks
+is :func:`llamad.testing.scratch_settings` (and
+:func:`llamad.testing.discard_scratch`), outside the daemon's code.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import shutil
-import tempfile
-import uuid
 from pathlib import Path
 from typing import Any, Final
 
@@ -34,7 +30,6 @@ from llamad.cache.meta import MetaConfig
 from llamad.cache.meta_wire import ACTOR_NAME, LIVENESS_S
 from llamad.cache.prefetch import DEFAULT_PREFETCH_BYTES, check_budget
 from llamad.cache.pressure import PressureConfig
-from llamad.cache.ram_purge import purge_ram
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import (
     DEFAULT_DISK_QUOTA,
@@ -46,7 +41,7 @@ from llamad.cache.tiers import (
 from llamad.cache.writer import MAX_PERMITS, PermitSet
 from llamad.errors import LlamadError
 
-__all__ = ["CacheSettings", "discard"]
+__all__ = ["CacheSettings"]
 
 # msgspec names where a value failed as " - at `$.field`"; only a top-level
 # field is named as itself (anything deeper is a malformed settings mapping).
@@ -220,39 +215,6 @@ class CacheSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         }
         return cls(tiers=tiers, **fields)
 
-    @classmethod
-    def scratch(
-        cls,
-        *,
-        prefix: str = "llamad-scratch",
-        ram_quota: int = 64 << 20,
-        ram_file_quota: int = 64 << 20,
-        disk_quota: int = 256 << 20,
-        **overrides: Any,
-    ) -> CacheSettings:
-        """A self-contained cache for tests, benchmarks and examples.
-
-        ``ram`` segments under a unique instance, ``ram_file`` in a private
-        /dev/shm directory, ``disk`` and the actor registry in a short /tmp
-        directory (ipc paths must fit in 107 bytes). :func:`discard` removes
-        all of it.
-        """
-        instance = f"{prefix}-{uuid.uuid4().hex[:12]}"
-        base = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir="/tmp"))
-        shm = SHM_ROOT
-        tiers = (
-            TierConfig(TierKind.RAM, shm, ram_quota, instance),
-            TierConfig(TierKind.RAM_FILE, shm / instance, ram_file_quota, instance),
-            TierConfig(TierKind.DISK, base / "disk", disk_quota, instance),
-        )
-        fields: dict[str, Any] = {
-            "counters_path": shm / f"{instance}.counters",
-            "permits_path": shm / f"{instance}.permits",
-            "registry_root": base / "reg",
-            **overrides,
-        }
-        return cls(tiers=tiers, **fields)
-
     # -- wire (Start kwargs must be msgpack-able) -----------------------------
 
     def to_wire(self) -> dict[str, Any]:
@@ -280,22 +242,3 @@ class CacheSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             named = _TOP_LEVEL_FIELD.search(message)
             field = named.group(1) if named else "settings"
             raise InvalidCacheValue(field, f"malformed cache settings: {message}") from None
-
-
-def discard(settings: CacheSettings) -> None:
-    """Remove everything a :meth:`CacheSettings.scratch` cache created.
-
-    Only for scratch caches: it deletes the tiers' directories, the registry,
-    the counters file and the writer permits.
-    """
-    purge_ram(settings)
-    dirs = [cfg.root for cfg in settings.tiers if cfg.kind is not TierKind.RAM]
-    if settings.registry_root is not None:
-        dirs.append(settings.registry_root)
-    for path in dirs:
-        shutil.rmtree(path, ignore_errors=True)
-    settings.counters_path.unlink(missing_ok=True)
-    settings.permits_file().unlink(missing_ok=True)
-    for parent in {path.parent for path in dirs}:
-        with contextlib.suppress(OSError):
-            parent.rmdir()  # the scratch base, once empty; never a non-empty dir

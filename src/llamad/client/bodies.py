@@ -22,6 +22,7 @@ from llamad.errors import BadRequest
 from llamad.front.wire import EVICT_ALL, EvictBytes, LoadModel, ModelRef
 from llamad.model.requests import RequestParams
 from llamad.model.wire import (
+    AdapterInfo,
     AdapterRef,
     AdapterScaleBody,
     CancelBody,
@@ -61,21 +62,6 @@ PARAM_FIELDS: Final = frozenset(f.name for f in msgspec.structs.fields(RequestPa
 """Keyword options that are :class:`~llamad.model.requests.RequestParams` fields."""
 CHAT_FIELDS: Final = frozenset(f.name for f in msgspec.structs.fields(ChatOptions))
 """Keyword options that are :class:`~llamad.model.wire.ChatOptions` fields."""
-
-
-class AdapterInfo(msgspec.Struct, frozen=True):
-    """One LoRA adapter loaded on a model's worker (name, file, digest, scale).
-
-    The worker's own type lives beside the code that loads adapters, which
-    loads libllama; a client decodes the same fields into this one
-    (``tests/unit/client/test_client_ops.py`` keeps the two in step).
-    """
-
-    name: str
-    path: str
-    sha256: str
-    """Hex digest of the adapter file as it was loaded."""
-    scale: float
 
 
 class UnknownOption(TypeError):

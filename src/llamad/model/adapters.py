@@ -21,15 +21,15 @@ import math
 import os
 from typing import Final
 
-import msgspec
 import structlog
 
 from llamad.errors import BadRequest
 from llamad.llama_ffi.context import Context
 from llamad.llama_ffi.errors import AdapterError
 from llamad.llama_ffi.lora import LoraAdapter
+from llamad.model.wire import AdapterInfo
 
-__all__ = ["MAX_ADAPTERS", "MAX_SCALE", "AdapterInfo", "AdapterSet", "check_scale"]
+__all__ = ["MAX_ADAPTERS", "MAX_SCALE", "AdapterSet", "check_scale"]
 
 log = structlog.get_logger("llamad.model")
 
@@ -38,17 +38,6 @@ MAX_ADAPTERS: Final = 16
 MAX_SCALE: Final = 100.0
 """Largest ``|scale|`` accepted; far past any useful strength."""
 _MAX_NAME: Final = 128
-
-
-class AdapterInfo(msgspec.Struct, frozen=True):
-    """One loaded adapter as the worker reports it."""
-
-    name: str
-    path: str
-    sha256: str
-    """Hex digest of the adapter file as it was loaded."""
-    scale: float
-    """0 keeps it loaded but out of the graph (and out of the namespace)."""
 
 
 def _check_name(name: object) -> str:

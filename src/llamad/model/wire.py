@@ -25,14 +25,11 @@ op                     kind    body                                 answer
 ``detokenize``         call    :class:`DetokenizeBody`              :class:`TextReply`
 ``apply_chat_template`` call   :class:`ChatBody`                    :class:`TokensReply`
 ``embed``              call    :class:`EmbedBody`                   :class:`EmbedReply`
-``load_adapter``       call    :class:`LoadAdapterBody`             ``AdapterInfo``
+``load_adapter``       call    :class:`LoadAdapterBody`             :class:`AdapterInfo`
 ``unload_adapter``     call    :class:`AdapterRef`                  ``None``
-``set_adapter_scale``  call    :class:`AdapterScaleBody`            ``AdapterInfo``
+``set_adapter_scale``  call    :class:`AdapterScaleBody`            :class:`AdapterInfo`
 ``list_adapters``      call    :class:`NoArgs`                      ``list[AdapterInfo]``
 =====================  ======  ===================================  ==========================
-
-``AdapterInfo`` is :class:`llamad.model.adapters.AdapterInfo` (name, path,
-sha256, scale).
 
 A prompt is text (``prompt: str``, tokenized with the model's special tokens
 parsed), token ids (``prompt: list[int]``) or a chat (``messages``, rendered
@@ -53,6 +50,7 @@ from llamad.model.results import WorkerStatus
 
 __all__ = [
     "OPS",
+    "AdapterInfo",
     "AdapterRef",
     "AdapterScaleBody",
     "CancelBody",
@@ -290,6 +288,24 @@ class AdapterRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class AdapterScaleBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     name: Id
     scale: float
+
+
+class AdapterInfo(msgspec.Struct, frozen=True):
+    """One LoRA adapter loaded on a worker (name, file, digest, scale): the
+    answer of ``load_adapter`` and ``set_adapter_scale``, an item of
+    ``list_adapters``.
+
+    Here, not beside the code that loads adapters
+    (:mod:`llamad.model.adapters`, which loads libllama), so that a client
+    decodes the worker's own type.
+    """
+
+    name: str
+    path: str
+    sha256: str
+    """Hex digest of the adapter file as it was loaded."""
+    scale: float
+    """0 keeps it loaded but out of the graph (and out of the namespace)."""
 
 
 def _call(name: str, body: Any, doc: str) -> OpSpec:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from llamad.actors import Client, Registry
-from llamad.actors.testing import ToyProcess, spawn_toy
 from llamad.errors import Unavailable, WorkerCrashed
+from llamad.testing.toy_actor import ToyProcess, spawn_toy
 
 pytestmark = pytest.mark.timeout(120)
 

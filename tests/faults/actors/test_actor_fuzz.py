@@ -19,8 +19,8 @@ import zmq
 
 from llamad.actors import Client
 from llamad.actors.monitor import ProcessRef
-from llamad.actors.testing import spawn_toy
 from llamad.actors.wire import PROTOCOL_VERSION, Hello, Kind, encode_envelope
+from llamad.testing.toy_actor import spawn_toy
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 

@@ -28,11 +28,11 @@ from llamad.cache.counters import Counters
 from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import HEADER_LEN, KvcSpec, SaveReason
 from llamad.cache.meta import CacheMeta, MetaConfig
-from llamad.cache.meta_proc import MetaProcess
 from llamad.cache.publish import LocalMeta, PublishOutcome, publish
 from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier, TierConfig, TierStore, build_tiers, load
+from llamad.testing import MetaProcess
 from meta_fixtures import cache_settings_fixture  # noqa: F401  (the cache_settings fixture)
 
 pytestmark = pytest.mark.timeout(120)

@@ -25,7 +25,7 @@ import msgspec
 import pytest
 
 from llamad.cache.client import CacheClient
-from llamad.cache.meta_proc import MetaProcess, MetaServer
+from llamad.cache.meta_proc import MetaServer
 from llamad.cache.mover import MoveStage
 from llamad.cache.moves import MoveJob, MoveKind
 from llamad.cache.publish import PublishOutcome, publish
@@ -33,6 +33,7 @@ from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
 from llamad.errors import LlamadError
+from llamad.testing import MetaProcess
 from meta_fault_child import row_payload, row_spec
 from meta_fixtures import cache_settings_fixture  # noqa: F401  (the cache_settings fixture)
 

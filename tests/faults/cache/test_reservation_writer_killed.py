@@ -19,11 +19,11 @@ import pytest
 
 from llamad.cache.client import CacheClient
 from llamad.cache.kvc import parse
-from llamad.cache.meta_proc import MetaProcess
 from llamad.cache.publish import PublishOutcome, PublishStage, publish
 from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
+from llamad.testing import MetaProcess
 from meta_fault_child import row_payload, row_spec
 from meta_fixtures import cache_settings_fixture  # noqa: F401  (the cache_settings fixture)
 

@@ -25,9 +25,9 @@ import zmq
 from foreign_peers import ForeignClient, foreign_dealer
 from llamad.actors import Client
 from llamad.actors.aio_client import AsyncActorClient
-from llamad.actors.testing import ToyProcess, spawn_toy
 from llamad.actors.wire import PROTOCOL_VERSION, Kind
 from llamad.testing import wait_until
+from llamad.testing.toy_actor import ToyProcess, spawn_toy
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from llamad.actors import Client, Registry
-from llamad.actors.testing import ToyProcess, client_workload, spawn_toy
 from llamad.errors import LlamadError, Unavailable
+from llamad.testing.toy_actor import ToyProcess, client_workload, spawn_toy
 
 pytestmark = pytest.mark.timeout(120)
 

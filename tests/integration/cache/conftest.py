@@ -6,14 +6,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from llamad.cache.settings import CacheSettings, discard
+from llamad.cache.settings import CacheSettings
+from llamad.testing import discard_scratch, scratch_settings
 
 
 @pytest.fixture
 def cache_settings() -> Iterator[CacheSettings]:
     """A private cache (all three tiers, registry, counters), removed afterwards."""
-    settings = CacheSettings.scratch(prefix="lc", stats_flush_s=0.5)
+    settings = scratch_settings(prefix="lc", stats_flush_s=0.5)
     try:
         yield settings
     finally:
-        discard(settings)
+        discard_scratch(settings)

@@ -13,13 +13,13 @@ from llamad.cache.errors import PublishAbandoned
 from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcSpec, SaveReason, write_kvc
 from llamad.cache.lookup import HitKind
-from llamad.cache.meta_proc import MetaProcess
 from llamad.cache.publish import PublishOutcome, publish
 from llamad.cache.reservation import SaveIntent
 from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
 from llamad.errors import BadRequest
+from llamad.testing import MetaProcess
 
 pytestmark = [pytest.mark.timeout(120)]
 

@@ -13,7 +13,6 @@ from llamad.actors.registry import Registry
 from llamad.cache.client import CacheClient
 from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcSpec, SaveReason
-from llamad.cache.meta_proc import MetaProcess
 from llamad.cache.meta_wire import GcResult
 from llamad.cache.pressure import PressureConfig
 from llamad.cache.publish import PublishOutcome, publish
@@ -21,6 +20,7 @@ from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
 from llamad.errors import BadRequest, LlamadError
+from llamad.testing import MetaProcess
 
 pytestmark = [pytest.mark.timeout(120)]
 

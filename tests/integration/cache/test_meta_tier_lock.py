@@ -26,11 +26,12 @@ from llamad.cache.client import CacheClient
 from llamad.cache.errors import TierLocked
 from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcSpec, SaveReason
-from llamad.cache.meta_proc import MetaProcess, MetaServer
+from llamad.cache.meta_proc import MetaServer
 from llamad.cache.publish import PublishOutcome, PublishStage, publish
 from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
+from llamad.testing import MetaProcess
 
 pytestmark = [pytest.mark.timeout(120)]
 

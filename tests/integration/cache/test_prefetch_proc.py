@@ -13,11 +13,11 @@ import pytest
 from llamad.cache.client import CacheClient
 from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcSpec, SaveReason, encode_kvc
-from llamad.cache.meta_proc import MetaProcess
 from llamad.cache.prefetch import Prefetcher, PrefetchItem
-from llamad.cache.settings import CacheSettings, discard
+from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
+from llamad.testing import MetaProcess, discard_scratch, scratch_settings
 from pagecache_probe import resident_pages, write_dropped
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -64,12 +64,12 @@ def settings_for() -> Iterator[Callable[[int], CacheSettings]]:
     made: list[CacheSettings] = []
 
     def make(budget: int) -> CacheSettings:
-        made.append(CacheSettings.scratch(prefix="pf", prefetch_bytes=budget))
+        made.append(scratch_settings(prefix="pf", prefetch_bytes=budget))
         return made[-1]
 
     yield make
     for s in made:
-        discard(s)
+        discard_scratch(s)
 
 
 def test_the_newest_disk_rows_are_resident_after_start_within_the_budget(

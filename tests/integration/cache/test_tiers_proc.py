@@ -24,12 +24,12 @@ from llamad.cache.client import CacheClient
 from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcSpec, SaveReason
 from llamad.cache.lookup import RowRef
-from llamad.cache.meta_proc import MetaProcess
 from llamad.cache.publish import PublishOutcome, publish
 from llamad.cache.ram_purge import purge_ram
-from llamad.cache.settings import CacheSettings, discard
+from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
+from llamad.testing import MetaProcess, discard_scratch, scratch_settings
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -81,11 +81,11 @@ def loads(cache: CacheClient, ref: RowRef | None, seed: int) -> bool:
 
 @pytest.fixture
 def settings() -> Iterator[CacheSettings]:
-    made = CacheSettings.scratch(prefix="lct", stats_flush_s=0.5)
+    made = scratch_settings(prefix="lct", stats_flush_s=0.5)
     try:
         yield made
     finally:
-        discard(made)
+        discard_scratch(made)
 
 
 def sized(settings: CacheSettings, **quotas: int) -> CacheSettings:

@@ -8,11 +8,11 @@ from llamad.cache.client import CacheClient
 from llamad.cache.counters import Counters
 from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcSpec, SaveReason
-from llamad.cache.meta_proc import MetaProcess
 from llamad.cache.publish import PublishOutcome
 from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.writer import WriterPool
+from llamad.testing import MetaProcess
 
 pytestmark = [pytest.mark.timeout(120)]
 

@@ -1,6 +1,6 @@
 """The asyncio actor client against a real toy actor process (no model).
 
-The toy (``llamad.actors.testing``) serves calls, deferred replies and
+The toy (``llamad.testing.toy_actor``) serves calls, deferred replies and
 pushed streams and records every cancellation it sees, so these tests check
 what the actor observed, not only what the client returned.
 """
@@ -17,8 +17,8 @@ import pytest
 
 from llamad.actors import Registry
 from llamad.actors.aio_client import AsyncActorClient
-from llamad.actors.testing import ToyProcess, spawn_toy
 from llamad.errors import RequestTimeout, StickyBusy, Unavailable, WorkerCrashed
+from llamad.testing.toy_actor import ToyProcess, spawn_toy
 
 pytestmark = pytest.mark.timeout(120)
 

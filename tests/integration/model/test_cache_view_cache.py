@@ -30,7 +30,7 @@ from cache_view_support import (
 from llamad.cache.client import CacheClient
 from llamad.cache.kvc import SaveReason
 from llamad.cache.lookup import LookupPolicy
-from llamad.cache.settings import CacheSettings, discard
+from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.writer import Permit
 from llamad.errors import ConfigError
@@ -41,7 +41,7 @@ from llamad.model.results import CacheHitKind
 from llamad.model.save_completions import Completed
 from llamad.model.savepoints import SaveJob
 from llamad.model.stub import StubPacked
-from llamad.testing import wait_until
+from llamad.testing import discard_scratch, scratch_settings, wait_until
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -50,13 +50,13 @@ pytestmark = [pytest.mark.timeout(120)]
 def settings() -> Iterator[CacheSettings]:
     # Restore-and-truncate from 8 common tokens on, so short stub prompts hit
     # the longer finish rows (prompt + reply) the way long real prompts do.
-    s = CacheSettings.scratch(
+    s = scratch_settings(
         prefix="lcv", stats_flush_s=0.5, save_permits=8, lookup=LookupPolicy(common_min_tokens=8)
     )
     try:
         yield s
     finally:
-        discard(s)
+        discard_scratch(s)
 
 
 @pytest.fixture(scope="module")

@@ -28,14 +28,14 @@ from cache_view_support import (
 from llamad.cache.client import CacheClient
 from llamad.cache.kvc import SaveReason
 from llamad.cache.lookup import LookupPolicy
-from llamad.cache.settings import CacheSettings, discard
+from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.errors import RequestTimeout
 from llamad.model.client_cache_view import ClientCacheView
 from llamad.model.results import CacheHitKind
 from llamad.model.savepoints import SaveJob
 from llamad.model.stub import StubPacked
-from llamad.testing import wait_until
+from llamad.testing import discard_scratch, scratch_settings, wait_until
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -45,7 +45,7 @@ def settings() -> Iterator[CacheSettings]:
     # One copy per row: a disk copy written behind a save would race the
     # tests that damage a row's file (the mover would find the damage first,
     # or copy the row before it).
-    s = CacheSettings.scratch(
+    s = scratch_settings(
         prefix="lcvf",
         stats_flush_s=0.5,
         save_permits=8,
@@ -55,7 +55,7 @@ def settings() -> Iterator[CacheSettings]:
     try:
         yield s
     finally:
-        discard(s)
+        discard_scratch(s)
 
 
 @pytest.fixture(scope="module")

@@ -18,12 +18,13 @@ import pytest
 from cache_view_support import BufferState, Meta, settle_saves
 from llamad.cache.client import CacheClient
 from llamad.cache.kvc import SaveReason
-from llamad.cache.settings import CacheSettings, discard
+from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.llama_ffi import Context, Model, Sampler, SamplerParams, StateBuffer
 from llamad.model import identity
 from llamad.model.client_cache_view import ClientCacheView
 from llamad.model.savepoints import SaveJob
+from llamad.testing import discard_scratch, scratch_settings
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
 
@@ -39,11 +40,11 @@ TEXT = (
 
 @pytest.fixture(scope="module")
 def settings() -> Iterator[CacheSettings]:
-    s = CacheSettings.scratch(prefix="lcvm", stats_flush_s=0.5)
+    s = scratch_settings(prefix="lcvm", stats_flush_s=0.5)
     try:
         yield s
     finally:
-        discard(s)
+        discard_scratch(s)
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from llamad.cache.meta_proc import MetaProcess
-from llamad.cache.settings import CacheSettings, discard
+from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.llama_ffi import ContextOptions
 from llamad.model.cache_view_config import CacheViewConfig
@@ -18,6 +17,7 @@ from llamad.model.config import WorkerConfig
 from llamad.model.threads import ThreadPolicy
 from llamad.model.worker_parts import llama_parts
 from llamad.model.worker_spec import WorkerSpec
+from llamad.testing import MetaProcess, discard_scratch, scratch_settings
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(120)]
 
@@ -41,13 +41,13 @@ def spec(model_path: Path, settings: CacheSettings | None, **kw: object) -> Work
 
 @pytest.fixture(scope="module")
 def settings() -> Iterator[CacheSettings]:
-    s = CacheSettings.scratch(prefix="lwps")
+    s = scratch_settings(prefix="lwps")
     meta = MetaProcess(s).start()
     try:
         yield s
     finally:
         meta.stop()
-        discard(s)
+        discard_scratch(s)
 
 
 def test_the_cache_view_saves_and_restores_where_the_spec_says(

@@ -13,10 +13,9 @@ import pytest
 
 from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcSpec, SaveReason
-from llamad.cache.meta_proc import MetaProcess
-from llamad.cache.settings import discard
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.writer import WriterPool
+from llamad.testing import MetaProcess, discard_scratch
 from worker_tree import WorkerTree
 
 pytestmark = pytest.mark.timeout(120)
@@ -31,7 +30,7 @@ def tree() -> Iterator[WorkerTree]:
         yield t
     finally:
         meta.stop()
-        discard(t.settings)
+        discard_scratch(t.settings)
 
 
 def test_wait_saved_waits_for_a_save_not_yet_reserved(tree: WorkerTree) -> None:

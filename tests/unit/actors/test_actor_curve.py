@@ -32,8 +32,8 @@ from llamad.actors.curve import (
     write_keypair,
 )
 from llamad.actors.errors import ActorConfigError
-from llamad.actors.testing import build_toy
 from llamad.errors import PermissionDenied
+from llamad.testing.toy_actor import build_toy
 
 pytestmark = pytest.mark.timeout(60)
 

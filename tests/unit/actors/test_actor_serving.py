@@ -19,7 +19,6 @@ from llamad.actors import Actor, Client, Limits, OpKind, OpSpec, Registry, Reque
 from llamad.actors.errors import ActorConfigError, NameTaken
 from llamad.actors.handles import Peer
 from llamad.actors.monitor import ProcessRef
-from llamad.actors.testing import build_toy
 from llamad.actors.wire import PROTOCOL_VERSION, Hello, Kind, encode_envelope
 from llamad.errors import (
     BadRequest,
@@ -31,6 +30,7 @@ from llamad.errors import (
     UnknownOp,
 )
 from llamad.testing import wait_until
+from llamad.testing.toy_actor import build_toy
 
 pytestmark = pytest.mark.timeout(60)
 ANY = msgspec.msgpack.Decoder()

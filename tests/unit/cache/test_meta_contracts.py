@@ -18,12 +18,13 @@ from llamad.cache.meta_wire import OPS, ReserveSave
 from llamad.cache.prefix import PrefixMatch
 from llamad.cache.pressure import PressureConfig
 from llamad.cache.reservation import SaveIntent
-from llamad.cache.settings import CacheSettings, discard
+from llamad.cache.settings import CacheSettings
 from llamad.cache.sup import cache_sup_spec
 from llamad.cache.tier_kind import TIER_ORDER, TierKind
 from llamad.cache.tiers import Tier, TierConfig
 from llamad.errors import BadRequest
 from llamad.supervisor.spec import Strategy, SupervisorSpec
+from llamad.testing import discard_scratch, scratch_settings
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -296,8 +297,8 @@ def test_choose_restore_misses_below_common_min_tokens() -> None:
 
 
 def test_scratch_cache_is_private_and_discard_removes_it() -> None:
-    a = CacheSettings.scratch(prefix="lcu")
-    b = CacheSettings.scratch(prefix="lcu")
+    a = scratch_settings(prefix="lcu")
+    b = scratch_settings(prefix="lcu")
     try:
         assert {t.root for t in a.tiers if t.kind is not TierKind.RAM}.isdisjoint(
             {t.root for t in b.tiers if t.kind is not TierKind.RAM}
@@ -310,8 +311,8 @@ def test_scratch_cache_is_private_and_discard_removes_it() -> None:
         a.counters_path.write_bytes(b"x")
         a.create_permits()
     finally:
-        discard(a)
-        discard(b)
+        discard_scratch(a)
+        discard_scratch(b)
     assert a.registry_root is not None
     assert not a.registry_root.parent.exists()
     assert not a.counters_path.exists()

@@ -19,9 +19,9 @@ from llamad.cache.kvc import HEADER_LEN, KvcSpec, SaveReason, encode_kvc
 from llamad.cache.mover import Mover, MoveStage, move_file
 from llamad.cache.moves import MoveJob, MoveKind, MoveResult
 from llamad.cache.ram_purge import purge_ram
-from llamad.cache.settings import CacheSettings, discard
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import SHM_ROOT, Tier, TierConfig
+from llamad.testing import discard_scratch, scratch_settings
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -197,7 +197,7 @@ def test_the_mover_runs_jobs_on_its_threads_and_reports_through_its_fd(
 
 
 def test_purge_ram_links_leftover_segments_into_ram_file_first() -> None:
-    settings = CacheSettings.scratch(prefix="lpr")
+    settings = scratch_settings(prefix="lpr")
     try:
         tiers = {cfg.kind: Tier(cfg) for cfg in settings.tiers}
         for tier in tiers.values():
@@ -214,4 +214,4 @@ def test_purge_ram_links_leftover_segments_into_ram_file_first() -> None:
         assert not ram_file.path_for(below.key).exists()
         assert disk.path_for(below.key).exists()
     finally:
-        discard(settings)
+        discard_scratch(settings)

@@ -14,6 +14,7 @@ from llamad.cache.prefetch import DEFAULT_PREFETCH_BYTES, Prefetcher, PrefetchIt
 from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.config.schema import DiskTier
+from llamad.testing import scratch_settings
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -51,14 +52,14 @@ def test_a_budget_of_zero_plans_nothing_and_is_off() -> None:
 @pytest.mark.parametrize("bad", [-1, True, 1.5, "1GiB", None])
 def test_a_prefetch_budget_that_is_not_a_byte_count_is_refused(bad: object) -> None:
     with pytest.raises(InvalidCacheValue) as info:
-        CacheSettings.scratch(prefetch_bytes=bad)
+        scratch_settings(prefetch_bytes=bad)
     assert info.value.details["field"] == "prefetch_bytes"
 
 
 def test_the_prefetch_budget_travels_to_cache_meta() -> None:
-    settings = CacheSettings.scratch(prefetch_bytes=12345)
+    settings = scratch_settings(prefetch_bytes=12345)
     assert CacheSettings.from_wire(settings.to_wire()).prefetch_bytes == 12345
-    assert CacheSettings.scratch().prefetch_bytes == DEFAULT_PREFETCH_BYTES
+    assert scratch_settings().prefetch_bytes == DEFAULT_PREFETCH_BYTES
 
 
 def test_the_config_default_is_the_cache_default() -> None:

@@ -17,10 +17,11 @@ from llamad.cache.errors import InvalidCacheValue, TierLocked
 from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcSpec, SaveReason, encode_kvc
 from llamad.cache.ram_purge import purge_ram
-from llamad.cache.settings import CacheSettings, discard
+from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tier_lock import TierLock, TierLocks
 from llamad.cache.tiers import SHM_ROOT, Tier, TierConfig
+from llamad.testing import discard_scratch, scratch_settings
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -182,7 +183,7 @@ def test_the_lock_file_is_never_taken_for_a_row(ram: Tier, tmp_path: Path) -> No
 
 
 def test_purge_ram_refuses_while_a_cache_meta_owns_the_segments() -> None:
-    settings = CacheSettings.scratch(prefix="ltl")
+    settings = scratch_settings(prefix="ltl")
     try:
         cfg = settings.tier(TierKind.RAM)
         assert cfg is not None
@@ -195,7 +196,7 @@ def test_purge_ram_refuses_while_a_cache_meta_owns_the_segments() -> None:
         assert purge_ram(settings) == 1
         assert not row.exists() and not ram.lock_path.exists()
     finally:
-        discard(settings)
+        discard_scratch(settings)
 
 
 def test_two_tiers_in_one_directory_are_refused_at_configuration(tmp_path: Path) -> None:

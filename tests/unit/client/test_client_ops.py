@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import sys
+import typing
 
 import msgspec
 import pytest
 
+import llamad
 from llamad.client import bodies as ops
 from llamad.errors import BadRequest
 from llamad.front.wire import EVICT_ALL
-from llamad.model.adapters import AdapterInfo as WorkerAdapterInfo
+from llamad.model.adapters import AdapterSet
 from llamad.model.requests import RequestParams
-from llamad.model.wire import InferBody
+from llamad.model.wire import AdapterInfo, InferBody
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -106,10 +108,14 @@ def test_request_ids_are_unique() -> None:
     assert len({ops.new_request_id() for _ in range(1000)}) == 1000
 
 
-def test_adapter_info_has_the_workers_fields() -> None:
-    ours = [(f.name, f.type) for f in msgspec.structs.fields(ops.AdapterInfo)]
-    theirs = [(f.name, f.type) for f in msgspec.structs.fields(WorkerAdapterInfo)]
-    assert ours == theirs
+def test_adapter_info_is_the_workers_own_class() -> None:
+    # One definition, in the worker's wire module: the class the worker's
+    # AdapterSet answers with is the one a client decodes into.
+    for method in (AdapterSet.load, AdapterSet.set_scale):
+        assert typing.get_type_hints(method)["return"] is AdapterInfo
+    assert typing.get_type_hints(AdapterSet.list_adapters)["return"] == list[AdapterInfo]
+    assert ops.AdapterInfo is AdapterInfo
+    assert llamad.AdapterInfo is AdapterInfo
 
 
 @pytest.mark.parametrize("n", [2**62 + 1, sys.maxsize, 2**64, 10**40])

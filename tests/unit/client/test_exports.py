@@ -47,6 +47,7 @@ FACES = (
     "llamad.llama_ffi",
     "llamad.model",
     "llamad.supervisor",
+    "llamad.testing",
 )
 
 

@@ -9,7 +9,6 @@ import pytest
 
 from llamad.cache.key import FingerprintMode
 from llamad.cache.policy import CachePolicy
-from llamad.cache.settings import CacheSettings, discard
 from llamad.cache.tier_kind import TierKind
 from llamad.errors import ConfigError
 from llamad.llama_ffi.options import ContextOptions, FlashAttn, KVType
@@ -23,6 +22,7 @@ from llamad.model.worker_spec import (
     worker_template,
 )
 from llamad.supervisor.spec import ChildSpec, Restart
+from llamad.testing import discard_scratch, scratch_settings
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -57,7 +57,7 @@ def field_of(exc: pytest.ExceptionInfo[ConfigError]) -> str:
 
 
 def test_spec_round_trips_through_msgpack_unchanged() -> None:
-    settings = CacheSettings.scratch()
+    settings = scratch_settings()
     try:
         original = spec(
             context=context(flash_attn=FlashAttn.OFF, type_k=KVType.Q8_0),
@@ -86,7 +86,7 @@ def test_spec_round_trips_through_msgpack_unchanged() -> None:
         wire = msgpack.unpackb(msgpack.packb(original.to_wire(), use_bin_type=True), raw=False)
         assert WorkerSpec.from_wire(wire) == original
     finally:
-        discard(settings)
+        discard_scratch(settings)
 
 
 def test_the_cache_view_defaults_to_saving_to_ram_and_restoring_from_any_tier() -> None:
@@ -97,7 +97,7 @@ def test_the_cache_view_defaults_to_saving_to_ram_and_restoring_from_any_tier() 
 
 
 def test_a_cache_view_the_cache_cannot_serve_is_refused_naming_the_field() -> None:
-    settings = CacheSettings.scratch(disk_quota=0)
+    settings = scratch_settings(disk_quota=0)
     try:
         with pytest.raises(ConfigError) as exc:
             spec(cache=settings, cache_view=CacheViewConfig(save_tier=TierKind.DISK))
@@ -105,7 +105,7 @@ def test_a_cache_view_the_cache_cannot_serve_is_refused_naming_the_field() -> No
         # The same view without a cache: nothing to check it against yet.
         assert spec(cache_view=CacheViewConfig(save_tier=TierKind.DISK)).cache is None
     finally:
-        discard(settings)
+        discard_scratch(settings)
 
 
 @pytest.mark.parametrize(
@@ -163,13 +163,13 @@ def test_actor_name_is_namespaced_under_model() -> None:
 
 
 def test_registry_defaults_to_the_caches() -> None:
-    settings = CacheSettings.scratch()
+    settings = scratch_settings()
     try:
         assert spec(cache=settings).registry == str(settings.registry_root)
         assert spec(cache=settings, registry_root="/tmp/x").registry == "/tmp/x"
         assert spec().registry is None
     finally:
-        discard(settings)
+        discard_scratch(settings)
 
 
 def test_child_spec_carries_the_spec_and_the_worker_timings() -> None:

@@ -2,8 +2,8 @@
 
 Run it as its own process (spawn/exec semantics, like a supervised child)::
 
-    python -m llamad.actors.testing --name toy --registry DIR
-    python -m llamad.actors.testing --endpoint tcp://127.0.0.1:0 --no-register
+    python -m llamad.testing.toy_actor --name toy --registry DIR
+    python -m llamad.testing.toy_actor --endpoint tcp://127.0.0.1:0 --no-register
 
 It prints ``READY <endpoint> <pid>`` on stdout once it serves, and exercises
 every serving style: immediate replies (``echo``, ``fail``, ``refuse``),
@@ -264,9 +264,9 @@ class ToyProcess:
 
 
 def spawn_toy(*args: str, ready_timeout: float = 30.0) -> ToyProcess:
-    """Start ``python -m llamad.actors.testing ARGS`` and wait for READY."""
+    """Start ``python -m llamad.testing.toy_actor ARGS`` and wait for READY."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "llamad.actors.testing", *args],
+        [sys.executable, "-m", "llamad.testing.toy_actor", *args],
         stdout=subprocess.PIPE,
         text=True,
     )
