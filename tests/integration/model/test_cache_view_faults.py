@@ -42,15 +42,19 @@ pytestmark = [pytest.mark.timeout(180)]
 
 @pytest.fixture(scope="module")
 def settings() -> Iterator[CacheSettings]:
-    # One copy per row: a disk copy written behind a save would race the
-    # tests that damage a row's file (the mover would find the damage first,
-    # or copy the row before it).
+    # One copy per row: a disk copy written behind a save, or a ram copy
+    # promoted after two hits, would race the tests that damage a row's file
+    # (the mover would find the damage first, or copy the row before it).
+    # Seen in a full run: the damaged row's promotion was still under way
+    # when the cold run saved the row again, and cache-meta refused that save
+    # ("a copy of this key is being made"), so the next turn was no exact hit.
     s = scratch_settings(
         prefix="lcvf",
         stats_flush_s=0.5,
         save_permits=8,
         lookup=LookupPolicy(common_min_tokens=8),
         write_behind=False,
+        promote_hits=0,
     )
     try:
         yield s
