@@ -198,14 +198,10 @@ def test_garbage_at_every_door_is_typed_and_changes_nothing(daemon: Daemon) -> N
 
 def garbage_bodies(body_type: Any) -> Iterator[tuple[str, Any]]:
     for value in GARBAGE:
-        if isinstance(value, object) and type(value) is object:
-            continue  # an actors client cannot even encode it: not a door
         yield short(value), value
     if isinstance(body_type, type) and issubclass(body_type, msgspec.Struct):
         for field in msgspec.structs.fields(body_type):
             for value in GARBAGE:
-                if type(value) is object:
-                    continue
                 yield f"{{{field.encode_name}: {short(value)}}}", {field.encode_name: value}
 
 
