@@ -47,12 +47,14 @@ from llamad.supervisor.exits import (
 
 __all__ = [
     "ChildContext",
+    "beat_interval",
     "child_context",
     "heartbeat",
     "heartbeat_interval",
     "main",
     "notifies_ready",
     "notify_ready",
+    "write_status",
 ]
 
 READY = b"R"
@@ -106,7 +108,7 @@ def notify_ready() -> None:
         if ctx is None or _ready_sent:
             return
         _ready_sent = True
-        _write_status(ctx.status_fd, READY)
+        write_status(ctx.status_fd, READY)
 
 
 def heartbeat_interval() -> float | None:
@@ -114,8 +116,13 @@ def heartbeat_interval() -> float | None:
     ctx = _context
     if ctx is None or ctx.liveness_timeout is None:
         return None
+    return beat_interval(ctx.liveness_timeout)
+
+
+def beat_interval(liveness_timeout: float) -> float:
+    """How often a child watched with ``liveness_timeout`` should beat."""
     # Four beats per timeout window leave room for a loaded machine's scheduling delay.
-    return ctx.liveness_timeout / 4
+    return liveness_timeout / 4
 
 
 def heartbeat() -> None:
@@ -134,10 +141,11 @@ def heartbeat() -> None:
     if now - _last_beat < interval:
         return
     _last_beat = now
-    _write_status(ctx.status_fd, HEARTBEAT)
+    write_status(ctx.status_fd, HEARTBEAT)
 
 
-def _write_status(fd: int, message: bytes) -> None:
+def write_status(fd: int, message: bytes) -> None:
+    """One status byte to the supervisor; never blocks, never raises."""
     # The supervisor may be gone or behind; neither may take the child down here.
     with contextlib.suppress(BlockingIOError, BrokenPipeError, OSError):
         os.write(fd, message)

@@ -44,7 +44,7 @@ from typing import Final, Protocol
 
 import structlog
 
-from llamad.supervisor.child import HEARTBEAT, READY
+from llamad.supervisor.child import HEARTBEAT, READY, beat_interval, write_status
 from llamad.supervisor.child_process import ChildHandle
 from llamad.supervisor.exits import EXIT_CRASHED
 from llamad.supervisor.spec import ChildSpec
@@ -76,12 +76,12 @@ class HostedBody(Protocol):
 
 
 class PipeBeat:
-    """A hosted supervisor's heartbeat: a byte on its status pipe, at most
-    four times per liveness window (as :func:`llamad.supervisor.child.heartbeat`)."""
+    """A hosted supervisor's heartbeat: a byte on its status pipe, as often as
+    :func:`llamad.supervisor.child.heartbeat` writes one for a process."""
 
     def __init__(self, fd: int, liveness_timeout: float | None) -> None:
         self._fd = fd
-        self._interval = None if liveness_timeout is None else liveness_timeout / 4
+        self._interval = None if liveness_timeout is None else beat_interval(liveness_timeout)
         self._last = 0.0
 
     def interval(self) -> float | None:
@@ -95,13 +95,6 @@ class PipeBeat:
             return
         self._last = now
         write_status(self._fd, HEARTBEAT)
-
-
-def write_status(fd: int, message: bytes) -> None:
-    # A full pipe means the parent is behind: a dropped beat is harmless. A
-    # closed one means the parent has stopped watching.
-    with contextlib.suppress(BlockingIOError, BrokenPipeError, OSError):
-        os.write(fd, message)
 
 
 class HostedChild(ChildHandle):

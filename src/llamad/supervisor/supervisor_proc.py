@@ -557,7 +557,7 @@ class Supervisor:
 
     def _spawn(self, spec: ChildSpec) -> ChildHandle:
         if spec.hosted:
-            return HostedChild.spawn(spec, lambda beat: _HostedSupervisor(spec, beat))
+            return HostedChild.spawn(spec, lambda beat: _ServedSupervisor.hosted(spec, beat))
         return ChildProcess.spawn(spec, supervisor=self.name)
 
     def _spawn_and_wait(self, spec: ChildSpec) -> ChildHandle | StartFailed:
@@ -800,31 +800,41 @@ def _failure_fields(err: StartFailed) -> dict[str, Any]:
     return {k: err.details[k] for k in ("reason", "exit", "pid", "error") if k in err.details}
 
 
-class _HostedSupervisor:
-    """A :class:`~llamad.supervisor.hosted.HostedBody`: the supervisor a hosted
-    child spec describes, and its service, on the hosting thread."""
+class _ServedSupervisor:
+    """A supervisor and, when ``service`` names one, its dynamic API served as
+    that actor (up before the supervisor reports ready): what a supervisor
+    child runs, as a process (:func:`run_supervisor_process`) or hosted on a
+    thread (a :class:`~llamad.supervisor.hosted.HostedBody`)."""
 
-    def __init__(self, spec: ChildSpec, beat: PipeBeat) -> None:
-        kwargs = spec.start.kwargs
-        self._supervisor = Supervisor(SupervisorSpec.from_wire(kwargs["spec"]), own_beat=beat)
-        service = kwargs.get("service")
-        self._service_name = service if isinstance(service, str) else None
+    def __init__(
+        self, spec: Mapping[str, Any], service: str | None, beat: OwnBeat | None = None
+    ) -> None:
+        self._supervisor = Supervisor(SupervisorSpec.from_wire(spec), own_beat=beat)
+        self._service = service
 
-    def run(self, ready: Callable[[], None]) -> int:
+    @classmethod
+    def hosted(cls, spec: ChildSpec, beat: PipeBeat) -> _ServedSupervisor:
+        service = spec.start.kwargs.get("service")
+        return cls(spec.start.kwargs["spec"], service if isinstance(service, str) else None, beat)
+
+    def run(self, ready: Callable[[], None], *, install_signal_handlers: bool = False) -> int:
         stop_service: Callable[[], None] | None = None
 
         def on_ready() -> None:
             nonlocal stop_service
-            if self._service_name is not None:
+            if self._service is not None:
+                # Imported here: only supervisors that serve pay for ZeroMQ.
                 from llamad.supervisor.service import SupervisorService  # noqa: PLC0415
 
-                served = SupervisorService(self._supervisor, self._service_name)
+                served = SupervisorService(self._supervisor, self._service)
                 served.start()
                 stop_service = served.stop
             ready()
 
         try:
-            return self._supervisor.run(install_signal_handlers=False, on_ready=on_ready)
+            return self._supervisor.run(
+                install_signal_handlers=install_signal_handlers, on_ready=on_ready
+            )
         finally:
             if stop_service is not None:
                 stop_service()
@@ -849,26 +859,8 @@ def run_supervisor_process(spec: Mapping[str, Any], service: str | None = None) 
     escalation or a failed initial start (so the parent sees an abnormal exit).
     """
     configure_logs()
-    supervisor = Supervisor(SupervisorSpec.from_wire(spec))
-    stop_service: Callable[[], None] | None = None
-
-    def on_ready() -> None:
-        nonlocal stop_service
-        if service is not None:
-            # Imported here: only supervisors that serve pay for ZeroMQ.
-            from llamad.supervisor.service import SupervisorService  # noqa: PLC0415
-
-            served = SupervisorService(supervisor, service)
-            served.start()
-            stop_service = served.stop
-        notify_ready()
-
-    try:
-        code = supervisor.run(install_signal_handlers=True, on_ready=on_ready)
-    finally:
-        if stop_service is not None:
-            stop_service()
-    sys.exit(code)
+    served = _ServedSupervisor(spec, service)
+    sys.exit(served.run(notify_ready, install_signal_handlers=True))
 
 
 def run_root(
