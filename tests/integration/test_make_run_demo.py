@@ -63,10 +63,7 @@ def _processes_of(base: Path) -> list[psutil.Process]:
     return found
 
 
-def test_make_run_serves_cold_then_an_exact_warm_hit_and_stops_cleanly() -> None:
-    proc = subprocess.run(
-        DEMO, capture_output=True, text=True, timeout=280, check=False, env=scrubbed_env()
-    )
+def _check_run(proc: subprocess.CompletedProcess[str]) -> None:
     out = proc.stdout
     assert proc.returncode == 0, proc.stdout + proc.stderr
     base = _private_dir(out)
@@ -91,6 +88,37 @@ def test_make_run_serves_cold_then_an_exact_warm_hit_and_stops_cleanly() -> None
     assert "daemon   stopped with SIGTERM: exit 0, no llamad process left" in out
     assert not base.exists(), "the private directory is removed"
     assert _processes_of(base) == []
+
+
+def test_make_run_serves_cold_then_an_exact_warm_hit_and_stops_cleanly() -> None:
+    _check_run(
+        subprocess.run(
+            DEMO, capture_output=True, text=True, timeout=280, check=False, env=scrubbed_env()
+        )
+    )
+
+
+@pytest.mark.timeout(600)
+def test_make_run_replies_the_same_with_every_core_busy() -> None:
+    """A CPU hog per core beside ``make run`` on its default thread count: the
+    governor moves the worker between thread counts mid-reply, and the warm and
+    restart replies (more tokens than above) must still be the cold one's.
+    Before llama.cpp patch 0003 the demo printed "warm reply DIFFERS" here
+    (issue 16): a decode's sums depended on its thread count."""
+    command = [sys.executable, "-m", "llamad.cli.demo", "--facts", "24", "--max-tokens", "24"]
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(len(psutil.Process().cpu_affinity() or [0]))
+    ]
+    try:
+        proc = subprocess.run(
+            command, capture_output=True, text=True, timeout=580, check=False, env=scrubbed_env()
+        )
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait(10)
+    _check_run(proc)
 
 
 def test_make_run_interrupted_mid_request_still_stops_the_daemon() -> None:

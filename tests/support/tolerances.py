@@ -1,16 +1,20 @@
 """What llamad guarantees about numerics on each backend: the tests' one place for it.
 
-On the CPU a token's computation does not depend on what else shares its batch
-or KV cache as long as every batch stays under 64 rows: a restored sequence
-continues with bit-identical logits wherever it is restored, and batched
-embeddings match one-at-a-time ones to 1e-4 (measured: 2e-8). From 64 rows up
-ggml takes another matmul path, and a prompt prefilled in 64-row chunks ends
-0.2-0.6 logits away from the same prompt in smaller chunks; and when a
-sequence's later tokens land in cells another sequence freed, its logits move
-by 0.5-0.8 from then on, since the attention reduction runs over another
-stretch of cells (both measured in issue 8; the masked cells add nothing, the
-summation order differs). The exact-hit guarantee depends on neither: a
-restore and the cold path both decode the last prompt token alone. On a GPU
+On the CPU (llama.cpp patches 0001 and 0003) a decode's logits do not depend
+on the thread count, on what shares its batch, or on where its cells sit in
+the KV pool: every attention row is summed in groups of 256 of its own cells,
+taken in position order, whatever the split (measured before the patch: 2
+threads against 1 moved the logits by up to 0.96 after a 700-token prompt).
+A restored sequence therefore continues with bit-identical logits wherever it
+is restored, and batched embeddings match one-at-a-time ones to 1e-4
+(measured: 2e-8). Prompt steps of 64 rows or more take ggml's tiled
+attention, which sums by 64-cell tiles of the whole KV view: a prompt
+prefilled in 64-row chunks ends 0.6-0.8 logits away from the same prompt in
+smaller chunks, and from itself above another sequence's cells. The model
+option ``deterministic`` (``GGML_CPU_FA_TILED=0``) turns that path off, and
+then a prompt's logits are the same however it was chunked or placed. The
+exact-hit guarantee depends on none of this: a restore and the cold path
+both decode the last prompt token alone. On a GPU
 the kernels are picked by batch shape and KV layout (different matmul and
 flash-attention kernels, f16 accumulation), so only the
 same computation path is bit-identical (the same batch shapes over the same

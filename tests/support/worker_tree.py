@@ -2,8 +2,9 @@
 supervisor (one_for_one, as the daemon's cache_sup and model_sup are siblings),
 driven through a real actors client.
 
-The worker runs the real default model with one thread (``n_threads`` and a
-thread policy for the thread tests); the cache is a private scratch cache
+The worker runs the real default model with one thread (``n_threads``: another
+count, or ``None`` for the default with the governor live, and a thread policy
+for the thread tests; ``deterministic`` as the model option); the cache is a private scratch cache
 (every tier, its own registry), removed afterwards.
 """
 
@@ -63,9 +64,10 @@ class WorkerTree:
         liveness_s: float = 5.0,
         prefix: str = "lmw",
         siblings: Mapping[str, Mapping[str, Any]] | None = None,
-        n_threads: int = 1,
+        n_threads: int | None = 1,
         threads: ThreadPolicy | None = None,
         live_reuse: bool = True,
+        deterministic: bool = False,
     ) -> None:
         self.settings = scratch_settings(
             prefix=prefix, lookup=LookupPolicy(common_min_tokens=8), stats_flush_s=0.5
@@ -82,6 +84,7 @@ class WorkerTree:
             "n_threads": n_threads,
             "threads": threads,
             "live_reuse": live_reuse,
+            "deterministic": deterministic,
         }
         self.spec = self._worker_spec(model_id, **shape)
         # Sibling workers of the same model file share the cache: each is the
@@ -115,11 +118,17 @@ class WorkerTree:
         policy: CachePolicy,
         decode_timeout_ms: int,
         liveness_s: float,
-        n_threads: int,
+        n_threads: int | None,
         threads: ThreadPolicy | None,
         live_reuse: bool,
+        deterministic: bool,
     ) -> WorkerSpec:
         sizes = {"n_ctx": n_ctx, "n_batch": n_batch, "n_seq_max": n_seq_max}
+        # None: the binding's default, every CPU this process may use (the
+        # governor then picks each step's count).
+        threads_opts = (
+            {} if n_threads is None else {"n_threads": n_threads, "n_threads_batch": n_threads}
+        )
         return WorkerSpec(
             model_id=model_id,
             model_path=str(paths.default_model_path()),
@@ -127,8 +136,7 @@ class WorkerTree:
                 **sizes,
                 n_ubatch=n_batch,
                 kv_unified=True,
-                n_threads=n_threads,
-                n_threads_batch=n_threads,
+                **threads_opts,
             ),
             worker=WorkerConfig(
                 **sizes,
@@ -141,6 +149,7 @@ class WorkerTree:
             decode_timeout_ms=decode_timeout_ms,
             liveness_s=liveness_s,
             threads=threads,
+            deterministic=deterministic,
         )
 
     def start(self) -> WorkerTree:

@@ -413,6 +413,7 @@ def worker_spec(config: LlamadConfig, model_id: str) -> WorkerSpec:
             cache_view=view,
             remote=remote_access(config),
             adapter_dirs=tuple(str(d) for d in config.model_dirs),
+            deterministic=m.deterministic,
         ),
         _under(
             _model_key(model_id),

@@ -50,6 +50,7 @@ __all__ = [
     "NEUTRAL_CMAKE",
     "NEUTRAL_ENV",
     "NEUTRAL_FEATURES",
+    "NUMERIC_SWITCHES",
     "BuildIdentity",
     "LoadedBuild",
     "describe_build",
@@ -126,6 +127,20 @@ instruction sets a kernel is compiled for (``AVX2``, ``AVX512``, ``AMX_INT8`` ..
 ``LLAMAFILE`` (its sgemm kernels), ``REPACK`` (interleaved weight layouts with
 their own dot products), CUDA's ``ARCHS`` and kernel switches."""
 
+NUMERIC_SWITCHES: Final[Mapping[str, str]] = {
+    "GGML_CPU_FA_TILED": (
+        "0 turns ggml-cpu's tiled flash attention off (llamad's llama.cpp patch 0003, the "
+        "model option `deterministic`): prompts are summed in other groups, other bits"
+    ),
+    "GGML_CPU_TILED_MM": (
+        "0 turns ggml-cpu's tiled K-quant matrix multiply off (the model option "
+        "`deterministic`): batches of 8 rows or more take the vector kernel, other bits"
+    ),
+}
+"""Environment variables the loaded libraries read at run time that change what
+they compute. One set away from its default is part of the identity, as
+``runtime.<variable>`` (a worker with ``deterministic`` keeps its rows apart)."""
+
 _SOURCE_TREE = "source-tree-sha256"
 _BOOL_WORDS: Final = {
     "ON": "ON",
@@ -158,6 +173,9 @@ class LoadedBuild:
     no GPU device, and computes on the CPU."""
     features: tuple[tuple[str, tuple[tuple[str, str], ...]], ...]
     """Each registry's build features, ``(registry, ((name, value), ...))``."""
+    switches: tuple[tuple[str, str], ...] = ()
+    """The :data:`NUMERIC_SWITCHES` this process set away from their default,
+    ``(variable, value)``: the libraries read them from the environment."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,4 +302,6 @@ def describe_build(record: Mapping[str, Any], loaded: LoadedBuild) -> dict[str, 
     for reg, feats in loaded.features:
         kept = sorted(f"{n}={v}" for n, v in feats if n not in NEUTRAL_FEATURES)
         out[f"features.{reg}"] = " ".join(kept)
+    for name, value in loaded.switches:
+        out[f"runtime.{name}"] = value
     return out

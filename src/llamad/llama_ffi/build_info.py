@@ -22,8 +22,11 @@ llamad.llama_ffi.build_info`` prints the same.
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -38,7 +41,7 @@ from llamad.llama_ffi.build_identity import (
 from llamad.llama_ffi.errors import LlamaError
 from llamad.llama_ffi.native import ensure_backend, ffi, lib
 
-__all__ = ["build_identity", "build_record", "compute_backend", "loaded_build"]
+__all__ = ["build_identity", "build_record", "compute_backend", "loaded_build", "numeric_switches"]
 
 log = structlog.get_logger("llamad.llama_ffi")
 
@@ -108,7 +111,26 @@ def loaded_build() -> LoadedBuild:
         backends=tuple(backends),
         devices=tuple(devices),
         features=tuple(features),
+        switches=numeric_switches(os.environ),
     )
+
+
+def _c_atoi(text: str) -> int:
+    """What C's ``atoi`` makes of ``text`` (the libraries parse the switches with it)."""
+    found = re.match(r"\s*([+-]?\d+)", text)
+    return int(found.group(1)) if found else 0
+
+
+def numeric_switches(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """The :data:`~llamad.llama_ffi.build_identity.NUMERIC_SWITCHES` that
+    ``environ`` sets away from their default, as the libraries read them."""
+    out = []
+    # Both default to on and are read as `env == NULL || atoi(env) != 0`.
+    for name in ("GGML_CPU_FA_TILED", "GGML_CPU_TILED_MM"):
+        value = environ.get(name)
+        if value is not None and _c_atoi(value) == 0:
+            out.append((name, "0"))
+    return tuple(out)
 
 
 _identity_lock = threading.Lock()

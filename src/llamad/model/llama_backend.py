@@ -79,7 +79,7 @@ class LlamaBackend:
     ``clock``), not the batch building. ``kv_cells`` is what the batch
     attends over (:meth:`attended_cells`), so that the governor judges a
     step against steps of comparable cost. A decode that raises is not
-    recorded.
+    recorded (``abandon()`` ends its busy mark instead).
     Without a governor the context's own counts are used.
     """
 
@@ -161,13 +161,17 @@ class LlamaBackend:
         rows = batch.n_tokens
         cells = self.attended_cells(plan)
         n = governor.threads_for(rows, cells)
-        single, several = self._configured
-        threads = (min(n, single), min(n, several))
-        if threads != self._threads:
-            self.ctx.set_threads(*threads)
-            self._threads = threads
-        started = self._clock()
-        self.ctx.decode(batch)
+        try:
+            single, several = self._configured
+            threads = (min(n, single), min(n, several))
+            if threads != self._threads:
+                self.ctx.set_threads(*threads)
+                self._threads = threads
+            started = self._clock()
+            self.ctx.decode(batch)
+        except BaseException:
+            governor.abandon()  # the step's busy mark ends; nothing is learnt from it
+            raise
         governor.record(rows, self._clock() - started, cells)
 
     def attended_cells(self, plan: BatchPlan) -> int:

@@ -319,9 +319,12 @@ class ThreadGovernor:
         self._check_step(rows, kv_cells)
         now = self._clock()
         shape = step_shape(rows, kv_cells)
-        expected = self._median(self._threads, shape) or 0.0
-        # Busy through the step itself, however long it runs, then a linger.
-        self._board.mark_busy(now + self.policy.busy_linger_s + 2 * expected)
+        # Busy for as long as the step runs, however long that is (record() or
+        # abandon() sets the linger when it ends): a mark that guessed the
+        # step's length lapsed under a slow step, exactly when the machine was
+        # loaded, and another worker then took every core. A worker that dies
+        # mid-step still frees its share (the board ignores a dead worker's slot).
+        self._board.mark_busy(math.inf)
         self._marked = True
         self._busy = max(1, self._board.busy_workers(now))
         self._budget = self._budget_for(self._busy)
@@ -375,6 +378,14 @@ class ThreadGovernor:
                 self._samples(threads, shape).append(float(seconds))
         self._since_switch += 1
         self._snapshot = self._build_snapshot()
+
+    def abandon(self) -> None:
+        """The step :meth:`threads_for` was asked about ended without a time to
+        judge (the decode raised): it is not learnt from, and the busy mark
+        turns into the usual linger."""
+        self._pending, self._pending_probe = None, False
+        if self._marked:
+            self._board.mark_busy(self._clock() + self.policy.busy_linger_s)
 
     def idle(self) -> None:
         """This worker has nothing left to decode: its share of the budget goes

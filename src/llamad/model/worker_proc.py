@@ -48,7 +48,7 @@ from llamad.model.results import Event, TokenEvent
 from llamad.model.status_board import StatusBoard, Throughput, WorkerSnapshot, status_path
 from llamad.model.worker_ops import WorkerOps
 from llamad.model.worker_parts import WorkerParts, build_parts
-from llamad.model.worker_spec import WorkerSpec
+from llamad.model.worker_spec import WorkerSpec, apply_numerics
 from llamad.supervisor.child import heartbeat, heartbeat_interval, notifies_ready, notify_ready
 
 __all__ = ["WorkerProcess", "run_worker"]
@@ -63,7 +63,9 @@ _LIMITS: Final = Limits(max_header_bytes=32 << 20)
 def run_worker(spec: Mapping[str, Any]) -> None:
     """Supervised entry point: load, report ready once serving, loop until SIGTERM."""
     logs.configure()
-    worker = WorkerProcess(WorkerSpec.from_wire(spec))
+    parsed = WorkerSpec.from_wire(spec)
+    apply_numerics(parsed)  # before the library computes anything
+    worker = WorkerProcess(parsed)
     worker.serve(ready=notify_ready)
 
 

@@ -20,7 +20,7 @@ import dataclasses
 import enum
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -37,8 +37,11 @@ from llamad.supervisor.spec import ChildSpec, Restart, Start
 
 __all__ = [
     "DEFAULT_PARTS",
+    "TILED_ENV",
+    "TILED_MM_ENV",
     "WORKER_ENTRY",
     "WorkerSpec",
+    "apply_numerics",
     "worker_actor_name",
     "worker_child_spec",
     "worker_template",
@@ -127,6 +130,15 @@ class WorkerSpec:
     symlinks and ``..`` are resolved (the daemon's ``[security].model_dirs``,
     SPEC D5); ``None`` (the default, a spec made outside a configuration):
     unchecked.
+
+    ``deterministic``: the worker process turns ggml-cpu's tiled flash
+    attention off (``GGML_CPU_FA_TILED=0``, and its tiled K-quant matmul,
+    ``GGML_CPU_TILED_MM=0``; read once per process, before its first decode:
+    :func:`apply_numerics`), so that a prompt's KV and logits do
+    not depend on how it was chunked, what shared its batches or where its
+    cells sit; prompt processing is slower (SPEC M19,
+    ``bench/results/numerics-*.md``). Decodes are thread-count and placement
+    invariant either way (llama.cpp patch 0003).
     """
 
     model_id: str
@@ -144,9 +156,12 @@ class WorkerSpec:
     cache_view: CacheViewConfig = field(default_factory=CacheViewConfig)
     remote: RemoteAccess | None = None
     adapter_dirs: tuple[str, ...] | None = None
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         worker_actor_name(self.model_id)
+        if not isinstance(self.deterministic, bool):
+            raise _bad("deterministic", f"must be a boolean, not {self.deterministic!r}")
         path = self.model_path
         if isinstance(path, os.PathLike):
             path = os.fspath(path)
@@ -260,6 +275,7 @@ class WorkerSpec:
             "cache_view": _cache_view_to_wire(self.cache_view),
             "remote": None if self.remote is None else self.remote.to_wire(),
             "adapter_dirs": None if self.adapter_dirs is None else list(self.adapter_dirs),
+            "deterministic": self.deterministic,
         }
 
     @classmethod
@@ -388,6 +404,24 @@ def worker_template(
         liveness_timeout=liveness_s,
         start_timeout=load_timeout_s,
     )
+
+
+TILED_ENV: Final = "GGML_CPU_FA_TILED"
+"""ggml-cpu's switch for its tiled flash attention (llamad's llama.cpp patch 0003)."""
+
+TILED_MM_ENV: Final = "GGML_CPU_TILED_MM"
+"""ggml-cpu's switch for its tiled K-quant matrix multiply, taken from 8 rows up."""
+
+
+def apply_numerics(spec: WorkerSpec, environ: MutableMapping[str, str] = os.environ) -> None:
+    """Set what ``spec.deterministic`` asks of the library in this process's
+    environment. Call it before the process's first decode: ggml-cpu reads the
+    switch once, and the cache namespace records it (``llama_ffi.build_info``)."""
+    if spec.deterministic:
+        environ[TILED_ENV] = "0"
+        # K-quant weights take another kernel from 8 rows up; one kernel for
+        # every batch (not measured on the default model, which is Q4_1).
+        environ[TILED_MM_ENV] = "0"
 
 
 def worker_child_spec(

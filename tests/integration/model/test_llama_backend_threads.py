@@ -12,6 +12,7 @@ this process, so 2 threads on shared cores slow down, never collapse).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from llamad.errors import LlamadError
 from llamad.llama_ffi import Context, FlashAttn, Model
 from llamad.model.llama_backend import LlamaBackend
 from llamad.model.planner import BatchPlan, Span
@@ -198,6 +200,21 @@ def test_record_is_told_the_time_of_the_decode(
     # The governor learnt from those steps (nothing was a collapse).
     status = governor.status()
     assert status.collapses == 0 and status.threads == 1
+
+
+def test_a_decode_that_raises_ends_its_busy_mark(two_threads: Context, closing: list[Any]) -> None:
+    board = ScriptedBoard(busy=1)
+    backend, governor = governed(two_threads, board)
+    closing.append(backend)
+    # A token id past the vocabulary: llama_decode refuses the batch.
+    bad = two_threads.model.n_vocab + 10
+    plan = BatchPlan((Span(seq=0, pos=0, tokens=(bad,), want_logits=True),))
+    with pytest.raises(LlamadError):
+        backend.decode(plan)
+    assert board.marks[0] == math.inf  # busy for as long as the step ran
+    # ... and, once it failed, for the linger only: another worker gets its share back.
+    assert len(board.marks) == 2 and math.isfinite(board.marks[1])
+    assert board.marks[1] <= time.monotonic() + governor.policy.busy_linger_s
 
 
 @pytest.mark.parametrize(

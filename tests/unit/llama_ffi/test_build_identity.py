@@ -132,6 +132,12 @@ OTHER_BUILDS: dict[str, Callable[[], BuildIdentity]] = {
     "cpu_feature_avx512": lambda: identity(
         lib=loaded(features=(("CPU", (*CPU_FEATURES, ("AVX512", "1"))),))
     ),
+    "untiled_flash_attention": lambda: identity(
+        lib=loaded(switches=build_info.numeric_switches({"GGML_CPU_FA_TILED": "0"}))
+    ),
+    "untiled_kquant_matmul": lambda: identity(
+        lib=loaded(switches=build_info.numeric_switches({"GGML_CPU_TILED_MM": "0"}))
+    ),
     "cpu_feature_repack_off": lambda: identity(
         lib=loaded(
             features=(("CPU", tuple((n, "0" if n == "REPACK" else v) for n, v in CPU_FEATURES)),)
@@ -174,6 +180,9 @@ SAME_BUILDS: dict[str, Callable[[], BuildIdentity]] = {
         record(flags=[*FLAGS, "-DCMAKE_BUILD_TYPE=Debug", "-DCMAKE_BUILD_TYPE=Release"])
     ),
     "device_count": lambda: identity(lib=loaded(devices=(("CPU", "cpu"), ("CPU", "cpu")))),
+    "tiled_flash_attention_said_explicitly": lambda: identity(
+        lib=loaded(switches=build_info.numeric_switches({"GGML_CPU_FA_TILED": "1"}))
+    ),
     "registration_order": lambda: identity(
         lib=loaded(features=(("CPU", tuple(reversed(CPU_FEATURES))),))
     ),
@@ -293,3 +302,24 @@ def test_the_record_names_what_the_libraries_were_built_from() -> None:
         prefix = prefix.parent
     assert rec["configured"] == (prefix / ".configured").read_text()
     assert rec["compilers"].get("C")
+
+
+@pytest.mark.parametrize(
+    ("value", "off"),
+    [
+        ("0", True),
+        ("00", True),
+        (" 0", True),
+        ("no", True),
+        ("", True),
+        ("1", False),
+        ("2", False),
+        ("-1", False),
+        (" 7x", False),
+    ],
+)
+def test_the_tiled_switch_is_read_as_ggml_reads_it(value: str, off: bool) -> None:
+    # ggml-cpu parses it with atoi: anything that is not a non-zero number turns it off.
+    got = build_info.numeric_switches({"GGML_CPU_FA_TILED": value})
+    assert got == ((("GGML_CPU_FA_TILED", "0"),) if off else ())
+    assert build_info.numeric_switches({}) == ()

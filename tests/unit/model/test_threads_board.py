@@ -146,3 +146,30 @@ def test_governors_on_real_boards_split_the_cores(board_path: Path) -> None:
 def test_the_board_file_is_private(board_path: Path) -> None:
     with ThreadBoard(board_path):
         assert board_path.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_worker_killed_mid_step_frees_its_share_at_once(board_path: Path) -> None:
+    # A step's mark stands for as long as the step runs (no end time): only
+    # the worker's death can end it early, and it does.
+    code = (
+        "from llamad.model.thread_board import ThreadBoard\n"
+        "from llamad.model.threads import ThreadGovernor, ThreadPolicy\n"
+        "import time\n"
+        f"gov = ThreadGovernor(ThreadPolicy(max_threads=2, cores=2), board=ThreadBoard({str(board_path)!r}))\n"
+        "gov.threads_for(512, 512)\n"
+        "print('stepping', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "stepping"
+        with ThreadBoard(board_path) as me:
+            assert me.busy_workers(time.monotonic() + 3600) == 1
+            child.send_signal(signal.SIGKILL)
+            child.wait(timeout=10)
+            assert me.busy_workers(time.monotonic()) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=10)

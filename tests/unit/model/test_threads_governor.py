@@ -167,6 +167,52 @@ def test_a_long_step_keeps_its_worker_busy_while_it_runs() -> None:
     assert b.threads_for(1) == 1
 
 
+def test_a_step_of_a_new_shape_keeps_its_worker_busy_however_long_it_runs() -> None:
+    # The mark once guessed the step's end from the shape's median (0 for a
+    # shape never seen): a 30 s first prefill chunk under load lapsed after
+    # the linger, and the other worker took every core.
+    clock = Clock()
+    board = SharedBoard()
+    pol = policy(busy_linger_s=0.5)
+    a = ThreadGovernor(pol, board=board.seat(), clock=clock)
+    b = ThreadGovernor(pol, board=board.seat(), clock=clock)
+    a.threads_for(512, 512)  # a shape a has no median for
+    clock.advance(30.0)
+    assert b.threads_for(1) == 1
+    a.record(512, 30.0, 512)
+    clock.advance(0.6)  # the step ended more than the linger ago
+    assert b.threads_for(1) == 2
+
+
+def test_a_step_far_slower_than_its_median_keeps_its_worker_busy() -> None:
+    clock = Clock()
+    board = SharedBoard()
+    pol = policy(busy_linger_s=0.5)
+    a = ThreadGovernor(pol, board=board.seat(), clock=clock)
+    b = ThreadGovernor(pol, board=board.seat(), clock=clock)
+    warm(a, clock, 10 * MS)
+    a.threads_for(1)
+    clock.advance(5.0)  # 500x its median: a collapse still under way
+    assert b.threads_for(1) == 1
+
+
+def test_a_step_that_raised_ends_its_mark_after_the_linger() -> None:
+    clock = Clock()
+    board = SharedBoard()
+    pol = policy(busy_linger_s=0.5)
+    a = ThreadGovernor(pol, board=board.seat(), clock=clock)
+    b = ThreadGovernor(pol, board=board.seat(), clock=clock)
+    warm(a, clock, 10 * MS)
+    a.threads_for(1)
+    a.abandon()  # its decode raised: nothing recorded
+    clock.advance(0.3)
+    assert b.threads_for(1) == 1  # within the linger
+    b.idle()
+    clock.advance(0.3)
+    assert b.threads_for(1) == 2
+    assert a.status().threads == 2  # nothing was learnt from the abandoned step
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     cores=st.integers(1, 64),

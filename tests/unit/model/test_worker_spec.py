@@ -15,8 +15,11 @@ from llamad.llama_ffi.options import ContextOptions, FlashAttn, KVType
 from llamad.model.cache_view_config import CacheViewConfig
 from llamad.model.config import MarkerPair, WorkerConfig
 from llamad.model.worker_spec import (
+    TILED_ENV,
+    TILED_MM_ENV,
     WORKER_ENTRY,
     WorkerSpec,
+    apply_numerics,
     worker_actor_name,
     worker_child_spec,
     worker_template,
@@ -72,6 +75,7 @@ def test_spec_round_trips_through_msgpack_unchanged() -> None:
             cache=settings,
             decode_timeout_ms=1234,
             liveness_s=0.5,
+            deterministic=True,
             cache_view=CacheViewConfig(
                 save_tier=TierKind.DISK,
                 restore_tiers=frozenset({TierKind.DISK, TierKind.RAM_FILE}),
@@ -122,6 +126,7 @@ def test_a_cache_view_the_cache_cannot_serve_is_refused_naming_the_field() -> No
         ("registry_root", {"registry_root": "relative"}),
         ("parts", {"parts": "not a target"}),
         ("cache_view", {"cache_view": {"save_tier": "disk"}}),
+        ("deterministic", {"deterministic": 1}),
     ],
 )
 def test_bad_spec_is_refused_naming_the_field(expected: str, kwargs: dict[str, Any]) -> None:
@@ -201,3 +206,11 @@ def test_template_appends_the_spec_as_the_argument() -> None:
     assert WorkerSpec.from_wire(started.args[0]) == spec()
     assert template.liveness_timeout == 3.0
     assert template.restart is Restart.TRANSIENT
+
+
+def test_a_deterministic_worker_turns_the_tiled_attention_off_in_its_process() -> None:
+    environ: dict[str, str] = {}
+    apply_numerics(spec(), environ)
+    assert environ == {}  # the default leaves the library's default alone
+    apply_numerics(spec(deterministic=True), environ)
+    assert environ == {TILED_ENV: "0", TILED_MM_ENV: "0"}
