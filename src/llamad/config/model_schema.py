@@ -352,8 +352,9 @@ class ModelConfig(Table, frozen=True, kw_only=True):
             "Greedy replies and logprobs that do not depend on what shares a batch, how a "
             "prompt was chunked or where its cells sit: prompts are processed without "
             "ggml-cpu's tiled flash attention (and K-quant weights without its tiled "
-            "matmul), at a cost in prompt processing speed (bench/results/numerics-*.md). Decodes give the same logits on any thread "
-            "count and beside any other sequence either way. Rows saved under each "
+            "matmul), at a cost in prompt processing speed (bench/results/numerics-*.md). "
+            "Decodes give the same logits on any thread count and beside any other "
+            "sequence either way. Rows saved under each "
             "setting are kept apart in the cache.",
             Boolean(),
         ),
