@@ -100,12 +100,12 @@ def test_make_run_serves_cold_then_an_exact_warm_hit_and_stops_cleanly() -> None
 
 @pytest.mark.timeout(600)
 def test_make_run_replies_the_same_with_every_core_busy() -> None:
-    """A CPU hog per core beside ``make run`` on its default thread count: the
-    governor moves the worker between thread counts mid-reply, and the warm and
-    restart replies (more tokens than above) must still be the cold one's.
-    Before llama.cpp patch 0003 the demo printed "warm reply DIFFERS" here
-    (issue 16): a decode's sums depended on its thread count."""
-    command = [sys.executable, "-m", "llamad.cli.demo", "--facts", "24", "--max-tokens", "24"]
+    """``make run`` itself (default prompt, tokens and threads) beside a CPU hog
+    per core: the governor moves the worker between thread counts, and the warm
+    and restart replies must still be the cold one's. With the build before
+    llama.cpp patch 0003 this fails ("warm reply DIFFERS from the cold one"):
+    a decode's sums depended on its thread count (issue 16)."""
+    command = [sys.executable, "-m", "llamad.cli.demo"]  # `make run` itself
     hogs = [
         subprocess.Popen([sys.executable, "-c", "while True: pass"])
         for _ in range(len(psutil.Process().cpu_affinity() or [0]))
