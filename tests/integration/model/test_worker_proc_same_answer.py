@@ -39,7 +39,7 @@ pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(900)]
 
 N_REQUESTS = 16
 N_SEQ = 8  # 8 decode at once, the other 8 wait in the queue and take freed sequences
-GREEDY: dict[str, Any] = {"temperature": 0.0, "max_tokens": 12, "logprobs": 2}
+GREEDY: dict[str, Any] = {"temperature": 0.0, "max_tokens": 8, "logprobs": 2}
 
 #: This module's worker tree (the ``tree`` fixture, conftest.py).
 TREE: dict[str, Any] = dict(
