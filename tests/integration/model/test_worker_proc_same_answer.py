@@ -60,11 +60,9 @@ TOPICS = [
 
 
 def _prompt(i: int) -> str:
-    """Prompts of different lengths (~30 to ~480 tokens), so that prefills of
+    """Prompts of different lengths (~50 to ~280 tokens), so that prefills of
     several chunks interleave with other requests' decodes."""
-    notes = (
-        f"Note {j} about {TOPICS[i]}: it matters in town {j * 7 + i}." for j in range(2 + 2 * i)
-    )
+    notes = (f"Note {j} about {TOPICS[i]}: it matters in town {j * 7 + i}." for j in range(2 + i))
     facts = " ".join(notes)
     return f"{facts}\nIn one sentence, what is {TOPICS[i]}?"
 
