@@ -38,17 +38,19 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import median, record, show, table
+from bench.ffi_bench import verdict
 from llamad import paths
+from llamad.llama_ffi import default_threads
 from llamad.llama_ffi.build_info import build_record
+from llamad.model.worker_spec import TILED_ENV
 
 DEPTHS = (512, 1024, 2048, 4096)
 DECODE_TOKENS = 64
 PROMPTS = (512, 2048)
-THREADS = 2
+THREADS = default_threads()
 MIN_ROUNDS = 5
 DECODE_BAR = 0.97  # after / before, at least
 UNTILED_BAR = 0.95  # untiled / tiled, at least, to be the default
-TILED_ENV = "GGML_CPU_FA_TILED"
 RENDER = "bench.numerics_bench:render"
 
 
@@ -89,12 +91,6 @@ def measure(before: Path, after: Path, rounds: int) -> dict[str, Any]:
     return data
 
 
-def verdict(ratios: Sequence[float], bar: float) -> str:
-    if min(ratios) >= bar:
-        return "met"
-    return "BELOW BAR" if max(ratios) < bar else "within noise"
-
-
 def _rows(data: Mapping[str, Any], a: str, b: str, bar: float) -> list[list[object]]:
     rows: list[list[object]] = []
     for test in data[a][0]:
@@ -109,20 +105,20 @@ def _rows(data: Mapping[str, Any], a: str, b: str, bar: float) -> list[list[obje
                 f"{median(ratios):.3f}",
                 f"{min(ratios):.3f}-{max(ratios):.3f}",
                 f">= {bar:g}",
-                verdict(ratios, bar),
+                verdict(ratios, bar, at_least=True),
             ]
         )
     return rows
 
 
 def render(params: Mapping[str, Any], data: Mapping[str, Any]) -> str:
-    head = ["test", "", "", "ratio (median)", "spread", "bar", "verdict"]
+    columns = ["ratio (median)", "spread", "bar", "verdict"]
     decode = table(
-        ["test", "before tok/s", "after tok/s", *head[3:]],
+        ["test", "before tok/s", "after tok/s", *columns],
         _rows(data, "before", "after", DECODE_BAR),
     )
     prompt = table(
-        ["test", "tiled tok/s", "untiled tok/s", *head[3:]],
+        ["test", "tiled tok/s", "untiled tok/s", *columns],
         _rows(data, "tiled", "untiled", UNTILED_BAR),
     )
     return "\n".join(

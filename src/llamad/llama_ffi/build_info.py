@@ -33,6 +33,7 @@ from typing import Any, Final
 import structlog
 
 from llamad.llama_ffi.build_identity import (
+    NUMERIC_SWITCHES,
     BuildIdentity,
     BuildRecordError,
     LoadedBuild,
@@ -125,8 +126,8 @@ def numeric_switches(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     """The :data:`~llamad.llama_ffi.build_identity.NUMERIC_SWITCHES` that
     ``environ`` sets away from their default, as the libraries read them."""
     out = []
-    # Both default to on and are read as `env == NULL || atoi(env) != 0`.
-    for name in ("GGML_CPU_FA_TILED", "GGML_CPU_TILED_MM"):
+    # Each defaults to on and is read as `env == NULL || atoi(env) != 0`.
+    for name in NUMERIC_SWITCHES:
         value = environ.get(name)
         if value is not None and _c_atoi(value) == 0:
             out.append((name, "0"))
