@@ -103,20 +103,28 @@ def models_table(models: Sequence[ModelInfo]) -> str:
             m.state.value,
             m.n_ctx,
             m.n_seq_max,
+            _numerics(m),
             m.restarts,
             m.pid,
             m.path + (f"  ({m.error})" if m.error else ""),
         )
         for m in sorted(models, key=lambda m: m.model_id)
     ]
-    return table(("MODEL", "STATE", "N_CTX", "SEQS", "RESTARTS", "PID", "PATH"), rows)
+    headers = ("MODEL", "STATE", "N_CTX", "SEQS", "NUMERICS", "RESTARTS", "PID", "PATH")
+    return table(headers, rows)
+
+
+def _numerics(info: ModelInfo) -> str:
+    """``deterministic`` when the model runs with that option, ``default`` otherwise."""
+    return "deterministic" if info.deterministic else "default"
 
 
 def model_text(info: ModelInfo) -> str:
     """One model after ``llamad load``."""
     return (
         f"{info.model_id}: {info.state.value}, n_ctx {info.n_ctx}, n_seq_max {info.n_seq_max}, "
-        f"pid {info.pid if info.pid is not None else '-'}\n  {info.path}\n"
+        f"numerics {_numerics(info)}, pid {info.pid if info.pid is not None else '-'}\n"
+        f"  {info.path}\n"
     )
 
 

@@ -112,6 +112,7 @@ class ModelEntry:
             last_exit=self.last_exit,
             error=self.error,
             pid=self.pid,
+            deterministic=self.spec.get("deterministic") is True,
         )
 
 

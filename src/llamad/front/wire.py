@@ -165,6 +165,9 @@ class ModelInfo(msgspec.Struct, frozen=True):
     """Why it failed (state ``failed``)."""
     pid: int | None = None
     """Its worker's pid while it runs."""
+    deterministic: bool = False
+    """Its worker runs with the ``deterministic`` option (the untiled paths: a
+    greedy reply does not depend on what shares its batch; see the README)."""
 
 
 class TierUsage(msgspec.Struct, frozen=True):

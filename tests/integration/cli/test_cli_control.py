@@ -22,26 +22,31 @@ def test_models_lists_the_served_model_as_a_table_and_as_json(daemon: DaemonProc
     assert table.returncode == 0, table.stderr
     header, *rows = table.stdout.splitlines()
     assert header.split()[:3] == ["MODEL", "STATE", "N_CTX"]
-    assert any(r.split()[:3] == [daemon.model_id, "ready", "2048"] for r in rows), table.stdout
+    assert any(r.split()[:5] == [daemon.model_id, "ready", "2048", "4", "default"] for r in rows), (
+        table.stdout
+    )
     as_json = llamad(daemon.endpoint, "models", "--json")
     assert as_json.returncode == 0, as_json.stderr
     models = {m["model_id"]: m for m in json.loads(as_json.stdout)}
     assert models[daemon.model_id]["state"] == "ready"
     assert models[daemon.model_id]["n_seq_max"] == 4
+    assert models[daemon.model_id]["deterministic"] is False
 
 
 def test_load_shows_progress_then_the_model_serves_and_unload_forgets_it(
     daemon: DaemonProc,
 ) -> None:
     path = str(paths.default_model_path())
-    load = llamad(daemon.endpoint, "load", "second", path, *ONE_THREAD)
+    load = llamad(daemon.endpoint, "load", "second", path, *ONE_THREAD, "-o", "deterministic=true")
     assert load.returncode == 0, load.stderr
     # Not a terminal: plain progress lines on stderr, ending at 100%.
     progress = [line for line in load.stderr.splitlines() if line.startswith("loading second: ")]
     assert progress and progress[-1] == "loading second: 100%", load.stderr
     assert load.stdout.startswith("second: ready, n_ctx 512"), load.stdout
+    assert "numerics deterministic" in load.stdout, load.stdout
     models = json.loads(llamad(daemon.endpoint, "models", "--json").stdout)
     assert {m["model_id"]: m["state"] for m in models}.get("second") == "ready"
+    assert {m["model_id"]: m["deterministic"] for m in models}.get("second") is True
     done = llamad(daemon.endpoint, "complete", "-m", "second", "Hi", "--max-tokens", "2")
     assert done.returncode == 0, done.stderr
     # Two models now: a request must name one.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 
+import msgspec
 import pytest
 
 from llamad.cli.render import (
@@ -14,6 +15,7 @@ from llamad.cli.render import (
     human_duration,
     idle_entries_text,
     model_status_text,
+    model_text,
     models_table,
     sources_text,
     status_text,
@@ -142,7 +144,16 @@ def test_status_shows_models_processes_restarts_and_tiers() -> None:
     assert "no answer: busy" in text
     assert "ram       1.0 MiB  4.0 MiB  25.0%" in text
     assert "ram_file  0 B      off" in text
-    assert models_table([info]).splitlines()[1].split()[:4] == ["smol", "ready", "2048", "4"]
+    assert models_table([info]).splitlines()[1].split()[:5] == [
+        "smol",
+        "ready",
+        "2048",
+        "4",
+        "default",
+    ]
+    chosen = msgspec.structs.replace(info, deterministic=True)
+    assert models_table([chosen]).splitlines()[1].split()[4] == "deterministic"
+    assert "numerics deterministic" in model_text(chosen)
 
 
 def test_status_lists_each_models_idle_entries() -> None:

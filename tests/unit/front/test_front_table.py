@@ -103,3 +103,13 @@ def test_keep_alive_expires_only_when_idle_that_long() -> None:
     entry.keep_alive_s = None
     clock.now += 100.0
     assert not table.expired(entry, board_pending=0, board_last=None)
+
+
+def test_info_says_whether_the_worker_runs_deterministic() -> None:
+    # The spec's wire form carries the option; the info `llamad models` shows follows it.
+    def entry(spec: dict[str, object]) -> ModelEntry:
+        return ModelEntry("m", spec, "/m.gguf", 512, 1, None, configured=True)
+
+    assert entry({"deterministic": True}).info().deterministic is True
+    assert entry({"deterministic": False}).info().deterministic is False
+    assert entry({}).info().deterministic is False
