@@ -53,6 +53,7 @@ REPS = 5  # llama-bench repetitions per side per round; the best one counts
 DECODE_BAR = 0.97  # after / before, at least
 UNTILED_BAR = 0.95  # untiled / tiled, at least, to be the default
 RENDER = "bench.numerics_bench:render"
+PARTS = ("decode", "prompt")
 
 
 Samples = dict[str, list[float]]
@@ -83,7 +84,9 @@ def best(value: float | Sequence[float]) -> float:
     return max(value) if isinstance(value, Sequence) else float(value)
 
 
-def measure(before: Path, after: Path, rounds: int, reps: int) -> dict[str, Any]:
+def measure(
+    before: Path, after: Path, rounds: int, reps: int, parts: Sequence[str] = PARTS
+) -> dict[str, Any]:
     """Per round, per test, the two sides back to back (which goes first
     alternates): a burst of other work on the machine then lands on one
     round's pair rather than on one side of every comparison."""
@@ -93,10 +96,14 @@ def measure(before: Path, after: Path, rounds: int, reps: int) -> dict[str, Any]
         "tiled": (after, {TILED_ENV: "1"}),
         "untiled": (after, {TILED_ENV: "0"}),
     }
-    tests: list[tuple[tuple[str, str], list[str]]] = [
-        (("before", "after"), ["-p", "0", "-n", str(DECODE_TOKENS), "-d", str(d)]) for d in DEPTHS
-    ]
-    tests += [(("tiled", "untiled"), ["-p", str(n), "-n", "0"]) for n in PROMPTS]
+    tests: list[tuple[tuple[str, str], list[str]]] = []
+    if "decode" in parts:
+        tests += [
+            (("before", "after"), ["-p", "0", "-n", str(DECODE_TOKENS), "-d", str(d)])
+            for d in DEPTHS
+        ]
+    if "prompt" in parts:
+        tests += [(("tiled", "untiled"), ["-p", str(n), "-n", "0"]) for n in PROMPTS]
     data: dict[str, Any] = {name: [] for name in sides}
     for r in range(rounds):
         got: dict[str, Samples] = {name: {} for name in sides}
@@ -132,23 +139,21 @@ def _rows(data: Mapping[str, Any], a: str, b: str, bar: float) -> list[list[obje
 
 def render(params: Mapping[str, Any], data: Mapping[str, Any]) -> str:
     columns = ["ratio (median)", "spread", "bar", "verdict"]
-    decode = table(
-        ["test", "before tok/s", "after tok/s", *columns],
-        _rows(data, "before", "after", DECODE_BAR),
-    )
-    prompt = table(
-        ["test", "tiled tok/s", "untiled tok/s", *columns],
-        _rows(data, "tiled", "untiled", UNTILED_BAR),
-    )
-    return "\n".join(
-        [
-            f"{params['rounds']} alternating rounds, {params['threads']} threads, flash attention "
-            f"on, the default model. Before: `{params['before']}` (patches "
-            f"{params['before_patches']}); after: `{params['after']}` (patches "
-            f"{params['after_patches']}). {_method(params)}Tok/s: median of the rounds; ratio: "
-            "median of the per-round ratios; spread: their range. Verdict: met only if every "
-            "round clears the bar, within noise if the bar lies inside the spread.",
-            "",
+    lines = [
+        f"{params['rounds']} alternating rounds, {params['threads']} threads, flash attention "
+        f"on, the default model. Before: `{params['before']}` (patches "
+        f"{params['before_patches']}); after: `{params['after']}` (patches "
+        f"{params['after_patches']}). {_method(params)}Tok/s: median of the rounds; ratio: "
+        "median of the per-round ratios; spread: their range. Verdict: met only if every "
+        "round clears the bar, within noise if the bar lies inside the spread.",
+        "",
+    ]
+    if data["before"] and data["before"][0]:
+        decode = table(
+            ["test", "before tok/s", "after tok/s", *columns],
+            _rows(data, "before", "after", DECODE_BAR),
+        )
+        lines += [
             "## Decode at KV depth: grouped flash attention (patch 0003) against the split "
             "it replaces",
             "",
@@ -156,13 +161,20 @@ def render(params: Mapping[str, Any], data: Mapping[str, Any]) -> str:
             "",
             decode,
             "",
+        ]
+    if data["tiled"] and data["tiled"][0]:
+        prompt = table(
+            ["test", "tiled tok/s", "untiled tok/s", *columns],
+            _rows(data, "tiled", "untiled", UNTILED_BAR),
+        )
+        lines += [
             "## Prompt processing: the tiled path off (`GGML_CPU_FA_TILED=0`, the "
             "`deterministic` option) against on",
             "",
             prompt,
             "",
         ]
-    )
+    return "\n".join(lines)
 
 
 def _method(params: Mapping[str, Any]) -> str:
@@ -187,6 +199,9 @@ def main() -> None:
     ap.add_argument("--before", type=Path, required=True, help="lib dir of the build to compare")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--reps", type=int, default=REPS, help="repetitions per side per round")
+    ap.add_argument(
+        "--only", choices=PARTS, help="measure one part (decode or prompt) instead of both"
+    )
     ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args()
     if args.rounds < MIN_ROUNDS and not args.no_record:
@@ -196,6 +211,7 @@ def main() -> None:
     params = {
         "rounds": args.rounds,
         "reps": args.reps,
+        "parts": [args.only] if args.only else list(PARTS),
         "threads": THREADS,
         "before": str(before),
         "after": str(after),
@@ -204,7 +220,7 @@ def main() -> None:
         "depths": list(DEPTHS),
         "prompts": list(PROMPTS),
     }
-    data = measure(before, after, args.rounds, args.reps)
+    data = measure(before, after, args.rounds, args.reps, params["parts"])
     if args.no_record:
         print(show(RENDER, params, data))
     else:
