@@ -80,6 +80,10 @@ def test_a_scrape_moves_with_each_request_and_a_warm_repeat_moves_the_hits(
     before = Reader(scrape(client), m)
     assert before("vllm:num_requests_running") == 0
     assert before("llamad_model_state", state="ready") == 1
+    # The thread governor's report (the module's model runs on one thread).
+    assert before("llamad_worker_threads") == 1
+    assert before("llamad_thread_fallbacks_total") >= 0
+    assert before("llamad_thread_collapses_total") >= 0
 
     prompt = prompt_text(301)
     cold = client.complete(m, prompt, max_tokens=4, **GREEDY)
