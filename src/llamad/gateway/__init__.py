@@ -10,7 +10,8 @@ request like any other: routed by the front, streamed straight from the worker.
 - :mod:`~llamad.gateway.gate`: every request's way into the daemon (keys,
   tenants' cache salts, limits, timeouts, disconnect → cancel);
 - :mod:`~llamad.gateway.errors`: llamad's error codes as HTTP statuses;
-- :mod:`~llamad.gateway.openai`: the OpenAI routes and their translation.
+- :mod:`~llamad.gateway.openai`: the OpenAI routes and their translation;
+- :mod:`~llamad.gateway.metrics`: ``GET /metrics`` (Prometheus text).
 
 ``docs/internals/gateway.md`` describes it.
 """

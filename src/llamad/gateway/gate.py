@@ -41,7 +41,7 @@ from llamad.model.results import Completion, DoneEvent, Event
 if TYPE_CHECKING:
     from llamad.client.aio import AsyncClient
     from llamad.config.sections import HttpSection
-    from llamad.front.wire import ModelInfo
+    from llamad.front.wire import MetricsSnapshot, ModelInfo
 
 __all__ = [
     "Caller",
@@ -244,6 +244,10 @@ class Gate:
 
     async def list_models(self, request: Request) -> list[ModelInfo]:
         return await self.unless_gone(request, self.client.list_models())
+
+    async def metrics(self, request: Request) -> MetricsSnapshot:
+        """The daemon's metrics (the front's ``metrics``: boards and counters)."""
+        return await self.unless_gone(request, self.client.metrics())
 
     async def tokenize(self, model: str, text: str) -> list[int]:
         return await self.client.tokenize(model, text)

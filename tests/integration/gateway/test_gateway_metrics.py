@@ -1,9 +1,11 @@
 """Metrics from a real daemon: one scrape reflects the worker, and its counters move (issue 19).
 
-One daemon for the module (the default model, one thread, n_seq_max 4).
-Every scrape goes through the public client's ``metrics()`` and the
-Prometheus text it renders to, read back with ``prometheus_client``'s own
-parser; ``llamad metrics`` prints the same text. A worker publishes its
+One daemon for the module (the default model, one thread, n_seq_max 4) with
+its gateway on a free loopback port. A scrape is ``GET /metrics`` (read with
+httpx, requests made with the official ``openai`` package), or the public
+client's ``metrics()`` and the Prometheus text it renders to; ``llamad
+metrics`` prints the same text. Every scrape is read back with
+``prometheus_client``'s own parser. A worker publishes its
 counts with its status board after the tick a request ended in (its reply
 leaves first), so a scrape is polled until it shows a request, with a
 deadline, never slept for.
@@ -15,10 +17,13 @@ import asyncio
 import json
 from collections.abc import Callable, Iterator
 
+import httpx
+import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cli_run import llamad
+from daemon_proc import DaemonProc
 from llamad import AsyncClient, CacheHitKind, Client, ContextOverflow
 from llamad.client.prometheus import exposition
 from llamad.model.results import TokenSource
@@ -29,6 +34,16 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.model]
 GREEDY = {"temperature": 0.0}
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[DaemonProc]:
+    daemon = DaemonProc()
+    try:
+        daemon.start()
+        yield daemon
+    finally:
+        daemon.close()
 
 
 @pytest.fixture(scope="module")
@@ -230,6 +245,60 @@ def test_llamad_metrics_prints_the_exposition_and_the_async_client_reads_it(
 
     samples = Reader(parse(asyncio.run(read())), served.model_id)
     assert samples("llamad_model_state", state="ready") == 1
+
+
+def http_scrape(url: str) -> Samples:
+    got = httpx.get(f"{url}/metrics", timeout=EVENTUALLY)
+    assert got.status_code == 200, got.text
+    assert got.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    return parse(got.text)
+
+
+def test_get_metrics_moves_with_openai_requests_and_their_cached_tokens(
+    served: DaemonProc,
+) -> None:
+    m = served.model_id
+    url = served.http_url()
+    oai = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=EVENTUALLY)
+    messages = [{"role": "user", "content": prompt_text(304)}]
+    before = Reader(http_scrape(url), m)
+    cold = oai.chat.completions.create(model=m, messages=messages, max_tokens=4, temperature=0)
+    assert cold.usage is not None
+
+    # A request's last count is its e2e observation: wait for that one.
+    e2e = "vllm:e2e_request_latency_seconds_count"
+
+    def scraped(r: Reader) -> bool:
+        return r(e2e) == before(e2e) + 1
+
+    def http_until(ready: Callable[[Reader], bool], what: str) -> Reader:
+        return wait_until(
+            lambda: r if ready(r := Reader(http_scrape(url), m)) else None, what, EVENTUALLY
+        )
+
+    after = http_until(scraped, "the chat request in GET /metrics")
+    assert after("vllm:prompt_tokens_total") == before("vllm:prompt_tokens_total") + (
+        cold.usage.prompt_tokens
+    )
+    assert after("vllm:generation_tokens_total") == before("vllm:generation_tokens_total") + (
+        cold.usage.completion_tokens
+    )
+    assert (
+        after("vllm:time_to_first_token_seconds_count")
+        == before("vllm:time_to_first_token_seconds_count") + 1
+    )
+
+    warm = oai.chat.completions.create(model=m, messages=messages, max_tokens=4, temperature=0)
+    assert warm.usage is not None and warm.usage.prompt_tokens_details is not None
+    cached = warm.usage.prompt_tokens_details.cached_tokens or 0
+    assert cached > 0
+    hit = http_until(lambda r: r(e2e) == after(e2e) + 1, "the warm repeat in GET /metrics")
+    # What the OpenAI client was told it reused is what the hit counter moved by.
+    assert hit("vllm:prefix_cache_hits_total") == after("vllm:prefix_cache_hits_total") + cached
+    assert (
+        hit("llamad_cache_hits_total", kind="exact")
+        == after("llamad_cache_hits_total", kind="exact") + 1
+    )
 
 
 def test_a_worker_restart_reads_as_a_counter_reset(served: Served, client: Client) -> None:
