@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from llamad.cache.counters import COUNTERS, GAUGES
 from llamad.client.prometheus import CACHE_COUNTERS, exposition
 from llamad.config import LlamadConfig
-from llamad.front.metrics import daemon_metrics
+from llamad.front.metrics import daemon_metrics, histograms_of
 from llamad.front.table import ModelEntry
 from llamad.front.wire import OPS, MetricsSnapshot, ModelState
 from llamad.model.request_metrics import RequestMetrics
@@ -23,7 +23,7 @@ from llamad.model.results import (
     WorkerPhase,
     WorkerStatus,
 )
-from llamad.model.wire import ThreadStatus, WorkerSnapshot
+from llamad.model.wire import LatencyCounts, ThreadStatus, WorkerSnapshot
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -190,3 +190,12 @@ def test_a_cache_still_starting_leaves_its_families_out() -> None:
     assert "llamad_cache_saves_total" not in text and "llamad_cache_bytes" not in text
     assert "vllm:num_requests_running" in text
     _samples(text)
+
+
+def test_a_histogram_of_other_bounds_is_left_out_not_misread() -> None:
+    """A worker of another version (its counts do not fit this daemon's bounds):
+    that histogram is dropped, its other numbers are read."""
+    counts = RequestMetrics().snapshot()
+    odd = msgspec.structs.replace(counts, ttft=LatencyCounts(counts=[1, 2, 3], sum=0.5))
+    assert set(histograms_of(odd)) == {"itl", "e2e", "queue"}
+    assert set(histograms_of(counts)) == {"ttft", "itl", "e2e", "queue"}
