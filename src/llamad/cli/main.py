@@ -13,6 +13,7 @@
     embed TEXT / tokenize TEXT  a text's embedding / tokens
     status [MODEL]              models, sequences, queues, processes, restarts, tiers
     counters                    the cache's counters
+    metrics                     Prometheus text: requests, latencies, cache, tiers
     cache gc / cache evict N    cache maintenance
     config check [FILE]         validate a configuration without starting anything
     config example              print a commented example configuration
@@ -40,6 +41,7 @@ from llamad.cli import control as cli_control
 from llamad.cli import generate as cli_generate
 from llamad.cli import install as cli_install
 from llamad.cli import keys as cli_keys
+from llamad.cli import metrics as cli_metrics
 from llamad.cli.connect import DEFAULT_CONNECT_TIMEOUT, UsageError, connect
 from llamad.cli.errors import (
     EXIT_CONFIG,
@@ -164,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     daemon.set_defaults(run=_daemon)
 
     cli_control.add_commands(commands, common)
+    cli_metrics.add_commands(commands, common)
     cli_generate.add_commands(commands, common)
     cli_keys.add_commands(commands)
     cli_install.add_commands(commands)

@@ -33,7 +33,14 @@ from llamad.client.base import (
 )
 from llamad.client.bodies import AdapterInfo, Prompt
 from llamad.client.routes import AsyncLinks
-from llamad.front.wire import DaemonStatus, GcReport, LoadProgress, ModelInfo, ModelStatus
+from llamad.front.wire import (
+    DaemonStatus,
+    GcReport,
+    LoadProgress,
+    MetricsSnapshot,
+    ModelInfo,
+    ModelStatus,
+)
 from llamad.model.results import Completion, Event
 from llamad.model.wire import ChatOptions
 
@@ -130,6 +137,9 @@ class AsyncClient(ClientBase):
 
     async def counters(self, *, timeout: float | None = _DEFAULT) -> dict[str, int]:
         return await self._run(asks.counters(), timeout)
+
+    async def metrics(self, *, timeout: float | None = _DEFAULT) -> MetricsSnapshot:
+        return await self._run(asks.metrics(), timeout)
 
     async def evict_bytes(
         self, n: int, tiers: Iterable[str] | None = None, *, timeout: float | None = _DEFAULT

@@ -27,7 +27,14 @@ from typing import Any, Final, Generic, ParamSpec, TypeVar
 from llamad.client import bodies
 from llamad.client.bodies import AdapterInfo, Prompt, UnknownOption
 from llamad.errors import BadRequest, ModelNotFound
-from llamad.front.wire import DaemonStatus, GcReport, ModelInfo, ModelStatus, NoArgs
+from llamad.front.wire import (
+    DaemonStatus,
+    GcReport,
+    MetricsSnapshot,
+    ModelInfo,
+    ModelStatus,
+    NoArgs,
+)
 from llamad.model.results import Completion
 from llamad.model.wire import (
     CancelReply,
@@ -129,6 +136,11 @@ def status(model_id: str | None) -> Ask[DaemonStatus | ModelStatus]:
 @_door
 def counters() -> Ask[dict[str, int]]:
     return Ask("counters", _NO_ARGS, dict[str, int])
+
+
+@_door
+def metrics() -> Ask[MetricsSnapshot]:
+    return Ask("metrics", _NO_ARGS, MetricsSnapshot)
 
 
 @_door

@@ -47,7 +47,14 @@ from llamad.client.base import (
 from llamad.client.bodies import AdapterInfo, Prompt
 from llamad.client.routes import Links
 from llamad.client.stream import Stream
-from llamad.front.wire import DaemonStatus, GcReport, LoadProgress, ModelInfo, ModelStatus
+from llamad.front.wire import (
+    DaemonStatus,
+    GcReport,
+    LoadProgress,
+    MetricsSnapshot,
+    ModelInfo,
+    ModelStatus,
+)
 from llamad.model.results import Completion, Event
 from llamad.model.wire import ChatOptions
 
@@ -153,6 +160,13 @@ class Client(ClientBase):
     def counters(self, *, timeout: float | None = _DEFAULT) -> dict[str, int]:
         """The cache's counters (SPEC C10)."""
         return self._run(asks.counters(), timeout)
+
+    def metrics(self, *, timeout: float | None = _DEFAULT) -> MetricsSnapshot:
+        """Every model's request counts and latency histograms (from its
+        worker's status board), the cache's counters and tiers: one read,
+        never waiting on a busy worker. :func:`llamad.client.prometheus.exposition`
+        renders it as Prometheus text."""
+        return self._run(asks.metrics(), timeout)
 
     def evict_bytes(
         self, n: int, tiers: Iterable[str] | None = None, *, timeout: float | None = _DEFAULT

@@ -9,5 +9,7 @@
 - :mod:`~llamad.front.lanes`, :mod:`~llamad.front.watch`: blocking calls and
   ``model_sup``'s events off the loop;
 - :mod:`~llamad.front.persist`: the table for a restarted front;
-- :mod:`~llamad.front.status`: the daemon's ``status``.
+- :mod:`~llamad.front.status`: the daemon's ``status``;
+- :mod:`~llamad.front.metrics`: the daemon's ``metrics`` (every worker's
+  board, the cache's counters; rendered by :mod:`llamad.client.prometheus`).
 """

@@ -41,6 +41,7 @@ from llamad.config import LlamadConfig
 from llamad.errors import ModelNotFound, Unavailable
 from llamad.front.lanes import Lane, Mailbox, Outcome
 from llamad.front.load_request import TemplateLimits, load_request
+from llamad.front.metrics import daemon_metrics
 from llamad.front.models import Load, Models, Unload
 from llamad.front.persist import load_table, table_path
 from llamad.front.status import Supervisors, daemon_status
@@ -54,6 +55,7 @@ from llamad.front.wire import (
     EvictBytes,
     GcReport,
     LoadModel,
+    MetricsSnapshot,
     ModelInfo,
     ModelRef,
     ModelState,
@@ -174,6 +176,7 @@ class Front:
             "model_info": self.model_info,
             "status": self.status,
             "counters": self.counters,
+            "metrics": self.metrics,
             "evict_bytes": self.evict_bytes,
             "gc": self.gc,
         }
@@ -344,6 +347,18 @@ class Front:
         if counters is None:
             raise Unavailable("the cache's counters are not there yet (cache-meta is starting)")
         return counters.snapshot()
+
+    def metrics(self, req: Request[NoArgs]) -> MetricsSnapshot:
+        # Files only (boards, counters) and the table: answered at once, on
+        # the loop, whatever a worker or cache-meta is doing. The cache's part
+        # is empty while cache-meta has not created its counters yet.
+        return daemon_metrics(
+            self.config,
+            started_at=self.started_at,
+            entries=list(self.table),
+            board=self.models.board,
+            counters=self._gauges(),
+        )
 
     def evict_bytes(self, req: Request[EvictBytes]) -> None:
         # The wire refused any tier that is not a TierKind before this runs.

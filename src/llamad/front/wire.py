@@ -18,6 +18,8 @@ op                     kind    body                   answer
 ``model_info``         call    :class:`ModelRef`      :class:`ModelInfo`
 ``status``             call    :class:`NoArgs`        :class:`DaemonStatus`
 ``counters``           call    :class:`NoArgs`        ``dict[str, int]`` (the cache's counters)
+``metrics``            call    :class:`NoArgs`        :class:`MetricsSnapshot` (every worker's
+                                                      board, the cache's counters and tiers)
 ``evict_bytes``        call    :class:`EvictBytes`    ``int``: bytes evicted
 ``gc``                 call    :class:`NoArgs`        :class:`GcReport`
 =====================  ======  =====================  ===========================================
@@ -41,7 +43,8 @@ import msgspec
 
 from llamad.actors.ops import NoArgs, OpKind, OpSpec
 from llamad.errors import LlamadError, PathNotAllowed
-from llamad.model.wire import WorkerSnapshot
+from llamad.model.results import WorkerStatus
+from llamad.model.wire import ThreadStatus, WorkerMetrics, WorkerSnapshot
 from llamad.tiers import TierKind
 
 __all__ = [
@@ -51,10 +54,13 @@ __all__ = [
     "DaemonStatus",
     "EvictBytes",
     "GcReport",
+    "Histogram",
     "LoadModel",
     "LoadProgress",
+    "MetricsSnapshot",
     "ModelFailed",
     "ModelInfo",
+    "ModelMetrics",
     "ModelRef",
     "ModelState",
     "ModelStatus",
@@ -214,6 +220,60 @@ class DaemonStatus(msgspec.Struct, frozen=True):
     """Wall clock (``time.time()``) when the daemon started."""
 
 
+class Histogram(msgspec.Struct, frozen=True):
+    """A latency histogram with its bounds (seconds): ``counts[i]`` observations
+    ``<= bounds[i]`` and above the bound before, the last above every bound;
+    ``sum`` of them all."""
+
+    bounds: list[float]
+    counts: list[int]
+    sum: float
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+
+class ModelMetrics(msgspec.Struct, frozen=True):
+    """One model in a :class:`MetricsSnapshot`.
+
+    From the front's table: ``state``, ``n_ctx``, ``restarts`` (its worker's
+    restarts after a crash since it was loaded). From its worker's status
+    board, while a worker runs (else ``None``, empty): ``status`` (queue,
+    running sequences, KV cells), ``threads`` (the thread governor),
+    ``requests_total``, ``counts`` (what the worker counted since it
+    started) and ``histograms`` (``ttft``, ``itl``, ``e2e``, ``queue``, with
+    their bounds). A worker that restarts starts counting again from zero.
+    """
+
+    model_id: str
+    state: ModelState
+    n_ctx: int = 0
+    restarts: int = 0
+    pid: int | None = None
+    status: WorkerStatus | None = None
+    threads: ThreadStatus | None = None
+    requests_total: int = 0
+    counts: WorkerMetrics | None = None
+    histograms: dict[str, Histogram] = msgspec.field(default_factory=dict)
+
+
+class MetricsSnapshot(msgspec.Struct, frozen=True):
+    """``metrics``: the whole daemon in one read, gathered without waiting on
+    any worker (their status boards are files) or on cache-meta (its counters
+    are a shared file): every model, the cache's counters (``cache``: the
+    ``counters`` op's names; empty while cache-meta starts) and each tier's
+    bytes against its quota. ``at`` and ``started_at``: wall clock.
+    Rendered as Prometheus text by :mod:`llamad.client.prometheus`."""
+
+    at: float
+    started_at: float
+    uptime_s: float
+    models: list[ModelMetrics] = msgspec.field(default_factory=list)
+    cache: dict[str, int] = msgspec.field(default_factory=dict)
+    tiers: dict[TierKind, TierUsage] = msgspec.field(default_factory=dict)
+
+
 EVICT_ALL: Final = 2**62
 """``evict_bytes`` asks for at most this many bytes (4 EiB, past any cache);
 a larger ``n`` is clamped to it, meaning "everything that can go"."""
@@ -246,6 +306,7 @@ OPS: Final[dict[str, OpSpec]] = {
         _call("model_info", ModelRef, "one model"),
         _call("status", NoArgs, "models, workers, supervisors, cache tiers"),
         _call("counters", NoArgs, "the cache's counters"),
+        _call("metrics", NoArgs, "every worker's counts and histograms, the cache's counters"),
         _call("evict_bytes", EvictBytes, "free at least n bytes of the cache; bytes freed"),
         _call("gc", NoArgs, "the cache's gc; a GcReport"),
     )

@@ -28,6 +28,7 @@ from llamad.cache.key import Namespace
 from llamad.cache.kvc import KvcLogits
 from llamad.model.backend import Sampled, SamplerHandle
 from llamad.model.planner import SeqState
+from llamad.model.request_metrics import RequestMetrics
 from llamad.model.requests import RequestParams
 from llamad.model.resolution import Resolution
 from llamad.model.results import (
@@ -120,7 +121,10 @@ class ActiveRequest:
     admitted_at: float | None = None
     resolved_at: float | None = None
     first_token_at: float | None = None
+    last_token_at: float | None = None
     finished_at: float | None = None
+    metrics: RequestMetrics | None = None
+    """Its worker's counts, told of every token it samples (the core sets it)."""
     _reply: list[str] = field(default_factory=list)
     _thinking: list[str] = field(default_factory=list)
     _tool_calls: list[str] = field(default_factory=list)
@@ -208,6 +212,9 @@ class ActiveRequest:
         """
         if self.first_token_at is None:
             self.first_token_at = now
+        if self.metrics is not None:
+            self.metrics.token(self.submitted_at, self.last_token_at, now)
+        self.last_token_at = now
         token = sampled.token
         self.generated.append(token)
         logprob = None

@@ -49,6 +49,7 @@ from llamad.model.core_status import has_work, next_wakeup, status_of
 from llamad.model.decoding import Outcome, run_batch, sample_stored
 from llamad.model.endings import Endings
 from llamad.model.planner import BatchPlan, plan_tick
+from llamad.model.request_metrics import RequestMetrics
 from llamad.model.requests import RequestParams, checked_tokens, target_tokens
 from llamad.model.resolution import common_prefix
 from llamad.model.restore import Restorer, best_live
@@ -126,6 +127,9 @@ class WorkerCore:
         """First tokens sampled from stored logits, a row's or live KV's (status)."""
         self.live_hits = 0
         """Requests that kept or shared live KV another request left (status)."""
+        self.metrics = RequestMetrics()
+        """Outcomes, cache hits, prompt tokens by source, latency histograms
+        since start (published with the status board)."""
         self.closed = False
         self._orders = 0
         self._sampled_stored = False
@@ -195,9 +199,11 @@ class WorkerCore:
         text = TextStream(
             params.stop, thinking=self.config.thinking, tool_call=self.config.tool_call
         )
-        return ActiveRequest(
+        req = ActiveRequest(
             request_id, params, target, namespace, sampler, self._orders, now, text, session
         )
+        req.metrics = self.metrics
+        return req
 
     def _admit_or_queue(self, req: ActiveRequest, now: float) -> int | None:
         session = req.session
@@ -390,6 +396,7 @@ class WorkerCore:
         if req.waited_from is not None:
             req.wait_ms = max(0.0, self.clock() - req.waited_from) * 1000.0
         if req.sources is not None:
+            self.metrics.resolved(res.kind, req.sources)
             try:
                 self.cache.account(req.sources)
             except (LlamadError, OSError) as exc:  # counting never costs a request
@@ -560,11 +567,13 @@ class WorkerCore:
                 out, self._outbox = self._outbox, []
                 self.send_early(out)
             self._emit(req, self.endings.finish(req, reason, now, allow_save=not self.closed))
+            self.metrics.finished(reason, req.submitted_at, req.admitted_at, now)
             self._retire(req)
 
     def _fail(self, req: ActiveRequest, exc: LlamadError, now: float) -> None:
         if req.phase is not Phase.DONE:
             self._emit(req, self.endings.fail(req, exc, now))
+            self.metrics.failed(req.submitted_at, req.admitted_at, now)
             self._retire(req)
 
     def _retire(self, req: ActiveRequest) -> None:

@@ -64,6 +64,7 @@ __all__ = [
     "ForkBody",
     "ForkReply",
     "InferBody",
+    "LatencyCounts",
     "LoadAdapterBody",
     "NoArgs",
     "SessionBody",
@@ -71,6 +72,7 @@ __all__ = [
     "ThreadStatus",
     "TokenizeBody",
     "TokensReply",
+    "WorkerMetrics",
     "WorkerSnapshot",
 ]
 
@@ -130,6 +132,38 @@ class ThreadStatus(msgspec.Struct, frozen=True):
     last_collapse: CollapseReport | None
 
 
+class LatencyCounts(msgspec.Struct, frozen=True, array_like=True):
+    """One latency histogram of a worker: observations per bucket (the bounds
+    are :data:`llamad.model.request_metrics.BUCKETS`; the last bucket is
+    above every bound) and their sum in seconds. Compact on the board."""
+
+    counts: list[int]
+    sum: float
+
+
+class WorkerMetrics(msgspec.Struct, frozen=True):
+    """What a worker counted since it started (:mod:`llamad.model.request_metrics`).
+
+    ``outcomes``: requests by how they ended (``stop``, ``length``,
+    ``cancelled``, ``error``, ``refused``). ``cache_hits``: requests by how
+    their start was obtained (a :class:`~llamad.model.results.CacheHitKind`
+    value: ``exact``, ``partial``, ``cold``, ``sticky``, ``continuation``).
+    ``prompt_tokens``: prompt tokens by where their KV came from (a
+    :class:`~llamad.model.results.TokenSource` value). ``generation_tokens``:
+    tokens sampled. ``ttft``, ``itl``, ``e2e``, ``queue``: time to first
+    token, between tokens, to the end, and to admission.
+    """
+
+    outcomes: dict[str, int]
+    cache_hits: dict[str, int]
+    prompt_tokens: dict[str, int]
+    generation_tokens: int
+    ttft: LatencyCounts
+    itl: LatencyCounts
+    e2e: LatencyCounts
+    queue: LatencyCounts
+
+
 class WorkerSnapshot(msgspec.Struct, frozen=True):
     """What a worker looks like from outside (SPEC M10).
 
@@ -156,6 +190,9 @@ class WorkerSnapshot(msgspec.Struct, frozen=True):
     libgomp's barrier spin is bounded in this worker
     (:class:`~llamad.llama_ffi.spin.SpinSetting`: ``bounded``, ``operator``,
     ``too_late``, ``not_yet`` before libllama is loaded).
+
+    ``metrics``: the worker's request counts and latency histograms since it
+    started (:class:`WorkerMetrics`; ``None`` from a worker that keeps none).
     """
 
     model_id: str
@@ -173,6 +210,7 @@ class WorkerSnapshot(msgspec.Struct, frozen=True):
     spin: SpinSetting = SpinSetting.NOT_YET
     last_request_at: float | None = None
     tokenizing: int = 0
+    metrics: WorkerMetrics | None = None
 
 
 class ChatOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -253,6 +253,15 @@ class WorkerOps:
         prefill_only: bool = False,
     ) -> None:
         # A refusal raises: the actor fails the handle with it.
+        try:
+            self._take(req, handle, prefill_only)
+        except Exception:
+            self.core.metrics.refused()
+            raise
+
+    def _take(
+        self, req: Request[InferBody], handle: StreamSender | PendingReply, prefill_only: bool
+    ) -> None:
         request_id = req.body.request_id or f"r{next(self._ids)}.{req.peer.process.pid}"
         if request_id in self._preparing:
             raise BadRequest(
@@ -277,6 +286,7 @@ class WorkerOps:
             with self.mark.busy():
                 self._admit(held)
         except Exception as exc:
+            self.core.metrics.refused()
             held.handle.fail(exc)
 
     def _admit(self, held: _Held) -> None:
@@ -446,6 +456,7 @@ class WorkerOps:
                 with self.mark.busy():
                     self._start(held)
             except Exception as exc:
+                self.core.metrics.refused()
                 held.handle.fail(exc)
 
 

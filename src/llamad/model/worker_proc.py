@@ -152,6 +152,7 @@ class WorkerProcess:
             spin=spin_setting(),
             last_request_at=self.ops.last_request_at,
             tokenizing=self.ops.text_jobs.waiting,
+            metrics=self.core.metrics.snapshot(),
         )
 
     def _publish(self) -> None:
