@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
 
-from llamad.gateway import openai
+from llamad.gateway import openai, responses
 from llamad.gateway.gate import ErrorRender, Gate
 
 __all__ = ["PROTOCOLS", "Protocol", "build_app"]
@@ -34,7 +34,10 @@ class Protocol:
     prefix: str
 
 
-PROTOCOLS: tuple[Protocol, ...] = (Protocol("openai", openai.routes, openai.render_error, "/v1/"),)
+PROTOCOLS: tuple[Protocol, ...] = (
+    Protocol("openai", openai.routes, openai.render_error, "/v1/"),
+    Protocol("openai-responses", responses.routes, openai.render_error, "/v1/responses"),
+)
 """Every protocol served; the first is the shape of errors outside every prefix."""
 
 _CODES = {404: "not_found", 405: "method_not_allowed"}
