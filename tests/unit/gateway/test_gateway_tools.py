@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 
 from llamad.gateway.errors import HttpError
+from llamad.gateway.openai import chat_response
 from llamad.gateway.tools import ToolStream, ToolUse, call_deltas, finish_reason, tool_use
+from llamad.model.results import CacheHitKind, Completion, FinishReason, Stats
 
 TIME: dict[str, Any] = {"type": "function", "function": {"name": "get_time"}}
 WEATHER: dict[str, Any] = {
@@ -113,3 +115,35 @@ def test_deltas_and_finish_reason() -> None:
     assert deltas[0]["id"].startswith("call_")
     assert finish_reason(parsed, "stop") == "tool_calls"
     assert finish_reason(tool_use(None, None).parse("hi"), "length") == "length"
+
+
+def _completion(reply: str, marked: list[str] | None = None) -> Completion:
+    return Completion(
+        reply=reply,
+        generated=[1],
+        context_tokens=[1],
+        committed_tokens=0,
+        cache_hit_kind=CacheHitKind.COLD,
+        finish_reason=FinishReason.STOP,
+        stats=Stats(prompt_tokens=5, completion_tokens=1),
+        tool_calls=marked or [],
+    )
+
+
+def test_a_chat_completion_answers_calls_as_tool_calls() -> None:
+    use = tool_use([WEATHER], "auto")
+    body = chat_response("id", "m", _completion("Checking.\n" + CALL), 0, tools=use)
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] == "Checking."
+    [call] = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    # Calls a marker-configured worker took out of the reply count the same.
+    marked = _completion("", ['{"name": "get_weather", "arguments": {"city": "Oslo"}}'])
+    body = chat_response("id", "m", marked, 0, tools=use)
+    assert body["choices"][0]["message"]["content"] is None
+    assert body["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    # Without tools the reply is text, whatever it looks like.
+    plain = chat_response("id", "m", _completion(CALL), 0)
+    assert plain["choices"][0]["message"] == {"role": "assistant", "content": CALL}
+    assert plain["choices"][0]["finish_reason"] == "stop"
