@@ -379,7 +379,7 @@ def test_bad_chat_fields_are_400_naming_the_field(
     ],
 )
 def test_llamad_errors_map_to_status_and_openai_shape(
-    app: TestClient, fake: FakeClient, error: Exception, status: int, code: str, kind: str
+    app: TestClient, fake: FakeClient, error: Exception, status: int, *, code: str, kind: str
 ) -> None:
     fake.raises = error
     r = app.post("/v1/chat/completions", json=CHAT)
