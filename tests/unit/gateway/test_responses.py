@@ -10,6 +10,7 @@ import pytest
 from llamad.gateway.errors import HttpError
 from llamad.gateway.response_store import new_response_id
 from llamad.gateway.responses import (
+    continued_prompt,
     conversation,
     input_messages,
     response_object,
@@ -200,3 +201,39 @@ def test_the_stored_record_continues_the_conversation() -> None:
         {"role": "user", "content": "And?"},
     ]
     assert history2 == messages[1:]
+
+
+class _Text:
+    """A tokenizer of one token per character, plus token 1000 for ``<x>``
+    (which the renderer never produces: the model's own spelling)."""
+
+    async def apply_chat_template(self, model: str, messages: Any, **chat: Any) -> list[int]:
+        return [ord(c) for c in "".join(m["content"] for m in messages)]
+
+    async def detokenize(self, model: str, tokens: list[int]) -> str:
+        return "".join("<x>" if t == 1000 else chr(t) for t in tokens)
+
+    async def tokenize(self, model: str, text: str, *, add_special: bool = True) -> list[int]:
+        assert not add_special
+        return [ord(c) for c in text]
+
+
+class _Gate:
+    client = _Text()
+
+
+def test_a_continuation_begins_with_the_previous_turns_own_tokens() -> None:
+    import asyncio  # noqa: PLC0415 - only this test runs a loop
+
+    gate: Any = _Gate()
+    messages = [{"content": "ab<x>"}, {"content": "cd"}]
+    # The rendered tokens begin with the stored ones: they are the prompt.
+    same = asyncio.run(continued_prompt(gate, "m", [97, 98], messages, {}))
+    assert same == [ord(c) for c in "ab<x>cd"]
+    # The model wrote <x> as one token the renderer spells in three: the new
+    # part is cut after the previous turn's text and appended to its tokens.
+    spliced = asyncio.run(continued_prompt(gate, "m", [97, 98, 1000], messages, {}))
+    assert spliced == [97, 98, 1000, ord("c"), ord("d")]
+    # A rendering that does not reproduce the previous turn: the messages go.
+    assert asyncio.run(continued_prompt(gate, "m", [97, 1000], messages, {})) is None
+    assert asyncio.run(continued_prompt(gate, "m", [], messages, {})) is None
