@@ -266,3 +266,19 @@ class HttpSection(Table, frozen=True, kw_only=True):
     idle_timeout_s: Annotated[
         float, Key("Longest wait between two tokens of a stream.", _seconds)
     ] = 60.0
+    responses_max_count: Annotated[
+        int,
+        Key(
+            "Most responses of POST /v1/responses kept for previous_response_id and GET "
+            "(in <state_dir>/responses, across restarts); the oldest go first.",
+            _count,
+        ),
+    ] = 10_000
+    responses_max_bytes: Annotated[
+        int,
+        Key(
+            "Most bytes of stored responses (each is its conversation as text); the "
+            "oldest go first.",
+            Size(ge=1024),
+        ),
+    ] = 256 << 20

@@ -156,6 +156,7 @@ def gateway_args(config: LlamadConfig, port: int) -> dict[str, Any]:
             "endpoint": config.endpoint,
             "runtime_dir": str(config.runtime_dir),
             "port": port,
+            "state_dir": str(config.state_dir),
         }
     }
 

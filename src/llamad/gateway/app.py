@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
 
-from llamad.gateway import metrics, openai
+from llamad.gateway import metrics, openai, responses
 from llamad.gateway.gate import ErrorRender, Gate
 
 __all__ = ["PROTOCOLS", "Protocol", "build_app"]
@@ -36,6 +36,7 @@ class Protocol:
 
 PROTOCOLS: tuple[Protocol, ...] = (
     Protocol("openai", openai.routes, openai.render_error, "/v1/"),
+    Protocol("openai-responses", responses.routes, openai.render_error, "/v1/responses"),
     Protocol("prometheus", metrics.routes, metrics.render_error, "/metrics"),
 )
 """Every protocol served; the first is the shape of errors outside every prefix."""

@@ -19,6 +19,7 @@ STATUS: Final[dict[str, int]] = {
     "bad_schema": 400,
     "invalid_grammar": 400,
     "invalid_token": 400,
+    "previous_response_not_found": 400,
     "context_overflow": 400,
     "template_error": 400,
     "template_security": 400,

@@ -133,9 +133,11 @@ class OpenStream:
 class Gate:
     """See the module doc. ``client``: the daemon's :class:`~llamad.AsyncClient`."""
 
-    def __init__(self, http: HttpSection, client: AsyncClient) -> None:
+    def __init__(self, http: HttpSection, client: AsyncClient, *, state_dir: str = "") -> None:
         self.http = http
         self.client = client
+        self.state_dir = state_dir
+        """The daemon's state directory (stored responses; ``""``: none kept)."""
         self._keys = {k.sha256.lower(): Caller(name, k.tenant) for name, k in http.keys.items()}
         self._running: dict[str, int] = {}
 

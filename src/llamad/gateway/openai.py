@@ -39,6 +39,15 @@ from starlette.routing import BaseRoute
 from llamad.errors import LlamadError
 from llamad.gateway.errors import HttpError, param_of, status_of
 from llamad.gateway.gate import Caller, Gate
+from llamad.gateway.tools import (
+    ToolStream,
+    ToolUse,
+    call_deltas,
+    finish_reason,
+    openai_calls,
+    reply_text,
+    tool_use,
+)
 from llamad.model.results import (
     Completion,
     DoneEvent,
@@ -46,6 +55,7 @@ from llamad.model.results import (
     ThinkingEvent,
     TokenEvent,
     TokenLogprob,
+    ToolCallEvent,
 )
 
 __all__ = [
@@ -118,6 +128,11 @@ def render_error(status: int, code: str, message: str, param: str | None) -> Res
 error_response = render_error
 
 
+def json_response(body: Any, status: int = 200) -> Response:
+    """``body`` as a JSON response (for the OpenAI routes of other modules)."""
+    return _json(body, status)
+
+
 def _json(body: Any, status: int = 200) -> Response:
     return Response(msgspec.json.encode(body), status, media_type="application/json")
 
@@ -140,6 +155,7 @@ class ChatCall:
     include_usage: bool = False
     logprobs: bool = False
     chat: dict[str, Any] = field(default_factory=dict)
+    tools: ToolUse = field(default_factory=ToolUse)
 
 
 @dataclass(frozen=True)
@@ -302,7 +318,14 @@ def chat_call(body: Mapping[str, Any]) -> ChatCall:
     if logprobs:
         options["logprobs"] = top or 0
     stream, include = _stream_flags(body)
-    return ChatCall(model, messages, options, stream, include, logprobs)
+    tools = tool_use(body.get("tools"), body.get("tool_choice"))
+    if tools.active and tools.choice not in (None, "auto") and "json_schema" in options:
+        raise _bad(
+            "tool_choice", "a required or named tool call cannot also follow response_format"
+        )
+    return ChatCall(
+        model, messages, options, stream, include, logprobs, tools.chat_options(), tools
+    )
 
 
 def completion_call(body: Mapping[str, Any]) -> TextCall:
@@ -413,10 +436,24 @@ def text_logprobs(entries: Sequence[TokenLogprob], texts: TokenTexts) -> dict[st
 
 
 def chat_response(
-    call_id: str, model: str, result: Completion, created: int, texts: TokenTexts | None = None
+    call_id: str,
+    model: str,
+    result: Completion,
+    created: int,
+    texts: TokenTexts | None = None,
+    *,
+    tools: ToolUse | None = None,
 ) -> dict[str, Any]:
-    """A non-streamed chat completion."""
+    """A non-streamed chat completion; with ``tools`` active, the calls the
+    reply makes as ``tool_calls`` (``finish_reason`` ``tool_calls``)."""
     message: dict[str, Any] = {"role": "assistant", "content": result.reply}
+    finish = _finish(result)
+    if tools is not None and tools.active:
+        parsed = tools.parse(reply_text(result))
+        if parsed.calls:
+            message["content"] = parsed.content
+            message["tool_calls"] = openai_calls(parsed)
+            finish = finish_reason(parsed, finish)
     if result.thinking:
         message["reasoning_content"] = result.thinking
     logprobs = None
@@ -428,7 +465,7 @@ def chat_response(
         "created": created,
         "model": model,
         "choices": [
-            {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": _finish(result)}
+            {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
         ],
         "usage": usage(result),
         "system_fingerprint": None,
@@ -573,8 +610,11 @@ def routes(gate: Gate) -> list[BaseRoute]:
         if not call.stream:
             result = await gate.complete(request, caller, call.model, **kwargs)
             texts = await _texts_of(gate, call.model, result) if call.logprobs else None
-            return _json(chat_response(response_id, call.model, result, created, texts))
+            return _json(
+                chat_response(response_id, call.model, result, created, texts, tools=call.tools)
+            )
         opened = await gate.stream(request, caller, call.model, **kwargs)
+        held = ToolStream(call.tools)
 
         async def chunks() -> AsyncIterator[dict[str, Any]]:
             def chunk(delta: dict[str, Any] | None, **kw: Any) -> dict[str, Any]:
@@ -597,12 +637,20 @@ def routes(gate: Gate) -> list[BaseRoute]:
                     if call.logprobs and event.logprob is not None:
                         texts = await _token_texts(gate, call.model, [event.logprob])
                         logprobs = chat_logprobs([event.logprob], texts)
-                    if event.text or logprobs is not None:
-                        yield chunk({"content": event.text}, logprobs=logprobs)
+                    text = held.feed(event.text)
+                    if text or logprobs is not None:
+                        yield chunk({"content": text}, logprobs=logprobs)
                 elif isinstance(event, ThinkingEvent):
                     yield chunk({"reasoning_content": event.text})
+                elif isinstance(event, ToolCallEvent):  # a model configured with markers
+                    held.feed(f"<tool_call>{event.text}</tool_call>")
                 elif isinstance(event, DoneEvent):
-                    yield chunk({}, finish=_finish(event.result))
+                    rest, parsed = held.finish()
+                    if rest:
+                        yield chunk({"content": rest})
+                    if parsed.calls:
+                        yield chunk({"tool_calls": call_deltas(parsed)})
+                    yield chunk({}, finish=finish_reason(parsed, _finish(event.result)))
                     if call.include_usage:
                         yield chunk(None, usage_of=event.result)
 

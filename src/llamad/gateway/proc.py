@@ -147,7 +147,7 @@ async def _serve(settings: GatewaySettings) -> None:
         name=f"llamad-gateway-{os.getpid()}",
     )
     config = uvicorn.Config(
-        build_app(Gate(http, client)),
+        build_app(Gate(http, client, state_dir=settings.state_dir)),
         http="httptools",
         ws="none",
         lifespan="off",

@@ -13,9 +13,12 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     """``http``: the ``[http]`` table; ``endpoint``: the daemon's client-facing
     endpoint (the gateway is a client of it); ``runtime_dir``: where it
     publishes its address; ``port``: the port to bind, which the root chose
-    when ``http.port`` is 0 (so a restarted gateway keeps it)."""
+    when ``http.port`` is 0 (so a restarted gateway keeps it); ``state_dir``:
+    the daemon's state directory, where stored responses live (``""``:
+    responses are not stored)."""
 
     http: HttpSection
     endpoint: str
     runtime_dir: str
     port: int
+    state_dir: str = ""

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import secrets
+import signal
 import socket
 import sys
 import time
@@ -23,6 +25,7 @@ import pytest
 
 from daemon_proc import DaemonProc
 from llamad import Client
+from llamad.paths import http_address
 from served import EVENTUALLY, MANY, wait_until
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(600)]
@@ -367,23 +370,38 @@ def test_unknown_paths_and_methods_answer_in_openai_shape(url: str) -> None:
     assert wrong.json()["error"]["code"] == "method_not_allowed"
 
 
-def _open_stream(url: str, key: str, max_tokens: int) -> tuple[socket.socket, bytes]:
-    """A streamed chat request on a raw socket, read up to its first data line."""
+#: A reply that cannot end before MANY tokens: a JSON string of at least
+#: 10,000 characters (the JSON-schema grammar lets no end-of-generation in).
+ENDLESS = {
+    "type": "json_schema",
+    "json_schema": {"name": "long", "schema": {"type": "string", "minLength": 10_000}},
+}
+
+
+def _send(url: str, key: str, body: dict[str, object]) -> socket.socket:
+    """A chat request on a raw socket (a client that can go away at any moment)."""
     where = urlsplit(url)
+    assert where.hostname is not None and where.port is not None
     sock = socket.create_connection((where.hostname, where.port), timeout=EVENTUALLY)
-    body = json.dumps(
-        {
-            "model": "smol",
-            "messages": _ask(9),
-            "max_tokens": max_tokens,
-            "stream": True,
-        }
-    ).encode()
+    data = json.dumps(body).encode()
     sock.sendall(
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        + f"Authorization: Bearer {key}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-        + body
+        + f"Authorization: Bearer {key}\r\nContent-Length: {len(data)}\r\n\r\n".encode()
+        + data
     )
+    return sock
+
+
+def _open_stream(url: str, key: str, max_tokens: int) -> tuple[socket.socket, bytes]:
+    """An endless streamed chat request, read up to its first data line."""
+    body = {
+        "model": "smol",
+        "messages": _ask(9),
+        "max_tokens": max_tokens,
+        "stream": True,
+        "response_format": ENDLESS,
+    }
+    sock = _send(url, key, body)
     seen = b""
     while b"data:" not in seen:
         chunk = sock.recv(65536)
@@ -416,27 +434,23 @@ def test_too_many_streams_of_one_key_is_429(
 
 def test_a_client_leaving_a_stream_cancels_its_request(url: str, daemon: DaemonProc) -> None:
     daemon.wait_idle()
+    ticks = daemon.ticks()
     sock, first = _open_stream(url, KEYS["plain"], MANY)
     assert first.startswith(b"HTTP/1.1 200")
     assert daemon.wait_until_busy().status.active_sequences == 1
     sock.close()
-    # MANY tokens take minutes at one thread: idle now means cancelled.
-    daemon.wait_idle(timeout=10.0)
+    # The request could end only after MANY steps: it was dropped well before.
+    daemon.assert_dropped(ticks)
 
 
 def test_a_client_leaving_a_call_cancels_its_request(url: str, daemon: DaemonProc) -> None:
     daemon.wait_idle()
-    where = urlsplit(url)
-    sock = socket.create_connection((where.hostname, where.port), timeout=EVENTUALLY)
-    body = json.dumps({"model": "smol", "messages": _ask(10), "max_tokens": MANY}).encode()
-    sock.sendall(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        + f"Authorization: Bearer {KEYS['plain']}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-        + body
-    )
+    ticks = daemon.ticks()
+    body = {"model": "smol", "messages": _ask(10), "max_tokens": MANY, "response_format": ENDLESS}
+    sock = _send(url, KEYS["plain"], body)
     daemon.wait_until_busy()
     sock.close()
-    daemon.wait_idle(timeout=10.0)
+    daemon.assert_dropped(ticks)
 
 
 # -- tenants ---------------------------------------------------------------------------------
@@ -485,3 +499,32 @@ def test_the_gateway_publishes_a_loopback_address(url: str) -> None:
     host = urlsplit(url).hostname
     assert host == "127.0.0.1"
     wait_until(lambda: httpx.get(url + "/v1/models").status_code == 401, "the gateway answers")
+
+
+# -- the gateway's crash ---------------------------------------------------------------------
+
+
+def test_a_killed_gateway_comes_back_on_its_port_and_the_worker_never_notices(
+    url: str, daemon: DaemonProc
+) -> None:
+    daemon.wait_idle()
+    worker = daemon.worker_pid()
+    old = http_address(daemon.launcher.runtime)
+    assert old is not None
+    ticks = daemon.ticks()
+    sock, _ = _open_stream(url, KEYS["plain"], MANY)
+    daemon.wait_until_busy()
+    os.kill(int(str(old["pid"])), signal.SIGKILL)
+    # Its request is cancelled like any client's that went away.
+    daemon.assert_dropped(ticks)
+    sock.close()
+
+    def restarted() -> dict[str, object] | None:
+        now = http_address(daemon.launcher.runtime)
+        return now if now is not None and now["pid"] != old["pid"] else None
+
+    new = wait_until(restarted, "a new gateway", EVENTUALLY)
+    assert new["url"] == url  # the port the root chose for port = 0 stays
+    out = _client(url).chat.completions.create(model="smol", messages=_ask(30), max_tokens=2)
+    assert out.usage is not None and out.usage.completion_tokens == 2
+    assert daemon.worker_pid() == worker
