@@ -32,6 +32,7 @@ from llamad.testing import (
     wait_gone,
     wait_until,
 )
+from llamad.testing.launcher import TEST_SETTINGS
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -107,6 +108,7 @@ def test_the_scrub_drops_the_callers_llamad_settings_but_where_the_model_lives()
         "LLAMAD_CACHE_DIR": "/models",
         "LLAMAD_DEFAULT_MODEL": "/models/m.gguf",
         "LLAMAD_LOG_FORMAT": "json",
+        **TEST_SETTINGS,
     }
     assert set(KEPT) == {"LLAMAD_CACHE_DIR", "LLAMAD_DEFAULT_MODEL"}
 
