@@ -155,7 +155,6 @@ async def _serve(settings: GatewaySettings) -> None:
         access_log=False,
         server_header=False,
         timeout_graceful_shutdown=GRACE_S,
-        h11_max_incomplete_event_size=http.max_body_bytes,
     )
     server = _Server(config)
     ready = asyncio.create_task(_ready_when_started(server, settings.runtime_dir, host, port))

@@ -19,7 +19,14 @@ from starlette.testclient import TestClient
 from llamad.cli.main import main as cli_main
 from llamad.client.aio import AsyncClient
 from llamad.config.sections import HttpKey, HttpSection
-from llamad.errors import ContextOverflow, ModelNotFound, Overloaded, SchemaError, WorkerCrashed
+from llamad.errors import (
+    ContextOverflow,
+    ModelNotFound,
+    Overloaded,
+    RequestTimeout,
+    SchemaError,
+    WorkerCrashed,
+)
 from llamad.gateway import openai
 from llamad.gateway.app import build_app
 from llamad.gateway.errors import STATUS, HttpError
@@ -375,6 +382,7 @@ def test_bad_chat_fields_are_400_naming_the_field(
         ),
         (Overloaded("queue full"), 429, "overloaded", "rate_limit_error"),
         (WorkerCrashed("gone"), 502, "worker_crashed", "server_error"),
+        (RequestTimeout("no first token"), 504, "timeout", "server_error"),
         (RuntimeError("bug"), 500, "internal", "server_error"),
     ],
 )
@@ -442,6 +450,17 @@ def test_a_salt_without_a_tenant_cannot_name_a_tenants_namespace(
 ) -> None:
     app.post("/v1/chat/completions", json={**CHAT, "cache_salt": "t/acme"})
     assert fake.calls[-1][3]["cache_salt"] == "u/t/acme"
+
+
+def test_requests_carry_the_configured_timeouts(fake: FakeClient) -> None:
+    app = _app(fake, request_timeout_s=12.0, idle_timeout_s=3.0)
+    app.post("/v1/chat/completions", json=CHAT)
+    assert fake.calls[-1][3]["timeout"] == 12.0
+    app.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    assert fake.calls[-1][3]["timeout"] == 12.0
+    assert fake.calls[-1][3]["idle_timeout"] == 3.0
+    app.post("/v1/embeddings", json={"model": "m", "input": "x"})
+    assert fake.calls[-1][3]["timeout"] == 12.0
 
 
 def test_the_running_requests_of_a_key_are_bounded() -> None:
