@@ -38,7 +38,7 @@ from starlette.routing import BaseRoute
 
 from llamad.errors import LlamadError
 from llamad.gateway.errors import HttpError, param_of, status_of
-from llamad.gateway.gate import Caller, Gate
+from llamad.gateway.gate import Gate
 from llamad.model.results import (
     Completion,
     DoneEvent,
@@ -564,7 +564,7 @@ def routes(gate: Gate) -> list[BaseRoute]:
     async def chat(request: Request) -> Response:
         caller = gate.caller(request)
         call = chat_call(await gate.json_body(request))
-        options = _salted(gate, caller, call.options)
+        options = call.options
         response_id, request_id = _ids("chatcmpl")
         created = int(time.time())
         kwargs = {"messages": call.messages, "request_id": request_id, **options}
@@ -611,7 +611,7 @@ def routes(gate: Gate) -> list[BaseRoute]:
     async def completions(request: Request) -> Response:
         caller = gate.caller(request)
         call = completion_call(await gate.json_body(request))
-        options = _salted(gate, caller, call.options)
+        options = call.options
         response_id, request_id = _ids("cmpl")
         created = int(time.time())
         kwargs = {"request_id": request_id, **options}
@@ -663,7 +663,7 @@ def routes(gate: Gate) -> list[BaseRoute]:
                 for item in inputs
             )
         )
-        vectors = await asyncio.gather(*(gate.embed(request, caller, model, t) for t in tokens))
+        vectors = await gate.embed(request, caller, model, tokens)
         data = [
             {"object": "embedding", "index": i, "embedding": _vector(v, fmt)}
             for i, v in enumerate(vectors)
@@ -694,11 +694,6 @@ def _vector(values: list[float], fmt: str) -> list[float] | str:
     if fmt == "float":
         return values
     return base64.b64encode(array("f", values).tobytes()).decode()
-
-
-def _salted(gate: Gate, caller: Caller, options: dict[str, Any]) -> dict[str, Any]:
-    salt = gate.salt(caller, options.pop("cache_salt", None))
-    return options if salt is None else {**options, "cache_salt": salt}
 
 
 async def _texts_of(gate: Gate, model: str, result: Completion) -> dict[int, str] | None:

@@ -17,6 +17,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 import httpx
@@ -528,3 +529,41 @@ def test_a_killed_gateway_comes_back_on_its_port_and_the_worker_never_notices(
     out = _client(url).chat.completions.create(model="smol", messages=_ask(30), max_tokens=2)
     assert out.usage is not None and out.usage.completion_tokens == 2
     assert daemon.worker_pid() == worker
+
+
+def test_a_worker_crash_is_502_for_a_call_and_an_error_event_for_a_stream(
+    url: str, daemon: DaemonProc
+) -> None:
+    daemon.wait_idle()
+    client = _client(url)
+    endless: dict[str, object] = {"response_format": ENDLESS}
+    stream = client.chat.completions.create(
+        model="smol", messages=_ask(40), max_tokens=MANY, stream=True, extra_body=endless
+    )
+    next(iter(stream))  # the stream is running
+    with ThreadPoolExecutor(1) as pool:
+        call = pool.submit(
+            client.chat.completions.create,
+            model="smol",
+            messages=_ask(41),
+            max_tokens=MANY,
+            extra_body=endless,
+        )
+        wait_until(
+            lambda: (b := daemon.board()) is not None and b.status.active_sequences == 2,
+            "both requests running",
+            EVENTUALLY,
+        )
+        old = daemon.kill_worker()
+        with pytest.raises(openai.APIStatusError) as caught:
+            call.result(timeout=EVENTUALLY)
+    assert caught.value.status_code == 502
+    assert _error(caught.value)["code"] == "worker_crashed"
+    with pytest.raises(openai.APIError) as ended:
+        for _ in stream:
+            pass
+    assert ended.value.code == "worker_crashed"
+    assert ended.value.type == "server_error"
+    daemon.wait_worker_back(old)
+    out = client.chat.completions.create(model="smol", messages=_ask(42), max_tokens=2)
+    assert out.usage is not None and out.usage.completion_tokens == 2
