@@ -37,6 +37,7 @@ from starlette.routing import BaseRoute, Route
 
 from llamad.errors import LlamadError
 from llamad.gateway.errors import HttpError, param_of, status_of
+from llamad.gateway.sse import wait_disconnect
 from llamad.model.results import Completion, DoneEvent, Event
 
 if TYPE_CHECKING:
@@ -273,7 +274,7 @@ class Gate:
         """``work``'s result, or :class:`ClientGone` once the HTTP client
         disconnected (``work`` is cancelled at once: the client sends CANCEL)."""
         task = asyncio.ensure_future(work)
-        gone = asyncio.ensure_future(_disconnected(request))
+        gone = asyncio.ensure_future(wait_disconnect(request.receive))
         try:
             await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
@@ -332,14 +333,6 @@ class _Slot:
 
     def __exit__(self, *exc: object) -> None:
         self._release()
-
-
-async def _disconnected(request: Request) -> None:
-    """Return once the HTTP client has gone (the body is read by then)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 def _too_large(limit: int) -> HttpError:

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import msgspec
-from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
@@ -39,6 +38,7 @@ from starlette.routing import BaseRoute
 from llamad.errors import LlamadError
 from llamad.gateway.errors import HttpError, param_of, status_of
 from llamad.gateway.gate import Gate
+from llamad.gateway.sse import EventStream
 from llamad.model.results import (
     Completion,
     DoneEvent,
@@ -531,13 +531,13 @@ async def _token_texts(gate: Gate, model: str, entries: Sequence[TokenLogprob]) 
     return dict(zip(ids, texts, strict=True))
 
 
-def _sse(events: AsyncIterator[dict[str, Any]]) -> EventSourceResponse:
-    async def data() -> AsyncIterator[str]:
+def _sse(events: AsyncIterator[dict[str, Any]]) -> EventStream:
+    async def data() -> AsyncIterator[bytes]:
         async for chunk in events:
-            yield msgspec.json.encode(chunk).decode()
-        yield "[DONE]"
+            yield b"data: " + msgspec.json.encode(chunk) + b"\n\n"
+        yield b"data: [DONE]\n\n"
 
-    return EventSourceResponse(data(), ping=15, headers={"Cache-Control": "no-cache"})
+    return EventStream(data())
 
 
 def routes(gate: Gate) -> list[BaseRoute]:

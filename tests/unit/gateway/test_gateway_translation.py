@@ -257,6 +257,7 @@ def test_a_stream_is_sse_chunks_then_usage_then_done(app: TestClient, fake: Fake
     with app.stream("POST", "/v1/chat/completions", json=body) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
+        assert "content-length" not in r.headers  # a stream of unknown length
         lines = [line for line in r.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
     chunks = [msgspec.json.decode(line[6:]) for line in lines[:-1]]
