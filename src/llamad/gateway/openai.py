@@ -1,4 +1,4 @@
-"""OpenAI's API over llamad: ``/v1/models``, ``/v1/chat/completions``,
+"""OpenAI's API over llamad: ``/v1/models`` (and ``/v1/models/{id}``), ``/v1/chat/completions``,
 ``/v1/completions``, ``/v1/embeddings``.
 
 The translation (request JSON to the client's keyword arguments, a
@@ -36,6 +36,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 
 from llamad.errors import LlamadError
+from llamad.front.wire import ModelInfo
 from llamad.gateway.errors import HttpError, param_of, status_of
 from llamad.gateway.gate import Gate
 from llamad.gateway.sse import EventStream
@@ -546,20 +547,15 @@ def routes(gate: Gate) -> list[BaseRoute]:
     async def models(request: Request) -> Response:
         gate.caller(request)
         found = await gate.list_models(request)
-        return _json(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": m.model_id,
-                        "object": "model",
-                        "created": int(m.loaded_at or 0),
-                        "owned_by": "llamad",
-                    }
-                    for m in found
-                ],
-            }
-        )
+        return _json({"object": "list", "data": [_model_entry(m) for m in found]})
+
+    async def model(request: Request) -> Response:
+        gate.caller(request)
+        wanted = request.path_params["model"]
+        for m in await gate.list_models(request):
+            if m.model_id == wanted:
+                return _json(_model_entry(m))
+        raise HttpError("model_not_found", f"no model {wanted!r}", param="model")
 
     async def chat(request: Request) -> Response:
         caller = gate.caller(request)
@@ -680,10 +676,20 @@ def routes(gate: Gate) -> list[BaseRoute]:
 
     return [
         gate.route("/v1/models", models, render_error, ["GET"]),
+        gate.route("/v1/models/{model:path}", model, render_error, ["GET"]),
         gate.route("/v1/chat/completions", chat, render_error, ["POST"]),
         gate.route("/v1/completions", completions, render_error, ["POST"]),
         gate.route("/v1/embeddings", embeddings, render_error, ["POST"]),
     ]
+
+
+def _model_entry(m: ModelInfo) -> dict[str, Any]:
+    return {
+        "id": m.model_id,
+        "object": "model",
+        "created": int(m.loaded_at or 0),
+        "owned_by": "llamad",
+    }
 
 
 async def _same(tokens: list[int]) -> list[int]:

@@ -95,6 +95,7 @@ def _ask(i: int) -> list[dict[str, str]]:
 def test_models_lists_the_served_model(oai: openai.OpenAI) -> None:
     ids = [m.id for m in oai.models.list()]
     assert ids == ["smol"]
+    assert oai.models.retrieve("smol").id == "smol"
 
 
 def test_a_chat_completion_answers_with_its_usage(oai: openai.OpenAI) -> None:

@@ -332,11 +332,11 @@ def test_embeddings_as_floats_and_base64(app: TestClient, fake: FakeClient) -> N
 
 
 def test_models_list(app: TestClient) -> None:
-    out = app.get("/v1/models").json()
-    assert out == {
-        "object": "list",
-        "data": [{"id": "m", "object": "model", "created": 12, "owned_by": "llamad"}],
-    }
+    entry = {"id": "m", "object": "model", "created": 12, "owned_by": "llamad"}
+    assert app.get("/v1/models").json() == {"object": "list", "data": [entry]}
+    assert app.get("/v1/models/m").json() == entry
+    missing = app.get("/v1/models/x")
+    assert (missing.status_code, missing.json()["error"]["code"]) == (404, "model_not_found")
 
 
 # -- refusals -------------------------------------------------------------------------------
