@@ -568,3 +568,18 @@ def test_a_worker_crash_is_502_for_a_call_and_an_error_event_for_a_stream(
     daemon.wait_worker_back(old)
     out = client.chat.completions.create(model="smol", messages=_ask(42), max_tokens=2)
     assert out.usage is not None and out.usage.completion_tokens == 2
+
+
+# -- last: stops the module's daemon ---------------------------------------------------------
+
+
+def test_a_daemon_stopped_during_a_stream_ends_it_and_exits_0(url: str, daemon: DaemonProc) -> None:
+    daemon.wait_idle()
+    sock, _ = _open_stream(url, KEYS["plain"], MANY)
+    daemon.wait_until_busy()
+    assert daemon.stop() == 0  # the gateway first: its stream cancelled, nothing left
+    sock.settimeout(EVENTUALLY)
+    while sock.recv(65536):  # the rest of the stream, then the end of the connection
+        pass
+    sock.close()
+    assert http_address(daemon.launcher.runtime) is None
