@@ -8,6 +8,7 @@ ones a test cancels.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -223,6 +224,36 @@ def test_json_object_gives_an_object(oai: openai.OpenAI) -> None:
     assert text.lstrip().startswith("{")
     if out.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(text), dict)
+
+
+def test_concurrent_streams_each_end_once_with_their_own_usage(url: str) -> None:
+    async def one(client: openai.AsyncOpenAI, i: int) -> tuple[str, int]:
+        stream = await client.chat.completions.create(
+            model="smol",
+            messages=_ask(100 + i),
+            max_tokens=6,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [c async for c in stream]
+        finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+        assert [f for f in finishes if f] == ["length"]
+        usage = chunks[-1].usage
+        assert usage is not None
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        return text, usage.completion_tokens
+
+    async def all_of() -> list[tuple[str, int]]:
+        client = openai.AsyncOpenAI(
+            base_url=url + "/v1", api_key=KEYS["plain"], max_retries=0, timeout=EVENTUALLY
+        )
+        async with client:
+            return list(await asyncio.gather(*(one(client, i) for i in range(MAX_STREAMS))))
+
+    results = asyncio.run(all_of())
+    assert [n for _, n in results] == [6] * MAX_STREAMS
+    assert all(text for text, _ in results)
 
 
 # -- completions, embeddings ---------------------------------------------------------------
