@@ -261,10 +261,14 @@ class HttpSection(Table, frozen=True, kw_only=True):
     ] = 64
     request_timeout_s: Annotated[
         float,
-        Key("Longest wait for a request's first token (queue and prefill included).", _seconds),
+        Key(
+            "Longest wait for a stream's first token (queue and prefill included), and "
+            "for the whole answer of a request that is not streamed (504).",
+            _seconds,
+        ),
     ] = 600.0
     idle_timeout_s: Annotated[
-        float, Key("Longest wait between two tokens of a stream.", _seconds)
+        float, Key("Longest wait between two tokens of a stream (504).", _seconds)
     ] = 60.0
     responses_max_count: Annotated[
         int,

@@ -123,7 +123,10 @@ def _publish(runtime_dir: str, host: str, port: int) -> Path:
     path = Path(runtime_dir, HTTP_ADDRESS_FILE)
     tmp = path.with_name(f".{HTTP_ADDRESS_FILE}.{os.getpid()}")
     address = {"url": _url(host, port), "host": host, "port": port, "pid": os.getpid()}
-    tmp.write_text(json.dumps(address))
+    # 0600 at creation, as every file of the runtime directory (security.md).
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(address))
     tmp.replace(path)
     return path
 
@@ -155,7 +158,6 @@ async def _serve(settings: GatewaySettings) -> None:
         access_log=False,
         server_header=False,
         timeout_graceful_shutdown=GRACE_S,
-        h11_max_incomplete_event_size=http.max_body_bytes,
     )
     server = _Server(config)
     ready = asyncio.create_task(_ready_when_started(server, settings.runtime_dir, host, port))

@@ -8,6 +8,7 @@ ones a test cancels.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -17,6 +18,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 import httpx
@@ -94,6 +96,7 @@ def _ask(i: int) -> list[dict[str, str]]:
 def test_models_lists_the_served_model(oai: openai.OpenAI) -> None:
     ids = [m.id for m in oai.models.list()]
     assert ids == ["smol"]
+    assert oai.models.retrieve("smol").id == "smol"
 
 
 def test_a_chat_completion_answers_with_its_usage(oai: openai.OpenAI) -> None:
@@ -221,6 +224,36 @@ def test_json_object_gives_an_object(oai: openai.OpenAI) -> None:
     assert text.lstrip().startswith("{")
     if out.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(text), dict)
+
+
+def test_concurrent_streams_each_end_once_with_their_own_usage(url: str) -> None:
+    async def one(client: openai.AsyncOpenAI, i: int) -> tuple[str, int]:
+        stream = await client.chat.completions.create(
+            model="smol",
+            messages=_ask(100 + i),
+            max_tokens=6,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [c async for c in stream]
+        finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+        assert [f for f in finishes if f] == ["length"]
+        usage = chunks[-1].usage
+        assert usage is not None
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        return text, usage.completion_tokens
+
+    async def all_of() -> list[tuple[str, int]]:
+        client = openai.AsyncOpenAI(
+            base_url=url + "/v1", api_key=KEYS["plain"], max_retries=0, timeout=EVENTUALLY
+        )
+        async with client:
+            return list(await asyncio.gather(*(one(client, i) for i in range(MAX_STREAMS))))
+
+    results = asyncio.run(all_of())
+    assert [n for _, n in results] == [6] * MAX_STREAMS
+    assert all(text for text, _ in results)
 
 
 # -- completions, embeddings ---------------------------------------------------------------
@@ -528,3 +561,56 @@ def test_a_killed_gateway_comes_back_on_its_port_and_the_worker_never_notices(
     out = _client(url).chat.completions.create(model="smol", messages=_ask(30), max_tokens=2)
     assert out.usage is not None and out.usage.completion_tokens == 2
     assert daemon.worker_pid() == worker
+
+
+def test_a_worker_crash_is_502_for_a_call_and_an_error_event_for_a_stream(
+    url: str, daemon: DaemonProc
+) -> None:
+    daemon.wait_idle()
+    client = _client(url)
+    endless: dict[str, object] = {"response_format": ENDLESS}
+    stream = client.chat.completions.create(
+        model="smol", messages=_ask(40), max_tokens=MANY, stream=True, extra_body=endless
+    )
+    next(iter(stream))  # the stream is running
+    with ThreadPoolExecutor(1) as pool:
+        call = pool.submit(
+            client.chat.completions.create,
+            model="smol",
+            messages=_ask(41),
+            max_tokens=MANY,
+            extra_body=endless,
+        )
+        wait_until(
+            lambda: (b := daemon.board()) is not None and b.status.active_sequences == 2,
+            "both requests running",
+            EVENTUALLY,
+        )
+        old = daemon.kill_worker()
+        with pytest.raises(openai.APIStatusError) as caught:
+            call.result(timeout=EVENTUALLY)
+    assert caught.value.status_code == 502
+    assert _error(caught.value)["code"] == "worker_crashed"
+    with pytest.raises(openai.APIError) as ended:
+        for _ in stream:
+            pass
+    assert ended.value.code == "worker_crashed"
+    assert ended.value.type == "server_error"
+    daemon.wait_worker_back(old)
+    out = client.chat.completions.create(model="smol", messages=_ask(42), max_tokens=2)
+    assert out.usage is not None and out.usage.completion_tokens == 2
+
+
+# -- last: stops the module's daemon ---------------------------------------------------------
+
+
+def test_a_daemon_stopped_during_a_stream_ends_it_and_exits_0(url: str, daemon: DaemonProc) -> None:
+    daemon.wait_idle()
+    sock, _ = _open_stream(url, KEYS["plain"], MANY)
+    daemon.wait_until_busy()
+    assert daemon.stop() == 0  # the gateway first: its stream cancelled, nothing left
+    sock.settimeout(EVENTUALLY)
+    while sock.recv(65536):  # the rest of the stream, then the end of the connection
+        pass
+    sock.close()
+    assert http_address(daemon.launcher.runtime) is None

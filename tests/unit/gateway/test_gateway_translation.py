@@ -19,7 +19,14 @@ from starlette.testclient import TestClient
 from llamad.cli.main import main as cli_main
 from llamad.client.aio import AsyncClient
 from llamad.config.sections import HttpKey, HttpSection
-from llamad.errors import ContextOverflow, ModelNotFound, Overloaded, SchemaError, WorkerCrashed
+from llamad.errors import (
+    ContextOverflow,
+    ModelNotFound,
+    Overloaded,
+    RequestTimeout,
+    SchemaError,
+    WorkerCrashed,
+)
 from llamad.gateway import openai
 from llamad.gateway.app import build_app
 from llamad.gateway.errors import STATUS, HttpError
@@ -250,6 +257,7 @@ def test_a_stream_is_sse_chunks_then_usage_then_done(app: TestClient, fake: Fake
     with app.stream("POST", "/v1/chat/completions", json=body) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
+        assert "content-length" not in r.headers  # a stream of unknown length
         lines = [line for line in r.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
     chunks = [msgspec.json.decode(line[6:]) for line in lines[:-1]]
@@ -324,11 +332,11 @@ def test_embeddings_as_floats_and_base64(app: TestClient, fake: FakeClient) -> N
 
 
 def test_models_list(app: TestClient) -> None:
-    out = app.get("/v1/models").json()
-    assert out == {
-        "object": "list",
-        "data": [{"id": "m", "object": "model", "created": 12, "owned_by": "llamad"}],
-    }
+    entry = {"id": "m", "object": "model", "created": 12, "owned_by": "llamad"}
+    assert app.get("/v1/models").json() == {"object": "list", "data": [entry]}
+    assert app.get("/v1/models/m").json() == entry
+    missing = app.get("/v1/models/x")
+    assert (missing.status_code, missing.json()["error"]["code"]) == (404, "model_not_found")
 
 
 # -- refusals -------------------------------------------------------------------------------
@@ -375,6 +383,7 @@ def test_bad_chat_fields_are_400_naming_the_field(
         ),
         (Overloaded("queue full"), 429, "overloaded", "rate_limit_error"),
         (WorkerCrashed("gone"), 502, "worker_crashed", "server_error"),
+        (RequestTimeout("no first token"), 504, "timeout", "server_error"),
         (RuntimeError("bug"), 500, "internal", "server_error"),
     ],
 )
@@ -442,6 +451,17 @@ def test_a_salt_without_a_tenant_cannot_name_a_tenants_namespace(
 ) -> None:
     app.post("/v1/chat/completions", json={**CHAT, "cache_salt": "t/acme"})
     assert fake.calls[-1][3]["cache_salt"] == "u/t/acme"
+
+
+def test_requests_carry_the_configured_timeouts(fake: FakeClient) -> None:
+    app = _app(fake, request_timeout_s=12.0, idle_timeout_s=3.0)
+    app.post("/v1/chat/completions", json=CHAT)
+    assert fake.calls[-1][3]["timeout"] == 12.0
+    app.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    assert fake.calls[-1][3]["timeout"] == 12.0
+    assert fake.calls[-1][3]["idle_timeout"] == 3.0
+    app.post("/v1/embeddings", json={"model": "m", "input": "x"})
+    assert fake.calls[-1][3]["timeout"] == 12.0
 
 
 def test_the_running_requests_of_a_key_are_bounded() -> None:
