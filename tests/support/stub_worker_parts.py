@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from llamad.errors import ConfigError
+from llamad.llama_ffi.tool_calls import ToolFamily, tool_call_grammar
 from llamad.model.backend import PackedState
 from llamad.model.savepoints import SaveJob
 from llamad.model.stub import StubBackend
@@ -52,6 +53,9 @@ class StubText:
     def apply_chat_template(self, messages: object, **options: Any) -> list[int]:
         text, _ = self.chat_prompt(messages)
         return self.tokenize(text, add_special=False, parse_special=True)
+
+    def tool_grammar(self, tools: list[dict[str, Any]] | None, tool_choice: object) -> str | None:
+        return tool_call_grammar(tools, tool_choice, ToolFamily.HERMES)
 
 
 class StubCompletions:

@@ -23,6 +23,13 @@ When the GGUF has no template, or its template does not compile, rendering
 falls back to llama.cpp's built-in templates
 (:func:`llamad.llama_ffi.builtin_template.builtin_chat_template`), which know
 roles and text only.
+
+Tools: a template that reads ``tools`` and writes ``tool_calls`` renders them
+itself; for any other (SmolLM2's, the built-ins) :class:`ChatFormatter`
+rewrites the chat first (:func:`llamad.llama_ffi.tool_calls.tools_in_messages`:
+the tool list in the system message, calls and results as Hermes-format
+text), and :attr:`ChatFormatter.tool_family` says which format the model was
+asked to call in.
 """
 
 from __future__ import annotations
@@ -43,6 +50,12 @@ from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from llamad.errors import BadRequest, LlamadError, TemplateError, TemplateSecurityError
+from llamad.llama_ffi.tool_calls import (
+    ToolFamily,
+    family_of_template,
+    renders_tools,
+    tools_in_messages,
+)
 
 __all__ = [
     "BuiltinRenderer",
@@ -524,6 +537,18 @@ class ChatFormatter:
     def uses_fallback(self) -> bool:
         return self.jinja is None
 
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the model's own template renders tools and tool calls;
+        otherwise :meth:`render` writes them into the chat (Hermes format)."""
+        return self.jinja is not None and renders_tools(self.jinja.source)
+
+    @property
+    def tool_family(self) -> ToolFamily:
+        """The format the rendered prompt asks the model to call tools in."""
+        source = self.jinja.source if self.jinja is not None else None
+        return family_of_template(source)
+
     def render(
         self,
         messages: object,
@@ -535,7 +560,15 @@ class ChatFormatter:
         system: str | None = None,
         variables: Mapping[str, Any] | None = None,
     ) -> str:
-        """Render like :meth:`ChatTemplate.render`; the fallback renders roles and text only."""
+        """Render like :meth:`ChatTemplate.render`; the fallback renders roles and text only.
+
+        Tools, assistant ``tool_calls`` and ``tool`` messages reach a template
+        that does not render them (and the built-in fallback) as text
+        (:func:`~llamad.llama_ffi.tool_calls.tools_in_messages`).
+        """
+        if not self.renders_tools and _has_tool_parts(messages, tools):
+            chat = _prepare(messages, system, add_generation_prompt, continue_final_message)
+            messages, tools, system = tools_in_messages(chat, tools), None, None
         if self.jinja is not None:
             return self.jinja.render(
                 messages,
@@ -547,17 +580,6 @@ class ChatFormatter:
                 variables=variables,
             )
         chat = _prepare(messages, system, add_generation_prompt, continue_final_message)
-        if tools:
-            raise TemplateError(
-                f"cannot render tools: {self.fallback_reason}; the built-in fallback"
-                " knows text only"
-            )
-        for i, message in enumerate(chat):
-            if message.get("tool_calls"):
-                raise TemplateError(
-                    f"cannot render messages[{i}].tool_calls with the built-in fallback",
-                    details={"field": f"messages[{i}].tool_calls"},
-                )
         flat = [
             {"role": m["role"], "content": _text_of(m, f"messages[{i}]")}
             for i, m in enumerate(chat)
@@ -572,6 +594,17 @@ class ChatFormatter:
 
             builtin = builtin_chat_template
         return builtin(flat, self._builtin_template, add_generation_prompt=add_generation_prompt)
+
+
+def _has_tool_parts(messages: object, tools: object) -> bool:
+    if tools:
+        return True
+    if not isinstance(messages, Sequence) or isinstance(messages, str | bytes):
+        return False
+    return any(
+        isinstance(m, Mapping) and (m.get("tool_calls") or m.get("role") == "tool")
+        for m in messages
+    )
 
 
 def apply_chat_template(

@@ -27,6 +27,7 @@ from typing import Any, Final
 from llamad.errors import BadRequest
 from llamad.llama_ffi.chat_template import ChatFormatter, apply_chat_template, chat_prompt
 from llamad.llama_ffi.model import Model
+from llamad.llama_ffi.tool_calls import tool_call_grammar
 
 __all__ = ["MAX_DETOKENIZE_TOKENS", "MAX_TEXT_CHARS", "Tokenizer"]
 
@@ -108,6 +109,12 @@ class Tokenizer:
         """The prompt text of ``messages`` and whether BOS is added to it: what
         :meth:`apply_chat_template` tokenizes (with special tokens parsed)."""
         return chat_prompt(self.model, messages, formatter=self.formatter, **options)
+
+    def tool_grammar(self, tools: list[dict[str, Any]] | None, tool_choice: object) -> str | None:
+        """The grammar for ``tool_choice`` ``required`` or named: one call in
+        the format this model's prompt asks for
+        (:func:`~llamad.llama_ffi.tool_calls.tool_call_grammar`)."""
+        return tool_call_grammar(tools, tool_choice, self.formatter.tool_family)
 
     def apply_chat_template(
         self,

@@ -175,14 +175,41 @@ class WorkerSnapshot(msgspec.Struct, frozen=True):
     tokenizing: int = 0
 
 
+_TOOL_CHOICES: Final = ("none", "auto", "required")
+
+
 class ChatOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """How ``messages`` are rendered (the chat template's own switches)."""
+    """How ``messages`` are rendered (the chat template's own switches).
+
+    ``tools``: OpenAI function tools, rendered by the template (or, for one
+    that knows no tools, written into the system message).
+    ``tool_choice``: ``"none"`` (the tools are not rendered), ``"auto"``
+    (the default), ``"required"`` or ``{"type": "function", "function":
+    {"name": ...}}``: the worker then constrains generation by a grammar to
+    one call in the template's tool-call format (a request that also gives
+    ``grammar`` or ``json_schema`` is refused). The worker checks the named
+    function is among the tools.
+    """
 
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     tools: list[dict[str, Any]] | None = None
     enable_thinking: bool | None = None
     system: str | None = None
+    tool_choice: str | dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        choice = self.tool_choice
+        if isinstance(choice, str) and choice not in _TOOL_CHOICES:
+            raise BadRequest(
+                f"tool_choice must be one of {', '.join(_TOOL_CHOICES)} or a named function,"
+                f" not {choice!r}",
+                details={"field": "tool_choice"},
+            )
+        if choice is not None and choice not in ("none", "auto") and not self.tools:
+            raise BadRequest(
+                "tool_choice required or named needs tools", details={"field": "tool_choice"}
+            )
 
 
 class InferBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

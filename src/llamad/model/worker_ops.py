@@ -79,7 +79,8 @@ def _chat_options(chat: ChatOptions) -> dict[str, Any]:
     return {
         "add_generation_prompt": chat.add_generation_prompt,
         "continue_final_message": chat.continue_final_message,
-        "tools": chat.tools,
+        # tool_choice "none": the model is not told of the tools at all.
+        "tools": None if chat.tool_choice == "none" else chat.tools,
         "enable_thinking": chat.enable_thinking,
         "system": chat.system,
     }
@@ -96,6 +97,8 @@ class _Held:
     prefill_only: bool = False
     tokens: list[int] | None = None
     cancel_asked: bool = False
+    grammar: str | None = None
+    """A tool_choice's grammar, replacing the request's (which has none)."""
 
 
 def _utf8_bytes(text: str) -> int:
@@ -258,7 +261,7 @@ class WorkerOps:
             raise BadRequest(
                 f"request {request_id!r} is already running", details={"field": "request_id"}
             )
-        held = _Held(req, handle, request_id, prefill_only)
+        held = _Held(req, handle, request_id, prefill_only, grammar=self._tool_grammar(req.body))
         prompt = self._prompt(req.body)
         if isinstance(prompt, list):
             held.tokens = prompt
@@ -266,6 +269,20 @@ class WorkerOps:
             return
         self.text_jobs.submit(prompt, lambda outcome: self._prepared(held, outcome))
         self._preparing[request_id] = held
+
+    def _tool_grammar(self, body: InferBody) -> str | None:
+        """``tool_choice`` required or named: the grammar of one call, built
+        before admission so a bad choice or schema is refused at once."""
+        chat = body.chat
+        if body.messages is None or chat.tool_choice in (None, "none", "auto"):
+            return None
+        if body.params.grammar is not None or body.params.json_schema is not None:
+            raise BadRequest(
+                "tool_choice required or named makes its own grammar: give no grammar"
+                " or json_schema with it",
+                details={"field": "tool_choice"},
+            )
+        return self.parts.text.tool_grammar(chat.tools, chat.tool_choice)
 
     def _prepared(self, held: _Held, outcome: Outcome[list[int]]) -> None:
         """On the loop: the text thread made ``held``'s tokens (or failed)."""
@@ -292,6 +309,8 @@ class WorkerOps:
         params = body.params
         if held.prefill_only and not params.prefill_only:
             params = msgspec.structs.replace(params, prefill_only=True)
+        if held.grammar is not None:
+            params = msgspec.structs.replace(params, grammar=held.grammar)
         assert held.tokens is not None
         request_id = held.request_id
         self.core.submit(

@@ -92,6 +92,11 @@ class ModelText(Protocol):
 
     def apply_chat_template(self, messages: object, **options: Any) -> list[int]: ...
 
+    def tool_grammar(self, tools: list[dict[str, Any]] | None, tool_choice: object) -> str | None:
+        """The grammar that makes the model call a tool as ``tool_choice``
+        asks, in its template's format (None: unconstrained)."""
+        ...
+
 
 class Embeddings(Protocol):
     def embed(

@@ -7,6 +7,7 @@ for them, and requests that arrive after it wait behind it.
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 from pathlib import Path
@@ -14,8 +15,11 @@ from typing import Any
 
 import pytest
 
+from llamad.errors import BadRequest, SchemaError
 from llamad.llama_ffi.errors import AdapterError
-from llamad.model.results import CacheHitKind, TokenEvent
+from llamad.llama_ffi.tool_calls import parse_tool_calls
+from llamad.model.results import CacheHitKind, FinishReason, TokenEvent
+from llamad.model.wire import ChatOptions
 from llamad.model.worker_client import WorkerClient
 from lora_gguf import write_lora
 from worker_tree import WorkerTree, prompt_text, wait_until
@@ -45,6 +49,66 @@ def test_embeddings_are_unit_length_and_batched_like_alone(worker: WorkerClient)
     for v, w in zip(both, alone, strict=True):
         assert math.isclose(math.fsum(x * x for x in v), 1.0, rel_tol=1e-3)
         assert max(abs(a - b) for a, b in zip(v, w, strict=True)) < 1e-3
+
+
+CITY_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 12}},
+            "required": ["city"],
+        },
+    },
+}
+TIME_TOOL: dict[str, Any] = {"type": "function", "function": {"name": "get_time"}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def test_tool_choice_required_or_named_makes_the_small_model_call(worker: WorkerClient) -> None:
+    # SmolLM2's template knows no tools: they go into the system message and
+    # the grammar holds the 135M model to one Hermes-format call.
+    tools = [CITY_TOOL, TIME_TOOL]
+    for choice, names in [
+        ("required", {"get_weather", "get_time"}),
+        ({"type": "function", "function": {"name": "get_weather"}}, {"get_weather"}),
+    ]:
+        chat = ChatOptions(tools=tools, tool_choice=choice)
+        done = worker.complete(messages=ASK, chat=chat, max_tokens=64, **GREEDY)
+        assert done.finish_reason is FinishReason.STOP, done.reply  # the grammar ended it
+        assert done.reply.startswith("<tool_call>\n")
+        parsed = parse_tool_calls(done.reply, tools)
+        assert len(parsed.calls) == 1 and parsed.content is None, done.reply
+        call = parsed.calls[0]
+        assert call.name in names
+        arguments = json.loads(call.arguments)
+        if call.name == "get_weather":
+            assert isinstance(arguments["city"], str)
+    # "none": the model is not told of the tools.
+    plain = worker.apply_chat_template(ASK)
+    assert worker.apply_chat_template(ASK, tools=tools, tool_choice="none") == plain
+    assert len(worker.apply_chat_template(ASK, tools=tools)) > len(plain) + 50
+
+
+def test_bad_tool_choices_are_refused_and_the_worker_serves_on(worker: WorkerClient) -> None:
+    named = ChatOptions(
+        tools=[TIME_TOOL], tool_choice={"type": "function", "function": {"name": "nope"}}
+    )
+    with pytest.raises(BadRequest, match="not among the tools"):
+        worker.complete(messages=ASK, chat=named, max_tokens=4)
+    required = ChatOptions(tools=[TIME_TOOL], tool_choice="required")
+    with pytest.raises(BadRequest) as exc:
+        worker.complete(messages=ASK, chat=required, grammar='root ::= "x"', max_tokens=4)
+    assert exc.value.details["field"] == "tool_choice"
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}
+    with pytest.raises(SchemaError):
+        worker.complete(
+            messages=ASK, chat=ChatOptions(tools=[bad], tool_choice="required"), max_tokens=4
+        )
+    with pytest.raises(BadRequest):
+        ChatOptions(tool_choice="required")  # no tools
 
 
 def test_adapter_splits_the_namespace_and_unloading_joins_it_again(

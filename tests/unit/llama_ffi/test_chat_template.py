@@ -418,13 +418,21 @@ def test_formatter_with_broken_template_hands_its_source_to_the_builtin() -> Non
     assert builtin.calls[0][1] == source
 
 
+def test_fallback_renders_tools_and_calls_as_text() -> None:
+    # The built-ins know text only: tools and calls reach them as Hermes-format text.
+    builtin = FakeBuiltin()
+    formatter = ChatFormatter(None, builtin=builtin)
+    formatter.render(CHAT[1:2], tools=[{"name": "f"}])
+    system = builtin.calls[-1][0][0]
+    assert system["role"] == "system" and '"name": "f"' in system["content"]
+    calls = [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f"}}]}]
+    assert formatter.render(calls, add_generation_prompt=False) == (
+        '<assistant><tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+    )
+
+
 def test_fallback_refuses_what_it_cannot_render() -> None:
     formatter = ChatFormatter(None, builtin=FakeBuiltin())
-    with pytest.raises(TemplateError):
-        formatter.render(CHAT, tools=[{"name": "f"}])
-    calls = [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f"}}]}]
-    with pytest.raises(TemplateError):
-        formatter.render(calls)
     with pytest.raises(BadRequest):
         formatter.render([{"role": "user", "content": [{"type": "image", "url": "u"}]}])
     with pytest.raises(BadRequest):

@@ -45,10 +45,16 @@ _ABSENT: Final = object()
 def json_schema_to_gbnf(
     schema: Mapping[str, Any] | bool | str | bytes,
     options: GrammarOptions | None = None,
+    *,
+    prefix: str = "",
+    suffix: str = "",
 ) -> str:
     """Convert a JSON Schema (a mapping, a boolean, or its JSON text) to GBNF.
 
-    The returned grammar's start rule is ``root``. Raises
+    The returned grammar's start rule is ``root``; ``prefix`` and ``suffix``
+    are literal text the grammar demands before and after the value (a tool
+    call's markers, ``<tool_call>`` ... ``</tool_call>``), while ``$ref: "#"``
+    still means the value. Raises
     :class:`~llamad.errors.SchemaError` (code ``bad_schema``) with
     ``details={"path", "keyword"}`` for invalid or unsupported schemas and for
     schemas no JSON value satisfies.
@@ -59,7 +65,7 @@ def json_schema_to_gbnf(
         except (ValueError, UnicodeDecodeError) as exc:
             raise schema_error("", None, f"schema is not valid JSON: {exc}") from exc
     _refuse_lone_surrogates(schema)
-    return _Converter(schema, options or GrammarOptions()).convert()
+    return _Converter(schema, options or GrammarOptions()).convert(prefix, suffix)
 
 
 def _refuse_lone_surrogates(schema: Any) -> None:
@@ -96,10 +102,16 @@ class _Converter:
         self._json = JsonRules(self._rules, options)
         self._ref_names: dict[str, str] = {}
 
-    def convert(self) -> str:
+    def convert(self, prefix: str = "", suffix: str = "") -> str:
         root = self._rules.reserve("root")
-        self._ref_names["#"] = root
-        self._rules.define(root, self._visit(self._root, "", "root", is_root=True))
+        if prefix or suffix:
+            value = self._rules.reserve("value")
+            self._ref_names["#"] = value
+            self._rules.define(value, self._visit(self._root, "", "value", is_root=True))
+            self._rules.define(root, seq(Lit(prefix), Ref(value), Lit(suffix)))
+        else:
+            self._ref_names["#"] = root
+            self._rules.define(root, self._visit(self._root, "", "root", is_root=True))
         self._rules.prune(root)
         if self._rules.defs[root] == NOTHING:
             raise schema_error("", None, "no JSON value satisfies this schema")
