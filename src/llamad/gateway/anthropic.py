@@ -28,18 +28,23 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import msgspec
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute
 
 from llamad.errors import BadRequest, LlamadError
-from llamad.gateway.calls import parse_call
+from llamad.gateway.calls import Call, CallHold, split_calls
 from llamad.gateway.codes import http_status
-from llamad.gateway.decode import decode_body
+from llamad.gateway.decode import convert_body, decode_body
 from llamad.model.results import (
     Completion,
+    DoneEvent,
     Event,
     FinishReason,
     ThinkingEvent,
@@ -47,11 +52,13 @@ from llamad.model.results import (
     ToolCallEvent,
 )
 
+if TYPE_CHECKING:
+    from llamad.gateway.gate import Gate
+
 __all__ = [
     "CountTokensRequest",
     "MessagesRequest",
     "StreamEncoder",
-    "ToolUse",
     "count_tokens_body",
     "error_body",
     "error_for",
@@ -59,7 +66,8 @@ __all__ = [
     "new_message_id",
     "parse_count_tokens",
     "parse_messages",
-    "parse_tool_call",
+    "render_error",
+    "routes",
     "stop_reason",
     "usage",
 ]
@@ -165,14 +173,14 @@ class _Prompted(msgspec.Struct, kw_only=True):
         tools = self.template_tools()
         if tools is not None:
             chat["tools"] = tools
+            chat["tool_choice"] = self.template_tool_choice()
         if self.thinking is not None:
             chat["enable_thinking"] = self.thinking.type != "disabled"
         return messages, chat
 
     def template_tools(self) -> list[dict[str, Any]] | None:
-        """``tools`` as the chat templates take them (OpenAI's function shape);
-        ``None`` when there are none or ``tool_choice`` is ``none``."""
-        if not self.tools or (self.tool_choice is not None and self.tool_choice.type == "none"):
+        """``tools`` as the chat templates take them (OpenAI's function shape)."""
+        if not self.tools:
             return None
         out = []
         for tool in self.tools:
@@ -181,6 +189,24 @@ class _Prompted(msgspec.Struct, kw_only=True):
                 function["description"] = tool.description
             out.append({"type": "function", "function": function})
         return out
+
+    def template_tool_choice(self) -> str | dict[str, Any]:
+        """``tool_choice`` as llamad's chat option: ``any`` is ``required`` and
+        ``tool`` a named function, both forced by the worker's grammar."""
+        choice = self.tool_choice
+        if choice is None or choice.type == "auto":
+            return "auto"
+        if choice.type == "tool":
+            if not choice.name:
+                raise _bad("tool_choice.name", "name the tool to call")
+            return {"type": "function", "function": {"name": choice.name}}
+        return "required" if choice.type == "any" else "none"
+
+    def called_tools(self) -> list[dict[str, Any]] | None:
+        """The tools whose calls the reply is read for (none with ``tool_choice`` none)."""
+        if self.tool_choice is not None and self.tool_choice.type == "none":
+            return None
+        return self.template_tools()
 
 
 class MessagesRequest(_Prompted, kw_only=True):
@@ -197,9 +223,6 @@ class MessagesRequest(_Prompted, kw_only=True):
     def call(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """``messages`` and the keyword options of ``AsyncClient.infer``/``complete``
         (request parameters and chat options together)."""
-        if self.tool_choice is not None and self.tool_choice.type in ("any", "tool"):
-            # Forcing a call needs a grammar over the tools' schemas.
-            raise _bad("tool_choice", f"tool_choice {self.tool_choice.type!r} is not supported yet")
         messages, options = self.chat()
         options["max_tokens"] = self.max_tokens
         if self.stop_sequences:
@@ -300,27 +323,12 @@ def _result_text(block: ToolResultBlock, where: str) -> str:
 # -- results --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class ToolUse:
-    """A tool call the model made, as Anthropic's ``tool_use`` block."""
-
-    id: str
-    name: str
-    input: dict[str, Any]
-
-    def block(self) -> dict[str, Any]:
-        return {"type": "tool_use", "id": self.id, "name": self.name, "input": self.input}
+Tools = list[dict[str, Any]]
+"""The tools offered (the chat template's function shape), whose calls a reply is read for."""
 
 
-ToolParser = Callable[[str], ToolUse | None]
-"""What a ``tool_call`` event's text is as a call (``None``: not one, keep it as text)."""
-
-
-def parse_tool_call(text: str) -> ToolUse | None:
-    """A ``tool_call`` event's text as a ``tool_use`` block (read by
-    :func:`~llamad.gateway.calls.parse_call`)."""
-    call = parse_call(text)
-    return None if call is None else ToolUse(new_tool_use_id(), *call)
+def _tool_use(call: Call) -> dict[str, Any]:
+    return {"type": "tool_use", "id": new_tool_use_id(), "name": call.name, "input": call.arguments}
 
 
 def new_message_id() -> str:
@@ -363,21 +371,18 @@ def message_body(
     message_id: str,
     model: str,
     max_tokens: int | None,
-    tools: ToolParser | None = None,
+    tools: Tools | None = None,
 ) -> dict[str, Any]:
-    """The ``stream: false`` answer: a Message object. ``tools``: how to read
-    the completion's tool calls (``None``: no tools were offered, they stay text)."""
+    """The ``stream: false`` answer: a Message object. ``tools``: the tools
+    whose calls the reply is read for (``None``: calls stay text)."""
     content: list[dict[str, Any]] = []
     if completion.thinking:
         content.append({"type": "thinking", "thinking": completion.thinking, "signature": ""})
-    text = completion.reply
-    calls: list[dict[str, Any]] = []
-    for raw in completion.tool_calls:
-        call = tools(raw) if tools is not None else None
-        if call is None:
-            text += raw
-        else:
-            calls.append(call.block())
+    if tools:
+        text, found = split_calls(completion.reply, completion.tool_calls, tools)
+    else:
+        text, found = completion.reply + "".join(completion.tool_calls), []
+    calls = [_tool_use(c) for c in found]
     if text:
         content.append({"type": "text", "text": text})
     content.extend(calls)
@@ -408,11 +413,12 @@ class StreamEncoder:
     message_id: str
     model: str
     max_tokens: int | None
-    tools: ToolParser | None = None
+    tools: Tools | None = None
     _index: int = -1
     _open: str | None = None
     _tool_uses: int = 0
-    _pending: list[str] = field(default_factory=list)
+    _hold: CallHold = field(default_factory=CallHold)
+    _event_calls: list[str] = field(default_factory=list)
 
     def start(self) -> list[SSE]:
         message: dict[str, Any] = {
@@ -435,15 +441,27 @@ class StreamEncoder:
 
     def event(self, event: Event) -> list[SSE]:
         if isinstance(event, TokenEvent):
-            return self._text(event.text) if event.text else []
+            text = self._hold.feed(event.text) if self.tools else event.text
+            return self._text(text) if text else []
         if isinstance(event, ThinkingEvent):
             return self._thinking(event.text) if event.text else []
         if isinstance(event, ToolCallEvent):
-            return self._tool_call(event.text)
+            if self.tools:
+                self._event_calls.append(event.text)  # read with the held text at the end
+                return []
+            return self._text(event.text) if event.text else []
         return []
 
     def done(self, completion: Completion) -> list[SSE]:
-        out = self._close()
+        out: list[SSE] = []
+        if self.tools:
+            # What was held from where a call may have begun: calls, or text after all.
+            text, calls = split_calls(self._hold.held(), self._event_calls, self.tools)
+            if text:
+                out += self._text(text)
+            for call in calls:
+                out += self._tool_call(call)
+        out += self._close()
         reason = stop_reason(completion, self.max_tokens, tool_use=self._tool_uses > 0)
         delta = {"stop_reason": reason, "stop_sequence": completion.stop_sequence}
         out.append(
@@ -467,21 +485,19 @@ class StreamEncoder:
         out.append(_delta(self._index, {"type": "thinking_delta", "thinking": text}))
         return out
 
-    def _tool_call(self, raw: str) -> list[SSE]:
-        call = self.tools(raw) if self.tools is not None else None
-        if call is None:
-            return self._text(raw) if raw else []
+    def _tool_call(self, call: Call) -> list[SSE]:
         self._tool_uses += 1
         out = self._close()
         self._index += 1
-        start = {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}
+        block = _tool_use(call)
+        start = {**block, "input": {}}
         out.append(
             (
                 "content_block_start",
                 {"type": "content_block_start", "index": self._index, "content_block": start},
             )
         )
-        partial = json.dumps(call.input, ensure_ascii=False)
+        partial = json.dumps(call.arguments, ensure_ascii=False)
         out.append(_delta(self._index, {"type": "input_json_delta", "partial_json": partial}))
         out.append(_stop(self._index))
         return out
@@ -548,3 +564,82 @@ def error_for(error: LlamadError) -> tuple[int, dict[str, Any]]:
     per-key rate limit."""
     status = 529 if error.code == "overloaded" else http_status(error)
     return status, error_body(status, error.message)
+
+
+def render_error(status: int, code: str, message: str, param: str | None) -> Response:
+    """An error in Anthropic's shape (:data:`llamad.gateway.gate.ErrorRender`).
+    A full worker queue (``overloaded``) is Anthropic's 529, which its clients retry."""
+    if code == "overloaded":
+        status = 529
+    return _json(error_body(status, message), status)
+
+
+def _json(body: Any, status: int = 200) -> Response:
+    return Response(msgspec.json.encode(body), status, media_type="application/json")
+
+
+# -- routes ---------------------------------------------------------------------------
+
+
+def routes(gate: Gate) -> list[BaseRoute]:
+    """``POST /v1/messages`` and ``POST /v1/messages/count_tokens``, over ``gate``."""
+
+    async def messages(request: Request) -> Response:
+        caller = gate.caller(request)
+        call = convert_body(await gate.json_body(request), MessagesRequest)
+        if call.max_tokens < 1:
+            raise _bad("max_tokens", f"must be at least 1, got {call.max_tokens}")
+        chat, options = call.call()
+        salt = gate.salt(caller)
+        if salt is not None:
+            options["cache_salt"] = salt
+        message_id = new_message_id()
+        tools = call.called_tools()
+        kwargs = {"messages": chat, "request_id": "r-" + message_id[4:], **options}
+        if not call.stream:
+            result = await gate.complete(request, caller, call.model, **kwargs)
+            body = message_body(
+                result,
+                message_id=message_id,
+                model=call.model,
+                max_tokens=call.max_tokens,
+                tools=tools,
+            )
+            return _json(body)
+        # The first event is there before the response starts, so a refusal
+        # (an unknown model, a prompt past the context) keeps its HTTP status.
+        opened = await gate.stream(request, caller, call.model, **kwargs)
+        encoder = StreamEncoder(message_id, call.model, call.max_tokens, tools)
+
+        async def events() -> AsyncIterator[ServerSentEvent]:
+            for name, data in encoder.start():
+                yield _sse(name, data)
+            try:
+                async for event in opened.events():
+                    if isinstance(event, DoneEvent):
+                        out = encoder.done(event.result)
+                    else:
+                        out = encoder.event(event)
+                    for name, data in out:
+                        yield _sse(name, data)
+            except LlamadError as exc:
+                for name, data in encoder.error(exc):
+                    yield _sse(name, data)
+
+        return EventSourceResponse(events(), ping=15, headers={"Cache-Control": "no-cache"})
+
+    async def count_tokens(request: Request) -> Response:
+        gate.caller(request)
+        call = convert_body(await gate.json_body(request), CountTokensRequest)
+        chat, options = call.chat()
+        tokens = await gate.apply_chat_template(request, call.model, chat, **options)
+        return _json(count_tokens_body(len(tokens)))
+
+    return [
+        gate.route("/v1/messages", messages, render_error, ["POST"]),
+        gate.route("/v1/messages/count_tokens", count_tokens, render_error, ["POST"]),
+    ]
+
+
+def _sse(name: str, data: dict[str, Any]) -> ServerSentEvent:
+    return ServerSentEvent(data=msgspec.json.encode(data).decode(), event=name)

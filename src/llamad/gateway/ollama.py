@@ -23,25 +23,43 @@ the request is answered, a duration becomes the model's ``keep_alive``
 from __future__ import annotations
 
 import datetime
+import hashlib
 import math
+import os
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any, Final, Literal, TypeVar
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 import msgspec
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import BaseRoute
 
-from llamad.errors import BadRequest, LlamadError
+from llamad._pins import LLAMAD_VERSION
+from llamad.errors import BadRequest, LlamadError, ModelNotFound
 from llamad.front.wire import ModelInfo, ModelState
-from llamad.gateway.calls import parse_call
+from llamad.gateway.calls import Call, CallHold, split_calls
 from llamad.gateway.codes import http_status
-from llamad.gateway.decode import decode_body
+from llamad.gateway.decode import convert_body, decode_body
 from llamad.model.requests import MAX_TOKENS_LIMIT
-from llamad.model.results import Completion, FinishReason
+from llamad.model.results import (
+    Completion,
+    DoneEvent,
+    FinishReason,
+    ThinkingEvent,
+    TokenEvent,
+    ToolCallEvent,
+)
+
+if TYPE_CHECKING:
+    from llamad.gateway.gate import Caller, Gate
 
 __all__ = [
     "FOREVER",
     "JSON_OBJECT_SCHEMA",
     "UNSUPPORTED",
+    "Call",
     "ChatRequest",
     "EmbedRequest",
     "EmbeddingsRequest",
@@ -60,6 +78,8 @@ __all__ = [
     "model_name",
     "parse",
     "ps_body",
+    "render_error",
+    "routes",
     "show_body",
     "tags_body",
     "truncate_embedding",
@@ -392,35 +412,21 @@ def _counts(completion: Completion, total_ns: int) -> dict[str, Any]:
     }
 
 
-def _tool_calls(raw_calls: Sequence[str]) -> tuple[list[dict[str, Any]], str]:
-    """The calls Ollama's ``message.tool_calls`` holds, and the text of those
-    that are not calls (kept as content)."""
-    calls: list[dict[str, Any]] = []
-    text = ""
-    for raw in raw_calls:
-        call = parse_call(raw)
-        if call is None:
-            text += raw
-        else:
-            calls.append({"function": {"name": call[0], "arguments": call[1]}})
-    return calls, text
-
-
-def _message(content: str, thinking: str, raw_calls: Sequence[str]) -> dict[str, Any]:
-    calls, text = _tool_calls(raw_calls)
-    message: dict[str, Any] = {"role": "assistant", "content": content + text}
+def _message(content: str, thinking: str, calls: Sequence[Call] = ()) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": content}
     if thinking:
         message["thinking"] = thinking
     if calls:
-        message["tool_calls"] = calls
+        message["tool_calls"] = [
+            {"function": {"name": c.name, "arguments": c.arguments}} for c in calls
+        ]
     return message
 
 
 def chat_chunk(
-    model: str, *, content: str = "", thinking: str = "", tool_call: str | None = None
+    model: str, *, content: str = "", thinking: str = "", calls: Sequence[Call] = ()
 ) -> dict[str, Any]:
     """One streamed ``/api/chat`` line (``done: false``)."""
-    calls = [tool_call] if tool_call is not None else []
     return {
         "model": model,
         "created_at": _now(),
@@ -430,15 +436,24 @@ def chat_chunk(
 
 
 def chat_done(
-    completion: Completion, model: str, total_ns: int, *, streamed: bool
+    completion: Completion,
+    model: str,
+    total_ns: int,
+    *,
+    streamed: bool,
+    tools: Sequence[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The last ``/api/chat`` line, or the whole answer (``streamed`` False:
-    the message holds the reply; True: it was sent in the chunks)."""
-    message = (
-        _message("", "", [])
-        if streamed
-        else _message(completion.reply, completion.thinking, completion.tool_calls)
-    )
+    the message holds the reply, its calls read out of it when ``tools``
+    were offered; True: it was sent in the chunks)."""
+    if streamed:
+        message = _message("", "")
+    else:
+        if tools:
+            text, calls = split_calls(completion.reply, completion.tool_calls, tools)
+        else:
+            text, calls = completion.reply + "".join(completion.tool_calls), []
+        message = _message(text, completion.thinking, calls)
     return {
         "model": model,
         "created_at": _now(),
@@ -607,3 +622,223 @@ def error_body(message: str) -> dict[str, Any]:
 def error_for(error: LlamadError) -> tuple[int, dict[str, Any]]:
     """The status and body answering ``error``: Ollama's ``{"error": ...}``."""
     return http_status(error), error_body(error.message)
+
+
+def render_error(status: int, code: str, message: str, param: str | None) -> Response:
+    """An error in Ollama's shape (:data:`llamad.gateway.gate.ErrorRender`)."""
+    return _json(error_body(message), status)
+
+
+def _json(body: Any, status: int = 200) -> Response:
+    return Response(msgspec.json.encode(body), status, media_type="application/json")
+
+
+def _ndjson(lines: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
+    async def encoded() -> AsyncIterator[bytes]:
+        async for line in lines:
+            yield msgspec.json.encode(line) + b"\n"
+
+    return StreamingResponse(encoded(), media_type="application/x-ndjson")
+
+
+# -- routes ---------------------------------------------------------------------------------
+
+
+def _file_facts(info: ModelInfo) -> tuple[int, str, float | None]:
+    """The model file's size, a digest naming it (of its path, size and mtime:
+    hashing gigabytes per listing is out of the question) and its mtime."""
+    try:
+        st = os.stat(info.path)
+    except OSError:
+        return 0, "", info.loaded_at
+    name = f"{info.path}\0{st.st_size}\0{st.st_mtime_ns}".encode()
+    return st.st_size, hashlib.sha256(name).hexdigest(), st.st_mtime
+
+
+def routes(gate: Gate) -> list[BaseRoute]:
+    """The Ollama routes (``/api/...``), over ``gate``."""
+
+    async def keep(request: Request, model: str, seconds: float | None, *, after: bool) -> None:
+        """The request's ``keep_alive``: a duration before the request (the
+        front counts idle time from the last request anyway, and a model set
+        to 0 by an earlier request must not be unloaded under this one), 0
+        once it has been answered."""
+        if seconds is None or (seconds == 0) != after:
+            return
+        await gate.set_keep_alive(request, model, None if seconds == FOREVER else seconds)
+
+    async def generation(
+        request: Request,
+        caller: Caller,
+        call: ChatRequest | GenerateRequest,
+        prompt: str | list[int] | None,
+        *,
+        messages: list[dict[str, Any]] | None,
+        options: dict[str, Any],
+    ) -> Response:
+        model = model_id(call.model)
+        ka = keep_alive_seconds(call.keep_alive)
+        salt = gate.salt(caller)
+        if salt is not None:
+            options["cache_salt"] = salt
+        kwargs: dict[str, Any] = dict(options)
+        if messages is not None:
+            kwargs["messages"] = messages
+        chat = isinstance(call, ChatRequest)
+        tools = call.tools if isinstance(call, ChatRequest) else None
+        started = time.monotonic_ns()
+        await keep(request, model, ka, after=False)
+        if not call.stream:
+            result = await gate.complete(request, caller, model, prompt, **kwargs)
+            await keep(request, model, ka, after=True)
+            total = time.monotonic_ns() - started
+            if chat:
+                return _json(chat_done(result, call.model, total, streamed=False, tools=tools))
+            return _json(generate_done(result, call.model, total, streamed=False))
+        opened = await gate.stream(request, caller, model, prompt, **kwargs)
+
+        async def lines() -> AsyncIterator[dict[str, Any]]:
+            hold = CallHold() if tools else None
+            event_calls: list[str] = []
+            try:
+                async for event in opened.events():
+                    if isinstance(event, DoneEvent):
+                        if tools and hold is not None:
+                            text, calls = split_calls(hold.held(), event_calls, tools)
+                            if text or calls:
+                                yield chat_chunk(call.model, content=text, calls=calls)
+                        await keep(request, model, ka, after=True)
+                        total = time.monotonic_ns() - started
+                        done = chat_done if chat else generate_done
+                        yield done(event.result, call.model, total, streamed=True)
+                    elif isinstance(event, ThinkingEvent):
+                        if event.text:
+                            yield (
+                                chat_chunk(call.model, thinking=event.text)
+                                if chat
+                                else generate_chunk(call.model, thinking=event.text)
+                            )
+                    elif isinstance(event, ToolCallEvent) and hold is not None:
+                        event_calls.append(event.text)  # read with the held text at the end
+                    elif isinstance(event, TokenEvent | ToolCallEvent):
+                        text = hold.feed(event.text) if hold is not None else event.text
+                        if text:
+                            yield (
+                                chat_chunk(call.model, content=text)
+                                if chat
+                                else generate_chunk(call.model, response=text)
+                            )
+            except LlamadError as exc:
+                # The status line is sent: the error is the last line, which
+                # Ollama's clients raise.
+                yield error_body(exc.message)
+
+        return _ndjson(lines())
+
+    async def api_chat(request: Request) -> Response:
+        caller = gate.caller(request)
+        call = convert_body(await gate.json_body(request), ChatRequest)
+        if not call.messages:
+            # Ollama's way to load (or with keep_alive 0, unload) a model.
+            return await load_only(request, call.model, call.keep_alive, chat=True)
+        messages, options = call.call()
+        return await generation(request, caller, call, None, messages=messages, options=options)
+
+    async def api_generate(request: Request) -> Response:
+        caller = gate.caller(request)
+        call = convert_body(await gate.json_body(request), GenerateRequest)
+        if call.loads_only:
+            return await load_only(request, call.model, call.keep_alive, chat=False)
+        messages, options = call.call()
+        prompt: str | list[int] | None = None
+        if messages is None:
+            prompt = call.prompt
+            if call.context:
+                # The earlier answer's tokens go on as they are; the new text
+                # follows them without a second BOS.
+                tail = await gate.tokenize(model_id(call.model), call.prompt, add_special=False)
+                prompt = [*call.context, *tail]
+        return await generation(request, caller, call, prompt, messages=messages, options=options)
+
+    async def load_only(
+        request: Request, name: str, keep_alive: Duration, *, chat: bool
+    ) -> Response:
+        model = model_id(name)
+        ka = keep_alive_seconds(keep_alive)
+        if ka == 0:
+            await keep(request, model, ka, after=True)
+            return _json(load_done(name, "unload", chat=chat))
+        await keep(request, model, ka, after=False)
+        # Routing the model loads it (a tokenize is the cheapest routed call).
+        await gate.tokenize(model, "")
+        return _json(load_done(name, "load", chat=chat))
+
+    async def api_embed(request: Request) -> Response:
+        caller = gate.caller(request)
+        call = convert_body(await gate.json_body(request), EmbedRequest)
+        model = model_id(call.model)
+        started = time.monotonic_ns()
+        ka = keep_alive_seconds(call.keep_alive)
+        await keep(request, model, ka, after=False)
+        vectors = [
+            truncate_embedding(await gate.embed(request, caller, model, text), call.dimensions)
+            for text in call.inputs()
+        ]
+        await keep(request, model, ka, after=True)
+        return _json(embed_body(call.model, vectors, time.monotonic_ns() - started))
+
+    async def api_embeddings(request: Request) -> Response:
+        caller = gate.caller(request)
+        call = convert_body(await gate.json_body(request), EmbeddingsRequest)
+        model = model_id(call.model)
+        ka = keep_alive_seconds(call.keep_alive)
+        await keep(request, model, ka, after=False)
+        vector = await gate.embed(request, caller, model, call.prompt)
+        await keep(request, model, ka, after=True)
+        return _json({"embedding": vector})
+
+    async def api_tags(request: Request) -> Response:
+        gate.caller(request)
+        models = await gate.list_models(request)
+        return _json(tags_body(models, {m.model_id: _file_facts(m) for m in models}))
+
+    async def api_ps(request: Request) -> Response:
+        gate.caller(request)
+        models = await gate.list_models(request)
+        facts = {m.model_id: _file_facts(m) for m in models}
+        return _json(ps_body(models, facts, time.time()))
+
+    async def api_show(request: Request) -> Response:
+        gate.caller(request)
+        call = convert_body(await gate.json_body(request), ShowRequest)
+        wanted = model_id(call.target)
+        for info in await gate.list_models(request):
+            if info.model_id == wanted:
+                size, _, modified = _file_facts(info)
+                return _json(show_body(info, size, modified))
+        raise ModelNotFound(f"model '{call.target}' not found", details={"model_id": wanted})
+
+    async def api_version(request: Request) -> Response:
+        gate.caller(request)
+        return _json(version_body(LLAMAD_VERSION))
+
+    def unsupported(path: str) -> Callable[[Request], Awaitable[Response]]:
+        async def refuse(request: Request) -> Response:
+            gate.caller(request)
+            return render_error(501, "not_implemented", UNSUPPORTED[path], None)
+
+        return refuse
+
+    table: list[tuple[str, Callable[[Request], Awaitable[Response]], list[str]]] = [
+        ("/api/chat", api_chat, ["POST"]),
+        ("/api/generate", api_generate, ["POST"]),
+        ("/api/embed", api_embed, ["POST"]),
+        ("/api/embeddings", api_embeddings, ["POST"]),
+        ("/api/tags", api_tags, ["GET"]),
+        ("/api/ps", api_ps, ["GET"]),
+        ("/api/show", api_show, ["POST"]),
+        ("/api/version", api_version, ["GET"]),
+    ]
+    methods = {"/api/delete": ["DELETE"]}
+    table += [(p, unsupported(p), methods.get(p, ["POST"])) for p in UNSUPPORTED]
+    return [gate.route(path, endpoint, render_error, m) for path, endpoint, m in table]

@@ -25,7 +25,6 @@ from llamad.model.results import (
     Stats,
     ThinkingEvent,
     TokenEvent,
-    ToolCallEvent,
 )
 
 
@@ -174,12 +173,30 @@ def test_tools_render_in_the_function_shape_and_turns_carry_calls_and_results() 
     assert messages[3] == {"role": "user", "content": "And tomorrow?"}
 
 
-def test_tool_choice_none_renders_no_tools_and_forcing_is_refused() -> None:
+@pytest.mark.parametrize(
+    ("choice", "option"),
+    [
+        (None, "auto"),
+        ({"type": "auto"}, "auto"),
+        ({"type": "any"}, "required"),
+        ({"type": "tool", "name": "t"}, {"type": "function", "function": {"name": "t"}}),
+        ({"type": "none"}, "none"),
+    ],
+)
+def test_tool_choice_is_llamads(choice: dict[str, Any] | None, option: Any) -> None:
     tools = [{"name": "t", "input_schema": {"type": "object"}}]
-    _, options = anthropic.parse_messages(body(tools=tools, tool_choice={"type": "none"})).call()
-    assert "tools" not in options
-    with pytest.raises(BadRequest, match="tool_choice"):
-        anthropic.parse_messages(body(tools=tools, tool_choice={"type": "any"})).call()
+    extra = {} if choice is None else {"tool_choice": choice}
+    request = anthropic.parse_messages(body(tools=tools, **extra))
+    _, options = request.call()
+    assert options["tool_choice"] == option
+    read = request.called_tools()
+    assert (read is None) == (option == "none")
+
+
+def test_a_named_tool_choice_needs_a_name() -> None:
+    tools = [{"name": "t", "input_schema": {"type": "object"}}]
+    with pytest.raises(BadRequest, match=r"tool_choice\.name"):
+        anthropic.parse_messages(body(tools=tools, tool_choice={"type": "tool"})).call()
 
 
 def test_thinking_switches_the_templates_thinking() -> None:
@@ -284,22 +301,37 @@ def test_stop_reasons(done: Completion, reason: str) -> None:
     assert msg["stop_sequence"] == done.stop_sequence
 
 
+TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+
+
 def test_thinking_and_tool_calls_become_blocks() -> None:
     done = completion(
-        "Let me check.",
+        'Let me check.<tool_call>{"name": "weather", "arguments": {"city": "Paris"}}</tool_call>',
         thinking="The user wants weather.",
-        tool_calls=['{"name": "weather", "arguments": {"city": "Paris"}}', "not a call"],
     )
-    msg = anthropic.message_body(
-        done, message_id="m", model="smol", max_tokens=16, tools=anthropic.parse_tool_call
-    )
+    msg = anthropic.message_body(done, message_id="m", model="smol", max_tokens=16, tools=TOOLS)
     kinds = [b["type"] for b in msg["content"]]
     assert kinds == ["thinking", "text", "tool_use"]
-    assert msg["content"][1]["text"] == "Let me check.not a call"
+    assert msg["content"][1]["text"] == "Let me check."
     use = msg["content"][2]
     assert (use["name"], use["input"]) == ("weather", {"city": "Paris"})
     assert use["id"].startswith("toolu_")
     assert msg["stop_reason"] == "tool_use"
+
+
+def test_tool_call_events_are_read_as_calls_too() -> None:
+    done = completion("", tool_calls=['{"name": "weather", "arguments": {}}'])
+    msg = anthropic.message_body(done, message_id="m", model="smol", max_tokens=16, tools=TOOLS)
+    assert [b["type"] for b in msg["content"]] == ["tool_use"]
+
+
+def test_a_call_of_no_offered_tool_stays_text() -> None:
+    text = '<tool_call>{"name": "other", "arguments": {}}</tool_call>'
+    msg = anthropic.message_body(
+        completion(text), message_id="m", model="smol", max_tokens=16, tools=TOOLS
+    )
+    assert msg["content"] == [{"type": "text", "text": text}]
+    assert msg["stop_reason"] == "end_turn"
 
 
 def test_without_tools_offered_a_call_stays_text() -> None:
@@ -368,24 +400,42 @@ def test_a_stream_with_no_text_opens_no_block() -> None:
 
 
 def test_thinking_then_text_then_a_tool_call_are_three_blocks() -> None:
-    enc = anthropic.StreamEncoder("m", "smol", 16, tools=anthropic.parse_tool_call)
+    enc = anthropic.StreamEncoder("m", "smol", 16, tools=TOOLS)
     out = enc.start()
     out += enc.event(ThinkingEvent("hmm"))
     out += enc.event(ThinkingEvent(" ok"))
-    out += enc.event(TokenEvent("Checking.", 1))
-    out += enc.event(ToolCallEvent('{"name": "weather", "arguments": {"city": "Oslo"}}'))
-    out += enc.done(completion("Checking.", tool_calls=["..."]))
+    for piece in (
+        "Checking.",
+        "<tool",
+        '_call>{"name": "weather", ',
+        '"arguments": {"city": "Oslo"}}',
+    ):
+        out += enc.event(TokenEvent(piece, 1))
+    out += enc.event(TokenEvent("</tool_call>", 2))
+    out += enc.done(completion("..."))
     blocks = [(n, d) for n, d in out if n.startswith("content_block")]
     starts = [d["content_block"]["type"] for n, d in blocks if n == "content_block_start"]
     assert starts == ["thinking", "text", "tool_use"]
     indexes = [d["index"] for _, d in blocks]
     assert indexes == sorted(indexes)  # each block closed before the next opens
     assert [n for n, _ in blocks].count("content_block_stop") == 3
-    json_delta = [
-        d["delta"] for n, d in blocks if d.get("delta", {}).get("type") == "input_json_delta"
-    ]
+    deltas = [d["delta"] for n, d in blocks if n == "content_block_delta"]
+    texts = [d["text"] for d in deltas if d["type"] == "text_delta"]
+    assert "".join(texts) == "Checking."  # the call's text was held, never sent as text
+    json_delta = [d for d in deltas if d["type"] == "input_json_delta"]
     assert json.loads(json_delta[0]["partial_json"]) == {"city": "Oslo"}
     assert dict(out)["message_delta"]["delta"]["stop_reason"] == "tool_use"
+
+
+def test_held_text_that_was_no_call_is_sent_at_the_end() -> None:
+    enc = anthropic.StreamEncoder("m", "smol", 16, tools=TOOLS)
+    out = enc.start()
+    for piece in ("a <tool_c", "all> is a tag"):
+        out += enc.event(TokenEvent(piece, 1))
+    out += enc.done(completion("a <tool_call> is a tag"))
+    texts = [d["delta"]["text"] for n, d in out if n == "content_block_delta"]
+    assert "".join(texts) == "a <tool_call> is a tag"
+    assert dict(out)["message_delta"]["delta"]["stop_reason"] == "end_turn"
 
 
 def test_a_stream_error_is_an_error_event_in_anthropics_shape() -> None:

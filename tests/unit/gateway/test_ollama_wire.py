@@ -308,15 +308,21 @@ def test_length_is_done_reason_length() -> None:
 
 
 def test_tool_calls_and_thinking_in_a_chat_answer() -> None:
-    done = completion("", thinking="t", tool_calls=['{"name": "f", "arguments": {"x": 1}}', "junk"])
-    message = ollama.chat_done(done, "m", 1, streamed=False)["message"]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    done = completion(
+        'junk<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>', thinking="t"
+    )
+    message = ollama.chat_done(done, "m", 1, streamed=False, tools=tools)["message"]
     assert message == {
         "role": "assistant",
         "content": "junk",
         "thinking": "t",
         "tool_calls": [{"function": {"name": "f", "arguments": {"x": 1}}}],
     }
-    chunk = ollama.chat_chunk("m", tool_call='{"name": "g", "arguments": {}}')
+    untooled = ollama.chat_done(done, "m", 1, streamed=False)["message"]
+    assert untooled["content"] == done.reply
+    assert "tool_calls" not in untooled
+    chunk = ollama.chat_chunk("m", calls=[ollama.Call("g", {})])
     assert chunk["message"]["tool_calls"] == [{"function": {"name": "g", "arguments": {}}}]
 
 
