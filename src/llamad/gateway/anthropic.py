@@ -145,6 +145,18 @@ class ThinkingParam(msgspec.Struct):
     budget_tokens: int | None = None
 
 
+class JsonOutputFormat(msgspec.Struct):
+    type: Literal["json_schema"]
+    schema: dict[str, Any]
+
+
+class OutputConfig(msgspec.Struct):
+    """Structured outputs: ``format`` is a JSON schema the reply follows
+    (``effort`` is ignored)."""
+
+    format: JsonOutputFormat | None = None
+
+
 class _Prompted(msgspec.Struct, kw_only=True):
     """What the Messages and count_tokens requests share: the prompt."""
 
@@ -216,6 +228,7 @@ class MessagesRequest(_Prompted, kw_only=True):
     max_tokens: int
     stop_sequences: list[str] | None = None
     stream: bool = False
+    output_config: OutputConfig | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -227,6 +240,8 @@ class MessagesRequest(_Prompted, kw_only=True):
         options["max_tokens"] = self.max_tokens
         if self.stop_sequences:
             options["stop"] = tuple(self.stop_sequences)
+        if self.output_config is not None and self.output_config.format is not None:
+            options["json_schema"] = self.output_config.format.schema
         # Absent sampling fields keep the model's defaults (llamad's request defaults).
         for name in ("temperature", "top_p", "top_k"):
             value = getattr(self, name)

@@ -30,6 +30,9 @@ pytestmark = [pytest.mark.model, pytest.mark.timeout(600)]
 
 KEY = f"sk-ant-{secrets.token_hex(16)}"
 MODEL = "smol"
+#: The anthropic SDK has no sampling parameters of its own any more: llamad's
+#: Messages route still reads them, sent as extra body fields.
+GREEDY = {"temperature": 0.0}
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +79,7 @@ def test_messages_with_a_system_prompt(claude: anthropic.Anthropic) -> None:
     msg = claude.messages.create(
         model=MODEL,
         max_tokens=8,
-        temperature=0.0,
+        extra_body=GREEDY,
         system="You are terse.",
         messages=_user(1),
     )
@@ -109,7 +112,7 @@ def test_the_system_prompt_reaches_the_model(claude: anthropic.Anthropic) -> Non
 
 
 def test_a_stop_sequence_ends_the_reply_and_is_reported(claude: anthropic.Anthropic) -> None:
-    ask = {"model": MODEL, "max_tokens": 16, "temperature": 0.0, "messages": _user(3)}
+    ask = {"model": MODEL, "max_tokens": 16, "extra_body": GREEDY, "messages": _user(3)}
     free = claude.messages.create(**ask)  # type: ignore[call-overload]
     text = free.content[0].text
     words = text.split()
@@ -122,7 +125,7 @@ def test_a_stop_sequence_ends_the_reply_and_is_reported(claude: anthropic.Anthro
 
 
 def test_streamed_messages_match_the_reply_and_carry_usage(claude: anthropic.Anthropic) -> None:
-    ask = {"model": MODEL, "max_tokens": 12, "temperature": 0.0, "messages": _user(4)}
+    ask = {"model": MODEL, "max_tokens": 12, "extra_body": GREEDY, "messages": _user(4)}
     whole = claude.messages.create(**ask)  # type: ignore[call-overload]
     kinds: list[str] = []
     with claude.messages.stream(**ask) as stream:  # type: ignore[call-overload]
@@ -142,16 +145,19 @@ def test_streamed_messages_match_the_reply_and_carry_usage(claude: anthropic.Ant
     assert final.stop_reason == whole.stop_reason
     assert final.usage.output_tokens == whole.usage.output_tokens
     # The stream's totals come in message_delta and replace message_start's zeros.
-    assert final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0) + (
-        final.usage.cache_creation_input_tokens or 0
-    ) == claude.messages.count_tokens(model=MODEL, messages=_user(4)).input_tokens
+    assert (
+        final.usage.input_tokens
+        + (final.usage.cache_read_input_tokens or 0)
+        + (final.usage.cache_creation_input_tokens or 0)
+        == claude.messages.count_tokens(model=MODEL, messages=_user(4)).input_tokens
+    )
 
 
 def test_a_warm_repeat_reads_its_prompt_from_the_cache(claude: anthropic.Anthropic) -> None:
     ask = {
         "model": MODEL,
         "max_tokens": 4,
-        "temperature": 0.0,
+        "extra_body": GREEDY,
         # No earlier prompt shares a prefix with it (the template's default
         # system prompt would otherwise be read from the cache the first time).
         "system": f"{secrets.token_hex(8)}: you tell stories.",
@@ -168,6 +174,57 @@ def test_a_warm_repeat_reads_its_prompt_from_the_cache(claude: anthropic.Anthrop
     assert warm.content[0].text == cold.content[0].text
 
 
+WEATHER: list[anthropic.types.ToolParam] = [
+    {
+        "name": "weather",
+        "description": "The weather in a city",
+        "input_schema": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+            "required": ["city"],
+        },
+    }
+]
+
+
+def test_a_forced_tool_call_is_a_tool_use_block(claude: anthropic.Anthropic) -> None:
+    ask = {
+        "model": MODEL,
+        "max_tokens": 40,
+        "extra_body": GREEDY,
+        "tools": WEATHER,
+        "tool_choice": {"type": "any"},
+        "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+    }
+    msg = claude.messages.create(**ask)  # type: ignore[call-overload]
+    uses = [b for b in msg.content if b.type == "tool_use"]
+    assert len(uses) == 1, msg.content
+    assert uses[0].name == "weather"
+    assert uses[0].input in ({"city": "Paris"}, {"city": "Oslo"})
+    assert uses[0].id.startswith("toolu_")
+    assert msg.stop_reason == "tool_use"
+    with claude.messages.stream(**ask) as stream:  # type: ignore[call-overload]
+        final = stream.get_final_message()
+    streamed = [b for b in final.content if b.type == "tool_use"]
+    assert [(b.name, b.input) for b in streamed] == [(uses[0].name, uses[0].input)]
+    assert final.stop_reason == "tool_use"
+    # The call and its result go back as the next turn's blocks.
+    follow = claude.messages.create(
+        model=MODEL,
+        max_tokens=4,
+        tools=WEATHER,
+        messages=[
+            ask["messages"][0],
+            {"role": "assistant", "content": [uses[0].model_dump()]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "Sunny"}],
+            },
+        ],
+    )
+    assert follow.usage.output_tokens >= 1
+
+
 def test_errors_take_anthropics_shape(claude: anthropic.Anthropic, url: str) -> None:
     with pytest.raises(anthropic.NotFoundError) as missing:
         claude.messages.create(model="no-such-model", max_tokens=4, messages=_user(6))
@@ -182,13 +239,17 @@ def test_errors_take_anthropics_shape(claude: anthropic.Anthropic, url: str) -> 
     assert "max_tokens" in bad.value.body["error"]["message"]
     # A prompt past the context: refused before the stream starts, with its status.
     long = [{"role": "user", "content": prompt_text(7, 3000)}]
-    with pytest.raises(anthropic.BadRequestError) as overflow:
-        with claude.messages.stream(model=MODEL, max_tokens=4, messages=long) as stream:  # type: ignore[arg-type]
-            stream.get_final_message()
+    with (
+        pytest.raises(anthropic.BadRequestError) as overflow,
+        claude.messages.stream(model=MODEL, max_tokens=4, messages=long) as stream,  # type: ignore[arg-type]
+    ):
+        stream.get_final_message()
     assert overflow.value.body["error"]["type"] == "invalid_request_error"
-    with anthropic.Anthropic(base_url=url, api_key="sk-wrong", max_retries=0) as stranger:
-        with pytest.raises(anthropic.AuthenticationError) as denied:
-            stranger.messages.create(model=MODEL, max_tokens=4, messages=_user(6))
+    with (
+        anthropic.Anthropic(base_url=url, api_key="sk-wrong", max_retries=0) as stranger,
+        pytest.raises(anthropic.AuthenticationError) as denied,
+    ):
+        stranger.messages.create(model=MODEL, max_tokens=4, messages=_user(6))
     assert denied.value.body["error"]["type"] == "authentication_error"
     # The daemon still serves.
     ok = claude.messages.create(model=MODEL, max_tokens=2, messages=_user(8))
@@ -315,8 +376,6 @@ def test_ollama_keep_alive_sets_and_unloads(olla: ollama.Client, llamad_client: 
     assert f"{MODEL}:latest" not in [m.model for m in olla.ps().models]
     # Still listed, and the next request loads it again.
     assert f"{MODEL}:latest" in [m.model for m in olla.list().models]
-    again = olla.chat(
-        model=MODEL, messages=_chat(4), keep_alive=-1, stream=False, options=options
-    )
+    again = olla.chat(model=MODEL, messages=_chat(4), keep_alive=-1, stream=False, options=options)
     assert again.message.content is not None
     assert llamad_client.model_info(MODEL).state is ModelState.READY

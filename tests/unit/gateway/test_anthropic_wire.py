@@ -473,3 +473,9 @@ def test_errors_take_anthropics_shape_and_status(error: Exception, status: int, 
 def test_an_unknown_fault_is_a_500_api_error() -> None:
     status, got = anthropic.error_for(LlamadError("boom"))
     assert (status, got["error"]["type"]) == (500, "api_error")
+
+
+def test_output_config_format_is_a_json_schema() -> None:
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
+    raw = body(output_config={"format": {"type": "json_schema", "schema": schema}, "effort": "low"})
+    assert anthropic.parse_messages(raw).call()[1]["json_schema"] == schema
