@@ -86,3 +86,20 @@ def contained_model_path(
         problem = f"{shown} is outside the allowed model directories ({dirs})"
         raise PathNotAllowed(f"{field}: {problem}", details={"field": field, "problem": problem})
     return real
+
+
+HTTP_ADDRESS_FILE = "http.json"
+"""Where the HTTP gateway publishes the address it bound, in the runtime
+directory: ``{"url", "host", "port", "pid"}`` (the port is the real one when
+``[http] port = 0``); removed when the gateway stops."""
+
+
+def http_address(runtime_dir: str | os.PathLike[str]) -> dict[str, object] | None:
+    """What the daemon's HTTP gateway published (``None``: it is not serving)."""
+    import json  # noqa: PLC0415 (only the callers that look for it pay)
+
+    try:
+        found = json.loads(Path(runtime_dir, HTTP_ADDRESS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None

@@ -56,7 +56,8 @@ def _toml(value: Any) -> str:
 class DaemonProc(Served):
     """One daemon subprocess serving ``model_id`` (see the module doc)."""
 
-    def __init__(self, model_id: str = "smol", **model: Any) -> None:
+    def __init__(self, model_id: str = "smol", *, extra: str = "", **model: Any) -> None:
+        """``extra``: more of the config file (tables after the model's, e.g. ``[http]``)."""
         self.launcher = Launcher(prefix="lmc-")
         self.base = self.launcher.base
         runtime = self.launcher.runtime
@@ -86,6 +87,7 @@ model_dirs = ["{paths.default_model_path().parent}", "{self.models_dir}"]
 
 [models.{model_id}]
 {table}
+{extra}
 """
         )
         runtime.mkdir(mode=0o700)
@@ -95,6 +97,10 @@ model_dirs = ["{paths.default_model_path().parent}", "{self.models_dir}"]
         """Start the daemon; return once the front routes the model."""
         self.launcher.start().wait_routed([self.model_id], timeout=EVENTUALLY)
         return self
+
+    def http_url(self) -> str:
+        """The HTTP gateway's base URL (on a free loopback port: ``TEST_SETTINGS``)."""
+        return self.launcher.http_url(timeout=EVENTUALLY)
 
     @property
     def proc(self) -> subprocess.Popen[bytes] | None:

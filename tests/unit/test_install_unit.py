@@ -113,6 +113,9 @@ def test_a_static_user_keeps_ipc_and_a_dynamic_user_is_dynamic() -> None:
 def test_a_tcp_endpoint_keeps_the_network_and_a_gpu_build_its_devices() -> None:
     tcp = directives(render_unit(plan(private_network=False)))
     assert "PrivateNetwork" not in tcp and "IPAddressDeny" not in tcp
+    loopback = directives(render_unit(plan(private_network=False, loopback_only=True)))
+    assert "PrivateNetwork" not in loopback
+    assert loopback["IPAddressDeny"] == ["any"] and loopback["IPAddressAllow"] == ["localhost"]
     gpu = directives(render_unit(plan(gpu=True)))
     assert gpu["PrivateDevices"] == ["no"] and "MemoryDenyWriteExecute" not in gpu
 
@@ -182,6 +185,8 @@ def test_install_unit_prints_the_unit_with_stdout(
     d = directives(out)
     assert d["Type"] == ["notify"] and d["User"] == ["bob"]
     assert "PrivateNetwork" not in d  # clients reach a tcp endpoint
+    # ... on loopback, as the HTTP gateway (on by default): loopback traffic only.
+    assert d["IPAddressDeny"] == ["any"] and d["IPAddressAllow"] == ["localhost"]
     assert "systemctl enable --now llamad.service" in err
 
 

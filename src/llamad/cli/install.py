@@ -135,6 +135,7 @@ def local_plan(
     Raises :class:`Refused` or :class:`~llamad.errors.ConfigError`."""
     from llamad import paths  # noqa: PLC0415
     from llamad.config import load_config  # noqa: PLC0415
+    from llamad.config.security import is_loopback  # noqa: PLC0415
 
     if not posixpath.isabs(python):
         raise Refused(f"the interpreter's path {python!r} is not absolute")
@@ -151,6 +152,7 @@ def local_plan(
     needed += [config_path] if config_path else []
     dirs = [str(d) for d in config.model_dirs] + list(model_dirs)
     read_only, bind = _exposure(needed, dirs)
+    ipc, http = config.endpoint.startswith("ipc://"), config.http
     exec_start = [python, "-m", "llamad.daemon"]
     if config_path is not None:
         exec_start += ["--config", os.path.realpath(config_path)]
@@ -159,7 +161,9 @@ def local_plan(
         user=user,
         cache_dir=cache_dir,
         stop_timeout_s=stop_timeout_s(config),
-        private_network=config.endpoint.startswith("ipc://"),
+        private_network=ipc and not http.enabled,
+        loopback_only=(ipc or is_loopback(config.tcp_host or ""))
+        and (not http.enabled or is_loopback(http.host)),
         gpu=backend != "cpu",
         read_only=tuple(read_only),
         bind_read_only=tuple(bind),

@@ -211,7 +211,9 @@ def status_text(status: DaemonStatus, *, now: float | None = None) -> str:
     out = [
         f"daemon  pid {status.pid}, up {human_duration(status.uptime_s)}, "
         f"{status.restarts} restart{'s' if status.restarts != 1 else ''} "
-        f"by its supervisors, endpoint {status.endpoint or '-'}\n",
+        f"by its supervisors, endpoint {status.endpoint or '-'}"
+        + (f", http {status.http}" if status.http else "")
+        + "\n",
         "\nmodels\n",
     ]
     if status.models:

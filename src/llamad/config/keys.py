@@ -47,10 +47,14 @@ class Section:
 
 @dataclass(frozen=True)
 class Tables:
-    """A table of tables, one per name (``[models.<id>]``)."""
+    """A table of tables, one per name (``[models.<id>]``). ``example_name``:
+    the name the example config shows (default: the default model's id);
+    ``optional``: the example shows the table commented out."""
 
     doc: str
     name_hint: str = "<id>"
+    example_name: str | None = None
+    optional: bool = False
 
 
 Marker = Key | Section | Tables

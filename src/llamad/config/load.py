@@ -49,7 +49,7 @@ from llamad.config.schema import (
     LlamadConfig,
     SecuritySection,
 )
-from llamad.config.security import resolve_model_path
+from llamad.config.security import check_http, resolve_model_path
 from llamad.errors import ConfigError, LlamadError
 from llamad.paths import default_model_path
 
@@ -163,6 +163,11 @@ def _resolve(config: LlamadConfig, env: Mapping[str, str], problems: Problems) -
         cache=_resolve_cache(config.cache, daemon.state_dir, problems),
         security=_resolve_security(config.security, problems),
     )
+    http = config.http
+    try:
+        check_http(http.enabled, http.host, len(http.keys))
+    except ConfigError as exc:
+        problems.add(("http", "keys"), exc.details["problem"])
     models = dict(config.models)
     if not models and daemon.serve_default_model:
         models[DEFAULT_MODEL_ID] = ModelConfig(path=DEFAULT_MODEL_PATH)

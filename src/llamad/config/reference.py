@@ -53,6 +53,7 @@ _SHOWN: Final[dict[str, Any]] = {
     "thinking.close": "</think>",
     "tool_call.open": "<tool_call>",
     "tool_call.close": "</tool_call>",
+    "laptop.sha256": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
 }
 
 
@@ -76,7 +77,10 @@ def sections(name: str = "<id>") -> Iterator[Table]:
                 yield from walk(f.struct, (*path, f.name), f.marker.doc, f.marker.optional)
             elif isinstance(f.marker, Tables):
                 assert f.struct is not None
-                yield from walk(f.struct, (*path, f.name, name), f.marker.doc, False)
+                label = name
+                if f.marker.example_name is not None:
+                    label = f.marker.name_hint if name == "<id>" else f.marker.example_name
+                yield from walk(f.struct, (*path, f.name, label), f.marker.doc, f.marker.optional)
 
     for table in walk(LlamadConfig, (), "", False):
         if table.path:

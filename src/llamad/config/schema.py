@@ -42,6 +42,7 @@ from llamad.config.sections import (
     DEFAULT_MODEL_ID,
     ClientSection,
     DaemonSection,
+    HttpSection,
     Table,
     ThreadsSection,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "CacheSection",
     "ClientSection",
     "DaemonSection",
+    "HttpSection",
     "LlamadConfig",
     "SecuritySection",
     "ThreadsSection",
@@ -382,6 +384,9 @@ class LlamadConfig(Table, frozen=True, kw_only=True):
     )
     client: Annotated[ClientSection, Section("How clients connect.")] = msgspec.field(
         default_factory=ClientSection
+    )
+    http: Annotated[HttpSection, Section("The HTTP gateway (OpenAI-compatible routes).")] = (
+        msgspec.field(default_factory=HttpSection)
     )
     models: Annotated[
         dict[str, ModelConfig],

@@ -11,16 +11,29 @@ from typing import TYPE_CHECKING, Annotated
 
 import msgspec
 
-from llamad.config.keys import Key, Section
-from llamad.config.kinds import AbsPath, Boolean, Duration, Integer, Number, OneOf, Text
+from llamad.config.keys import Key, Section, Tables
+from llamad.config.kinds import AbsPath, Boolean, Duration, Integer, Number, OneOf, Size, Text
 
 if TYPE_CHECKING:
     from llamad.actors.curve import CurveClient
 
-__all__ = ["DEFAULT_MODEL_ID", "ClientSection", "DaemonSection", "Table", "ThreadsSection"]
+__all__ = [
+    "DEFAULT_HTTP_PORT",
+    "DEFAULT_MODEL_ID",
+    "ClientSection",
+    "DaemonSection",
+    "HttpKey",
+    "HttpSection",
+    "Table",
+    "ThreadsSection",
+]
 
 DEFAULT_MODEL_ID = "smollm2"
 """The id the default model is served as when no model is configured."""
+
+DEFAULT_HTTP_PORT = 8470
+"""The HTTP gateway's port when ``[http] port`` is not set (llama-server's 8080,
+vLLM's 8000 and Ollama's 11434 left free, so llamad runs beside any of them)."""
 
 
 class Table(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -177,3 +190,83 @@ class ClientSection(Table, frozen=True, kw_only=True):
         if self.curve_secret_key is None or self.curve_server_key is None:
             return None
         return CurveClient.from_files(self.curve_secret_key, self.curve_server_key)
+
+
+class HttpKey(Table, frozen=True, kw_only=True):
+    """One API key of the HTTP gateway, stored as its SHA-256 (``llamad keys http``
+    makes a key and prints its table)."""
+
+    sha256: Annotated[
+        str,
+        Key(
+            "The key's SHA-256, 64 hex digits (the key itself is never stored). A key is "
+            "a random token of 32 bytes, so a plain hash resists guessing as well as a "
+            "slow one and costs each request microseconds.",
+            Text(pattern=r"[0-9a-fA-F]{64}", hint="64 hex digits"),
+            required=True,
+        ),
+    ] = ""
+    tenant: Annotated[
+        str | None,
+        Key(
+            "The tenant this key's requests belong to: they carry its cache salt, so no "
+            "prompt of one tenant is ever a cache hit for another.",
+            Text(pattern=r"[A-Za-z0-9_.-]{1,64}", hint="[A-Za-z0-9_.-], 1 to 64 characters"),
+            default_text="none: the shared namespace",
+            example="acme",
+        ),
+    ] = None
+
+
+class HttpSection(Table, frozen=True, kw_only=True):
+    """The HTTP gateway: OpenAI-compatible routes served by a child of the root."""
+
+    enabled: Annotated[bool, Key("Serve HTTP (false: only the ZeroMQ endpoint).", Boolean())] = True
+    host: Annotated[
+        str,
+        Key(
+            "The address it binds. A non-loopback address needs at least one key in "
+            "http.keys: the daemon refuses to start without.",
+            Text(),
+        ),
+    ] = "127.0.0.1"
+    port: Annotated[
+        int,
+        Key(
+            "Its TCP port (0: any free port, published in <runtime_dir>/http.json and "
+            "`llamad status`). A port another program holds refuses the start (exit 75).",
+            Integer(ge=0, le=65535),
+        ),
+    ] = DEFAULT_HTTP_PORT
+    keys: Annotated[
+        dict[str, HttpKey],
+        Tables(
+            "API keys, one table per name. With any key set every request needs one "
+            "(Authorization: Bearer KEY, or x-api-key: KEY), on loopback too.",
+            name_hint="<name>",
+            example_name="laptop",
+            optional=True,
+        ),
+    ] = msgspec.field(default_factory=dict)
+    max_body_bytes: Annotated[
+        int, Key("Largest request body; a larger one is refused (413).", Size(ge=1024))
+    ] = 8 << 20
+    max_streams_per_key: Annotated[
+        int,
+        Key(
+            "Requests one key (or, without keys, all clients together) may run at once; "
+            "one more is refused (429).",
+            _count,
+        ),
+    ] = 64
+    request_timeout_s: Annotated[
+        float,
+        Key(
+            "Longest wait for a stream's first token (queue and prefill included), and "
+            "for the whole answer of a request that is not streamed (504).",
+            _seconds,
+        ),
+    ] = 600.0
+    idle_timeout_s: Annotated[
+        float, Key("Longest wait between two tokens of a stream (504).", _seconds)
+    ] = 60.0

@@ -8,6 +8,8 @@
   ``load_model`` path the same way and loads the resolved path; a worker
   checks every ``load_adapter`` path with :func:`llamad.paths.contained_model_path`
   (its spec carries the directories).
+- The HTTP gateway binds a loopback address unless API keys are configured
+  (``http.keys``): without them it would serve anyone who can reach it.
 - The client-facing endpoint is ``ipc://`` or ``tcp://`` on a loopback
   address, unless CURVE keys are configured (``security.curve_secret_key``
   for the daemon, ``client.curve_secret_key`` and ``client.curve_server_key``
@@ -29,7 +31,7 @@ from llamad.actors.sockets import validate_endpoint
 from llamad.errors import ConfigError
 from llamad.paths import contained_model_path
 
-__all__ = ["DAEMON_CURVE_KEYS", "check_endpoint", "resolve_model_path"]
+__all__ = ["DAEMON_CURVE_KEYS", "check_endpoint", "check_http", "is_loopback", "resolve_model_path"]
 
 DAEMON_CURVE_KEYS = "security.curve_secret_key and security.curve_client_keys"
 """The keys that let the daemon serve tcp beyond loopback."""
@@ -74,6 +76,11 @@ def _unreadable(exc: OSError) -> str:
     return f"cannot be read ({exc.strerror or exc})"
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``, IPv6 bracketed or not) is loopback."""
+    return _loopback(host)
+
+
 def _loopback(host: str) -> bool:
     host = host.removeprefix("[").removesuffix("]")
     if host == "localhost":
@@ -108,3 +115,15 @@ def check_endpoint(
                 "beyond (`llamad keys generate` writes the keys)",
             )
     return endpoint
+
+
+def check_http(enabled: bool, host: str, keys: int, field: str = "http.keys") -> None:
+    """:class:`ConfigError` naming ``field`` when the gateway would bind beyond
+    loopback with no API key (``keys``: how many are configured)."""
+    if enabled and keys == 0 and not _loopback(host):
+        raise _refuse(
+            field,
+            f"http.host {host} is not a loopback address: the HTTP gateway serves beyond "
+            "loopback only with API keys; add one (`llamad keys http` makes a key and "
+            "prints its [http.keys.<name>] table), bind 127.0.0.1, or set http.enabled = false",
+        )

@@ -16,11 +16,14 @@ In order, before any child starts:
    daemon holding any of them: exit :data:`EXIT_IN_USE`, one log line naming
    each place held and its holder, and nothing there read, written or
    deleted;
-5. the ``ram`` tier's segments of a previous run and the front's table file
+5. the HTTP gateway's port is checked free (:mod:`llamad.daemon.http_port`):
+   held by another program, exit :data:`EXIT_IN_USE` naming ``http.port``;
+   with ``port = 0`` the free port found is the gateway's;
+6. the ``ram`` tier's segments of a previous run and the front's table file
    are removed (both describe one run).
 
 Then the root supervisor (:func:`llamad.daemon.tree.daemon_spec`) runs in the
-main thread: ``cache_sup``, ``model_sup``, ``front`` in that order; the front
+main thread: ``cache_sup``, ``model_sup``, ``front``, ``gateway`` in that order; the front
 loads the configured models. The root serves its own ``which_children`` as
 actor ``llamad.root`` (for ``status``). SIGTERM or SIGINT stops the tree in
 reverse order (the front, then every worker's shutdown saves, then
@@ -54,6 +57,7 @@ from llamad.cache.errors import TierLocked
 from llamad.cache.ram_purge import purge_ram
 from llamad.config import LlamadConfig, load_config
 from llamad.daemon.claim import DaemonClaim, daemon_places
+from llamad.daemon.http_port import check_http_port
 from llamad.daemon.notify import Notifier
 from llamad.daemon.readiness import SystemdReporter, Watchdog
 from llamad.daemon.tree import ROOT_SERVICE, daemon_spec
@@ -157,10 +161,20 @@ def _run(config_path: str | None, notifier: Notifier) -> int:
         return EXIT_CONFIG
     with claim:
         make_private(config)
-        return _serve(config, notifier)
+        try:
+            http_port = check_http_port(config)
+        except DaemonInUse as exc:
+            log.error("daemon.http_port_in_use", error=exc.message, field="http.port")
+            notifier.status("Refused: " + exc.message)
+            return EXIT_IN_USE
+        except ConfigError as exc:
+            sys.stderr.write(exc.message + "\n")
+            notifier.status("Configuration refused: " + exc.message)
+            return EXIT_CONFIG
+        return _serve(config, notifier, http_port)
 
 
-def _serve(config: LlamadConfig, notifier: Notifier) -> int:
+def _serve(config: LlamadConfig, notifier: Notifier, http_port: int | None) -> int:
     settings = config.cache_settings()
     try:
         purge_ram(settings)
@@ -174,7 +188,8 @@ def _serve(config: LlamadConfig, notifier: Notifier) -> int:
     _forget_run(config)
     started_at = time.time()
     watchdog = None if notifier.watchdog_s is None else Watchdog(notifier, notifier.watchdog_s)
-    supervisor = Supervisor(daemon_spec(config, started_at=started_at), own_beat=watchdog)
+    spec = daemon_spec(config, started_at=started_at, http_port=http_port)
+    supervisor = Supervisor(spec, own_beat=watchdog)
     service: SupervisorService | None = None
     reporter: SystemdReporter | None = None
     if notifier.enabled:

@@ -7,14 +7,16 @@
     │   └── cache-meta
     ├── model_sup (simple_one_for_one, 25 in 60 s, liveness 30 s, hosted) service llamad.model_sup
     │   └── model.<id> ...   one worker per model, permanent, started by the front
-    └── front (permanent)                                 actor llamad.front on config.endpoint
+    ├── front (permanent)                                 actor llamad.front on config.endpoint
+    └── gateway (permanent, [http] enabled)               HTTP on http.host:http.port
 
 ``cache_sup`` and ``model_sup`` are hosted on threads of the root
 (:mod:`llamad.supervisor.hosted`): a supervisor holds no state a crash must
 not take down, and an interpreter each cost ~31 MB of RSS (SPEC P9).
 
-Start order is the list order, shutdown the reverse: the front stops taking
-requests first, then every worker runs its shutdown saves (all at once,
+Start order is the list order, shutdown the reverse: the HTTP gateway stops
+first (a client of the front and the workers like any other), then the front
+stops taking requests, then every worker runs its shutdown saves (all at once,
 bounded by the template's shutdown), then cache-meta flushes and exits.
 
 Restart decisions (``docs/internals/daemon.md``):
@@ -67,6 +69,7 @@ from llamad.supervisor.spec import (
 __all__ = [
     "CACHE_SUP_SERVICE",
     "FRONT_ENTRY",
+    "GATEWAY_ENTRY",
     "MODEL_SUP_SERVICE",
     "ROOT_NAME",
     "ROOT_SERVICE",
@@ -79,6 +82,7 @@ ROOT_SERVICE: Final = "llamad.root"
 CACHE_SUP_SERVICE: Final = "llamad.cache_sup"
 MODEL_SUP_SERVICE: Final = "llamad.model_sup"
 FRONT_ENTRY: Final = "llamad.front.front_proc:run_front"
+GATEWAY_ENTRY: Final = "llamad.gateway.proc:run_gateway"
 
 ROOT_INTENSITY: Final = 5
 ROOT_PERIOD_S: Final = 60.0
@@ -87,6 +91,9 @@ MODEL_SUP_PERIOD_S: Final = 60.0
 
 FRONT_SHUTDOWN_S: Final = 10.0
 FRONT_LIVENESS_S: Final = 15.0
+GATEWAY_SHUTDOWN_S: Final = 10.0
+"""Above the gateway's own grace for open requests (3 s) and its close."""
+GATEWAY_LIVENESS_S: Final = 15.0
 SUPERVISOR_LIVENESS_S: Final = 30.0
 """``cache_sup``'s and ``model_sup``'s heartbeat window: well above the time
 their loop may be busy between two beats (a beat goes out at least every
@@ -139,8 +146,25 @@ def front_args(config: LlamadConfig, started_at: float) -> dict[str, Any]:
     }
 
 
-def daemon_spec(config: LlamadConfig, *, started_at: float) -> SupervisorSpec:
-    """The root supervisor of a daemon running ``config``."""
+def gateway_args(config: LlamadConfig, port: int) -> dict[str, Any]:
+    """The gateway's start kwargs (:class:`llamad.gateway.settings.GatewaySettings`):
+    the ``[http]`` table, the endpoint it is a client of, where it publishes
+    its address, and the port it binds (the root's choice for ``port = 0``)."""
+    return {
+        "settings": {
+            "http": msgspec.to_builtins(config.http),
+            "endpoint": config.endpoint,
+            "runtime_dir": str(config.runtime_dir),
+            "port": port,
+        }
+    }
+
+
+def daemon_spec(
+    config: LlamadConfig, *, started_at: float, http_port: int | None = None
+) -> SupervisorSpec:
+    """The root supervisor of a daemon running ``config``; ``http_port``: the
+    gateway's port (``None``: ``http.port``), left out when ``[http]`` is off."""
     limits = template_limits(config)
     cache = supervisor_child(
         cache_sup_spec(config.cache_settings()),
@@ -177,8 +201,21 @@ def daemon_spec(config: LlamadConfig, *, started_at: float) -> SupervisorSpec:
         liveness_timeout=FRONT_LIVENESS_S,
         start_timeout=60.0,
     )
+    children = [cache, models, front]
+    if config.http.enabled:
+        port = config.http.port if http_port is None else http_port
+        children.append(
+            ChildSpec(
+                id="gateway",
+                start=Start(GATEWAY_ENTRY, (), gateway_args(config, port)),
+                restart=Restart.PERMANENT,
+                shutdown=GATEWAY_SHUTDOWN_S,
+                liveness_timeout=GATEWAY_LIVENESS_S,
+                start_timeout=60.0,
+            )
+        )
     return SupervisorSpec(
         ROOT_NAME,
         SupFlags(strategy=Strategy.ONE_FOR_ONE, intensity=ROOT_INTENSITY, period=ROOT_PERIOD_S),
-        (cache, models, front),
+        tuple(children),
     )

@@ -72,11 +72,18 @@ def service_env(cache_dir: str) -> dict[str, str]:
 def stop_timeout_s(config: LlamadConfig) -> int:
     """``TimeoutStopSec`` for ``config``: the root stops its children one after
     another (the front, then every worker's shutdown saves at once, then
-    cache-meta), each bounded by its shutdown policy, plus :data:`STOP_MARGIN_S`."""
+    cache-meta; the HTTP gateway first when it runs), each bounded by its
+    shutdown policy, plus :data:`STOP_MARGIN_S`."""
     from llamad.cache.sup import meta_child_spec  # noqa: PLC0415 (loads the cache)
-    from llamad.daemon.tree import FRONT_SHUTDOWN_S, template_limits  # noqa: PLC0415
+    from llamad.daemon.tree import (  # noqa: PLC0415
+        FRONT_SHUTDOWN_S,
+        GATEWAY_SHUTDOWN_S,
+        template_limits,
+    )
 
     chain = [FRONT_SHUTDOWN_S, template_limits(config).shutdown_s]
+    if config.http.enabled:
+        chain.append(GATEWAY_SHUTDOWN_S)
     meta = meta_child_spec(config.cache_settings()).shutdown_policy
     chain.append(meta if isinstance(meta, float | int) else 0.0)
     return math.ceil(sum(chain) + STOP_MARGIN_S)
@@ -93,7 +100,10 @@ class UnitPlan:
     """``LLAMAD_CACHE_DIR``: the native builds and the default model."""
     stop_timeout_s: int
     private_network: bool = True
-    """False for a tcp endpoint: clients must reach it."""
+    """False for a tcp endpoint or the HTTP gateway: clients must reach them."""
+    loopback_only: bool = False
+    """Without a private network: IP traffic to and from loopback only (a tcp
+    endpoint and the HTTP gateway on loopback addresses)."""
     gpu: bool = False
     read_only: tuple[str, ...] = ()
     bind_read_only: tuple[str, ...] = ()
@@ -115,7 +125,14 @@ def shipped_plan() -> UnitPlan:
     ``/var/cache/llamad``, the default timings."""
     from llamad.config import load_config  # noqa: PLC0415
 
-    env = {**service_env(CACHE_DIR), "LLAMAD_DAEMON__SERVE_DEFAULT_MODEL": "false"}
+    # As packaging/systemd/llamad.toml: the HTTP gateway off, so the unit keeps
+    # its private network (`llamad install-unit --config` with [http] on
+    # trades it for loopback-only IP).
+    env = {
+        **service_env(CACHE_DIR),
+        "LLAMAD_DAEMON__SERVE_DEFAULT_MODEL": "false",
+        "LLAMAD_HTTP__ENABLED": "false",
+    }
     return UnitPlan(
         exec_start=(*SHIPPED_EXEC, "--config", SHIPPED_CONFIG),
         user=SERVICE_USER,
@@ -210,9 +227,16 @@ def render_unit(plan: UnitPlan) -> str:
     ]
     if plan.private_network:
         lines += [
-            "# An ipc endpoint needs no network; a tcp one turns these two off.",
+            "# An ipc endpoint needs no network; a tcp one or the HTTP gateway turns these off.",
             "PrivateNetwork=yes",
             "IPAddressDeny=any",
+        ]
+    elif plan.loopback_only:
+        lines += [
+            "# Served on loopback only (tcp endpoint, HTTP gateway): the host's network,",
+            "# loopback traffic alone.",
+            "IPAddressDeny=any",
+            "IPAddressAllow=localhost",
         ]
     lines += [
         "ProtectKernelTunables=yes",

@@ -25,6 +25,7 @@ from llamad.front.wire import (
     TierUsage,
 )
 from llamad.model.wire import WorkerSnapshot
+from llamad.paths import http_address
 from llamad.supervisor.core import ChildInfo
 from llamad.tiers import TierKind
 
@@ -111,4 +112,11 @@ def daemon_status(
         supervisors=sups,
         endpoint=config.endpoint,
         started_at=started_at,
+        http=_http_url(config),
     )
+
+
+def _http_url(config: LlamadConfig) -> str | None:
+    found = http_address(config.runtime_dir) if config.http.enabled else None
+    url = None if found is None else found.get("url")
+    return url if isinstance(url, str) else None

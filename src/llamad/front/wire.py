@@ -228,6 +228,8 @@ class DaemonStatus(msgspec.Struct, frozen=True):
     endpoint: str = ""
     started_at: float = 0.0
     """Wall clock (``time.time()``) when the daemon started."""
+    http: str | None = None
+    """The HTTP gateway's base URL while it serves (``<runtime_dir>/http.json``)."""
 
 
 EVICT_ALL: Final = 2**62

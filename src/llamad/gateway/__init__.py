@@ -1,1 +1,16 @@
-"""The HTTP gateway: OpenAI, Anthropic and Ollama protocols over the llamad client (issue 19)."""
+"""The HTTP gateway: the ecosystem's protocols over llamad's public client (issue 19).
+
+A child of the root like the front (:mod:`llamad.daemon.tree`), in its own
+process: starlette on uvicorn (uvloop, httptools). It talks to the daemon only
+through :class:`llamad.AsyncClient`, so a request over HTTP is a client
+request like any other: routed by the front, streamed straight from the worker.
+
+- :mod:`~llamad.gateway.proc`: the supervised entry point (bind, serve, heartbeat);
+- :mod:`~llamad.gateway.app`: the starlette app, one route table per protocol;
+- :mod:`~llamad.gateway.gate`: every request's way into the daemon (keys,
+  tenants' cache salts, limits, timeouts, disconnect → cancel);
+- :mod:`~llamad.gateway.errors`: llamad's error codes as HTTP statuses;
+- :mod:`~llamad.gateway.openai`: the OpenAI routes and their translation.
+
+``docs/internals/gateway.md`` describes it.
+"""

@@ -40,8 +40,8 @@ from starlette.routing import BaseRoute
 
 from llamad.errors import BadRequest, LlamadError
 from llamad.gateway.calls import Call, CallHold, split_calls
-from llamad.gateway.codes import http_status
 from llamad.gateway.decode import convert_body, decode_body
+from llamad.gateway.errors import status_of
 from llamad.model.results import (
     Completion,
     DoneEvent,
@@ -577,7 +577,7 @@ def error_for(error: LlamadError) -> tuple[int, dict[str, Any]]:
     """The status and body answering ``error``. A full worker queue is
     Anthropic's 529 ``overloaded_error`` (which its clients retry), not a
     per-key rate limit."""
-    status = 529 if error.code == "overloaded" else http_status(error)
+    status = 529 if error.code == "overloaded" else status_of(error)
     return status, error_body(status, error.message)
 
 

@@ -40,8 +40,8 @@ from llamad._pins import LLAMAD_VERSION
 from llamad.errors import BadRequest, LlamadError, ModelNotFound
 from llamad.front.wire import ModelInfo, ModelState
 from llamad.gateway.calls import Call, CallHold, split_calls
-from llamad.gateway.codes import http_status
 from llamad.gateway.decode import convert_body, decode_body
+from llamad.gateway.errors import status_of
 from llamad.model.requests import MAX_TOKENS_LIMIT
 from llamad.model.results import (
     Completion,
@@ -621,7 +621,7 @@ def error_body(message: str) -> dict[str, Any]:
 
 def error_for(error: LlamadError) -> tuple[int, dict[str, Any]]:
     """The status and body answering ``error``: Ollama's ``{"error": ...}``."""
-    return http_status(error), error_body(error.message)
+    return status_of(error), error_body(error.message)
 
 
 def render_error(status: int, code: str, message: str, param: str | None) -> Response:

@@ -58,10 +58,12 @@ from llamad.actors import Client as ActorClient
 from llamad.config.dirs import default_endpoint, default_ram_file_root
 from llamad.errors import LlamadError
 from llamad.front.wire import Route
+from llamad.paths import http_address
 
 __all__ = [
     "EVENTUALLY",
     "KEPT",
+    "TEST_SETTINGS",
     "DaemonFailed",
     "Launcher",
     "Stopped",
@@ -91,6 +93,11 @@ GONE_S: Final = 10.0
 #: The ``LLAMAD_*`` settings a daemon under test keeps: where the default
 #: model lives (``make setup`` may have put it elsewhere than the default).
 KEPT: Final = ("LLAMAD_CACHE_DIR", "LLAMAD_DEFAULT_MODEL")
+
+#: What every daemon under test runs with: its HTTP gateway on a free port
+#: (published in ``<runtime_dir>/http.json``), so daemons started at once
+#: never collide on the default port (``extra`` may say otherwise).
+TEST_SETTINGS: Final = {"LLAMAD_HTTP__PORT": "0"}
 
 # The front answers these while the daemon starts or a part restarts: no front
 # listening yet, a front restarted under the caller, a route deferred past the
@@ -129,9 +136,10 @@ def scrubbed_env(
     extra: Mapping[str, str] | None = None, *, environ: Mapping[str, str] | None = None
 ) -> dict[str, str]:
     """``environ`` (default ``os.environ``) without its ``LLAMAD_*`` settings
-    but :data:`KEPT`, then ``extra`` on top."""
+    but :data:`KEPT`, then :data:`TEST_SETTINGS`, then ``extra`` on top."""
     source = os.environ if environ is None else environ
     env = {k: v for k, v in source.items() if not k.startswith("LLAMAD_") or k in KEPT}
+    env.update(TEST_SETTINGS)
     env.update(extra or {})
     return env
 
@@ -347,6 +355,16 @@ class Launcher:
         }
         self._remember_tree()
         return routes
+
+    def http_url(self, timeout: float = READY_S) -> str:
+        """The HTTP gateway's base URL (``http://host:port``) once it serves."""
+
+        def published() -> str | None:
+            self.check_running()
+            found = http_address(self.runtime)
+            return None if found is None else str(found["url"])
+
+        return wait_until(published, "the HTTP gateway published its address", timeout)
 
     def _front(self, timeout: float) -> ActorClient:
         return ActorClient(self.endpoint, timeout=timeout, connect_timeout=5.0)

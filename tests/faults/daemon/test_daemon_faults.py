@@ -116,7 +116,12 @@ def test_a_killed_front_is_restarted_with_its_table_and_workers_kept(daemon: Dae
         assert info.state is ModelState.READY and info.pid == pid
     assert daemon.info("rt").n_ctx == runtime.n_ctx == 512  # a run-time load, remembered
     (root,) = [s for s in daemon.status().supervisors if s.name == "llamad"]
-    assert {c.id: c.restarts for c in root.children} == {"cache_sup": 0, "model_sup": 0, "front": 1}
+    assert {c.id: c.restarts for c in root.children} == {
+        "cache_sup": 0,
+        "model_sup": 0,
+        "front": 1,
+        "gateway": 0,
+    }
 
 
 def test_a_model_failing_on_every_load_is_given_up_reported_and_others_serve(

@@ -82,18 +82,28 @@ def test_status_shows_models_processes_and_tiers(daemon: DaemonProc) -> None:
     assert run.returncode == 0, run.stderr
     text = run.stdout
     assert text.startswith(f"daemon  pid {daemon.pid}, up "), text
+    assert f", http {daemon.http_url()}\n" in text.splitlines(keepends=True)[0]
     for section in ("\nmodels\n", "\nprocesses\n", "\ncache tiers\n"):
         assert section in text
     models = text.split("\nmodels\n")[1].split("\nprocesses\n")[0]
     assert any(line.split()[0] == daemon.model_id for line in models.splitlines()[1:]), models
     processes = text.split("\nprocesses\n")[1]
-    for child in ("cache_sup", "model_sup", "front", "cache-meta", f"model.{daemon.model_id}"):
+    children = (
+        "cache_sup",
+        "model_sup",
+        "front",
+        "gateway",
+        "cache-meta",
+        f"model.{daemon.model_id}",
+    )
+    for child in children:
         assert f" {child} " in processes, processes
     tiers = text.split("\ncache tiers\n")[1]
     assert any(line.startswith("ram ") for line in tiers.splitlines()), tiers
 
     as_json = json.loads(llamad(daemon.endpoint, "status", "--json").stdout)
     assert as_json["pid"] == daemon.pid
+    assert as_json["http"] == daemon.http_url()
     assert {m["info"]["model_id"] for m in as_json["models"]} >= {daemon.model_id}
     assert {s["name"] for s in as_json["supervisors"]} >= {"llamad", "cache_sup", "model_sup"}
     assert as_json["tiers"]["ram"]["quota"] == 256 << 20

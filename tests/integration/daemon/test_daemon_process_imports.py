@@ -97,11 +97,45 @@ def _heavy(modules: set[str], banned: frozenset[str]) -> list[str]:
     return sorted(m for m in modules if any(m == b or m.startswith(b + ".") for b in banned))
 
 
-def test_the_daemon_runs_the_root_cache_meta_the_front_and_one_worker_per_model(
+def test_the_daemon_runs_the_root_cache_meta_the_front_the_gateway_and_a_worker_per_model(
     imports_by_process: dict[str, set[str]],
 ) -> None:
     # cache_sup and model_sup are threads of the root: no interpreter of their own.
-    assert set(imports_by_process) == {"root", "cache-meta", "front", "model.m"}
+    assert set(imports_by_process) == {"root", "cache-meta", "front", "gateway", "model.m"}
+
+
+#: The HTTP gateway is a client of the daemon: what a client program loads
+#: (tests/unit/client/test_client_imports.py) and the HTTP stack, nothing of
+#: the cache, the binding, the config loader or a worker.
+NOT_IN_THE_GATEWAY = frozenset(
+    {
+        "llamad.cache",
+        "llamad.llama_ffi._llama",
+        "llamad.llama_ffi.model",
+        "llamad.llama_ffi.context",
+        "llamad.config.schema",
+        "llamad.config.load",
+        "llamad.config.convert",
+        "llamad.model.core",
+        "llamad.model.worker_proc",
+        "llamad.front.front_proc",
+        "llamad.daemon",
+        "_cffi_backend",
+        "numpy",
+        "jinja2",
+        "psutil",
+        "crc32c",
+    }
+)
+
+
+def test_the_gateway_imports_a_client_and_the_http_stack_only(
+    imports_by_process: dict[str, set[str]],
+) -> None:
+    assert "gateway" in imports_by_process, sorted(imports_by_process)
+    modules = imports_by_process["gateway"]
+    assert _heavy(modules, NOT_IN_THE_GATEWAY) == []
+    assert {"uvicorn", "uvloop", "httptools", "starlette", "llamad.client.aio"} <= modules
 
 
 def test_cache_meta_imports_no_config_binding_model_or_front(
@@ -118,6 +152,7 @@ EVENT_LOOP = frozenset({"ssl", "asyncio.base_events", "asyncio.events"})
 
 
 def test_no_daemon_process_loads_an_event_loop(imports_by_process: dict[str, set[str]]) -> None:
+    # The gateway's one job is an event loop (uvloop, for HTTP).
     expected = {"root", "cache-meta", "front", "model.m"}
     assert expected <= set(imports_by_process), sorted(imports_by_process)
     loaded = {p: _heavy(imports_by_process[p], EVENT_LOOP) for p in sorted(expected)}

@@ -169,7 +169,7 @@ def test_status_reports_models_workers_supervisors_and_tiers(daemon: Daemon) -> 
     assert smol.worker is not None and smol.worker.pid == smol.info.pid
     sups = {s.name: s for s in status.supervisors}
     assert set(sups) == {"llamad", "cache_sup", "model_sup"}
-    assert [c.id for c in sups["llamad"].children] == ["cache_sup", "model_sup", "front"]
+    assert [c.id for c in sups["llamad"].children] == ["cache_sup", "model_sup", "front", "gateway"]
     assert all(c.state == "running" for c in sups["llamad"].children)
     assert [c.id for c in sups["cache_sup"].children] == ["cache-meta"]
     assert "model.smol" in {c.id for c in sups["model_sup"].children}

@@ -116,8 +116,8 @@ def test_install_unit_writes_a_unit_that_verifies_for_this_machine(
     verified(unit)
     text = unit.read_text()
     assert f"ExecStart={sys.executable} -m llamad.daemon --config {config}\n" in text
-    # 10 s front + (60 s saves + 10 s) workers + 10 s cache-meta + 30 s margin
-    assert "TimeoutStopSec=120s\n" in text
+    # 10 s gateway + 10 s front + (60 s saves + 10 s) workers + 10 s cache-meta + 30 s margin
+    assert "TimeoutStopSec=130s\n" in text
 
 
 def security(unit: Path) -> tuple[float, set[str]]:

@@ -97,7 +97,8 @@ def _schema_keys(cls: type[msgspec.Struct], path: tuple[str, ...]) -> set[tuple[
             keys |= _schema_keys(f.struct, (*path, f.name))
         elif isinstance(f.marker, Tables):
             assert f.struct is not None
-            keys |= _schema_keys(f.struct, (*path, f.name, "smollm2"))
+            name = f.marker.example_name or "smollm2"
+            keys |= _schema_keys(f.struct, (*path, f.name, name))
     return keys
 
 
@@ -115,7 +116,7 @@ def test_the_example_uncommented_sets_every_key_to_a_valid_value(ws: Workspace) 
     # Every commented default of the example, made live, is a valid config that
     # names every key of the schema: the example shows all of them, and none of
     # the defaults it shows is refused.
-    live = re.sub(r"(?m)^# (\[|[a-z_]+ = )", r"\1", example())
+    live = re.sub(r"(?m)^# (\[|[a-z0-9_]+ = )", r"\1", example())
     doc = tomllib.loads(live)
     assert _leaf_keys(doc) == _schema_keys(LlamadConfig, ())
     server_key, server_pub = write_keypair(ws.dir, "server")

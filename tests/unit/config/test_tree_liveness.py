@@ -35,6 +35,7 @@ def test_every_supervised_part_has_a_liveness_window(ws: Workspace) -> None:
         "/model_sup": 30.0,
         "/model_sup/model-worker": 5.0,
         "/front": 15.0,
+        "/gateway": 15.0,
     }
 
 
