@@ -638,6 +638,10 @@ def _ndjson(lines: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
         async for line in lines:
             yield msgspec.json.encode(line) + b"\n"
 
+    # Starlette's response races the body against http.disconnect under
+    # uvicorn (ASGI spec 2.3): a client that leaves cancels the request even
+    # while nothing is sent (text held as a possible tool call);
+    # test_an_ollama_client_leaving_a_quiet_stream_cancels_it holds it to that.
     return StreamingResponse(encoded(), media_type="application/x-ndjson")
 
 

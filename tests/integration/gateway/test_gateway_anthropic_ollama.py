@@ -14,7 +14,9 @@ import hashlib
 import json
 import math
 import secrets
+import socket
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import anthropic
 import httpx
@@ -24,7 +26,7 @@ import pytest
 import llamad
 from daemon_proc import DaemonProc
 from llamad import Client, ModelState
-from served import EVENTUALLY, prompt_text, wait_until
+from served import EVENTUALLY, MANY, prompt_text, wait_until
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(600)]
 
@@ -376,6 +378,65 @@ def test_ollama_errors(olla: ollama.Client) -> None:
         olla.chat(model=MODEL, messages=_chat(3), keep_alive="soon", stream=False)
     assert bad.value.status_code == 400
     assert "keep_alive" in bad.value.error
+
+
+def _raw_post(url: str, path: str, headers: str, body: dict[str, object]) -> socket.socket:
+    """A request on a raw socket (a client that can go away at any moment),
+    read up to the end of the response's head (a 200)."""
+    where = urlsplit(url)
+    assert where.hostname is not None and where.port is not None
+    data = json.dumps(body).encode()
+    sock = socket.create_connection((where.hostname, where.port), timeout=EVENTUALLY)
+    sock.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode()
+        + f"{headers}\r\nContent-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = sock.recv(65536)
+        assert chunk, head
+        head += chunk
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return sock
+
+
+def test_an_anthropic_client_leaving_a_stream_cancels_it(url: str, daemon: DaemonProc) -> None:
+    daemon.wait_idle()
+    ticks = daemon.ticks()
+    body = {
+        "model": MODEL,
+        "max_tokens": MANY,
+        "stream": True,
+        "messages": _user(9),
+        # A JSON string of at least 10,000 characters: it cannot end before MANY tokens.
+        "output_config": {
+            "format": {"type": "json_schema", "schema": {"type": "string", "minLength": 10_000}}
+        },
+    }
+    with _raw_post(url, "/v1/messages", f"x-api-key: {KEY}", body):
+        daemon.wait_until_busy()
+    daemon.assert_dropped(ticks)
+
+
+def test_an_ollama_client_leaving_a_quiet_stream_cancels_it(
+    olla: ollama.Client, daemon: DaemonProc
+) -> None:
+    """A stream that sends nothing (a reply opening with ``[`` is held as a
+    possible tool call) is cancelled when its client leaves, not when it ends."""
+    daemon.wait_idle()
+    ticks = daemon.ticks()
+    body = {
+        "model": MODEL,
+        "messages": _chat(5),
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+        # An array of at least 5,000 numbers: it cannot end before MANY tokens.
+        "format": {"type": "array", "items": {"type": "integer"}, "minItems": 5000},
+        "options": {"num_predict": MANY},
+    }
+    with _raw_post(olla_url(olla), "/api/chat", f"Authorization: Bearer {KEY}", body):
+        daemon.wait_until_busy()
+    daemon.assert_dropped(ticks)
 
 
 def test_ollama_keep_alive_sets_and_unloads(olla: ollama.Client, llamad_client: Client) -> None:
