@@ -19,8 +19,8 @@ In order, before any child starts:
 5. the HTTP gateway's port is checked free (:mod:`llamad.daemon.http_port`):
    held by another program, exit :data:`EXIT_IN_USE` naming ``http.port``;
    with ``port = 0`` the free port found is the gateway's;
-6. the ``ram`` tier's segments of a previous run and the front's table file
-   are removed (both describe one run).
+6. the ``ram`` tier's segments of a previous run, the front's table file and
+   the gateway's address file are removed (they describe one run).
 
 Then the root supervisor (:func:`llamad.daemon.tree.daemon_spec`) runs in the
 main thread: ``cache_sup``, ``model_sup``, ``front``, ``gateway`` in that order; the front
@@ -63,6 +63,7 @@ from llamad.daemon.readiness import SystemdReporter, Watchdog
 from llamad.daemon.tree import ROOT_SERVICE, daemon_spec
 from llamad.errors import ConfigError, DaemonInUse
 from llamad.front.persist import table_path
+from llamad.paths import HTTP_ADDRESS_FILE
 from llamad.supervisor.service import SupervisorService
 from llamad.supervisor.supervisor_proc import Supervisor
 
@@ -116,8 +117,11 @@ def _log_setting(name: str, configured: str) -> str:
 
 
 def _forget_run(config: LlamadConfig) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        table_path(config.runtime_dir).unlink()
+    # The front's table and the gateway's address describe one run (a
+    # SIGKILLed daemon leaves them behind).
+    for path in (table_path(config.runtime_dir), config.runtime_dir / HTTP_ADDRESS_FILE):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

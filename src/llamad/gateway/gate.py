@@ -8,8 +8,9 @@ ones beside it) translates; it never calls the client itself. It asks the
   in ``Authorization: Bearer`` or ``x-api-key``, matched by its SHA-256;
   without keys, anyone who reaches the (loopback) socket;
 - reads the **body** within ``max_body_bytes`` (:meth:`Gate.json_body`);
-- gives a tenant's requests their **cache salt** (:meth:`Gate.salt`), so one
-  tenant's prompts are never a hit for another;
+- gives a tenant's requests their **cache salt** (:meth:`Gate.salt`, applied
+  by :meth:`Gate.complete` and :meth:`Gate.stream` to whatever ``cache_salt``
+  the request asked for), so one tenant's prompts are never a hit for another;
 - counts its **running requests per key** (``max_streams_per_key``);
 - bounds it by the **timeouts** (``request_timeout_s`` to the first token,
   ``idle_timeout_s`` between tokens);
@@ -36,6 +37,7 @@ from starlette.routing import BaseRoute, Route
 
 from llamad.errors import LlamadError
 from llamad.gateway.errors import HttpError, param_of, status_of
+from llamad.gateway.sse import wait_disconnect
 from llamad.model.results import Completion, DoneEvent, Event
 
 if TYPE_CHECKING:
@@ -196,12 +198,18 @@ class Gate:
             return own if not requested else f"{own}/{requested}"
         return None if not requested else CALLER_SALT_PREFIX + requested
 
+    def _salted(self, caller: Caller, kwargs: dict[str, Any]) -> dict[str, Any]:
+        salt = self.salt(caller, kwargs.pop("cache_salt", None))
+        return kwargs if salt is None else {**kwargs, "cache_salt": salt}
+
     # -- the daemon -------------------------------------------------------------------
 
     async def complete(
         self, request: Request, caller: Caller, model: str, prompt: Any = None, **kwargs: Any
     ) -> Completion:
-        """``client.complete`` for ``caller``, cancelled if the HTTP client leaves."""
+        """``client.complete`` for ``caller``, cancelled if the HTTP client leaves
+        (a ``cache_salt`` in ``kwargs`` is the request's own: :meth:`salt` applies)."""
+        kwargs = self._salted(caller, kwargs)
         with self._slot(caller):
             return await self.unless_gone(
                 request,
@@ -213,6 +221,7 @@ class Gate:
     ) -> OpenStream:
         """``client.infer`` for ``caller``, once its first event is there (so a
         refusal, a context overflow included, still gets its HTTP status)."""
+        kwargs = self._salted(caller, kwargs)
         release = self._take_slot(caller)
         try:
             stream = await self.unless_gone(
@@ -236,11 +245,21 @@ class Gate:
             raise
         return OpenStream(first, events, release, stream.aclose)
 
-    async def embed(self, request: Request, caller: Caller, model: str, text: Any) -> list[float]:
-        with self._slot(caller):
-            return await self.unless_gone(
-                request, self.client.embed(model, text, timeout=self.http.request_timeout_s)
+    async def embed(
+        self, request: Request, caller: Caller, model: str, inputs: Sequence[Any]
+    ) -> list[list[float]]:
+        """One vector per input (text or tokens), as one running request of ``caller``."""
+        timeout = self.http.request_timeout_s
+
+        async def all_of() -> list[list[float]]:
+            return list(
+                await asyncio.gather(
+                    *(self.client.embed(model, x, timeout=timeout) for x in inputs)
+                )
             )
+
+        with self._slot(caller):
+            return await self.unless_gone(request, all_of())
 
     async def list_models(self, request: Request) -> list[ModelInfo]:
         return await self.unless_gone(request, self.client.list_models())
@@ -267,7 +286,7 @@ class Gate:
         """``work``'s result, or :class:`ClientGone` once the HTTP client
         disconnected (``work`` is cancelled at once: the client sends CANCEL)."""
         task = asyncio.ensure_future(work)
-        gone = asyncio.ensure_future(_disconnected(request))
+        gone = asyncio.ensure_future(wait_disconnect(request.receive))
         try:
             await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
@@ -326,14 +345,6 @@ class _Slot:
 
     def __exit__(self, *exc: object) -> None:
         self._release()
-
-
-async def _disconnected(request: Request) -> None:
-    """Return once the HTTP client has gone (the body is read by then)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 def _too_large(limit: int) -> HttpError:

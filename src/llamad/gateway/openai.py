@@ -1,4 +1,4 @@
-"""OpenAI's API over llamad: ``/v1/models``, ``/v1/chat/completions``,
+"""OpenAI's API over llamad: ``/v1/models`` (and ``/v1/models/{id}``), ``/v1/chat/completions``,
 ``/v1/completions``, ``/v1/embeddings``.
 
 The translation (request JSON to the client's keyword arguments, a
@@ -31,14 +31,15 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import msgspec
-from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
 
 from llamad.errors import LlamadError
+from llamad.front.wire import ModelInfo
 from llamad.gateway.errors import HttpError, param_of, status_of
-from llamad.gateway.gate import Caller, Gate
+from llamad.gateway.gate import Gate
+from llamad.gateway.sse import EventStream
 from llamad.model.results import (
     Completion,
     DoneEvent,
@@ -531,13 +532,13 @@ async def _token_texts(gate: Gate, model: str, entries: Sequence[TokenLogprob]) 
     return dict(zip(ids, texts, strict=True))
 
 
-def _sse(events: AsyncIterator[dict[str, Any]]) -> EventSourceResponse:
-    async def data() -> AsyncIterator[str]:
+def _sse(events: AsyncIterator[dict[str, Any]]) -> EventStream:
+    async def data() -> AsyncIterator[bytes]:
         async for chunk in events:
-            yield msgspec.json.encode(chunk).decode()
-        yield "[DONE]"
+            yield b"data: " + msgspec.json.encode(chunk) + b"\n\n"
+        yield b"data: [DONE]\n\n"
 
-    return EventSourceResponse(data(), ping=15, headers={"Cache-Control": "no-cache"})
+    return EventStream(data())
 
 
 def routes(gate: Gate) -> list[BaseRoute]:
@@ -546,25 +547,20 @@ def routes(gate: Gate) -> list[BaseRoute]:
     async def models(request: Request) -> Response:
         gate.caller(request)
         found = await gate.list_models(request)
-        return _json(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": m.model_id,
-                        "object": "model",
-                        "created": int(m.loaded_at or 0),
-                        "owned_by": "llamad",
-                    }
-                    for m in found
-                ],
-            }
-        )
+        return _json({"object": "list", "data": [_model_entry(m) for m in found]})
+
+    async def model(request: Request) -> Response:
+        gate.caller(request)
+        wanted = request.path_params["model"]
+        for m in await gate.list_models(request):
+            if m.model_id == wanted:
+                return _json(_model_entry(m))
+        raise HttpError("model_not_found", f"no model {wanted!r}", param="model")
 
     async def chat(request: Request) -> Response:
         caller = gate.caller(request)
         call = chat_call(await gate.json_body(request))
-        options = _salted(gate, caller, call.options)
+        options = call.options
         response_id, request_id = _ids("chatcmpl")
         created = int(time.time())
         kwargs = {"messages": call.messages, "request_id": request_id, **options}
@@ -611,7 +607,7 @@ def routes(gate: Gate) -> list[BaseRoute]:
     async def completions(request: Request) -> Response:
         caller = gate.caller(request)
         call = completion_call(await gate.json_body(request))
-        options = _salted(gate, caller, call.options)
+        options = call.options
         response_id, request_id = _ids("cmpl")
         created = int(time.time())
         kwargs = {"request_id": request_id, **options}
@@ -663,7 +659,7 @@ def routes(gate: Gate) -> list[BaseRoute]:
                 for item in inputs
             )
         )
-        vectors = await asyncio.gather(*(gate.embed(request, caller, model, t) for t in tokens))
+        vectors = await gate.embed(request, caller, model, tokens)
         data = [
             {"object": "embedding", "index": i, "embedding": _vector(v, fmt)}
             for i, v in enumerate(vectors)
@@ -680,10 +676,20 @@ def routes(gate: Gate) -> list[BaseRoute]:
 
     return [
         gate.route("/v1/models", models, render_error, ["GET"]),
+        gate.route("/v1/models/{model:path}", model, render_error, ["GET"]),
         gate.route("/v1/chat/completions", chat, render_error, ["POST"]),
         gate.route("/v1/completions", completions, render_error, ["POST"]),
         gate.route("/v1/embeddings", embeddings, render_error, ["POST"]),
     ]
+
+
+def _model_entry(m: ModelInfo) -> dict[str, Any]:
+    return {
+        "id": m.model_id,
+        "object": "model",
+        "created": int(m.loaded_at or 0),
+        "owned_by": "llamad",
+    }
 
 
 async def _same(tokens: list[int]) -> list[int]:
@@ -694,11 +700,6 @@ def _vector(values: list[float], fmt: str) -> list[float] | str:
     if fmt == "float":
         return values
     return base64.b64encode(array("f", values).tobytes()).decode()
-
-
-def _salted(gate: Gate, caller: Caller, options: dict[str, Any]) -> dict[str, Any]:
-    salt = gate.salt(caller, options.pop("cache_salt", None))
-    return options if salt is None else {**options, "cache_salt": salt}
 
 
 async def _texts_of(gate: Gate, model: str, result: Completion) -> dict[int, str] | None:

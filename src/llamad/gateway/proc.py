@@ -123,7 +123,10 @@ def _publish(runtime_dir: str, host: str, port: int) -> Path:
     path = Path(runtime_dir, HTTP_ADDRESS_FILE)
     tmp = path.with_name(f".{HTTP_ADDRESS_FILE}.{os.getpid()}")
     address = {"url": _url(host, port), "host": host, "port": port, "pid": os.getpid()}
-    tmp.write_text(json.dumps(address))
+    # 0600 at creation, as every file of the runtime directory (security.md).
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(address))
     tmp.replace(path)
     return path
 

@@ -17,6 +17,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 import httpx
@@ -94,6 +95,7 @@ def _ask(i: int) -> list[dict[str, str]]:
 def test_models_lists_the_served_model(oai: openai.OpenAI) -> None:
     ids = [m.id for m in oai.models.list()]
     assert ids == ["smol"]
+    assert oai.models.retrieve("smol").id == "smol"
 
 
 def test_a_chat_completion_answers_with_its_usage(oai: openai.OpenAI) -> None:
@@ -528,3 +530,56 @@ def test_a_killed_gateway_comes_back_on_its_port_and_the_worker_never_notices(
     out = _client(url).chat.completions.create(model="smol", messages=_ask(30), max_tokens=2)
     assert out.usage is not None and out.usage.completion_tokens == 2
     assert daemon.worker_pid() == worker
+
+
+def test_a_worker_crash_is_502_for_a_call_and_an_error_event_for_a_stream(
+    url: str, daemon: DaemonProc
+) -> None:
+    daemon.wait_idle()
+    client = _client(url)
+    endless: dict[str, object] = {"response_format": ENDLESS}
+    stream = client.chat.completions.create(
+        model="smol", messages=_ask(40), max_tokens=MANY, stream=True, extra_body=endless
+    )
+    next(iter(stream))  # the stream is running
+    with ThreadPoolExecutor(1) as pool:
+        call = pool.submit(
+            client.chat.completions.create,
+            model="smol",
+            messages=_ask(41),
+            max_tokens=MANY,
+            extra_body=endless,
+        )
+        wait_until(
+            lambda: (b := daemon.board()) is not None and b.status.active_sequences == 2,
+            "both requests running",
+            EVENTUALLY,
+        )
+        old = daemon.kill_worker()
+        with pytest.raises(openai.APIStatusError) as caught:
+            call.result(timeout=EVENTUALLY)
+    assert caught.value.status_code == 502
+    assert _error(caught.value)["code"] == "worker_crashed"
+    with pytest.raises(openai.APIError) as ended:
+        for _ in stream:
+            pass
+    assert ended.value.code == "worker_crashed"
+    assert ended.value.type == "server_error"
+    daemon.wait_worker_back(old)
+    out = client.chat.completions.create(model="smol", messages=_ask(42), max_tokens=2)
+    assert out.usage is not None and out.usage.completion_tokens == 2
+
+
+# -- last: stops the module's daemon ---------------------------------------------------------
+
+
+def test_a_daemon_stopped_during_a_stream_ends_it_and_exits_0(url: str, daemon: DaemonProc) -> None:
+    daemon.wait_idle()
+    sock, _ = _open_stream(url, KEYS["plain"], MANY)
+    daemon.wait_until_busy()
+    assert daemon.stop() == 0  # the gateway first: its stream cancelled, nothing left
+    sock.settimeout(EVENTUALLY)
+    while sock.recv(65536):  # the rest of the stream, then the end of the connection
+        pass
+    sock.close()
+    assert http_address(daemon.launcher.runtime) is None

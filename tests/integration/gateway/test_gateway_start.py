@@ -1,6 +1,6 @@
 """The gateway's start rules: a non-loopback bind needs API keys (exit 78 naming
 ``http.keys``), a port another program holds refuses the start (exit 75 naming
-``http.port``), and ``[http] enabled = false`` starts no gateway."""
+``http.port``), and a previous run's address file is removed."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from llamad.daemon.main import EXIT_CONFIG, EXIT_IN_USE
-from llamad.testing import daemon_command, scrubbed_env
+from llamad.errors import ModelNotFound
+from llamad.paths import HTTP_ADDRESS_FILE, http_address
+from llamad.testing import EVENTUALLY, Launcher, daemon_command, scrubbed_env
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(120)]
 
@@ -63,3 +65,33 @@ def test_a_port_another_program_holds_is_refused_naming_http_port(tmp_path: Path
     assert f"http.port: 127.0.0.1:{port} is in use by another program" in refusals[0]["error"]
     # Refused before any child started.
     assert "child.started" not in proc.stderr
+
+
+def test_a_previous_runs_address_is_forgotten_at_start() -> None:
+    # A SIGKILLed daemon leaves http.json behind; the next start removes it,
+    # even with its gateway off (nothing would replace it then).
+    d = Launcher(prefix="lgw-")
+    try:
+        d.write_config(
+            f"""
+[daemon]
+runtime_dir = "{d.runtime}"
+state_dir = "{d.state}"
+serve_default_model = false
+[cache]
+instance = "{d.instance}"
+[http]
+enabled = false
+"""
+        )
+        d.runtime.mkdir(mode=0o700)
+        stale = d.runtime / HTTP_ADDRESS_FILE
+        stale.write_text(json.dumps({"url": "http://127.0.0.1:1", "port": 1, "pid": 1}))
+        d.start()
+        with pytest.raises(ModelNotFound):  # the front serves: the start is done
+            d.route("none", timeout=EVENTUALLY)
+        assert not stale.exists()
+        assert http_address(d.runtime) is None
+        assert d.stop() == 0
+    finally:
+        d.close()

@@ -257,6 +257,7 @@ def test_a_stream_is_sse_chunks_then_usage_then_done(app: TestClient, fake: Fake
     with app.stream("POST", "/v1/chat/completions", json=body) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
+        assert "content-length" not in r.headers  # a stream of unknown length
         lines = [line for line in r.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
     chunks = [msgspec.json.decode(line[6:]) for line in lines[:-1]]
@@ -331,11 +332,11 @@ def test_embeddings_as_floats_and_base64(app: TestClient, fake: FakeClient) -> N
 
 
 def test_models_list(app: TestClient) -> None:
-    out = app.get("/v1/models").json()
-    assert out == {
-        "object": "list",
-        "data": [{"id": "m", "object": "model", "created": 12, "owned_by": "llamad"}],
-    }
+    entry = {"id": "m", "object": "model", "created": 12, "owned_by": "llamad"}
+    assert app.get("/v1/models").json() == {"object": "list", "data": [entry]}
+    assert app.get("/v1/models/m").json() == entry
+    missing = app.get("/v1/models/x")
+    assert (missing.status_code, missing.json()["error"]["code"]) == (404, "model_not_found")
 
 
 # -- refusals -------------------------------------------------------------------------------
