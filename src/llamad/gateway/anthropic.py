@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 import msgspec
-from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
@@ -42,6 +41,7 @@ from llamad.errors import BadRequest, LlamadError
 from llamad.gateway.calls import Call, CallHold, split_calls
 from llamad.gateway.decode import convert_body, decode_body
 from llamad.gateway.errors import status_of
+from llamad.gateway.sse import EventStream
 from llamad.model.results import (
     Completion,
     DoneEvent,
@@ -605,9 +605,6 @@ def routes(gate: Gate) -> list[BaseRoute]:
         if call.max_tokens < 1:
             raise _bad("max_tokens", f"must be at least 1, got {call.max_tokens}")
         chat, options = call.call()
-        salt = gate.salt(caller)
-        if salt is not None:
-            options["cache_salt"] = salt
         message_id = new_message_id()
         tools = call.called_tools()
         kwargs = {"messages": chat, "request_id": "r-" + message_id[4:], **options}
@@ -626,7 +623,7 @@ def routes(gate: Gate) -> list[BaseRoute]:
         opened = await gate.stream(request, caller, call.model, **kwargs)
         encoder = StreamEncoder(message_id, call.model, call.max_tokens, tools)
 
-        async def events() -> AsyncIterator[ServerSentEvent]:
+        async def events() -> AsyncIterator[bytes]:
             for name, data in encoder.start():
                 yield _sse(name, data)
             try:
@@ -641,7 +638,7 @@ def routes(gate: Gate) -> list[BaseRoute]:
                 for name, data in encoder.error(exc):
                     yield _sse(name, data)
 
-        return EventSourceResponse(events(), ping=15, headers={"Cache-Control": "no-cache"})
+        return EventStream(events())
 
     async def count_tokens(request: Request) -> Response:
         gate.caller(request)
@@ -656,5 +653,6 @@ def routes(gate: Gate) -> list[BaseRoute]:
     ]
 
 
-def _sse(name: str, data: dict[str, Any]) -> ServerSentEvent:
-    return ServerSentEvent(data=msgspec.json.encode(data).decode(), event=name)
+def _sse(name: str, data: dict[str, Any]) -> bytes:
+    """One event as Anthropic frames it: its name, then its data."""
+    return b"event: " + name.encode() + b"\ndata: " + msgspec.json.encode(data) + b"\n\n"

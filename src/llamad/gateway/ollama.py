@@ -42,6 +42,7 @@ from llamad.front.wire import ModelInfo, ModelState
 from llamad.gateway.calls import Call, CallHold, split_calls
 from llamad.gateway.decode import convert_body, decode_body
 from llamad.gateway.errors import status_of
+from llamad.gateway.sse import EventStream
 from llamad.model.requests import MAX_TOKENS_LIMIT
 from llamad.model.results import (
     Completion,
@@ -638,11 +639,9 @@ def _ndjson(lines: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
         async for line in lines:
             yield msgspec.json.encode(line) + b"\n"
 
-    # Starlette's response races the body against http.disconnect under
-    # uvicorn (ASGI spec 2.3): a client that leaves cancels the request even
-    # while nothing is sent (text held as a possible tool call);
-    # test_an_ollama_client_leaving_a_quiet_stream_cancels_it holds it to that.
-    return StreamingResponse(encoded(), media_type="application/x-ndjson")
+    # EventStream cancels the stream the moment the client leaves, even while
+    # nothing is sent (text held as a possible tool call).
+    return EventStream(encoded(), media_type="application/x-ndjson")
 
 
 # -- routes ---------------------------------------------------------------------------------
@@ -682,9 +681,6 @@ def routes(gate: Gate) -> list[BaseRoute]:
     ) -> Response:
         model = model_id(call.model)
         ka = keep_alive_seconds(call.keep_alive)
-        salt = gate.salt(caller)
-        if salt is not None:
-            options["cache_salt"] = salt
         kwargs: dict[str, Any] = dict(options)
         if messages is not None:
             kwargs["messages"] = messages
@@ -784,10 +780,8 @@ def routes(gate: Gate) -> list[BaseRoute]:
         started = time.monotonic_ns()
         ka = keep_alive_seconds(call.keep_alive)
         await keep(request, model, ka, after=False)
-        vectors = [
-            truncate_embedding(await gate.embed(request, caller, model, text), call.dimensions)
-            for text in call.inputs()
-        ]
+        found = await gate.embed(request, caller, model, call.inputs())
+        vectors = [truncate_embedding(v, call.dimensions) for v in found]
         await keep(request, model, ka, after=True)
         return _json(embed_body(call.model, vectors, time.monotonic_ns() - started))
 
@@ -797,7 +791,7 @@ def routes(gate: Gate) -> list[BaseRoute]:
         model = model_id(call.model)
         ka = keep_alive_seconds(call.keep_alive)
         await keep(request, model, ka, after=False)
-        vector = await gate.embed(request, caller, model, call.prompt)
+        [vector] = await gate.embed(request, caller, model, [call.prompt])
         await keep(request, model, ka, after=True)
         return _json({"embedding": vector})
 
