@@ -223,27 +223,29 @@ class Gate:
         refusal, a context overflow included, still gets its HTTP status)."""
         kwargs = self._salted(caller, kwargs)
         release = self._take_slot(caller)
-        try:
-            stream = await self.unless_gone(
-                request,
-                self.client.infer(
-                    model,
-                    prompt,
-                    timeout=self.http.request_timeout_s,
-                    idle_timeout=self.http.idle_timeout_s,
-                    **kwargs,
-                ),
+        opened: list[Any] = []  # the stream once sent, to close if what follows fails
+
+        async def start() -> tuple[AsyncIterator[Event], Event]:
+            stream = await self.client.infer(
+                model,
+                prompt,
+                timeout=self.http.request_timeout_s,
+                idle_timeout=self.http.idle_timeout_s,
+                **kwargs,
             )
+            opened.append(stream)
             events = aiter(stream)
-            try:
-                first = await self.unless_gone(request, anext(events))
-            except BaseException:
-                await stream.aclose()
-                raise
+            return events, await anext(events)
+
+        try:
+            # One watch over the send and the first event (each watch is two tasks).
+            events, first = await self.unless_gone(request, start())
         except BaseException:
+            for stream in opened:
+                await stream.aclose()
             release()
             raise
-        return OpenStream(first, events, release, stream.aclose)
+        return OpenStream(first, events, release, opened[0].aclose)
 
     async def embed(
         self, request: Request, caller: Caller, model: str, inputs: Sequence[Any]

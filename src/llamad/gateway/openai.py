@@ -534,9 +534,19 @@ async def _token_texts(gate: Gate, model: str, entries: Sequence[TokenLogprob]) 
 
 def _sse(events: AsyncIterator[dict[str, Any]]) -> EventStream:
     async def data() -> AsyncIterator[bytes]:
+        # The first two chunks (a chat's role, then the first event, which is
+        # there already) leave in one write.
+        held, first = b"", True
         async for chunk in events:
-            yield b"data: " + msgspec.json.encode(chunk) + b"\n\n"
-        yield b"data: [DONE]\n\n"
+            line = b"data: " + msgspec.json.encode(chunk) + b"\n\n"
+            if held:
+                yield held + line
+                held = b""
+            elif first:
+                held, first = line, False
+            else:
+                yield line
+        yield held + b"data: [DONE]\n\n"
 
     return EventStream(data())
 
