@@ -124,6 +124,11 @@ class AsyncClient(ClientBase):
     async def model_info(self, model_id: str, *, timeout: float | None = _DEFAULT) -> ModelInfo:
         return await self._run(asks.model_info(model_id), timeout)
 
+    async def set_keep_alive(
+        self, model_id: str, seconds: float | None, *, timeout: float | None = _DEFAULT
+    ) -> ModelInfo:
+        return await self._run(asks.set_keep_alive(model_id, seconds), timeout)
+
     @overload
     async def status(
         self, model_id: None = None, *, timeout: float | None = ...

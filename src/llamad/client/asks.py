@@ -128,6 +128,11 @@ def model_info(model_id: str) -> Ask[ModelInfo]:
 
 
 @_door
+def set_keep_alive(model_id: str, seconds: float | None) -> Ask[ModelInfo]:
+    return Ask("set_keep_alive", bodies.keep_alive_body(model_id, seconds), ModelInfo)
+
+
+@_door
 def status(model_id: str | None) -> Ask[DaemonStatus | ModelStatus]:
     """The daemon's status, or the one model's of it."""
     return Ask("status", _NO_ARGS, DaemonStatus, read=partial(_model_status, model_id))

@@ -19,7 +19,7 @@ from typing import Any, Final, TypeVar
 import msgspec
 
 from llamad.errors import BadRequest
-from llamad.front.wire import EVICT_ALL, EvictBytes, LoadModel, ModelRef
+from llamad.front.wire import EVICT_ALL, EvictBytes, LoadModel, ModelRef, SetKeepAlive
 from llamad.model.requests import RequestParams
 from llamad.model.wire import (
     AdapterInfo,
@@ -198,6 +198,10 @@ def adapter_scale_body(name: str, scale: float) -> AdapterScaleBody:
 
 def model_ref(model_id: str) -> ModelRef:
     return _struct(ModelRef, {"model_id": model_id}, "")
+
+
+def keep_alive_body(model_id: str, seconds: float | None) -> SetKeepAlive:
+    return _struct(SetKeepAlive, {"model_id": model_id, "keep_alive_s": seconds}, "")
 
 
 def load_model_body(

@@ -146,6 +146,13 @@ class Client(ClientBase):
     def model_info(self, model_id: str, *, timeout: float | None = _DEFAULT) -> ModelInfo:
         return self._run(asks.model_info(model_id), timeout)
 
+    def set_keep_alive(
+        self, model_id: str, seconds: float | None, *, timeout: float | None = _DEFAULT
+    ) -> ModelInfo:
+        """Unload ``model_id`` once idle ``seconds`` from now on (``None``: never;
+        0: at the front's next check once nothing runs on it)."""
+        return self._run(asks.set_keep_alive(model_id, seconds), timeout)
+
     @overload
     def status(self, model_id: None = None, *, timeout: float | None = ...) -> DaemonStatus: ...
     @overload

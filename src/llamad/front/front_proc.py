@@ -61,6 +61,7 @@ from llamad.front.wire import (
     ModelState,
     NoArgs,
     Route,
+    SetKeepAlive,
 )
 from llamad.model.worker_spec import WorkerSpec
 from llamad.supervisor.child import heartbeat, heartbeat_interval, notifies_ready, notify_ready
@@ -174,6 +175,7 @@ class Front:
             "unload": self.unload,
             "list_models": self.list_models,
             "model_info": self.model_info,
+            "set_keep_alive": self.set_keep_alive,
             "status": self.status,
             "counters": self.counters,
             "metrics": self.metrics,
@@ -309,6 +311,19 @@ class Front:
             raise ModelNotFound(
                 f"no model {req.body.model_id!r}", details={"model_id": req.body.model_id}
             )
+        return entry.info()
+
+    def set_keep_alive(self, req: Request[SetKeepAlive]) -> ModelInfo:
+        """The model's ``keep_alive`` from now on (an HTTP client's, e.g.
+        Ollama's per-request ``keep_alive``); kept in the saved table, so a
+        restarted front keeps it too."""
+        body = req.body
+        entry = self.table.get(body.model_id)
+        if entry is None:
+            raise ModelNotFound(f"no model {body.model_id!r}", details={"model_id": body.model_id})
+        entry.keep_alive_s = body.keep_alive_s
+        self.models.save()
+        log.info("front.keep_alive_set", model=body.model_id, keep_alive=body.keep_alive_s)
         return entry.info()
 
     def status(self, req: Request[NoArgs]) -> None:

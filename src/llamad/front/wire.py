@@ -50,6 +50,7 @@ from llamad.tiers import TierKind
 __all__ = [
     "EVICT_ALL",
     "FRONT_ACTOR",
+    "MAX_KEEP_ALIVE_S",
     "OPS",
     "DaemonStatus",
     "EvictBytes",
@@ -67,6 +68,7 @@ __all__ = [
     "NoArgs",
     "PathNotAllowed",
     "Route",
+    "SetKeepAlive",
     "SupervisedChild",
     "SupervisorStatus",
     "TierUsage",
@@ -134,6 +136,20 @@ class LoadModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     model_id: ModelId
     path: str | None = None
     options: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+MAX_KEEP_ALIVE_S: Final = 10 * 365 * 86400.0
+"""Longest ``keep_alive`` a request may set (ten years): longer is "forever", ``None``."""
+
+
+class SetKeepAlive(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``set_keep_alive``: unload ``model_id``'s worker once it has been idle
+    ``keep_alive_s`` seconds (``None``: never), until the next load of its
+    config or another ``set_keep_alive``. 0 unloads it at the next check
+    once nothing runs on it."""
+
+    model_id: ModelId
+    keep_alive_s: Annotated[float, msgspec.Meta(ge=0.0, le=MAX_KEEP_ALIVE_S)] | None = None
 
 
 class GcReport(msgspec.Struct, frozen=True):
@@ -306,6 +322,7 @@ OPS: Final[dict[str, OpSpec]] = {
         _call("unload", ModelRef, "stop a model's worker (its shutdown saves run)"),
         _call("list_models", NoArgs, "every model the front knows"),
         _call("model_info", ModelRef, "one model"),
+        _call("set_keep_alive", SetKeepAlive, "set a model's keep_alive; its ModelInfo"),
         _call("status", NoArgs, "models, workers, supervisors, cache tiers"),
         _call("counters", NoArgs, "the cache's counters"),
         _call("metrics", NoArgs, "every worker's counts and histograms, the cache's counters"),

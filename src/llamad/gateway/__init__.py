@@ -12,6 +12,10 @@ request like any other: routed by the front, streamed straight from the worker.
 - :mod:`~llamad.gateway.errors`: llamad's error codes as HTTP statuses;
 - :mod:`~llamad.gateway.openai`: the OpenAI routes and their translation;
 - :mod:`~llamad.gateway.metrics`: ``GET /metrics`` (Prometheus text).
+- :mod:`~llamad.gateway.anthropic`: Anthropic's Messages API (``/v1/messages``);
+- :mod:`~llamad.gateway.ollama`: Ollama's API (``/api/...``);
+- :mod:`~llamad.gateway.calls`: tool calls read out of a reply, held back from a stream;
+- :mod:`~llamad.gateway.decode`: a JSON body as a msgspec Struct, faults naming the field.
 
 ``docs/internals/gateway.md`` describes it.
 """

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
 
-from llamad.gateway import metrics, openai, responses
+from llamad.gateway import anthropic, metrics, ollama, openai, responses
 from llamad.gateway.gate import ErrorRender, Gate
 
 __all__ = ["PROTOCOLS", "Protocol", "build_app"]
@@ -38,6 +38,8 @@ PROTOCOLS: tuple[Protocol, ...] = (
     Protocol("openai", openai.routes, openai.render_error, "/v1/"),
     Protocol("openai-responses", responses.routes, openai.render_error, "/v1/responses"),
     Protocol("prometheus", metrics.routes, metrics.render_error, "/metrics"),
+    Protocol("anthropic", anthropic.routes, anthropic.render_error, "/v1/messages"),
+    Protocol("ollama", ollama.routes, ollama.render_error, "/api/"),
 )
 """Every protocol served; the first is the shape of errors outside every prefix."""
 
@@ -51,10 +53,11 @@ def build_app(gate: Gate, protocols: tuple[Protocol, ...] = PROTOCOLS) -> Starle
         routes.extend(p.routes(gate))
 
     def shape(path: str) -> ErrorRender:
-        for p in protocols:
-            if path.startswith(p.prefix):
-                return p.render_error
-        return protocols[0].render_error
+        # The longest prefix: /v1/messages is Anthropic's inside OpenAI's /v1/.
+        matching = [p for p in protocols if path.startswith(p.prefix)]
+        if not matching:
+            return protocols[0].render_error
+        return max(matching, key=lambda p: len(p.prefix)).render_error
 
     async def http_error(request: Request, exc: Any) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 500

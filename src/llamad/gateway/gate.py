@@ -272,8 +272,20 @@ class Gate:
         """The daemon's metrics (the front's ``metrics``: boards and counters)."""
         return await self.unless_gone(request, self.client.metrics())
 
-    async def tokenize(self, model: str, text: str) -> list[int]:
-        return await self.client.tokenize(model, text)
+    async def tokenize(self, model: str, text: str, **kwargs: Any) -> list[int]:
+        return await self.client.tokenize(model, text, **kwargs)
+
+    async def apply_chat_template(
+        self, request: Request, model: str, messages: Sequence[Mapping[str, Any]], **chat: Any
+    ) -> list[int]:
+        """The tokens ``messages`` render to (Anthropic's ``count_tokens``)."""
+        return await self.unless_gone(
+            request, self.client.apply_chat_template(model, messages, **chat)
+        )
+
+    async def set_keep_alive(self, request: Request, model: str, seconds: float | None) -> None:
+        """The model's ``keep_alive`` from now on (Ollama's per-request ``keep_alive``)."""
+        await self.unless_gone(request, self.client.set_keep_alive(model, seconds))
 
     async def detokenize(self, model: str, tokens: Sequence[int]) -> str:
         return await self.client.detokenize(model, tokens)

@@ -153,6 +153,8 @@ CLIENT_CALLS: dict[str, Callable[[Client, Any], object]] = {
     "embed(input)": lambda c, v: c.embed(MODEL, v),
     "cancel(request_id)": lambda c, v: c.cancel(v, model_id=MODEL),
     "model_info(model_id)": lambda c, v: c.model_info(v),
+    # None: never unloaded, as the model is already (a garbage 0 would unload it).
+    "set_keep_alive(model_id)": lambda c, v: c.set_keep_alive(v, None),
     "status(model_id)": lambda c, v: c.status(v),
     "unload(model_id)": lambda c, v: c.unload(v),
     "load_model(model_id)": lambda c, v: c.load_model(v, "/nonexistent.gguf"),

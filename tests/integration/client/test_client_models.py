@@ -78,6 +78,28 @@ def test_a_model_unloaded_by_keep_alive_is_reloaded_by_the_next_request_and_hits
     client.unload("idle")
 
 
+def test_set_keep_alive_changes_when_an_idle_model_unloads(
+    served: DaemonProc, client: Client
+) -> None:
+    client.load_model("kept", "default", **SMALL)
+    assert client.model_info("kept").keep_alive_s is None
+    assert client.complete("kept", "Hi", max_tokens=1).stats.completion_tokens == 1
+    info = client.set_keep_alive("kept", 0.5)
+    assert info.keep_alive_s == 0.5
+    wait_until(
+        lambda: client.model_info("kept").state is ModelState.UNLOADED,
+        "the keep_alive set at run time to unload the model",
+    )
+    # Kept, unloaded: the next request loads it again.
+    assert client.complete("kept", "Hi", max_tokens=1).stats.completion_tokens == 1
+    assert client.set_keep_alive("kept", None).keep_alive_s is None
+    with pytest.raises(ModelNotFound):
+        client.set_keep_alive("never-loaded", 1.0)
+    with pytest.raises(BadRequest):
+        client.set_keep_alive("kept", -1.0)
+    client.unload("kept")
+
+
 def test_the_front_refuses_bad_loads_with_their_own_classes(
     served: DaemonProc, client: Client
 ) -> None:
