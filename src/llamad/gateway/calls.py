@@ -10,7 +10,8 @@ events. :func:`split_calls` reads both back with
 :func:`~llamad.llama_ffi.tool_calls.parse_tool_calls`; text that is no call
 stays text.
 
-:class:`CallHold` is the streaming half: text goes out as it comes until it
+:class:`~llamad.gateway.tools.CallHold` (re-exported here) is the streaming
+half, the same rule OpenAI's stream uses: text goes out as it comes until it
 may begin a call (a marker anywhere, or a reply opening with ``{`` or ``[``);
 from there it is held and read at the end.
 """
@@ -20,14 +21,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
+from llamad.gateway.tools import CallHold
 from llamad.llama_ffi.tool_calls import parse_tool_calls
 
 __all__ = ["Call", "CallHold", "split_calls"]
-
-MARKERS: Final = ("<tool_call>", "[TOOL_CALLS]", "<|python_tag|>")
-_OPENERS: Final = ("{", "[")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,41 +51,3 @@ def split_calls(
             return text, []  # not a call after all: the whole reply stays text
         calls.append(Call(call.name, arguments))
     return (parsed.content or "") if calls else text, calls
-
-
-class CallHold:
-    """A streamed reply's text, held from where it may begin a call."""
-
-    def __init__(self) -> None:
-        self._sent_any = False
-        self._pending = ""
-        self._holding = False
-        self._held = ""
-
-    def feed(self, text: str) -> str:
-        """``text`` arrived: what may be sent now (possibly ``""``)."""
-        if self._holding:
-            self._held += text
-            return ""
-        buf = self._pending + text
-        if not self._sent_any and buf.lstrip()[:1] in _OPENERS:
-            return self._hold(buf, len(buf) - len(buf.lstrip()))
-        starts = [at for at in (buf.find(m) for m in MARKERS) if at >= 0]
-        if starts:
-            return self._hold(buf, min(starts))
-        # Keep back a tail that could be the start of a marker.
-        keep = max((n for m in MARKERS for n in range(1, len(m)) if buf.endswith(m[:n])), default=0)
-        out, self._pending = buf[: len(buf) - keep], buf[len(buf) - keep :]
-        if out.strip():
-            self._sent_any = True
-        return out
-
-    def held(self) -> str:
-        """At the end: the text not sent (a call, or text that only looked like one)."""
-        return self._pending + self._held
-
-    def _hold(self, buf: str, at: int) -> str:
-        self._holding = True
-        self._held = buf[at:]
-        self._pending = ""
-        return buf[:at]

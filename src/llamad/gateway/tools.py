@@ -34,6 +34,7 @@ from llamad.llama_ffi.tool_calls import (
 from llamad.model.results import Completion
 
 __all__ = [
+    "CallHold",
     "ToolStream",
     "ToolUse",
     "call_deltas",
@@ -137,11 +138,10 @@ def _held_from(text: str, start_of_reply: bool) -> int:
 
 
 @dataclass(slots=True)
-class ToolStream:
-    """Splits a streamed reply into text safe to send now and a held tail
-    that may be a tool call (see the module's docstring)."""
+class CallHold:
+    """A streamed reply's text, held from where it may begin a call (the
+    module's docstring); the one rule every protocol's stream uses."""
 
-    use: ToolUse
     sent: bool = False
     """Some text was sent already (a reply that began as text)."""
     pending: str = ""
@@ -149,8 +149,6 @@ class ToolStream:
 
     def feed(self, text: str) -> str:
         """The part of the reply so far that can go out now."""
-        if not self.use.active:
-            return text
         self.pending += text
         if self.holding:
             return ""
@@ -169,10 +167,29 @@ class ToolStream:
         self.sent = True
         return out
 
+    def held(self) -> str:
+        """At the end: the text not sent (a call, or text that only looked like
+        one), taken out of the hold."""
+        held, self.pending = self.pending, ""
+        return held
+
+
+@dataclass(slots=True)
+class ToolStream:
+    """OpenAI's streamed reply: text through a :class:`CallHold` while the
+    request's tools are active, the held tail read for calls at the end."""
+
+    use: ToolUse
+    hold: CallHold = field(default_factory=CallHold)
+
+    def feed(self, text: str) -> str:
+        """The part of the reply so far that can go out now."""
+        return self.hold.feed(text) if self.use.active else text
+
     def finish(self) -> tuple[str, ParsedReply]:
         """At the end: the held text read for calls; returns the content
         still to send and the calls."""
-        held, self.pending = self.pending, ""
+        held = self.hold.held()
         if not self.use.active or not held:
             return held, ParsedReply(held, [])
         parsed = self.use.parse(held)

@@ -35,7 +35,8 @@ def feed(hold: CallHold, pieces: list[str]) -> str:
         (["Hi <tool", "_call>{}"], "Hi ", "<tool_call>{}"),
         (["Hi <", "b>"], "Hi <b>", ""),
         (["Hi <tool_c"], "Hi ", "<tool_c"),  # could still become a marker
-        ([" {", '"name"'], " ", '{"name"'),  # a reply opening with JSON
+        # A reply opening with JSON: its leading blanks stay with it (OpenAI's rule too).
+        ([" {", '"name"'], "", ' {"name"'),
         (["Hi. {x}"], "Hi. {x}", ""),  # JSON later in the text is no call
         (["a [TOOL_CALLS][]"], "a ", "[TOOL_CALLS][]"),
     ],
