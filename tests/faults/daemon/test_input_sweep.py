@@ -113,7 +113,11 @@ class Sweep:
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[Daemon]:
-    d = Daemon({MODEL: {}})
+    # A raw body with garbage in one field and no max_tokens that the worker
+    # accepts generates to the end of the context: 256 cells bound that to
+    # ~200 tokens, seconds even beside a CPU hog per core (at the harness's
+    # 1,024, ``{prompt: "\x00"}`` ran past TIMEOUT under load).
+    d = Daemon({MODEL: {"n_ctx": 256}})
     try:
         d.start(wait_for=[MODEL])
         yield d
