@@ -69,7 +69,7 @@ def test_p10_pairs_llamads_gateway_with_llama_servers_ram_cache_hit_round_by_rou
     assert bar(r, "P10").verdict == "ABOVE BAR"
 
 
-def test_p10_is_not_measured_when_llamads_repeat_was_not_warm() -> None:
+def test_p10_is_not_measured_when_llamads_repeat_was_not_warm_or_was_served_live() -> None:
     r = results(
         **{
             "http-ttft__llamad__http__ram__2048": [9.0, 9.0],
@@ -78,6 +78,13 @@ def test_p10_is_not_measured_when_llamads_repeat_was_not_warm() -> None:
         }
     )
     assert bar(r, "P10").verdict == "NOT MEASURED (llamad's repeat was not warm in round(s) 2)"
+    r.series["http-cached/llamad/http/ram/2048"] = [2048.0, 2048.0]
+    r.series["http-live/llamad/client/ram/2048"] = [0.0, 2048.0]
+    assert bar(r, "P10").verdict.startswith(
+        "NOT MEASURED (the Client's repeat after the same fillers was served live in round(s) 2"
+    )
+    r.series["http-live/llamad/client/ram/2048"] = [0.0, 0.0]
+    assert bar(r, "P10").verdict == "met"
 
 
 def test_p11_is_the_four_stream_rate_through_http_against_llama_servers() -> None:
