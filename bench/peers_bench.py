@@ -1,5 +1,5 @@
-"""llamad against its peers: P1-P9 and P12 side by side in one invocation (issue 11,
-issue 15 item 7; SPEC bars).
+"""llamad against its peers: P1-P12 side by side in one invocation (issue 11,
+issue 15 item 7, issue 19's P10, P11 and HTTP overhead; SPEC bars).
 
     python -m bench.peers_bench [--rounds 3] [--quick] [--no-record]
                                 [--skip llama-server|llama-cpp-python ...]
@@ -30,7 +30,10 @@ Requests go back to back, as a user's would: nothing waits for a save
 gets one). Every scenario runs every system in one round, the systems'
 order rotating between rounds (TTFT: cold, back-to-back repeat, repeat from
 a tier, after a restart; llama-bench pp; P3/P4 decode; P6 agents; P7 chat;
-P8 ITL), after an unrecorded warm-up round. P9 is measured once at the end.
+P8 ITL; through HTTP: P10's TTFT, P11's decode and what HTTP costs over the
+``Client``, bench/peers/http_round.py), after an unrecorded warm-up round. P9
+is measured once at the end, over every process of each tree: llamad's root,
+supervisors, front, cache-meta, worker and HTTP gateway.
 Verdicts (bench/peers_report.py) are computed here; plots
 (bench/peers_plots.py) lie beside the result file,
 ``bench/results/<date>-<machine>.md``, which only this script writes, rendered
@@ -57,7 +60,7 @@ from pathlib import Path
 
 from bench import peers_setup
 from bench.common import machine, record, results_dir, show
-from bench.peers import idle, scenarios, workload
+from bench.peers import http_round, idle, scenarios, workload
 from bench.peers.lcpp_sys import LlamaCppPython
 from bench.peers.llamad_sys import LlamadDaemon, ModelTable
 from bench.peers.server_sys import LlamaServer
@@ -67,7 +70,7 @@ from bench.peers_report import LCPP, LLAMAD, SERVER, Results, results_data
 N_CTX, N_SEQ = 4096, 4
 NEVER = 1_000_000_000
 RENDER = "bench.peers.render:render"
-TITLE = "llamad against its peers (P1-P9, P12)"
+TITLE = "llamad against its peers (P1-P12)"
 
 
 def machine_name() -> str:
@@ -173,6 +176,14 @@ def build_rig(args: argparse.Namespace, res: Results, work: Path) -> scenarios.R
             "cache, its finish save not waited for (where its tokens came from: "
             "cache_delta.sources); llama-server: one filler takes another slot and idle slots "
             "go to its host-RAM cache; llama-cpp-python: the context is reset first",
+            "through HTTP (P10, P11, HTTP overhead)": "POST /v1/completions to both "
+            "servers (llamad's gateway on its [http] port; llama-server), token ids, greedy, "
+            "streamed, one plain http.client reader, each request on a new connection "
+            "opened untimed (bench/peers/http_sse.py); TTFT: request written to the first chunk "
+            "carrying a choice parsed; at the largest size: cold, back-to-back repeat, the "
+            "P1 fillers, the repeat (llamad: from a tier; llama-server: its host-RAM "
+            "cache); llamad through the Client the same way in the same round, the two "
+            "ways in alternating which goes first; decode: 1 and 4 streams through each",
             "after a restart (P2)": "every system is stopped and started again; llamad: "
             "SIGTERM (its clean stop), a new daemon over the same runtime, state and "
             "ram_file directories, default configuration, then each size's prompt: its "
@@ -225,7 +236,7 @@ def stop(rig: scenarios.Rig) -> None:
             d.remove()
 
 
-STEPS = ("ttft", "pp", "decode", "agents", "chat", "itl", "idle")
+STEPS = ("ttft", "pp", "decode", "agents", "chat", "itl", "http", "idle")
 
 
 def one_round(rig: scenarios.Rig, res: Results, rnd: int, only: set[str]) -> None:
@@ -238,6 +249,7 @@ def one_round(rig: scenarios.Rig, res: Results, rnd: int, only: set[str]) -> Non
         ("agents", lambda: scenarios.agents_round(rig, res, rnd, order)),
         ("chat", lambda: scenarios.chat_round(rig, res, rnd, order)),
         ("itl", lambda: scenarios.itl_round(rig, res, rnd)),
+        ("http", lambda: http_round.http_round(rig, res, rnd, order)),
     )
     for name, step in steps:
         if name in only:
@@ -266,6 +278,7 @@ def idle_round(rig: scenarios.Rig, res: Results, work: Path) -> None:
         probe.complete(ids, 4)
         client = daemon.start()
         client.complete("smollm2", ids, max_tokens=4, temperature=0.0)
+        daemon.http_url()  # the gateway serves: it is one of the tree's processes
         idle.settle()
         sizes = probe.buffers_mib()
         if not sizes["model"] or not sizes["kv"]:
@@ -276,6 +289,11 @@ def idle_round(rig: scenarios.Rig, res: Results, work: Path) -> None:
         )
         ours = idle.rss_bytes(daemon.pids())
         res.add(idle.overhead_mb(ours, 1, sizes["model"], sizes["kv"]), "p9", LLAMAD, "mb")
+        gateway = daemon.gateway_pid()
+        if gateway is None or gateway not in daemon.pids():
+            res.skipped["P9"] = f"the HTTP gateway ({gateway}) is not in the daemon's tree"
+            return
+        res.add(idle.rss_bytes([gateway]) / idle.MB, "p9", LLAMAD, "gateway")
         worker = client.model_info("smollm2").pid
         if worker is not None:
             mine = idle.rss_bytes([worker])

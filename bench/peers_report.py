@@ -27,6 +27,12 @@ P2_MS = 40.0
 P3_RATIO, P4_RATIO, P5_RATIO = 1.0, 0.95, 0.95
 P6_RATIO, P6_PREFIX_MS = 1.0, 10.0
 P7_SHARE, P8_RATIO, P9_MB, P12_RATIO = 0.95, 1.5, 200.0, 0.5
+# Issue 19's HTTP bars: P10 (warm TTFT through HTTP against llama-server's
+# host-RAM cache hit through its HTTP), P11 (4-stream decode through HTTP), and
+# what HTTP adds over the Client path (first token, ms; decode rate, ratio).
+P10_RATIO, P11_RATIO, HTTP_FIRST_MS, HTTP_DECODE_RATIO = 0.5, 1.0, 1.0, 0.95
+CLIENT_VIA, HTTP_VIA = "client", "http"  # llamad's two ways in
+HTTP_ID = "HTTP"
 SOURCES = ("live", "ram", "ram_file", "disk", "remote", "computed")
 INFO = "information"  # a row shown beside a bar, judged against none
 
@@ -417,6 +423,126 @@ def bars(results: Results) -> list[Bar]:
             else f"NOT MEASURED (llama-server's repeat was no live-slot hit in round(s) "
             f"{_rounds(bad)})",
             size=n,
+        )
+    if any(k.startswith("http-") for k in r.series) or HTTP_ID in r.skipped:
+        rows += http_bars(r)
+    if r.get("p9", LLAMAD, "gateway"):
+        rows.append(
+            Bar(
+                "P9",
+                "of it the HTTP gateway's process (RSS, counted in the row above), MB",
+                spread(r.get("p9", LLAMAD, "gateway"), ".3g"),
+                "-",
+                INFO,
+            )
+        )
+    return rows
+
+
+def differences(a: Sequence[float], b: Sequence[float]) -> list[float]:
+    """Per-round differences a - b of rounds both measured."""
+    return [x - y for x, y in zip(a, b, strict=False)]
+
+
+def not_warm(cached: Sequence[float], n: int) -> list[int]:
+    """The rounds (1-based) whose repeat reused fewer than ``n - 1`` prompt tokens."""
+    return [i for i, c in enumerate(cached, start=1) if c < n - 1]
+
+
+def http_bars(results: Results) -> list[Bar]:
+    """Issue 19's HTTP bars at the largest size (bench/peers/http_round.py):
+    P10, P11, and HTTP's cost over llamad's Client path, every one paired by
+    round (the two ways in ran in the same round, back to back)."""
+    r = results
+    n = max(r.sizes)
+    at = "" if n == 2048 else f" (at {n} tokens; issue 19: 2048)"
+    rows: list[Bar] = []
+
+    def row(
+        id_: str,
+        what: str,
+        vals: Sequence[float],
+        bar: float,
+        bar_text: str,
+        *,
+        at_least: bool,
+        missing: str,
+        unless: str | None = None,
+    ) -> None:
+        measured, v = _judge(vals, bar, at_least=at_least, missing=missing)
+        rows.append(Bar(id_, what, measured, bar_text, unless if unless and vals else v))
+
+    ours = r.get("http-ttft", LLAMAD, HTTP_VIA, "ram", n)
+    cold = not_warm(r.get("http-cached", LLAMAD, HTTP_VIA, "ram", n), n)
+    # HTTP's usage does not say live from tier; the Client's repeat after the
+    # same fillers in the same round does: served live, they displaced nothing.
+    live = [
+        i for i, x in enumerate(r.get("http-live", LLAMAD, CLIENT_VIA, "ram", n), start=1) if x > 0
+    ]
+    unless = None
+    if cold:
+        unless = f"NOT MEASURED (llamad's repeat was not warm in round(s) {_rounds(cold)})"
+    elif live:
+        unless = (
+            f"NOT MEASURED (the Client's repeat after the same fillers was served live in "
+            f"round(s) {_rounds(live)}: the idle entry was not displaced)"
+        )
+    row(
+        "P10",
+        f"warm TTFT through HTTP (streamed, client-observed): llamad's gateway / "
+        f"llama-server's host-RAM cache hit through its HTTP{at}",
+        paired(ours, r.get("http-ttft", SERVER, HTTP_VIA, "ram-cache", n)),
+        P10_RATIO,
+        f"<= {P10_RATIO:g}x",
+        at_least=False,
+        missing=_why(r, LLAMAD, SERVER, HTTP_ID),
+        unless=unless,
+    )
+    row(
+        "P11",
+        "aggregate decode, 4 streams through HTTP: llamad's gateway / llama-server",
+        paired(
+            r.get("http-decode", LLAMAD, HTTP_VIA, 4), r.get("http-decode", SERVER, HTTP_VIA, 4)
+        ),
+        P11_RATIO,
+        f">= {P11_RATIO:g}x",
+        at_least=True,
+        missing=_why(r, LLAMAD, SERVER, HTTP_ID),
+    )
+    row(
+        HTTP_ID,
+        f"first token, back-to-back repeat: HTTP - Client, ms{at}",
+        differences(
+            r.get("http-ttft", LLAMAD, HTTP_VIA, "repeat", n),
+            r.get("http-ttft", LLAMAD, CLIENT_VIA, "repeat", n),
+        ),
+        HTTP_FIRST_MS,
+        f"<= {HTTP_FIRST_MS:g} ms",
+        at_least=False,
+        missing=_why(r, LLAMAD, HTTP_ID),
+    )
+    tier = differences(ours, r.get("http-ttft", LLAMAD, CLIENT_VIA, "ram", n))
+    rows.append(
+        Bar(
+            HTTP_ID,
+            f"first token, repeat from a tier: HTTP - Client, ms{at}",
+            spread(tier, ".3g"),
+            "-",
+            INFO if tier else f"not measured ({_why(r, LLAMAD, HTTP_ID)})",
+        )
+    )
+    for streams in (1, 4):
+        row(
+            HTTP_ID,
+            f"decode rate, {streams} stream(s): HTTP / Client",
+            paired(
+                r.get("http-decode", LLAMAD, HTTP_VIA, streams),
+                r.get("http-decode", LLAMAD, CLIENT_VIA, streams),
+            ),
+            HTTP_DECODE_RATIO,
+            f">= {HTTP_DECODE_RATIO:g}x",
+            at_least=True,
+            missing=_why(r, LLAMAD, HTTP_ID),
         )
     return rows
 

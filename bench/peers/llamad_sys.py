@@ -133,8 +133,20 @@ class LlamadDaemon:
     # -- what the scenarios use ------------------------------------------------------
 
     def pids(self) -> list[int]:
-        """The daemon and every process of its tree."""
+        """The daemon and every process of its tree (the HTTP gateway included)."""
         return self.launcher.pids()
+
+    def http_url(self) -> str:
+        """The gateway's base URL (``[http]`` on, port 0: the kernel's free
+        port, published in ``<runtime_dir>/http.json``) once it serves."""
+        return self.launcher.http_url(timeout=READY_TIMEOUT_S)
+
+    def gateway_pid(self) -> int | None:
+        """The gateway's pid as it published it (None: not serving)."""
+        from llamad.paths import http_address  # noqa: PLC0415
+
+        pid = (http_address(self.launcher.runtime) or {}).get("pid")
+        return pid if isinstance(pid, int) else None
 
     def largest_ram_row(self) -> int:
         """Bytes of the largest row in this daemon's ``ram`` tier (its shared-memory

@@ -16,7 +16,9 @@ from typing import Any
 from bench.common import median, table
 from bench.peers_report import (
     CLIENT,
+    CLIENT_VIA,
     COPY_FLOOR,
+    HTTP_VIA,
     INFO,
     LBENCH,
     LCPP,
@@ -287,6 +289,49 @@ def itl_table(results: Results) -> str:
     )
 
 
+def has_http(results: Results) -> bool:
+    """The run measured the HTTP bars (older records did not: their files
+    render as they were)."""
+    return any(k.startswith("http-") for k in results.series)
+
+
+# (system, way in, TTFT paths) of the HTTP section's rows
+HTTP_ROWS = (
+    (LLAMAD, CLIENT_VIA, ("cold", "repeat", "ram")),
+    (LLAMAD, HTTP_VIA, ("cold", "repeat", "ram")),
+    (SERVER, HTTP_VIA, ("cold", "repeat", "ram-cache")),
+)
+
+
+def http_table(results: Results) -> str:
+    """P10/P11's measurements: per system and way in, TTFT of each path at
+    the largest size (reused prompt tokens beside it) and decode rates."""
+    r = results
+    n = max(r.sizes)
+    rows = []
+    for system, via, paths in HTTP_ROWS:
+        cells = [
+            f"{spread(r.get('http-ttft', system, via, path, n), '.2f')} "
+            f"[{spread(r.get('http-cached', system, via, path, n), '.0f')}]"
+            for path in paths
+        ]
+        decode = [spread(r.get("http-decode", system, via, k)) for k in (1, 4)]
+        if any(v for path in paths for v in r.get("http-ttft", system, via, path, n)):
+            rows.append([system, via, *cells, *decode])
+    return table(
+        [
+            "system",
+            "way in",
+            f"cold {n}, ms [reused]",
+            "back-to-back repeat, ms [reused]",
+            "repeat after the fillers (llamad: a tier; llama-server: host-RAM cache), ms [reused]",
+            "1 stream, tok/s",
+            "4 streams, tok/s",
+        ],
+        rows,
+    )
+
+
 def breakdown_table(results: Results) -> str:
     rows = [[part, spread(ms, ".2f")] for part, ms in floor_parts(results).items()]
     return table(["part of the warm path", "ms: median (min-max)"], rows)
@@ -381,12 +426,51 @@ def notes(results: Results) -> list[str]:
                 f"saves against {_m(r.get('p8', LLAMAD, 'no saves', 'p99'))} ms without: a "
                 "continued save stalls the decode loop while it copies the sequence out."
             )
+        elif b.id == "P10":
+            n = max(r.sizes)
+            out.append(
+                f"P10 ({b.verdict}): llamad's repeat from a tier through HTTP "
+                f"{_m(r.get('http-ttft', LLAMAD, HTTP_VIA, 'ram', n), '.2f')} ms against "
+                f"{_m(r.get('http-ttft', LLAMAD, CLIENT_VIA, 'ram', n), '.2f')} ms through the "
+                "Client in the same rounds; llama-server's host-RAM cache hit "
+                f"{_m(r.get('http-ttft', SERVER, HTTP_VIA, 'ram-cache', n), '.2f')} ms "
+                f"(reused {_m(r.get('http-cached', SERVER, HTTP_VIA, 'ram-cache', n), '.0f')} "
+                "tokens). The way in through HTTP is the Client's plus the gateway's hop: "
+                "the HTTP rows below say how much of the TTFT that is."
+            )
+        elif b.id == "P11":
+            out.append(
+                f"P11 ({b.verdict}): llamad through HTTP "
+                f"{_m(r.get('http-decode', LLAMAD, HTTP_VIA, 4))} tok/s (through the Client "
+                f"{_m(r.get('http-decode', LLAMAD, CLIENT_VIA, 4))}) against llama-server "
+                f"{_m(r.get('http-decode', SERVER, HTTP_VIA, 4))} at 4 streams; with the "
+                "Client's rate at P3's, the gap is the gateway's per-token work "
+                "(an event in, a JSON chunk out)."
+            )
+        elif b.id == "HTTP":
+            n = max(r.sizes)
+            out.append(
+                f"HTTP ({b.what}: {b.verdict}): back-to-back repeat through HTTP "
+                f"{_m(r.get('http-ttft', LLAMAD, HTTP_VIA, 'repeat', n), '.2f')} ms against "
+                f"{_m(r.get('http-ttft', LLAMAD, CLIENT_VIA, 'repeat', n), '.2f')} ms through "
+                "the Client; decode at 1 stream "
+                f"{_m(r.get('http-decode', LLAMAD, HTTP_VIA, 1))} against "
+                f"{_m(r.get('http-decode', LLAMAD, CLIENT_VIA, 1))} tok/s. The gateway is one "
+                "more process on the token's way (worker, gateway's AsyncClient, JSON, SSE, "
+                "the HTTP client), so each token pays one more hop and a Python event loop's turn."
+            )
         elif b.id == "P9":
+            gateway = (
+                f", the HTTP gateway {_m(r.get('p9', LLAMAD, 'gateway'), '.0f')} MB RSS"
+                if r.get("p9", LLAMAD, "gateway")
+                else ""
+            )
             out.append(
                 f"P9 ({b.verdict}): the worker's own overhead (RSS less weights and KV) is "
                 f"{_m(r.get('p9', LLAMAD, 'worker'), '.0f')} MB, llama-server's whole overhead "
                 f"{_m(r.get('p9', SERVER, 'mb'), '.0f')} MB; the other llamad processes "
-                f"(daemon, supervisors, front, cache-meta: one Python interpreter each) hold "
+                f"(daemon, supervisors, front, cache-meta{gateway}: one Python interpreter "
+                "each) hold "
                 f"{_m(r.get('p9', LLAMAD, 'others'), '.0f')} MB, each near its interpreter's "
                 "import floor (python, pyzmq, msgspec, structlog: about 25 MB before any llamad "
                 "module). Counted by PSS (shared pages split between their holders) the group "
@@ -413,6 +497,7 @@ def notes(results: Results) -> list[str]:
 def report(results: Results, *, plots: Sequence[str] = ()) -> str:
     """The result file's body (the machine header is bench.common.record's)."""
     r = results
+    bars_title = "SPEC P1-P12, issue 19's HTTP" if has_http(r) else "SPEC P1-P9, P12"
     parts = [
         f"{r.rounds} round(s), systems interleaved in every round; prompt sizes "
         f"{', '.join(map(str, r.sizes))} tokens. A bar is met only when every round "
@@ -423,7 +508,7 @@ def report(results: Results, *, plots: Sequence[str] = ()) -> str:
         *(f"- {k}: {v}" for k, v in r.setup.items()),
         *(f"- **skipped** {k}: {v}" for k, v in r.skipped.items()),
         "",
-        "### Bars (SPEC P1-P9, P12)",
+        f"### Bars ({bars_title})",
         "",
         bars_table(r),
         "",
@@ -488,6 +573,20 @@ def report(results: Results, *, plots: Sequence[str] = ()) -> str:
         scenario_table(r),
         "",
     ]
+    if has_http(r):
+        parts += [
+            "### Through HTTP (P10, P11, HTTP overhead)",
+            "",
+            "llamad through its Client and through its HTTP gateway, llama-server through "
+            "its HTTP, the same HTTP client for both servers (bench/peers/http_sse.py: "
+            "`POST /v1/completions`, token ids, streamed, each on a new connection opened "
+            "untimed; TTFT from the request written to the first chunk carrying a choice); median "
+            f"(min-max) over rounds at {max(r.sizes)} tokens, prompt tokens the system "
+            "reports it reused in brackets:",
+            "",
+            http_table(r),
+            "",
+        ]
     if r.itl_ms:
         parts += [
             "### Inter-token latency (P8, every interval of every round)",
