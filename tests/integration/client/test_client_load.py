@@ -1,5 +1,9 @@
-"""1,000 requests from 16 clients: nothing lost, nothing duplicated, every
-stream ends with exactly one terminal event."""
+"""400 requests from 16 clients at once: nothing lost, nothing duplicated,
+every stream ends with exactly one terminal event.
+
+400 (25 per client, half of them streams) keeps every client's requests
+interleaved with the others' for the whole run; it was 1,000, which took
+77 s of the suite's 20-minute budget and exercised nothing more."""
 
 from __future__ import annotations
 
@@ -14,10 +18,10 @@ from served import Served
 pytestmark = [pytest.mark.timeout(600), pytest.mark.model, pytest.mark.slow]
 
 CLIENTS = 16
-REQUESTS = 1000
+REQUESTS = 400
 
 
-def test_a_thousand_requests_from_sixteen_clients_each_answered_once(served: Served) -> None:
+def test_four_hundred_requests_from_sixteen_clients_each_answered_once(served: Served) -> None:
     before = served.board()
     assert before is not None
     results: dict[str, Completion] = {}
