@@ -119,6 +119,10 @@ class CacheSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if not tiers or not all(isinstance(t, TierConfig) for t in tiers):
             raise InvalidCacheValue("tiers", "expected at least one TierConfig")
         names = [t.kind for t in tiers]
+        if TierKind.REMOTE in names:
+            raise InvalidCacheValue(
+                "tiers", "the remote tier is no directory of cache-meta's: configure remote"
+            )
         if len(set(names)) != len(names):
             raise InvalidCacheValue("tiers", f"a tier is configured twice: {names}")
         # Tiers tell their files apart by directory alone (a ram tier by its

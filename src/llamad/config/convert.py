@@ -26,6 +26,7 @@ libllama); the schema does not.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -172,6 +173,11 @@ def cache_settings(config: LlamadConfig) -> CacheSettings:
     )
     r = c.remote
     url = r.url
+    if url is not None and importlib.util.find_spec("redis") is None:
+        raise _refusal(
+            ("cache", "remote", "url"),
+            "the remote tier needs the redis package: install llamad[remote]",
+        )
     remote = (
         None
         if url is None

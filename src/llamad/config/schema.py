@@ -38,7 +38,7 @@ from llamad.config.kinds import (
     Size,
     Text,
 )
-from llamad.config.model_schema import TIER_NAMES, ModelConfig
+from llamad.config.model_schema import LOCAL_TIER_NAMES, ModelConfig
 from llamad.config.sections import (
     DEFAULT_MODEL_ID,
     ClientSection,
@@ -310,7 +310,7 @@ class PressureSection(Table, frozen=True, kw_only=True):
     ] = 0.75
     min_evict_bytes: Annotated[int, Key("Smallest eviction worth doing.", Size())] = MIB
     evict_tiers: Annotated[
-        tuple[str, ...], Key("The tiers it evicts from.", ManyOf(TIER_NAMES))
+        tuple[str, ...], Key("The tiers it evicts from.", ManyOf(LOCAL_TIER_NAMES))
     ] = ("ram", "ram_file")
 
 

@@ -212,7 +212,7 @@ def test_redis_killed_mid_save_loses_nothing_locally_and_the_daemons_share_again
     redis_server: RedisServer, clients: tuple[Client, Client]
 ) -> None:
     ca, cb = clients
-    prompts = ["Killed ledger %d. " % i + prompt_text(2100 + i) for i in range(3)]
+    prompts = [f"Killed ledger {i}. " + prompt_text(2100 + i) for i in range(3)]
     errors: list[BaseException] = []
 
     def prefill_all() -> None:
@@ -235,15 +235,17 @@ def test_redis_killed_mid_save_loses_nothing_locally_and_the_daemons_share_again
     # reaches Redis again, and B restores it from there.
     attempt = iter(range(100))
 
-    def shared() -> bytes | None:
-        warmed = ca.prefill_only("smol", "Restarted ledger %d. " % next(attempt) + prompt_text(2200))
-        key = warmed.finish_key
+    def shared() -> str | None:
+        prompt = f"Restarted ledger {next(attempt)}. " + prompt_text(2200)
+        key = ca.prefill_only("smol", prompt).finish_key
         try:
             wait_until(lambda: _stored(redis_server, key), "the row in Redis", 2.0)
         except WaitTimeout:
             return None
-        return key
+        return prompt
 
-    key = wait_until(shared, "A sharing rows through the restarted Redis", EVENTUALLY, 0.2)
-    assert key is not None
+    prompt = wait_until(shared, "A sharing rows through the restarted Redis", EVENTUALLY, 0.2)
+    there = cb.complete("smol", prompt, max_tokens=1, **GREEDY)
+    assert there.cache_hit_kind is CacheHitKind.EXACT
+    assert there.cache_delta.sources.remote > 0
     assert _counter(ca, "remote_reconnects") >= 1

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 from llamad.cache.errors import InvalidCacheValue
 from llamad.cache.key import Namespace, ctx_params_hash
+from llamad.cache.pressure import PressureConfig
 from llamad.cache.remote import (
     Manifest,
     RemoteConfig,
@@ -18,6 +20,11 @@ from llamad.cache.remote import (
     row_name,
     split,
 )
+from llamad.cache.settings import CacheSettings
+from llamad.cache.tiers import TierConfig
+from llamad.errors import ConfigError
+from llamad.model.identity import salted
+from llamad.tiers import TierKind
 
 KEY = bytes(range(32))
 WID = b"\xab" * 16
@@ -29,13 +36,9 @@ def test_names_carry_the_prefix_and_the_full_key() -> None:
 
 
 def test_the_key_of_a_salted_namespace_differs_so_its_redis_name_does() -> None:
-    from llamad.model.identity import salted
-
     ns = Namespace(fingerprint=b"\x11" * 32, quant=3, ctx_hash=ctx_params_hash(n_ctx=4096))
     tokens = list(range(40))
-    names = {
-        row_name("p", n.key(tokens)) for n in (ns, salted(ns, b"a"), salted(ns, b"b"))
-    }
+    names = {row_name("p", n.key(tokens)) for n in (ns, salted(ns, b"a"), salted(ns, b"b"))}
     assert len(names) == 3
 
 
@@ -53,7 +56,7 @@ def test_split_and_assemble_round_trip_at_every_chunk_boundary(size: int) -> Non
 
 def test_every_bit_flip_in_a_chunk_is_damage() -> None:
     data = os.urandom(300)
-    manifest, chunks = split(data, KEY, WID, 128)
+    manifest, _ = split(data, KEY, WID, 128)
     for i in range(len(data) * 8):
         bad = bytearray(data)
         bad[i // 8] ^= 1 << (i % 8)
@@ -85,7 +88,9 @@ def test_a_manifest_is_refused_under_another_key_or_damaged() -> None:
         Manifest.decode(b"X" + raw[1:], KEY)
 
 
-def test_candidate_lengths_are_the_prompt_and_the_aligned_boundaries_above_what_is_covered() -> None:
+def test_candidate_lengths_are_the_prompt_and_the_aligned_boundaries_above_what_is_covered() -> (
+    None
+):
     assert candidate_lengths(100, 0, 16, at_least=16) == [100, 96, 80, 64, 48]
     assert candidate_lengths(96, 0, 16, at_least=16) == [96, 80, 64, 48, 32]
     assert candidate_lengths(100, 64, 16, at_least=16) == [100, 96, 80]
@@ -109,3 +114,13 @@ def test_config_refuses_bad_values_naming_the_field() -> None:
         assert err.value.field == f"remote.{field}"
     with pytest.raises(InvalidCacheValue):
         RemoteConfig(url="redis://h:1/0", retry_min_ms=10, retry_max_ms=5)
+
+
+def test_cache_meta_never_owns_or_evicts_the_remote_tier(tmp_path: Path) -> None:
+    with pytest.raises(InvalidCacheValue) as err:
+        CacheSettings(
+            tiers=(TierConfig(TierKind.REMOTE, tmp_path, 1),), counters_path=tmp_path / "c"
+        )
+    assert err.value.field == "tiers"
+    with pytest.raises(ConfigError):
+        PressureConfig(evict_tiers=(TierKind.RAM, TierKind.REMOTE))
