@@ -110,6 +110,7 @@ def test_a_prompt_prefilled_on_one_daemon_is_an_exact_hit_on_another_through_red
     prompt = prompt_text(2001)
     key = _warm(ca, redis_server, prompt)
     here = ca.complete("smol", prompt, max_tokens=8, **GREEDY)
+    assert here.cache_delta.sources.remote == 0  # A's own tiers come first
     hits = _counter(cb, "remote_hits")
     there = cb.complete("smol", prompt, max_tokens=8, **GREEDY)
     assert there.cache_hit_kind is CacheHitKind.EXACT, there.cache_miss
