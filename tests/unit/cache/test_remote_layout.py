@@ -42,6 +42,15 @@ def test_the_key_of_a_salted_namespace_differs_so_its_redis_name_does() -> None:
     assert len(names) == 3
 
 
+def test_another_build_or_context_names_another_redis_key() -> None:
+    tokens = list(range(40))
+    names = {
+        row_name("p", Namespace(b"\x11" * 32, 3, ctx_params_hash(n_ctx=n)).key(tokens))
+        for n in (4096, 8192)
+    }
+    assert len(names) == 2
+
+
 @pytest.mark.parametrize("size", [1, 4095, 4096, 4097, 3 * 4096, 3 * 4096 + 7])
 def test_split_and_assemble_round_trip_at_every_chunk_boundary(size: int) -> None:
     data = os.urandom(size)
