@@ -256,6 +256,9 @@ class RemoteStore:
             self._failed("lookup", exc)
             return None
         self._succeeded()
+        # Each lookup counts once: a hit, a row found unusable (evicted by
+        # Redis, damaged: counted as such), or a miss (no row there at all).
+        unusable = False
         for (key, n_tokens), raw in zip(candidates, manifests, strict=True):
             if raw is None:
                 continue
@@ -276,16 +279,19 @@ class RemoteStore:
                 self._count("remote_evicted")
                 log.info("cache.remote_evicted", key=key.hex())
                 self._drop(key)
+                unusable = True
                 continue
             except (RemoteDamaged, KvcCorrupt) as exc:
                 self._count("remote_damaged")
                 log.warning("cache.remote_damaged", key=key.hex(), reason=exc.reason)
                 self._drop(key)
+                unusable = True
                 continue
             self._count("remote_hits")
             self._touch(key)
             return RemoteRow(key, meta, payload, data)
-        self._count("remote_misses")
+        if not unusable:
+            self._count("remote_misses")
         return None
 
     def _touch(self, key: bytes) -> None:

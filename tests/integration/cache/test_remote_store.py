@@ -147,3 +147,27 @@ def test_a_stopped_server_costs_one_bound_then_is_skipped_and_used_again_once_ba
         assert counters.get("remote_reconnects") == 1
     finally:
         store.close()
+
+
+def test_rows_redis_evicts_under_maxmemory_are_counted_misses_never_errors(
+    tmp_path: Path,
+) -> None:
+    small = RedisServer(maxmemory="4mb").start()
+    store, counters = _store(small, "t5")
+    try:
+        rows = [_row(tmp_path, NS, [500 + i, 7]) for i in range(120)]  # ~2.9 MB of rows
+        for key, path, _ in rows:
+            _put(store, key, path, 2)
+        with small.client() as r:
+            assert int(r.info("stats")["evicted_keys"]) > 0, "Redis evicted nothing"
+        found = [store.fetch(NS, [(key, 2)]) for key, _, _ in rows]
+        hits = sum(f is not None for f in found)
+        assert all(f.data == data for f, (_, _, data) in zip(found, rows) if f is not None)
+        assert 0 < hits < len(rows)
+        lost = counters.get("remote_misses") + counters.get("remote_evicted")
+        assert hits + lost == len(rows)
+        assert counters.get("remote_errors") == 0
+        assert counters.get("remote_damaged") == 0
+    finally:
+        store.close()
+        small.close()
