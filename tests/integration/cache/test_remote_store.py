@@ -162,7 +162,9 @@ def test_rows_redis_evicts_under_maxmemory_are_counted_misses_never_errors(
             assert int(r.info("stats")["evicted_keys"]) > 0, "Redis evicted nothing"
         found = [store.fetch(NS, [(key, 2)]) for key, _, _ in rows]
         hits = sum(f is not None for f in found)
-        assert all(f.data == data for f, (_, _, data) in zip(found, rows, strict=True) if f is not None)
+        assert all(
+            f.data == data for f, (_, _, data) in zip(found, rows, strict=True) if f is not None
+        )
         assert 0 < hits < len(rows)
         lost = counters.get("remote_misses") + counters.get("remote_evicted")
         assert hits + lost == len(rows)
