@@ -20,6 +20,7 @@ import sys
 TOOLS: dict[str, tuple[str, str]] = {
     "strace": ("strace", "the unit's syscall filter against the daemon's real syscalls"),
     "systemd-analyze": ("systemd", "the shipped unit's verification and syscall sets"),
+    "redis-server": ("redis-server", "the shared remote KV tier's tests (a real Redis 7)"),
 }
 
 

@@ -20,11 +20,18 @@ __all__ = ["TIER_ORDER", "TierKind"]
 
 
 class TierKind(StrEnum):
-    """The three tiers, fastest first (also the order that wins between duplicate rows)."""
+    """The tiers, fastest first (also the order that wins between duplicate rows).
+
+    ``remote`` (issue 20) is a Redis server several daemons share: cache-meta
+    neither indexes nor owns it (it has no quota among cache-meta's tiers);
+    the model workers read and write it (:mod:`llamad.cache.remote_store`),
+    and a row found there is copied into a local tier.
+    """
 
     RAM = "ram"
     RAM_FILE = "ram_file"
     DISK = "disk"
+    REMOTE = "remote"
 
     def faster_than(self, other: TierKind) -> bool:
         """Whether a row in this tier is restored faster than one in ``other``."""

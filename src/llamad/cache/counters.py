@@ -64,6 +64,26 @@ COUNTERS: Final = (
     "prompt_tokens_disk",
     "prompt_tokens_remote",
     "prompt_tokens_computed",
+    # The shared remote tier (issue 20; llamad.cache.remote_store), counted by
+    # the model workers: lookups answered, missed, skipped while its breaker
+    # was open; rows found evicted by Redis or damaged (both misses);
+    # failures (and of them timeouts), reconnections; writes done, their
+    # bytes, dropped (queue full, tier down, file gone), duplicates, failed,
+    # and rows the ledger's quota evicted.
+    "remote_hits",
+    "remote_misses",
+    "remote_skipped",
+    "remote_evicted",
+    "remote_damaged",
+    "remote_errors",
+    "remote_timeouts",
+    "remote_reconnects",
+    "remote_saves",
+    "remote_bytes_written",
+    "remote_saves_dropped",
+    "remote_saves_duplicate",
+    "remote_saves_failed",
+    "remote_evictions",
 )
 """Monotonic counters, summed over processes."""
 

@@ -260,9 +260,12 @@ class PressureConfig:
             tiers = tuple(check_tier(t, "evict_tiers") for t in self.evict_tiers)
         except (InvalidCacheValue, TypeError):
             tiers = ()
-        if not tiers:
+        # Evicting the shared remote tier frees no memory here (and it is not
+        # cache-meta's to evict).
+        if not tiers or TierKind.REMOTE in tiers:
+            local = (t for t in TIER_ORDER if t is not TierKind.REMOTE)
             raise ConfigError(
-                f"evict_tiers must be a non-empty subset of {', '.join(TIER_ORDER)}",
+                f"evict_tiers must be a non-empty subset of {', '.join(local)}",
                 details={"field": "evict_tiers"},
             )
         object.__setattr__(self, "evict_tiers", tiers)

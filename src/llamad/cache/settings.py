@@ -30,6 +30,7 @@ from llamad.cache.meta import MetaConfig
 from llamad.cache.meta_wire import ACTOR_NAME, LIVENESS_S
 from llamad.cache.prefetch import DEFAULT_PREFETCH_BYTES, check_budget
 from llamad.cache.pressure import PressureConfig
+from llamad.cache.remote import RemoteConfig
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import (
     DEFAULT_DISK_QUOTA,
@@ -89,7 +90,9 @@ class CacheSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ``write_behind``: rows saved in ``ram`` or ``ram_file`` get a ``disk`` copy
     in the background. ``stop_moves_s``: how long a clean stop may spend
     demoting ``ram`` rows and finishing moves (cache-meta's shutdown timeout
-    in the tree is this plus 5 s).
+    in the tree is this plus 5 s). ``remote``: the shared Redis tier the
+    model workers read and write (:mod:`llamad.cache.remote`; ``None``: none).
+    cache-meta never touches it.
     """
 
     tiers: tuple[TierConfig, ...]
@@ -108,6 +111,7 @@ class CacheSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     promote_hits: int = 2
     write_behind: bool = True
     stop_moves_s: float = 5.0
+    remote: RemoteConfig | None = None
 
     def __post_init__(self) -> None:
         set_ = msgspec.structs.force_setattr
@@ -115,6 +119,10 @@ class CacheSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if not tiers or not all(isinstance(t, TierConfig) for t in tiers):
             raise InvalidCacheValue("tiers", "expected at least one TierConfig")
         names = [t.kind for t in tiers]
+        if TierKind.REMOTE in names:
+            raise InvalidCacheValue(
+                "tiers", "the remote tier is no directory of cache-meta's: configure remote"
+            )
         if len(set(names)) != len(names):
             raise InvalidCacheValue("tiers", f"a tier is configured twice: {names}")
         # Tiers tell their files apart by directory alone (a ram tier by its
@@ -145,6 +153,8 @@ class CacheSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise InvalidCacheValue("stop_moves_s", f"{stop!r} is not in [0, 600] seconds")
         if self.liveness_timeout is not None and not self.liveness_timeout > 0:
             raise InvalidCacheValue("liveness_timeout", "must be > 0 seconds when set")
+        if self.remote is not None and not isinstance(self.remote, RemoteConfig):
+            raise InvalidCacheValue("remote", "expected a RemoteConfig or None")
         if not isinstance(self.pressure, PressureConfig):
             raise InvalidCacheValue("pressure", "expected a PressureConfig")
         # Building the meta config validates ttl, waits and the lookup policy.

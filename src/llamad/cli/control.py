@@ -140,7 +140,8 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     evict.add_argument(
         "--tier",
         action="append",
-        choices=tuple(TierKind),
+        # The remote tier is shared by every daemon and is not cache-meta's to evict.
+        choices=tuple(t for t in TierKind if t is not TierKind.REMOTE),
         help="only from this tier (repeatable; default all)",
     )
     evict.add_argument("--json", action="store_true", help="print JSON for scripts")

@@ -63,6 +63,25 @@ CACHE_COUNTERS: Final[dict[str, tuple[str, tuple[tuple[str, str], ...], float]]]
         (("source", "computed"),),
         1,
     ),
+    # The shared remote tier (issue 20; llamad.cache.remote_store).
+    "remote_hits": ("llamad_cache_remote_lookups_total", (("result", "hit"),), 1),
+    "remote_misses": ("llamad_cache_remote_lookups_total", (("result", "miss"),), 1),
+    "remote_skipped": ("llamad_cache_remote_lookups_total", (("result", "skipped"),), 1),
+    "remote_evicted": ("llamad_cache_remote_lookups_total", (("result", "evicted"),), 1),
+    "remote_damaged": ("llamad_cache_remote_lookups_total", (("result", "damaged"),), 1),
+    "remote_errors": ("llamad_cache_remote_errors_total", (), 1),
+    "remote_timeouts": ("llamad_cache_remote_timeouts_total", (), 1),
+    "remote_reconnects": ("llamad_cache_remote_reconnects_total", (), 1),
+    "remote_saves": ("llamad_cache_remote_saves_total", (("result", "stored"),), 1),
+    "remote_saves_dropped": ("llamad_cache_remote_saves_total", (("result", "dropped"),), 1),
+    "remote_saves_duplicate": (
+        "llamad_cache_remote_saves_total",
+        (("result", "duplicate"),),
+        1,
+    ),
+    "remote_saves_failed": ("llamad_cache_remote_saves_total", (("result", "failed"),), 1),
+    "remote_bytes_written": ("llamad_cache_remote_written_bytes_total", (), 1),
+    "remote_evictions": ("llamad_cache_remote_evictions_total", (), 1),
 }
 """Where each of the cache's counters (the ``counters`` op's names) is
 published; the ``bytes_*`` gauges are ``llamad_cache_bytes``."""
@@ -89,6 +108,15 @@ _CACHE_HELP: Final = {
     "llamad_cache_longest_prefix_probes_total": "Candidate keys probed by longest-prefix walks.",
     "llamad_cache_prompt_tokens_total": "Prompt tokens by where their KV came from, every "
     "worker since the cache started (a worker restart does not reset it).",
+    "llamad_cache_remote_lookups_total": "Remote-tier lookups by result: a row restored, "
+    "none there, skipped while Redis was failing, a row Redis evicted, a damaged row.",
+    "llamad_cache_remote_errors_total": "Remote-tier operations that failed (Redis down, "
+    "slow or refusing).",
+    "llamad_cache_remote_timeouts_total": "Remote-tier operations past their bound.",
+    "llamad_cache_remote_reconnects_total": "Times the remote tier was used again after failing.",
+    "llamad_cache_remote_saves_total": "Rows offered to the remote tier, by result.",
+    "llamad_cache_remote_written_bytes_total": "Bytes written to the remote tier.",
+    "llamad_cache_remote_evictions_total": "Remote rows deleted by llamad's remote quota.",
 }
 
 _HISTOGRAMS: Final = (

@@ -26,6 +26,7 @@ libllama); the schema does not.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -37,6 +38,7 @@ from llamad.actors.wire import Limits
 from llamad.cache.lookup import LookupPolicy
 from llamad.cache.policy import CachePolicy
 from llamad.cache.pressure import PressureConfig
+from llamad.cache.remote import RemoteConfig
 from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind, check_save_tier
 from llamad.cache.tiers import SHM_ROOT, TierConfig
@@ -169,6 +171,31 @@ def cache_settings(config: LlamadConfig) -> CacheSettings:
         ),
         _under(("cache", "pressure")),
     )
+    r = c.remote
+    url = r.url
+    if url is not None and importlib.util.find_spec("redis") is None:
+        raise _refusal(
+            ("cache", "remote", "url"),
+            "the remote tier needs the redis package: install llamad[remote]",
+        )
+    remote = (
+        None
+        if url is None
+        else _built(
+            lambda: RemoteConfig(
+                url=url,
+                prefix=r.prefix,
+                quota=r.quota,
+                chunk_bytes=r.chunk_bytes,
+                timeout_ms=r.timeout_ms,
+                fetch_timeout_ms=r.fetch_timeout_ms,
+                min_tokens=r.min_tokens,
+                retry_min_ms=r.retry_min_ms,
+                retry_max_ms=r.retry_max_ms,
+            ),
+            _under(("cache", "remote")),
+        )
+    )
     tiers = tier_configs(config)
     runtime = config.runtime_dir
     dir_key: KeyPath = ("daemon", "runtime_dir")
@@ -189,6 +216,7 @@ def cache_settings(config: LlamadConfig) -> CacheSettings:
             write_behind=c.disk.write_behind,
             stop_moves_s=c.stop_moves_s,
             liveness_timeout=c.liveness_s,
+            remote=remote,
         ),
         _under(
             ("cache",),

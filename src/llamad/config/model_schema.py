@@ -39,6 +39,7 @@ from llamad.model.strategies import DEFAULT_STRATEGY, STRATEGIES
 
 __all__ = [
     "DEFAULT_MODEL_PATH",
+    "LOCAL_TIER_NAMES",
     "TIER_NAMES",
     "Markers",
     "ModelCache",
@@ -51,6 +52,9 @@ DEFAULT_MODEL_PATH = "default"
 """The ``path`` that names the default model (:func:`llamad.paths.default_model_path`)."""
 
 TIER_NAMES: tuple[str, ...] = tuple(t.value for t in TierKind)
+LOCAL_TIER_NAMES: tuple[str, ...] = tuple(t for t in TIER_NAMES if t != TierKind.REMOTE)
+"""The tiers cache-meta owns: a save lands in one of them and memory pressure
+evicts from them; the remote tier is only restored from (and written behind)."""
 
 
 def _binding_names(enum_name: str) -> Callable[[], tuple[str, ...]]:
@@ -101,14 +105,15 @@ class ModelCache(Table, frozen=True, kw_only=True):
             "The tier every save of this model is written to (the cache must have it, "
             'with a quota > 0), or "auto": the fastest of restore_tiers with room, ram '
             "while it has some, its older rows demoting down the tiers.",
-            OneOf((AUTO, *TIER_NAMES)),
+            OneOf((AUTO, *LOCAL_TIER_NAMES)),
         ),
     ] = AUTO
     restore_tiers: Annotated[
         tuple[str, ...] | None,
         Key(
             "The tiers a restore may read: a lookup answers a row's fastest copy among "
-            "them, and a row with none there counts as a miss.",
+            "them, and a row with none there counts as a miss; with remote, the shared "
+            "Redis tier (cache.remote.url) is asked after the local ones.",
             ManyOf(TIER_NAMES),
             default_text="every tier the cache has",
             example=list(TIER_NAMES),

@@ -22,6 +22,7 @@ from llamad.cache.meta_wire import LIVENESS_S as META_LIVENESS_S
 from llamad.cache.policy import CachePolicy
 from llamad.cache.prefetch import DEFAULT_PREFETCH_BYTES
 from llamad.cache.pressure import SOURCES
+from llamad.cache.remote import RemoteConfig
 from llamad.cache.tiers import DEFAULT_DISK_QUOTA, DEFAULT_RAM_FILE_QUOTA, DEFAULT_RAM_QUOTA
 from llamad.cache.writer import MAX_PERMITS
 from llamad.config.keys import Key, Section, Tables
@@ -37,7 +38,7 @@ from llamad.config.kinds import (
     Size,
     Text,
 )
-from llamad.config.model_schema import TIER_NAMES, ModelConfig
+from llamad.config.model_schema import LOCAL_TIER_NAMES, ModelConfig
 from llamad.config.sections import (
     DEFAULT_MODEL_ID,
     ClientSection,
@@ -151,6 +152,86 @@ class DiskTier(Table, frozen=True, kw_only=True):
     ] = True
 
 
+_REMOTE = RemoteConfig(url="redis://127.0.0.1:6379/0")
+
+
+class RemoteTier(Table, frozen=True, kw_only=True):
+    """The ``remote`` tier: a Redis server several daemons share (off without ``url``).
+
+    Run Redis with a memory bound and an LRU policy, e.g. ``redis-server
+    --maxmemory 8gb --maxmemory-policy allkeys-lru``: ``quota`` is llamad's
+    own bound on what it writes there; ``maxmemory`` is the server's, and a
+    row Redis evicts behind llamad's back is a counted miss."""
+
+    url: Annotated[
+        str | None,
+        Key(
+            "The Redis server, as redis-py reads it (redis://host:port/db, rediss://, "
+            "unix:///path). Unset: no remote tier.",
+            Text(pattern=r"(redis|rediss|unix)://\S+", hint="a redis:// URL"),
+            default_text="none: no remote tier",
+            example="redis://127.0.0.1:6379/0",
+        ),
+    ] = None
+    prefix: Annotated[
+        str,
+        Key(
+            "What every llamad key there starts with (daemons sharing rows use the same).",
+            Text(pattern=r"[A-Za-z0-9_.:-]{1,64}", hint="[A-Za-z0-9_.:-], 1 to 64 characters"),
+        ),
+    ] = _REMOTE.prefix
+    quota: Annotated[
+        int,
+        Key(
+            "Bytes llamad's ledger lets every daemon writing under prefix keep there "
+            "together; the least recently used rows are deleted beyond it.",
+            Size(),
+        ),
+    ] = _REMOTE.quota
+    chunk_bytes: Annotated[
+        int,
+        Key(
+            "Rows larger than this are stored in chunks of it (Redis refuses a value over 512 MB).",
+            Size(ge=4096),
+        ),
+    ] = _REMOTE.chunk_bytes
+    timeout_ms: Annotated[
+        int,
+        Key(
+            "The most a lookup waits for Redis to say whether it holds a row; slower, "
+            "the request goes on from the local tiers.",
+            Duration(unit="ms", positive=True),
+        ),
+    ] = _REMOTE.timeout_ms
+    fetch_timeout_ms: Annotated[
+        int,
+        Key(
+            "The most reading a row found there may take (a 2,048-token row of the "
+            "default model is ~47 MB), and each write's bound.",
+            Duration(unit="ms", positive=True),
+        ),
+    ] = _REMOTE.fetch_timeout_ms
+    min_tokens: Annotated[
+        int,
+        Key(
+            "Only saved rows at least this long are written there (shorter ones are "
+            "cheaper to prefill than to fetch).",
+            Integer(ge=1),
+        ),
+    ] = _REMOTE.min_tokens
+    retry_min_ms: Annotated[
+        int,
+        Key(
+            "After a failure the tier is skipped this long, doubling at each failure "
+            "up to retry_max_ms, then tried again.",
+            Duration(unit="ms", positive=True),
+        ),
+    ] = _REMOTE.retry_min_ms
+    retry_max_ms: Annotated[int, Key("See retry_min_ms.", Duration(unit="ms", positive=True))] = (
+        _REMOTE.retry_max_ms
+    )
+
+
 _POLICY = CachePolicy()
 
 
@@ -229,7 +310,7 @@ class PressureSection(Table, frozen=True, kw_only=True):
     ] = 0.75
     min_evict_bytes: Annotated[int, Key("Smallest eviction worth doing.", Size())] = MIB
     evict_tiers: Annotated[
-        tuple[str, ...], Key("The tiers it evicts from.", ManyOf(TIER_NAMES))
+        tuple[str, ...], Key("The tiers it evicts from.", ManyOf(LOCAL_TIER_NAMES))
     ] = ("ram", "ram_file")
 
 
@@ -249,6 +330,9 @@ class CacheSection(Table, frozen=True, kw_only=True):
         default_factory=RamFileTier
     )
     disk: Annotated[DiskTier, Section("The disk tier.")] = msgspec.field(default_factory=DiskTier)
+    remote: Annotated[RemoteTier, Section("The remote tier (Redis).")] = msgspec.field(
+        default_factory=RemoteTier
+    )
     save_permits: Annotated[
         int, Key("Saves written at once, daemon-wide.", Integer(ge=1, le=MAX_PERMITS))
     ] = 4

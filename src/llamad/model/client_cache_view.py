@@ -59,8 +59,9 @@ from llamad.cache.client import CacheClient
 from llamad.cache.counters import Counters, CountersUnavailable
 from llamad.cache.key import Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcLogits, KvcSpec
-from llamad.cache.lookup import Lookup, RowRef
+from llamad.cache.lookup import HitKind, Lookup, RowRef
 from llamad.cache.publish import PublishOutcome, PublishResult
+from llamad.cache.remote import candidate_lengths
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import load_mapped_row, load_row
 from llamad.cache.writer import WriterPool
@@ -77,6 +78,7 @@ from llamad.model.savepoints import SaveJob
 
 if TYPE_CHECKING:
     from llamad.cache.counters import CounterAdd
+    from llamad.cache.remote_store import RemoteRow, RemoteStore
     from llamad.cache.settings import CacheSettings
 
 __all__ = ["PROBE_TIMEOUT_S", "ClientCacheView", "ViewStats"]
@@ -111,6 +113,11 @@ class ViewStats:
     """Sync saves not tried because the cache was down (:attr:`ClientCacheView.cache_down`)."""
     cache_downs: int = 0
     """Times a lookup timeout made the view take the cache for down."""
+    remote_lookups: int = 0
+    """Lookups that asked the remote tier (the local tiers covered less than it might)."""
+    remote_hits: int = 0
+    remote_copies: int = 0
+    """Rows found on the remote tier handed to the writer pool for a local copy."""
 
 
 def _releaser(state: PackedState, payload: memoryview | None) -> Callable[[], None]:
@@ -166,8 +173,15 @@ class ClientCacheView:
         counters: CounterAdd | None = None,
         clock: Callable[[], float] = time.monotonic,
         probe: Callable[[], CacheClient] | None = None,
+        remote: RemoteStore | None = None,
+        align_tokens: int = 2048,
     ) -> None:
         self.config = config if config is not None else CacheViewConfig()
+        # The shared remote tier (issue 20): asked after the local tiers, in
+        # the same resolution, when this model restores from it.
+        self._remote = remote if TierKind.REMOTE in self.config.restore_tiers else None
+        self._align = align_tokens
+        self._fetched: RemoteRow | None = None
         quotas = {k: t.quota for k, t in client.tiers.items() if k in writer.tiers}
         self.restore_tiers = self.config.check_against(quotas)
         # What the lookups send: nothing when this model reads every tier the
@@ -225,6 +239,7 @@ class ClientCacheView:
         config: CacheViewConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
         client_name: str = "model-worker",
+        align_tokens: int = 2048,
     ) -> ClientCacheView:
         """A view over the cache ``settings`` describe: a client bounded by the
         config's lookup timeout, this process's counters row, and a writer pool."""
@@ -250,7 +265,14 @@ class ClientCacheView:
             )
 
         writer: WriterPool | None = None
+        remote: RemoteStore | None = None
         try:
+            if settings.remote is not None and TierKind.REMOTE in config.restore_tiers:
+                # Imported only where a remote tier is configured: the redis
+                # package is the optional extra ``remote``.
+                from llamad.cache.remote_store import RemoteStore  # noqa: PLC0415
+
+                remote = RemoteStore(settings.remote, counters=counters)
             writer = WriterPool.from_settings(
                 settings,
                 client_name=f"{client_name}-writer",
@@ -259,15 +281,27 @@ class ClientCacheView:
             )
             client.load_counters = counters
             view = cls(
-                ctx, client, writer, config=config, counters=counters, clock=clock, probe=probe
+                ctx,
+                client,
+                writer,
+                config=config,
+                counters=counters,
+                clock=clock,
+                probe=probe,
+                remote=remote,
+                align_tokens=align_tokens,
             )
         except BaseException:
             client.close()
+            if remote is not None:
+                remote.close()
             if writer is not None:
                 writer.close()
             if counters is not None:
                 counters.close()
             raise
+        if remote is not None:
+            view._owned.append(remote.close)
         if counters is not None:
             view._owned.append(counters.close)
         return view
@@ -351,8 +385,73 @@ class ClientCacheView:
             # cache-meta answers only the tiers asked for; this guards a
             # cache-meta that would not (it is never trusted with a restore).
             self.checkin(row.pin)
-            return msgspec.structs.replace(found, kind=None, row=None, use_tokens=0)
+            found = msgspec.structs.replace(found, kind=None, row=None, use_tokens=0)
+        if self._remote is not None:
+            return self._remote_lookup(namespace, tokens, found)
         return found
+
+    def _remote_lookup(self, namespace: Namespace, tokens: Sequence[int], found: Lookup) -> Lookup:
+        """``found`` (the local answer), or a longer row the remote tier holds.
+
+        The remote tier is keyed by exact prefixes (:func:`candidate_lengths`):
+        the whole prompt and the cold-save boundaries below it longer than what
+        the local tiers cover. A row found is checked (:class:`RemoteStore`),
+        handed to the writer pool for a copy in the fastest local tier with
+        room, and restored from the bytes read (:meth:`read`)."""
+        assert self._remote is not None
+        self._fetched = None
+        n = len(tokens)
+        covered = found.use_tokens if found.row is not None else 0
+        if found.inflight_key is not None and found.inflight_tokens > covered:
+            return found  # a save in flight here serves it: no need to ask
+        lengths = candidate_lengths(
+            n, covered, self._align, at_least=self._remote.config.min_tokens
+        )
+        if not lengths:
+            return found
+        self.stats.remote_lookups += 1
+        keys = namespace.keys_at(tokens, lengths)
+        got = self._remote.fetch(namespace, list(zip(keys, lengths, strict=True)))
+        if got is None:
+            return found
+        self.stats.remote_hits += 1
+        if found.row is not None:
+            self.checkin(found.row.pin)
+        self._fetched = got
+        self._copy_local(got)
+        use = got.meta.n_tokens
+        row = RowRef(got.key, TierKind.REMOTE, "", got.meta.file_size, use, None)
+        return Lookup(
+            kind=HitKind.EXACT if use == n else HitKind.PREFIX,
+            row=row,
+            use_tokens=use,
+            common_tokens=max(use, found.common_tokens),
+            common_key=got.key if use >= found.common_tokens else found.common_key,
+            probes=found.probes,
+        )
+
+    def _copy_local(self, got: RemoteRow) -> None:
+        """Save the row read from the remote tier into a local tier (never shared back)."""
+        meta = got.meta
+        try:
+            spec = KvcSpec(
+                namespace=meta.namespace,
+                tokens=meta.tokens,
+                mode=meta.mode,
+                reason=meta.reason,
+                reason_detail=meta.reason_detail,
+                context_size=meta.context_size,
+                logits=meta.logits,
+            )
+            # The future keeps `got` (and so the payload's bytes) alive until written.
+            future = self._writer.save_async(
+                spec, self.config.save_tier, got.payload, tiers=self._save_tiers
+            )
+        except Exception as exc:
+            log.warning("model.remote_copy_failed", key=got.key.hex(), error=repr(exc))
+            return
+        if future is not None:
+            self.stats.remote_copies += 1
 
     # -- the cache-down state -------------------------------------------------------------
 
@@ -432,6 +531,16 @@ class ClientCacheView:
         """The row's validated payload for the block (in place for ``ram``, else
         in the reusable buffer) and the logits it keeps; ``None`` when missing
         or damaged."""
+        if row.tier is TierKind.REMOTE:
+            fetched, self._fetched = self._fetched, None
+            if fetched is None or fetched.key != row.key:
+                self.stats.read_misses += 1
+                yield None
+                return
+            self.stats.reads_copied += 1
+            self._count_logits(fetched.meta.logits)
+            yield RowRead(fetched.payload, fetched.meta.logits)
+            return
         tier = self._client.tiers.get(row.tier)
         if tier is None or row.tier not in self.restore_tiers:
             self.stats.read_misses += 1
@@ -524,8 +633,13 @@ class ClientCacheView:
     ) -> bool:
         key, post = job.key, self._post_counted
 
+        share, n_tokens = self._share, spec.n_tokens
+
         def done(future: Future[PublishResult]) -> None:
-            post(Completed(key, _published(future, key), release))
+            stored = _published(future, key)
+            if stored:
+                share(future.result(), n_tokens)
+            post(Completed(key, stored, release))
 
         self._count_unposted(+1)
         try:
@@ -583,7 +697,23 @@ class ClientCacheView:
             release()
             return False
         release()
+        self._share(result, spec.n_tokens)
         return _stored(result)
+
+    def _share(self, result: PublishResult, n_tokens: int) -> None:
+        """Offer a row this worker saved to the remote tier (write-behind).
+
+        Every published row at least ``[cache.remote] min_tokens`` long is
+        worth sharing: it was worth saving here, and the threshold keeps
+        the rows a prefill beats off the network. A duplicate (the row was
+        already saved) is not offered again."""
+        remote = self._remote
+        if remote is None or not result.stored or result.location is None:
+            return
+        try:
+            remote.offer(result.key, result.location, n_tokens)
+        except Exception as exc:
+            log.warning("model.remote_offer_failed", key=result.key.hex(), error=repr(exc))
 
     # -- lifetime ----------------------------------------------------------------------
 

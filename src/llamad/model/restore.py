@@ -48,7 +48,12 @@ __all__ = ["Restorer", "best_live"]
 
 log = structlog.get_logger("llamad.model")
 
-_TIER_SOURCE = {TierKind.RAM: "ram", TierKind.RAM_FILE: "ram_file", TierKind.DISK: "disk"}
+_TIER_SOURCE = {
+    TierKind.RAM: "ram",
+    TierKind.RAM_FILE: "ram_file",
+    TierKind.DISK: "disk",
+    TierKind.REMOTE: "remote",
+}
 
 
 def _source_logits(slot: Slot, position: int) -> KvcLogits | None:

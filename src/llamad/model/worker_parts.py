@@ -236,7 +236,12 @@ def llama_parts(spec: WorkerSpec) -> WorkerParts:
         cache: CacheView
         completions: Completions | None = None
         if spec.cache is not None:
-            view = ClientCacheView.from_settings(spec.cache, ctx, config=spec.cache_view)
+            view = ClientCacheView.from_settings(
+                spec.cache,
+                ctx,
+                config=spec.cache_view,
+                align_tokens=spec.worker.policy.boundary_align_tokens,
+            )
             closers.append(_closer(view.close))
             cache, completions = view, view.completions
         else:

@@ -46,6 +46,10 @@ def test_every_spec_counter_exists_and_starts_at_zero(tmp_path: Path) -> None:
         "pack_total_ns", "load_total_ns", "longest_prefix_ns", "longest_prefix_probes",
         "hits_live", "prompt_tokens_live", "prompt_tokens_ram", "prompt_tokens_ram_file",
         "prompt_tokens_disk", "prompt_tokens_remote", "prompt_tokens_computed",
+        "remote_hits", "remote_misses", "remote_skipped", "remote_evicted", "remote_damaged",
+        "remote_errors", "remote_timeouts", "remote_reconnects", "remote_saves",
+        "remote_bytes_written", "remote_saves_dropped", "remote_saves_duplicate",
+        "remote_saves_failed", "remote_evictions",
     }  # fmt: skip
     assert set(snap) == expected == set(COUNTERS) | set(GAUGES)
     assert all(v == 0 for v in snap.values())

@@ -345,4 +345,4 @@ def test_a_tier_named_by_its_string_becomes_the_one_tier_enum_wherever_it_enters
     found = [it.tier, *config.quotas, *pressure.evict_tiers, tier_config.kind, ref.tier, body.tier]
     assert [type(t) for t in found] == [TierKind] * len(found)
     assert found == ["ram_file", "disk", "ram", "ram_file", "disk", "ram", "disk"]
-    assert [t.value for t in TIER_ORDER] == ["ram", "ram_file", "disk"]
+    assert [t.value for t in TIER_ORDER] == ["ram", "ram_file", "disk", "remote"]

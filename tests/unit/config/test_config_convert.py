@@ -539,3 +539,40 @@ def test_every_field_of_a_class_is_a_key_of_its_table(
     keys = {f.name for f in fields_of(table)}
     fields = {f.name for f in dataclasses.fields(cls)} - not_keys
     assert fields <= keys, fields - keys
+
+
+def test_the_remote_tier_is_off_by_default_and_built_when_a_url_is_set(ws: Workspace) -> None:
+    assert ws.loaded(ws.data()).cache_settings().remote is None
+    data = ws.data(
+        {
+            ("cache", "remote", "url"): "redis://127.0.0.1:6390/0",
+            ("cache", "remote", "timeout_ms"): "80ms",
+            ("cache", "remote", "chunk_bytes"): "1MiB",
+            ("cache", "remote", "min_tokens"): 256,
+        }
+    )
+    remote = ws.loaded(data).cache_settings().remote
+    assert remote is not None
+    assert (remote.url, remote.timeout_ms, remote.chunk_bytes, remote.min_tokens) == (
+        "redis://127.0.0.1:6390/0",
+        80,
+        1 << 20,
+        256,
+    )
+    # A worker's settings carry it across the wire.
+    assert CacheSettings.from_wire(ws.loaded(data).cache_settings().to_wire()).remote == remote
+
+
+def test_a_remote_url_without_the_redis_package_is_refused_naming_the_key(
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util  # noqa: PLC0415
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "redis" else real(name, *a)
+    )
+    problems = ws.refused(ws.data({("cache", "remote", "url"): "redis://127.0.0.1:6390/0"}))
+    assert problems == {
+        "cache.remote.url": "the remote tier needs the redis package: install llamad[remote]"
+    }
