@@ -148,8 +148,8 @@ def contention_lines(
     results: Results, width: float = 1.0
 ) -> dict[tuple[str, str, int], tuple[list[float], list[float]]]:
     """P14's lines beside the hogs: per (system, config, round) the windows'
-    start times and tokens per second in each (:func:`window_rates` up to that
-    stream's end)."""
+    start times (and the stream's end) and tokens per second in each
+    (:func:`window_rates` up to that stream's end)."""
     lines: dict[tuple[str, str, int], tuple[list[float], list[float]]] = {}
     for k, times in results.timeline.items():
         system, config, phase, rnd = k.split("/")
@@ -160,5 +160,8 @@ def contention_lines(
         end = spans[i] if i < len(spans) else (max(times) if times else 0.0)
         rates = window_rates(times, end, width)
         if rates:
-            lines[(system, config, i)] = ([j * width for j in range(len(rates))], rates)
+            # Window starts, and the end with the last window's rate, so a
+            # step plot ("post") draws every window to the stream's end.
+            xs = [j * width for j in range(len(rates))] + [end]
+            lines[(system, config, i)] = (xs, [*rates, rates[-1]])
     return lines

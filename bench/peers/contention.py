@@ -367,6 +367,7 @@ def contention_round(rig: Rig, res: Results, rnd: int, *, warmup: bool = False) 
             systems.stream(system, config, workload.counting_tokens(rig.tokenize, 9000 + i), 2.0)
             systems.settle(system, config)
         return
+    rig.log(f"P14 round {rnd}: {' then '.join(phases)}, systems {configs}")
     for phase in phases:
         budget = z.contention_s if phase == HOGS else z.contention_quiet_s
         hogs = Hogs(rig.threads if phase == HOGS else 0)

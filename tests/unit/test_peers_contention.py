@@ -172,7 +172,7 @@ def test_the_plot_lines_are_each_streams_windows_beside_the_hogs_only() -> None:
         "llamad/default/quiet/0": [0.1],
     }
     lines = plots.contention_lines(r)
-    assert lines == {(LLAMAD, "default", 0): ([0.0, 1.0, 2.0], [2.0, 1.0, 0.0])}
+    assert lines == {(LLAMAD, "default", 0): ([0.0, 1.0, 2.0, 2.5], [2.0, 1.0, 0.0, 0.0])}
 
 
 # -- the hogs -------------------------------------------------------------------------------
