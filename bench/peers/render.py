@@ -390,6 +390,15 @@ def _m(values: Sequence[float], fmt: str = ".1f") -> str:
     return f"{median(values):{fmt}}" if values else "-"
 
 
+def _quiet_share(results: Results, system: str) -> str:
+    """P14's note: the share of its quiet rate a system kept at its default
+    threads beside the hogs (median over rounds)."""
+    share = p14_fraction(results, system, "default")
+    if not share:
+        return "no quiet rate to compare: it decoded nothing quiet"
+    return f"{median(share) * 100:.3g}% of its quiet rate"
+
+
 def _sources_of(results: Results, variant: str, n: int) -> str:
     cell = _sources_cell(results, variant, n)
     return "no sources reported" if cell == "-" else cell
@@ -512,10 +521,9 @@ def notes(results: Results) -> list[str]:
             out.append(
                 f"P14 ({b.verdict}): beside a CPU hog per core llamad decoded "
                 f"{_m(p14_rates(r, LLAMAD, 'default', 'hogs'), '.3g')} tok/s "
-                f"({_m([x * 100 for x in p14_fraction(r, LLAMAD, 'default')], '.3g')}% of its "
-                f"quiet rate) against llama-server's "
+                f"({_quiet_share(r, LLAMAD)}) against llama-server's "
                 f"{_m(p14_rates(r, SERVER, 'default', 'hogs'), '.3g')} "
-                f"({_m([x * 100 for x in p14_fraction(r, SERVER, 'default')], '.3g')}%). "
+                f"({_quiet_share(r, SERVER)}). "
                 "A context decoding on every core waits at each graph node for its slowest "
                 "thread, and beside the hogs one of them is always descheduled; llamad's "
                 "governor sees the collapse and decodes on fewer threads "

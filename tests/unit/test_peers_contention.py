@@ -154,6 +154,18 @@ def test_the_report_shows_p14_its_table_and_a_note_and_renders_from_json() -> No
     assert "(6.5% of its quiet rate)" in text
 
 
+def test_the_note_says_so_when_a_system_decoded_nothing_quiet() -> None:
+    # A loaded machine can collapse a default llama-server with no hog at all.
+    r = p14(
+        llamad__default__hogs=[6.0],
+        llamad__default__quiet=[10.0],
+        server__default__hogs=[1.0],
+        server__default__quiet=[0.0],
+    )
+    text = render.report(r)
+    assert "(60% of its quiet rate) against llama-server's 1 (no quiet rate to compare" in text
+
+
 def test_a_record_from_before_p14_renders_as_before() -> None:
     r = rep.Results(rounds=1, sizes=(512,))
     r.add(10.0, "ttft", LLAMAD, "ram", 512)
