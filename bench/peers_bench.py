@@ -1,5 +1,5 @@
-"""llamad against its peers: P1-P12 side by side in one invocation (issue 11,
-issue 15 item 7, issue 19's P10, P11 and HTTP overhead; SPEC bars).
+"""llamad against its peers: P1-P12 and P14 side by side in one invocation (issue 11,
+issue 15 item 7, issue 19's P10, P11 and HTTP overhead, issue 21's P14; SPEC bars).
 
     python -m bench.peers_bench [--rounds 3] [--quick] [--no-record]
                                 [--skip llama-server|llama-cpp-python ...]
@@ -31,7 +31,10 @@ gets one). Every scenario runs every system in one round, the systems'
 order rotating between rounds (TTFT: cold, back-to-back repeat, repeat from
 a tier, after a restart; llama-bench pp; P3/P4 decode; P6 agents; P7 chat;
 P8 ITL; through HTTP: P10's TTFT, P11's decode and what HTTP costs over the
-``Client``, bench/peers/http_round.py), after an unrecorded warm-up round. P9
+``Client``, bench/peers/http_round.py; P14, single-stream decode quiet and
+beside a CPU hog per core, llamad and llama-server at their defaults and at 1
+thread, each stream for a time budget, bench/peers/contention.py), after an
+unrecorded warm-up round (P14's: each system one short quiet stream). P9
 is measured once at the end, over every process of each tree: llamad's root,
 supervisors, front, cache-meta, worker and HTTP gateway.
 Verdicts (bench/peers_report.py) are computed here; plots
@@ -60,7 +63,7 @@ from pathlib import Path
 
 from bench import peers_setup
 from bench.common import machine, record, results_dir, show
-from bench.peers import http_round, idle, scenarios, workload
+from bench.peers import contention, http_round, idle, scenarios, workload
 from bench.peers.lcpp_sys import LlamaCppPython
 from bench.peers.llamad_sys import LlamadDaemon, ModelTable
 from bench.peers.server_sys import LlamaServer
@@ -70,7 +73,8 @@ from bench.peers_report import LCPP, LLAMAD, SERVER, Results, results_data
 N_CTX, N_SEQ = 4096, 4
 NEVER = 1_000_000_000
 RENDER = "bench.peers.render:render"
-TITLE = "llamad against its peers (P1-P12)"
+TITLE = "llamad against its peers (P1-P12, P14)"
+WARMUP_ROUND = 99  # the unrecorded warm-up round's number
 
 
 def machine_name() -> str:
@@ -163,6 +167,14 @@ def build_rig(args: argparse.Namespace, res: Results, work: Path) -> scenarios.R
             else "-",
             "threads": f"{threads} for every system; llamad's thread governor may decode on "
             "fewer when a step collapses (a busy machine), the peers keep theirs",
+            "beside a CPU hog per core (P14)": f"{threads} busy-loop processes (one per core) "
+            "running from before each stream; one greedy stream per system for "
+            f"{sizes.contention_s:g} s beside them and {sizes.contention_quiet_s:g} s quiet "
+            f"(at most {contention.MAX_TOKENS} tokens): llamad's main daemon (threads "
+            f"{threads}, its governor live) and a daemon of its own at n_threads 1, "
+            f"llama-server as above (-t {threads}) and one of its own at -t 1 -tb 1; "
+            "a cut llama-server stream's generation stopped (its /slots idle) before the "
+            "next system's",
             "waits": "none: every request is sent the moment the previous reply ended "
             "(P6's agents 2-8 together, the moment agent 1's ended); no scenario waits for a "
             "save to be published",
@@ -227,16 +239,16 @@ def start(rig: scenarios.Rig) -> None:
 
 
 def stop(rig: scenarios.Rig) -> None:
-    for thing in (rig.lcpp_ram, rig.lcpp_disk, rig.server):
+    for thing in (rig.lcpp_ram, rig.lcpp_disk, rig.server, rig.server_one):
         if thing is not None:
             with contextlib.suppress(Exception):
                 thing.stop()
-    for d in (rig.llamad, rig.itl):
+    for d in (rig.llamad, rig.itl, rig.llamad_one):
         if d is not None:
             d.remove()
 
 
-STEPS = ("ttft", "pp", "decode", "agents", "chat", "itl", "http", "idle")
+STEPS = ("ttft", "pp", "decode", "agents", "chat", "itl", "http", "contention", "idle")
 
 
 def one_round(rig: scenarios.Rig, res: Results, rnd: int, only: set[str]) -> None:
@@ -250,6 +262,10 @@ def one_round(rig: scenarios.Rig, res: Results, rnd: int, only: set[str]) -> Non
         ("chat", lambda: scenarios.chat_round(rig, res, rnd, order)),
         ("itl", lambda: scenarios.itl_round(rig, res, rnd)),
         ("http", lambda: http_round.http_round(rig, res, rnd, order)),
+        (
+            "contention",
+            lambda: contention.contention_round(rig, res, rnd, warmup=rnd == WARMUP_ROUND),
+        ),
     )
     for name, step in steps:
         if name in only:
@@ -357,7 +373,7 @@ def main() -> int:
         start(rig)
         if not args.no_warmup:
             log("warm-up round (not recorded)")
-            one_round(rig, Results(rounds=1, sizes=sizes.ttft), 99, only)
+            one_round(rig, Results(rounds=1, sizes=sizes.ttft), WARMUP_ROUND, only)
         for rnd in range(rounds):
             one_round(rig, res, rnd, only)
         if "idle" in only:

@@ -1,11 +1,21 @@
-"""bench/peers_bench.py's PNG plots (matplotlib, headless): TTFT, decode, ITL."""
+"""bench/peers_bench.py's PNG plots (matplotlib, headless): TTFT, decode, ITL, P14 over time."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from bench.common import median
-from bench.peers_report import LCPP, LLAMAD, SERVER, TTFT_PATHS, Results
+from bench.peers_report import (
+    LCPP,
+    LLAMAD,
+    P14_CONFIGS,
+    SERVER,
+    TTFT_PATHS,
+    Results,
+    has_p14,
+    p14_rates,
+    window_rates,
+)
 
 COLORS = {LLAMAD: "tab:blue", SERVER: "tab:orange", LCPP: "tab:green"}
 STYLES = {
@@ -93,4 +103,65 @@ def plot_all(results: Results, out: Path, stem: str) -> list[Path]:
         written.append(out / f"{stem}-itl.png")
         fig.savefig(written[-1], dpi=110)
         plt.close(fig)
+
+    if has_p14(results) and contention_lines(results):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        labelled: set[str] = set()
+        for (system, config, rnd), (xs, ys) in contention_lines(results).items():
+            label = f"{system}, {dict(P14_CONFIGS)[config].split(' (')[0]}"
+            ax.step(
+                xs,
+                ys,
+                where="post",
+                color=COLORS[system],
+                linestyle="-" if config == "default" else "--",
+                alpha=1.0 if rnd == 0 else 0.5,
+                label=None if label in labelled else label,
+            )
+            labelled.add(label)
+        # Each system's quiet rate (median over rounds), for reference.
+        for system in (LLAMAD, SERVER):
+            for config, _ in P14_CONFIGS:
+                quiet = p14_rates(results, system, config, "quiet")
+                if quiet:
+                    ax.axhline(
+                        median(quiet),
+                        color=COLORS[system],
+                        linestyle="-" if config == "default" else "--",
+                        linewidth=0.6,
+                        alpha=0.4,
+                    )
+        ax.set_yscale("symlog", linthresh=1.0)
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("seconds since the request was sent")
+        ax.set_ylabel("decode, tok/s per 1 s window")
+        ax.legend(fontsize=7)
+        ax.set_title("Decode beside a CPU hog per core (P14); thin lines: quiet medians")
+        fig.tight_layout()
+        written.append(out / f"{stem}-contention.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
     return written
+
+
+def contention_lines(
+    results: Results, width: float = 1.0
+) -> dict[tuple[str, str, int], tuple[list[float], list[float]]]:
+    """P14's lines beside the hogs: per (system, config, round) the windows'
+    start times (and the stream's end) and tokens per second in each
+    (:func:`window_rates` up to that stream's end)."""
+    lines: dict[tuple[str, str, int], tuple[list[float], list[float]]] = {}
+    for k, times in results.timeline.items():
+        system, config, phase, rnd = k.split("/")
+        if phase != "hogs":
+            continue
+        spans = results.get("p14", system, config, phase, "span_s")
+        i = int(rnd)
+        end = spans[i] if i < len(spans) else (max(times) if times else 0.0)
+        rates = window_rates(times, end, width)
+        if rates:
+            # Window starts, and the end with the last window's rate, so a
+            # step plot ("post") draws every window to the stream's end.
+            xs = [j * width for j in range(len(rates))] + [end]
+            lines[(system, config, i)] = (xs, [*rates, rates[-1]])
+    return lines

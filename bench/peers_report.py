@@ -13,6 +13,7 @@ judging is unit-tested (``tests/unit/test_peers_report.py``).
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,15 @@ P7_SHARE, P8_RATIO, P9_MB, P12_RATIO = 0.95, 1.5, 200.0, 0.5
 # host-RAM cache hit through its HTTP), P11 (4-stream decode through HTTP), and
 # what HTTP adds over the Client path (first token, ms; decode rate, ratio).
 P10_RATIO, P11_RATIO, HTTP_FIRST_MS, HTTP_DECODE_RATIO = 0.5, 1.0, 1.0, 0.95
+# SPEC P14: single-stream decode beside a CPU hog per core, llamad / llama-server,
+# both at their defaults (bench/peers/contention.py).
+P14_RATIO = 10.0
+P14_ID = "P14"
+# P14's thread configurations: (series name, what it is)
+P14_CONFIGS = (
+    ("default", "default threads (cores)"),
+    ("1", "1 thread"),
+)
 CLIENT_VIA, HTTP_VIA = "client", "http"  # llamad's two ways in
 HTTP_ID = "HTTP"
 SOURCES = ("live", "ram", "ram_file", "disk", "remote", "computed")
@@ -73,6 +83,8 @@ class Results:
     skipped: dict[str, str] = field(default_factory=dict)  # system or scenario -> why
     breakdown: dict[str, list[float]] = field(default_factory=dict)  # warm path part -> ms
     setup: dict[str, str] = field(default_factory=dict)
+    # P14: "system/config/phase/round" -> each token's arrival, seconds since sent
+    timeline: dict[str, list[float]] = field(default_factory=dict)
 
     def add(self, value: float, *parts: object) -> None:
         self.series.setdefault(key(*parts), []).append(value)
@@ -90,6 +102,7 @@ def results_data(results: Results) -> dict[str, Any]:
         "breakdown": results.breakdown,
         "setup": results.setup,
         "skipped": results.skipped,
+        "timeline": results.timeline,
     }
 
 
@@ -103,6 +116,8 @@ def results_of(params: Mapping[str, Any], data: Mapping[str, Any]) -> Results:
         skipped=dict(data["skipped"]),
         breakdown={k: list(v) for k, v in data["breakdown"].items()},
         setup=dict(data["setup"]),
+        # Records from before P14 have no timeline.
+        timeline={k: list(v) for k, v in data.get("timeline", {}).items()},
     )
 
 
@@ -426,6 +441,8 @@ def bars(results: Results) -> list[Bar]:
         )
     if any(k.startswith("http-") for k in r.series) or HTTP_ID in r.skipped:
         rows += http_bars(r)
+    if has_p14(r):
+        rows += p14_bars(r)
     if r.get("p9", LLAMAD, "gateway"):
         rows.append(
             Bar(
@@ -545,6 +562,98 @@ def http_bars(results: Results) -> list[Bar]:
             missing=_why(r, LLAMAD, HTTP_ID),
         )
     return rows
+
+
+# -- P14: decode beside a CPU hog per core -------------------------------------------------
+
+
+def has_p14(results: Results) -> bool:
+    """The run measured P14 (older records did not: they render as they were)."""
+    return any(k.startswith("p14/") for k in results.series) or P14_ID in results.skipped
+
+
+def p14_rates(results: Results, system: str, config: str, phase: str) -> list[float]:
+    """Per-round decode rates (tok/s): tokens after the first over the seconds
+    from the first token to the stream's end or its budget's."""
+    tokens = results.get("p14", system, config, phase, "tokens")
+    seconds = results.get("p14", system, config, phase, "seconds")
+    return [t / s if s > 0 else 0.0 for t, s in zip(tokens, seconds, strict=False)]
+
+
+def p14_ratios(results: Results, config: str) -> tuple[list[float], list[int]]:
+    """Per-round llamad / llama-server decode rates beside the hogs, and the
+    rounds (1-based) where llama-server decoded no token in its window: its
+    rate there is taken as one token over that window, more than it did, so
+    the round's ratio is a lower bound (never a division by zero)."""
+    ours = p14_rates(results, LLAMAD, config, "hogs")
+    tokens = results.get("p14", SERVER, config, "hogs", "tokens")
+    seconds = results.get("p14", SERVER, config, "hogs", "seconds")
+    ratios: list[float] = []
+    bounded: list[int] = []
+    for i, (a, t, s) in enumerate(zip(ours, tokens, seconds, strict=False), start=1):
+        if s <= 0:
+            continue
+        if t <= 0:
+            bounded.append(i)
+        ratios.append(a / (max(t, 1.0) / s))
+    return ratios, bounded
+
+
+def p14_fraction(results: Results, system: str, config: str) -> list[float]:
+    """Per round: the decode rate beside the hogs as a share of the same
+    system's quiet rate in the same round."""
+    return paired(
+        p14_rates(results, system, config, "hogs"), p14_rates(results, system, config, "quiet")
+    )
+
+
+def p14_bars(results: Results) -> list[Bar]:
+    """P14 at the defaults, judged; the 1-thread pair beside it, information."""
+    r = results
+    rows: list[Bar] = []
+    for config, what in P14_CONFIGS:
+        ratios, bounded = p14_ratios(r, config)
+        if config == "default":
+            measured, v = _judge(
+                ratios, P14_RATIO, at_least=True, missing=_why(r, LLAMAD, SERVER, P14_ID)
+            )
+            bar = f">= {P14_RATIO:g}x"
+        else:
+            measured = spread(ratios, ".3g")
+            v = INFO if ratios else f"not measured ({_why(r, LLAMAD, SERVER, P14_ID)})"
+            bar = "-"
+        if bounded:
+            measured = (
+                f">= {measured} (llama-server decoded no token in round(s) {_rounds(bounded)})"
+            )
+        rows.append(
+            Bar(
+                P14_ID,
+                f"decode tok/s beside a CPU hog per core, llamad / llama-server, {what}",
+                measured,
+                bar,
+                v,
+            )
+        )
+    return rows
+
+
+def window_rates(times: Sequence[float], end: float, width: float = 1.0) -> list[float]:
+    """Tokens per second in consecutive ``width``-second windows from 0 to
+    ``end`` (``times``: arrivals in seconds from the same origin); the last
+    window, if shorter, is divided by its own width; a time on a boundary
+    counts in the later window; times past ``end`` are left out."""
+    if width <= 0:
+        raise ValueError("width must be > 0")
+    if end <= 0:
+        return []
+    n = math.ceil(end / width)
+    counts = [0] * n
+    for t in times:
+        if 0 <= t <= end:
+            counts[min(int(t // width), n - 1)] += 1
+    last = end - (n - 1) * width
+    return [c / (last if i == n - 1 else width) for i, c in enumerate(counts)]
 
 
 TOTAL = "client TTFT (total)"

@@ -24,6 +24,8 @@ from bench.peers_report import (
     LCPP,
     LLAMAD,
     P6_PREFIX_MS,
+    P14_CONFIGS,
+    P14_ID,
     PRIMER,
     RESTORE,
     SERVER,
@@ -33,7 +35,10 @@ from bench.peers_report import (
     Results,
     bars,
     floor_parts,
+    has_p14,
     itl_p,
+    p14_fraction,
+    p14_rates,
     results_of,
     spread,
 )
@@ -332,6 +337,50 @@ def http_table(results: Results) -> str:
     )
 
 
+def contention_table(results: Results) -> str:
+    """P14's measurements per system and thread configuration: quiet and
+    beside the hogs (decode tok/s), the share of its quiet rate it kept
+    (paired by round), its first token and the tokens it decoded beside them."""
+    r = results
+    rows = []
+    for system in (LLAMAD, SERVER):
+        for config, what in P14_CONFIGS:
+            quiet = p14_rates(r, system, config, "quiet")
+            hogs = p14_rates(r, system, config, "hogs")
+            if not (quiet or hogs):
+                continue
+            restarts = len(r.get("p14", system, config, "hogs", "restarted")) + len(
+                r.get("p14", system, config, "quiet", "restarted")
+            )
+            rows.append(
+                [
+                    system,
+                    what,
+                    spread(quiet),
+                    spread(hogs, ".3g"),
+                    spread([x * 100 for x in p14_fraction(r, system, config)], ".3g"),
+                    spread(r.get("p14", system, config, "hogs", "first_ms"), ".0f"),
+                    spread(r.get("p14", system, config, "hogs", "tokens"), ".0f"),
+                    spread(r.get("p14", system, config, "hogs", "seconds")),
+                    str(restarts) if system == SERVER else "-",
+                ]
+            )
+    return table(
+        [
+            "system",
+            "threads",
+            "quiet, tok/s",
+            "beside the hogs, tok/s",
+            "of its quiet rate, %",
+            "first token beside the hogs, ms",
+            "tokens decoded beside the hogs",
+            "over s",
+            "restarted after a cut",
+        ],
+        rows,
+    )
+
+
 def breakdown_table(results: Results) -> str:
     rows = [[part, spread(ms, ".2f")] for part, ms in floor_parts(results).items()]
     return table(["part of the warm path", "ms: median (min-max)"], rows)
@@ -339,6 +388,15 @@ def breakdown_table(results: Results) -> str:
 
 def _m(values: Sequence[float], fmt: str = ".1f") -> str:
     return f"{median(values):{fmt}}" if values else "-"
+
+
+def _quiet_share(results: Results, system: str) -> str:
+    """P14's note: the share of its quiet rate a system kept at its default
+    threads beside the hogs (median over rounds)."""
+    share = p14_fraction(results, system, "default")
+    if not share:
+        return "no quiet rate to compare: it decoded nothing quiet"
+    return f"{median(share) * 100:.3g}% of its quiet rate"
 
 
 def _sources_of(results: Results, variant: str, n: int) -> str:
@@ -459,6 +517,18 @@ def notes(results: Results) -> list[str]:
                 "more process on the token's way (worker, gateway's AsyncClient, JSON, SSE, "
                 "the HTTP client), so each token pays one more hop and a Python event loop's turn."
             )
+        elif b.id == P14_ID:
+            out.append(
+                f"P14 ({b.verdict}): beside a CPU hog per core llamad decoded "
+                f"{_m(p14_rates(r, LLAMAD, 'default', 'hogs'), '.3g')} tok/s "
+                f"({_quiet_share(r, LLAMAD)}) against llama-server's "
+                f"{_m(p14_rates(r, SERVER, 'default', 'hogs'), '.3g')} "
+                f"({_quiet_share(r, SERVER)}). "
+                "A context decoding on every core waits at each graph node for its slowest "
+                "thread, and beside the hogs one of them is always descheduled; llamad's "
+                "governor sees the collapse and decodes on fewer threads "
+                "(docs/internals/threads.md)."
+            )
         elif b.id == "P9":
             gateway = (
                 f", the HTTP gateway {_m(r.get('p9', LLAMAD, 'gateway'), '.0f')} MB RSS"
@@ -498,6 +568,8 @@ def report(results: Results, *, plots: Sequence[str] = ()) -> str:
     """The result file's body (the machine header is bench.common.record's)."""
     r = results
     bars_title = "SPEC P1-P12, issue 19's HTTP" if has_http(r) else "SPEC P1-P9, P12"
+    if has_p14(r):
+        bars_title += ", P14"
     parts = [
         f"{r.rounds} round(s), systems interleaved in every round; prompt sizes "
         f"{', '.join(map(str, r.sizes))} tokens. A bar is met only when every round "
@@ -585,6 +657,21 @@ def report(results: Results, *, plots: Sequence[str] = ()) -> str:
             "reports it reused in brackets:",
             "",
             http_table(r),
+            "",
+        ]
+    if has_p14(r):
+        parts += [
+            "### Beside a CPU hog per core (P14)",
+            "",
+            "One greedy stream per system on a counting prompt, for a time budget "
+            "(bench/peers/contention.py): quiet, then with one busy-loop process per core "
+            "running from before the stream (the two phases' order alternating between "
+            "rounds, the systems' rotating). A rate is the tokens after the first over the "
+            "time from the first token to the budget's end (or the stream's own end); "
+            "median (min-max) over rounds. llamad through its Client, llama-server through "
+            "its `/completion`, a cut stream's generation stopped before the next system's.",
+            "",
+            contention_table(r),
             "",
         ]
     if r.itl_ms:

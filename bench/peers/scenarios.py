@@ -77,6 +77,10 @@ class Rig:
     llama_bench: str | None
     log: Callable[[str], None] = print
     meta: dict[str, Any] = field(default_factory=dict)
+    # P14's systems at 1 thread (bench/peers/contention.py), started by its
+    # first round, stopped with the rest.
+    llamad_one: LlamadDaemon | None = None
+    server_one: LlamaServer | None = None
 
     def tokenize(self, text: str) -> list[int]:
         assert self.llamad.client is not None

@@ -29,14 +29,18 @@ class Sizes:
     itl_prompt: int
     itl_tokens: int
     itl_interval: int
+    # P14 (bench/peers/contention.py): each stream's time budget beside the
+    # hogs and quiet, seconds.
+    contention_s: float = 30.0
+    contention_quiet_s: float = 10.0
 
     @classmethod
     def full(cls) -> Sizes:
-        return cls((512, 1024, 2048), 128, 1024, 32, 6, 40, 640, 384, 64)
+        return cls((512, 1024, 2048), 128, 1024, 32, 6, 40, 640, 384, 64, 30.0, 10.0)
 
     @classmethod
     def quick(cls) -> Sizes:
-        return cls((512,), 32, 512, 16, 6, 40, 560, 96, 32)
+        return cls((512,), 32, 512, 16, 6, 40, 560, 96, 32, 20.0, 5.0)
 
 
 def words(nonce: str, n: int) -> str:
