@@ -21,7 +21,13 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-SKIP = {"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count", "general.architecture", "general.file_type"}
+SKIP = {
+    "GGUF.version",
+    "GGUF.tensor_count",
+    "GGUF.kv_count",
+    "general.architecture",
+    "general.file_type",
+}
 
 
 def template(real: str, out_dir: str) -> None:
@@ -61,7 +67,9 @@ def build(in_dir: str, out_path: str) -> None:
         if len(shape) == 1:
             w.add_tensor(t["name"], np.ones(shape, dtype=np.float32))
         else:
-            w.add_tensor(t["name"], (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16))
+            w.add_tensor(
+                t["name"], (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16)
+            )
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
