@@ -38,12 +38,14 @@ __all__ = [
     "HASH_MASK",
     "NAMESPACE_TAG",
     "PERSON",
+    "SALT_DOMAIN",
     "Block",
     "ExtraKeys",
     "block_hash",
     "chain",
     "chain_hashes",
     "root_extra_keys",
+    "salted_header",
     "token_list",
 ]
 
@@ -78,6 +80,31 @@ def token_list(tokens: Sequence[int] | bytes | bytearray | memoryview) -> list[i
             packed.byteswap()
         return packed.tolist()
     return [int(t) for t in tokens]
+
+
+SALT_DOMAIN: Final = b"llamad.cache_salt.v1\x00"
+"""The domain of a tenant's salt fold: ``llamad.model.identity.SALT_DOMAIN``'s
+value (a test holds the two together)."""
+
+
+def salted_header(header: bytes, salt: bytes | str | None) -> bytes:
+    """A model's 65-byte namespace header with a tenant's ``cache_salt`` folded in.
+
+    What a router needs to hash a tenant's prompt: the daemon publishes each
+    model's shared header (``WorkerStatus.namespace``), and a request's salt
+    is folded in here exactly as the worker folds it
+    (``llamad.model.identity.salted``: ``sha256(SALT_DOMAIN || fingerprint ||
+    salt)`` replaces the 32-byte fingerprint). ``None`` is the shared namespace.
+    """
+    if salt is None:
+        return bytes(header)
+    raw = salt.encode() if isinstance(salt, str) else bytes(salt)
+    if not raw:
+        raise ValueError("a cache_salt is non-empty")
+    if len(header) != 65:
+        raise ValueError(f"a namespace header is 65 bytes, got {len(header)}")
+    fingerprint = hashlib.sha256(SALT_DOMAIN + header[:32] + raw).digest()
+    return fingerprint + bytes(header[32:])
 
 
 def root_extra_keys(namespace: bytes) -> tuple[str, str]:

@@ -5,7 +5,9 @@ runtime directory). A plain ZeroMQ SUB socket reads the stream and a DEALER
 asks the replay socket; the messages are decoded with classes declared HERE
 from vLLM's published format (``vllm/distributed/kv_events.py``: array-like,
 tagged msgspec Structs), not with llamad's own, and block hashes are
-recomputed from the definition in docs/internals/kv-events.md.
+recomputed from the definition in docs/internals/kv-events.md. The salt test
+then checks that a router can predict them with ``llamad.kv_events``
+(``salted_header`` over the worker's published namespace, ``chain_hashes``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import zmq
 
 from daemon_proc import DaemonProc
 from llamad import Client
+from llamad.kv_events import chain_hashes, salted_header
 from served import EVENTUALLY
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
@@ -293,6 +296,16 @@ def test_a_tenant_salt_changes_every_hash(served: DaemonProc, stream: Stream) ->
     firsts = {e.block_hashes[0] for e in roots}
     # Same first 16 tokens, two namespaces, two different first blocks.
     assert len(namespaces) == 2 and len(firsts) == 2
+    # A router finds both from the worker's published header and the salt.
+    with Client(served.endpoint, timeout=120) as c:
+        worker = c.status(served.model_id).worker
+    assert worker is not None and worker.status.namespace is not None
+    header = worker.status.namespace
+    assert namespaces == {header.hex(), salted_header(header, "tenant-b").hex()}
+    salted_row = salted.context_tokens[: salted.committed_tokens]
+    hashes, ns = stored_chain(stream, salted_row)
+    assert ns == salted_header(header, "tenant-b").hex()
+    assert hashes == chain_hashes(salted_header(header, "tenant-b"), salted_row)
 
 
 def held(stream: Stream) -> set[tuple[str | None, int]]:

@@ -109,3 +109,22 @@ def test_packed_row_tokens_read_as_u32_little_endian() -> None:
 def test_root_needs_a_namespace() -> None:
     with pytest.raises(ValueError, match="namespace"):
         root_extra_keys(b"")
+
+
+def test_salted_header_folds_a_salt_exactly_as_the_worker_does() -> None:
+    # A router hashes a tenant's prompt under the header the worker would use.
+    from llamad.cache.key import Namespace  # noqa: PLC0415 - the daemon's side, for comparison
+    from llamad.kv_events.blocks import SALT_DOMAIN, salted_header  # noqa: PLC0415
+    from llamad.model.identity import SALT_DOMAIN as MODEL_SALT_DOMAIN  # noqa: PLC0415
+    from llamad.model.identity import salted  # noqa: PLC0415
+
+    assert SALT_DOMAIN == MODEL_SALT_DOMAIN
+    ns = Namespace(fingerprint=bytes(range(32)), quant=15, ctx_hash=bytes(range(32, 64)))
+    for salt in (b"acme", b"tenant-b", "t\u00e9nant".encode()):
+        assert salted_header(ns.header(), salt) == salted(ns, salt).header()
+    assert salted_header(ns.header(), "acme") == salted(ns, b"acme").header()
+    assert salted_header(ns.header(), None) == ns.header()
+    with pytest.raises(ValueError):
+        salted_header(ns.header(), b"")
+    with pytest.raises(ValueError):
+        salted_header(b"short", b"x")
