@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import struct
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -76,9 +77,12 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 def chain_hash(parent: int | None, tokens: list[int], extra: list[Any] | None) -> int:
     """docs/internals/kv-events.md's definition, followed by hand."""
-    payload = msgspec.msgpack.encode([parent, tokens, extra])
-    digest = hashlib.blake2b(payload, digest_size=8, person=b"llamad-kvblk-v1").digest()
-    return int.from_bytes(digest, "big") & ((1 << 63) - 1)
+    h = hashlib.blake2b(digest_size=8, person=b"llamad-kvblk-v1")
+    h.update(b"\xff" * 8 if parent is None else parent.to_bytes(8, "big"))
+    if extra is not None:
+        h.update(msgspec.msgpack.encode(extra))
+    h.update(struct.pack(f"<{len(tokens)}I", *tokens))
+    return int.from_bytes(h.digest(), "big") & ((1 << 63) - 1)
 
 
 # -- the stream -------------------------------------------------------------------

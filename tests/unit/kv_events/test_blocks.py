@@ -28,14 +28,20 @@ NS = bytes(range(65))
 OTHER_NS = bytes([1]) + bytes(range(1, 65))
 
 
-def test_hash_is_blake2b_of_the_documented_msgpack_masked_to_63_bits() -> None:
+def test_hash_is_blake2b_of_the_documented_bytes_masked_to_63_bits() -> None:
     # The definition docs/internals/kv-events.md gives, computed by hand here so
     # a router in another language can follow the same steps.
-    payload = msgspec.msgpack.encode([None, [1, 2, 3], ["llamad-ns", "ab"]])
-    digest = hashlib.blake2b(payload, digest_size=8, person=PERSON).digest()
-    assert block_hash(None, [1, 2, 3], ("llamad-ns", "ab")) == (
-        int.from_bytes(digest, "big") & HASH_MASK
-    )
+    root = hashlib.blake2b(digest_size=8, person=PERSON)
+    root.update(b"\xff" * 8)
+    root.update(msgspec.msgpack.encode(["llamad-ns", "ab"]))
+    root.update(struct.pack("<3I", 1, 2, 70000))
+    first = int.from_bytes(root.digest(), "big") & HASH_MASK
+    assert block_hash(None, [1, 2, 70000], ("llamad-ns", "ab")) == first
+    child = hashlib.blake2b(digest_size=8, person=PERSON)
+    child.update(first.to_bytes(8, "big"))
+    child.update(struct.pack("<2I", 5, 6))
+    assert block_hash(first, [5, 6]) == int.from_bytes(child.digest(), "big") & HASH_MASK
+    assert block_hash(first, struct.pack("<2I", 5, 6)) == block_hash(first, [5, 6])
 
 
 def test_the_same_in_another_process_with_another_hash_seed() -> None:
