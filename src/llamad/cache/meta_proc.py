@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import structlog
+import zmq
 
 from llamad import logs
 from llamad.actors.actor import Actor
@@ -39,6 +40,7 @@ from llamad.actors.registry import Registry
 from llamad.actors.wire import Limits
 from llamad.cache import meta_wire as wire
 from llamad.cache.counters import Counters
+from llamad.cache.kv_publish import KvEventPublisher
 from llamad.cache.kvc import SaveReason
 from llamad.cache.lookup import Lookup, RowRef
 from llamad.cache.meta import CacheMeta
@@ -123,8 +125,26 @@ class MetaServer:
             self.actor = Actor(settings.actor_name, registry=registry, limits=_LIMITS)
             self.mover = Mover(self.tiers, counters=self.counters, hook=mover_hook)
             undo.callback(self.mover.close)
+            # Bound before the rebuild, so the rows it finds are announced.
+            self.kv_events: KvEventPublisher | None = None
+            if settings.kv_events is not None:
+                try:
+                    self.kv_events = KvEventPublisher(settings.kv_events)
+                except zmq.ZMQError as exc:
+                    # Routing hints are not worth a cache that cannot start:
+                    # serve without them, and say so.
+                    log.error(
+                        "cache.kv_events_unavailable",
+                        endpoint=settings.kv_events.endpoint,
+                        error=str(exc),
+                    )
+                else:
+                    undo.callback(self.kv_events.close)
+                    self.meta.observer = self.kv_events
             undo.pop_all()  # from here on close() releases them
         self.actor.add_reader(self.mover.fileno(), self._moves_done)
+        if self.kv_events is not None and (fd := self.kv_events.replay_fd()) is not None:
+            self.actor.add_reader(fd, self.kv_events.serve_replay)
         self._owners = ProcessWatch()
         self._owner_refs: dict[Owner, ProcessRef] = {}
         self._owner_fds: set[int] = set()
@@ -170,6 +190,9 @@ class MetaServer:
         self.rebuild()
         self._ram_back()
         endpoint = self.actor.start()
+        if self.kv_events is not None:
+            self.kv_events.flush()
+            self.kv_events.write_info()
         now = time.monotonic()
         self._next_flush = now + self.settings.stats_flush_s
         self._next_sweep = now + _OWNER_SWEEP_S
@@ -215,6 +238,13 @@ class MetaServer:
                 # The poller lets go of the eventfd's number before it is closed.
                 self.actor.remove_reader(self.mover.fileno())
                 self.mover.close()
+                if self.kv_events is not None:
+                    if (fd := self.kv_events.replay_fd()) is not None:
+                        self.actor.remove_reader(fd)
+                    try:
+                        self.kv_events.stop()
+                    except Exception:
+                        log.exception("cache.kv_events_stop_failed")
                 self.actor.close()
                 self._owners.close()
                 source_close = getattr(self.pressure.source, "close", None)
@@ -256,6 +286,11 @@ class MetaServer:
         self.actor.poll(timeout)
         if self._dirty or self.meta.has_moves or time.monotonic() >= self._due:
             self._maintain()
+        if self.kv_events is not None:
+            # One batch per step: whatever the messages and moves just changed.
+            self.kv_events.flush()
+            # A replay request that came in while the poll served others.
+            self.kv_events.serve_replay()
 
     def _timeout(self) -> float:
         return max(0.0, self._due - time.monotonic())
@@ -367,6 +402,8 @@ class MetaServer:
         del self._owner_refs[ref.pid]
         self._forget_fds()
         self.meta.owner_down(ref.pid)
+        if self.kv_events is not None:
+            self.kv_events.live_set(ref.pid, [])
         self._deliver()
         log.info("cache.owner_down", pid=ref.pid)
 
@@ -380,6 +417,8 @@ class MetaServer:
     def _sweep_owners(self) -> None:
         """Stop watching processes that no longer hold anything."""
         holding = self.meta.owners()
+        if self.kv_events is not None:
+            holding |= self.kv_events.live_owners()
         for pid, ref in list(self._owner_refs.items()):
             if pid not in holding:
                 self._owners.unwatch(ref)
@@ -524,10 +563,19 @@ class MetaServer:
         status["pressure"] = self.pressure.status()
         status["owners"] = len(self._owner_refs)
         status["prefetch"] = self.prefetch.status()
+        if self.kv_events is not None:
+            status["kv_events"] = self.kv_events.info()
         return status
 
     def _op_pressure_check(self, req: Request[wire.NoArgs]) -> dict[str, Any]:
         return self.pressure.force_check().to_wire()
+
+    def _op_live_entries(self, req: Request[wire.LiveEntries]) -> None:
+        if self.kv_events is None:
+            return
+        entries = [(e.seq, e.namespace, e.tokens) for e in req.body.entries]
+        # Watched like any owner: a worker that dies takes its live blocks with it.
+        self.kv_events.live_set(self._owner(req), entries)
 
 
 def _tiers(tiers: Collection[TierKind] | None) -> frozenset[TierKind] | None:

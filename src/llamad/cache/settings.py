@@ -25,6 +25,7 @@ from typing import Any, Final
 import msgspec
 
 from llamad.cache.errors import InvalidCacheValue
+from llamad.cache.kv_publish import KvEventsSettings
 from llamad.cache.lookup import LookupPolicy
 from llamad.cache.meta import MetaConfig
 from llamad.cache.meta_wire import ACTOR_NAME, LIVENESS_S
@@ -93,6 +94,8 @@ class CacheSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     in the tree is this plus 5 s). ``remote``: the shared Redis tier the
     model workers read and write (:mod:`llamad.cache.remote`; ``None``: none).
     cache-meta never touches it.
+    ``kv_events``: where cache-meta publishes its rows as vLLM's KV events
+    (:mod:`llamad.cache.kv_publish`; ``None``: it does not).
     """
 
     tiers: tuple[TierConfig, ...]
@@ -112,6 +115,7 @@ class CacheSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     write_behind: bool = True
     stop_moves_s: float = 5.0
     remote: RemoteConfig | None = None
+    kv_events: KvEventsSettings | None = None
 
     def __post_init__(self) -> None:
         set_ = msgspec.structs.force_setattr

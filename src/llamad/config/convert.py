@@ -35,6 +35,7 @@ from typing import Any, Final, TypeVar
 from llamad.actors.curve import CurveServer, RemoteAccess
 from llamad.actors.errors import ActorConfigError
 from llamad.actors.wire import Limits
+from llamad.cache.kv_publish import KvEventsSettings
 from llamad.cache.lookup import LookupPolicy
 from llamad.cache.policy import CachePolicy
 from llamad.cache.pressure import PressureConfig
@@ -53,6 +54,7 @@ from llamad.model.cache_view_config import CacheViewConfig
 from llamad.model.config import MarkerPair, WorkerConfig
 from llamad.model.threads import ThreadPolicy
 from llamad.model.worker_spec import WorkerSpec
+from llamad.paths import KV_EVENTS_FILE
 
 __all__ = [
     "cache_policy",
@@ -199,6 +201,21 @@ def cache_settings(config: LlamadConfig) -> CacheSettings:
     tiers = tier_configs(config)
     runtime = config.runtime_dir
     dir_key: KeyPath = ("daemon", "runtime_dir")
+    k = config.kv_events
+    kv_events = None
+    if k.enabled:
+        assert k.endpoint is not None, "resolved by load_config"
+        kv_events = _built(
+            lambda: KvEventsSettings(
+                endpoint=k.endpoint or "",
+                replay_endpoint=k.replay_endpoint,
+                topic=k.topic or "",
+                block_size=k.block_size,
+                buffer_steps=k.buffer_steps,
+                info_path=str(runtime / KV_EVENTS_FILE),
+            ),
+            _under(("kv_events",)),
+        )
     return _built(
         lambda: CacheSettings(
             tiers=tiers,
@@ -217,6 +234,7 @@ def cache_settings(config: LlamadConfig) -> CacheSettings:
             stop_moves_s=c.stop_moves_s,
             liveness_timeout=c.liveness_s,
             remote=remote,
+            kv_events=kv_events,
         ),
         _under(
             ("cache",),
