@@ -16,7 +16,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Final
 
-__all__ = ["TIER_ORDER", "TierKind"]
+__all__ = ["LOCAL_TIERS", "TIER_ORDER", "TierKind"]
 
 
 class TierKind(StrEnum):
@@ -40,3 +40,6 @@ class TierKind(StrEnum):
 
 TIER_ORDER: Final[tuple[TierKind, ...]] = tuple(TierKind)
 """Every tier, fastest first."""
+
+LOCAL_TIERS: Final[tuple[TierKind, ...]] = tuple(t for t in TIER_ORDER if t is not TierKind.REMOTE)
+"""The tiers a daemon owns (cache-meta's: each has a lock, a quota and a ledger), fastest first."""

@@ -33,6 +33,7 @@ from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier, TierConfig, TierStore, build_tiers, load
 from llamad.testing import MetaProcess
+from llamad.tiers import LOCAL_TIERS
 from meta_fixtures import cache_settings_fixture  # noqa: F401  (the cache_settings fixture)
 
 pytestmark = pytest.mark.timeout(120)
@@ -132,7 +133,7 @@ def damage_points(file_size: int, payload_offset: int) -> list[tuple[str, int]]:
 
 
 @pytest.mark.parametrize("loaded_before", [False, True], ids=["fresh", "loaded_before"])
-@pytest.mark.parametrize("tier", list(TierKind))
+@pytest.mark.parametrize("tier", LOCAL_TIERS)
 def test_damaged_rows_load_as_misses_and_are_counted(
     cache: Cache, tier: TierKind, loaded_before: bool
 ) -> None:
@@ -178,7 +179,7 @@ def test_a_damaged_row_is_a_miss_through_the_real_cache_meta(cache_settings: Cac
         counters = Counters.attach(cache_settings.counters_path)
         cache = CacheClient.from_settings(cache_settings, counters=counters)
         try:
-            for n, name in enumerate(TierKind, start=1):
+            for n, name in enumerate(LOCAL_TIERS, start=1):
                 cfg = cache_settings.tier(name)
                 assert cfg is not None
                 tier = Tier(cfg)

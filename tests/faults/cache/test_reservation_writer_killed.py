@@ -21,9 +21,9 @@ from llamad.cache.client import CacheClient
 from llamad.cache.kvc import parse
 from llamad.cache.publish import PublishOutcome, PublishStage, publish
 from llamad.cache.settings import CacheSettings
-from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
 from llamad.testing import MetaProcess
+from llamad.tiers import LOCAL_TIERS
 from meta_fault_child import row_payload, row_spec
 from meta_fixtures import cache_settings_fixture  # noqa: F401  (the cache_settings fixture)
 
@@ -60,7 +60,7 @@ def wait_no_reservations(cache: CacheClient) -> None:
         time.sleep(0.01)
 
 
-@pytest.mark.parametrize("tier", list(TierKind))
+@pytest.mark.parametrize("tier", LOCAL_TIERS)
 def test_writer_killed_at_each_stage_leaks_nothing_and_orphans_are_adopted(
     cache_settings: CacheSettings, tmp_path: Path, tier: str
 ) -> None:

@@ -32,6 +32,7 @@ from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
 from llamad.testing import MetaProcess
+from llamad.tiers import LOCAL_TIERS
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -60,7 +61,7 @@ def tier_of(settings: CacheSettings, kind: TierKind) -> Tier:
 def tier_files(settings: CacheSettings) -> dict[str, tuple[int, int]]:
     """Every file of every tier: path -> (size, mtime_ns)."""
     found: dict[str, tuple[int, int]] = {}
-    for kind in TierKind:
+    for kind in LOCAL_TIERS:
         tier = tier_of(settings, kind)
         for entry in os.scandir(tier.root):
             if entry.name.startswith(tier.prefix):
@@ -71,7 +72,7 @@ def tier_files(settings: CacheSettings) -> dict[str, tuple[int, int]]:
 
 def publish_one_row_per_tier(cache: CacheClient, settings: CacheSettings) -> list[bytes]:
     keys = []
-    for n, kind in enumerate(TierKind):
+    for n, kind in enumerate(LOCAL_TIERS):
         done = publish(cache, tier_of(settings, kind), spec_for(n), PAYLOAD)
         assert done.outcome is PublishOutcome.PUBLISHED
         keys.append(done.key)
@@ -118,7 +119,7 @@ def sharing_only(settings: CacheSettings, kind: TierKind, base: Path) -> CacheSe
     )
 
 
-@pytest.mark.parametrize("kind", list(TierKind))
+@pytest.mark.parametrize("kind", LOCAL_TIERS)
 def test_second_meta_sharing_a_tier_leaves_its_inflight_save_alone(
     cache_settings: CacheSettings, kind: TierKind, tmp_path: Path
 ) -> None:
@@ -145,7 +146,7 @@ def test_second_meta_sharing_a_tier_leaves_its_inflight_save_alone(
         assert done.outcome is PublishOutcome.PUBLISHED
         assert_serves(cache, [spec.key])
     # The partner's own tiers were given back when it refused.
-    assert not any(tier_of(partner, k).lock_path.exists() for k in TierKind if k is not kind)
+    assert not any(tier_of(partner, k).lock_path.exists() for k in LOCAL_TIERS if k is not kind)
 
 
 def test_second_meta_with_disk_quota_zero_deletes_nothing(cache_settings: CacheSettings) -> None:
@@ -216,6 +217,6 @@ def test_meta_restarts_over_its_tiers_after_the_owner_was_sigkilled(
     finally:
         first.stop()
     # The dead owner's lock files are still there; its locks are not.
-    assert all(tier_of(cache_settings, kind).lock_path.exists() for kind in TierKind)
+    assert all(tier_of(cache_settings, kind).lock_path.exists() for kind in LOCAL_TIERS)
     with MetaProcess(cache_settings), CacheClient.from_settings(cache_settings) as cache:
         assert_serves(cache, keys)

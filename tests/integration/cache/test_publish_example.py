@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from llamad.cache.tier_kind import TierKind
+from llamad.tiers import LOCAL_TIERS
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -27,7 +27,7 @@ def test_standalone_example_saves_resolves_loads_and_prints_counters() -> None:
     )  # fmt: skip
     out, _ = proc.communicate(timeout=150)
     assert proc.returncode == 0, out
-    for tier in TierKind:
+    for tier in LOCAL_TIERS:
         assert re.search(rf"^  {tier} +\d+ tokens -> published", out, re.M), out
     assert "prefix hit on 1024 tokens from disk" in out, out
     counters = dict(re.findall(r"^  (\w+) +(\d+)$", out, re.M))
