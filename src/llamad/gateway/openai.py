@@ -569,7 +569,7 @@ async def _token_texts(gate: Gate, model: str, entries: Sequence[TokenLogprob]) 
     return dict(zip(ids, texts, strict=True))
 
 
-def _sse(events: AsyncIterator[dict[str, Any]]) -> EventStream:
+def _sse(events: AsyncIterator[dict[str, Any]], ping_s: float | None) -> EventStream:
     async def data() -> AsyncIterator[bytes]:
         # The first two chunks (a chat's role, then the first event, which is
         # there already) leave in one write.
@@ -585,7 +585,7 @@ def _sse(events: AsyncIterator[dict[str, Any]]) -> EventStream:
                 yield line
         yield held + b"data: [DONE]\n\n"
 
-    return EventStream(data())
+    return EventStream(data(), ping_s=ping_s)
 
 
 def routes(gate: Gate) -> list[BaseRoute]:
@@ -619,7 +619,7 @@ def routes(gate: Gate) -> list[BaseRoute]:
             return _json(
                 chat_response(response_id, call.model, result, created, texts, tools=call.tools)
             )
-        opened = await gate.stream(request, caller, call.model, **kwargs)
+        opened = await gate.stream(request, caller, call.model, keepalive=True, **kwargs)
         held = ToolStream(call.tools)
 
         async def chunks() -> AsyncIterator[dict[str, Any]]:
@@ -660,7 +660,7 @@ def routes(gate: Gate) -> list[BaseRoute]:
                     if call.include_usage:
                         yield chunk(None, usage_of=event.result)
 
-        return _sse(chunks())
+        return _sse(chunks(), opened.keepalive_s)
 
     async def completions(request: Request) -> Response:
         caller = gate.caller(request)
@@ -675,7 +675,9 @@ def routes(gate: Gate) -> list[BaseRoute]:
             if call.logprobs is not None:
                 texts = await _texts_of(gate, call.model, result)
             return _json(text_response(response_id, call.model, result, created, texts))
-        opened = await gate.stream(request, caller, call.model, call.prompt, **kwargs)
+        opened = await gate.stream(
+            request, caller, call.model, call.prompt, keepalive=True, **kwargs
+        )
 
         async def chunks() -> AsyncIterator[dict[str, Any]]:
             def chunk(text: str | None, **kw: Any) -> dict[str, Any]:
@@ -699,7 +701,7 @@ def routes(gate: Gate) -> list[BaseRoute]:
                     if call.include_usage:
                         yield chunk(None, usage_of=event.result)
 
-        return _sse(chunks())
+        return _sse(chunks(), opened.keepalive_s)
 
     async def embeddings(request: Request) -> Response:
         caller = gate.caller(request)

@@ -488,12 +488,12 @@ async def response_events(
         yield event("response.failed", response=failed)
 
 
-def _sse(events: AsyncIterator[dict[str, Any]]) -> EventStream:
+def _sse(events: AsyncIterator[dict[str, Any]], ping_s: float | None) -> EventStream:
     async def frames() -> AsyncIterator[bytes]:
         async for e in events:
             yield b"event: " + e["type"].encode() + b"\ndata: " + msgspec.json.encode(e) + b"\n\n"
 
-    return EventStream(frames())
+    return EventStream(frames(), ping_s=ping_s)
 
 
 def stored(
@@ -626,11 +626,14 @@ def routes(gate: Gate, store: ResponseStore | None = None) -> list[BaseRoute]:
                 kept.put(record)
 
         if call.stream:
-            opened = await gate.stream(request, caller, call.model, prompt, **kwargs)
+            opened = await gate.stream(
+                request, caller, call.model, prompt, keepalive=True, **kwargs
+            )
             return _sse(
                 response_events(
                     call, opened.events(), response_id=response_id, created=created, on_done=keep
-                )
+                ),
+                opened.keepalive_s,
             )
         result = await gate.complete(request, caller, call.model, prompt, **kwargs)
         answer = response_object(call, result, response_id=response_id, created=created)
