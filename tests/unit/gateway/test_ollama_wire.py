@@ -133,10 +133,10 @@ def test_options_tool_choice_is_llamads_tool_choice() -> None:
     assert options["tool_choice"] == {"type": "function", "function": {"name": "f"}}
     _, options = chat(tools=tools).call()
     assert options["tools"] == tools and "tool_choice" not in options
-    with pytest.raises(BadRequest, match="options.tool_choice") as exc:
+    with pytest.raises(BadRequest, match=r"options\.tool_choice") as exc:
         chat(tools=tools, options={"tool_choice": "g"}).call()
     assert exc.value.details == {"field": "options.tool_choice"}
-    with pytest.raises(BadRequest, match="options.tool_choice"):
+    with pytest.raises(BadRequest, match=r"options\.tool_choice"):
         chat(options={"tool_choice": "required"}).call()  # no tools to call
 
 
