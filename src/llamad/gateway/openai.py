@@ -48,6 +48,7 @@ from llamad.gateway.tools import (
     openai_calls,
     reply_text,
     tool_use,
+    with_calls,
 )
 from llamad.model.results import (
     Completion,
@@ -649,7 +650,7 @@ def routes(gate: Gate) -> list[BaseRoute]:
                 elif isinstance(event, ThinkingEvent):
                     yield chunk({"reasoning_content": event.text})
                 elif isinstance(event, ToolCallEvent):  # a model configured with markers
-                    held.feed(f"<tool_call>{event.text}</tool_call>")
+                    held.feed(with_calls("", [event.text]))
                 elif isinstance(event, DoneEvent):
                     rest, parsed = held.finish()
                     if rest:

@@ -72,7 +72,7 @@ from llamad.gateway.response_store import (
     valid_id,
 )
 from llamad.gateway.sse import EventStream
-from llamad.gateway.tools import ToolStream, ToolUse, reply_text, tool_use
+from llamad.gateway.tools import ToolStream, ToolUse, reply_text, tool_use, with_calls
 from llamad.llama_ffi.tool_calls import ParsedReply
 from llamad.model.results import (
     Completion,
@@ -442,7 +442,7 @@ async def response_events(
                 for out in text_events(text) if text else ():
                     yield out
             elif isinstance(ev, ToolCallEvent):  # a model configured with markers
-                held.feed(f"<tool_call>{ev.text}</tool_call>")
+                held.feed(with_calls("", [ev.text]))
             elif isinstance(ev, DoneEvent):
                 rest, parsed = held.finish()
                 for out in text_events(rest) if rest else ():
