@@ -270,6 +270,16 @@ class HttpSection(Table, frozen=True, kw_only=True):
     idle_timeout_s: Annotated[
         float, Key("Longest wait between two tokens of a stream (504).", _seconds)
     ] = 60.0
+    keepalive_s: Annotated[
+        float | None,
+        Key(
+            "A stream that sent nothing for this long gets an SSE comment (': ping'), so "
+            "proxies keep it open; a first token this late starts the stream (200) "
+            "before it comes, so a long prefill is pinged too (0 or never: no pings). "
+            "Not Ollama's NDJSON streams.",
+            Duration(never=True),
+        ),
+    ] = 15.0
     responses_max_count: Annotated[
         int,
         Key(

@@ -618,9 +618,10 @@ def routes(gate: Gate) -> list[BaseRoute]:
                 tools=tools,
             )
             return _json(body)
-        # The first event is there before the response starts, so a refusal
-        # (an unknown model, a prompt past the context) keeps its HTTP status.
-        opened = await gate.stream(request, caller, call.model, **kwargs)
+        # The first event is there before the response starts (unless later
+        # than http.keepalive_s), so a refusal (an unknown model, a prompt
+        # past the context) keeps its HTTP status.
+        opened = await gate.stream(request, caller, call.model, keepalive=True, **kwargs)
         encoder = StreamEncoder(message_id, call.model, call.max_tokens, tools)
 
         async def events() -> AsyncIterator[bytes]:
@@ -638,7 +639,7 @@ def routes(gate: Gate) -> list[BaseRoute]:
                 for name, data in encoder.error(exc):
                     yield _sse(name, data)
 
-        return EventStream(events())
+        return EventStream(events(), ping_s=opened.keepalive_s)
 
     async def count_tokens(request: Request) -> Response:
         gate.caller(request)

@@ -1,14 +1,22 @@
-"""The gateway's starlette app: one route table per protocol, over one :class:`Gate`.
+"""The gateway's ASGI app: one route table per protocol, each built on first use.
 
 A protocol is a module with ``routes(gate) -> list[BaseRoute]`` and
 ``render_error(status, code, message, param) -> Response`` (its error shape);
-:data:`PROTOCOLS` lists them with the path prefix whose unknown paths are
-answered in that shape. Adding a protocol is one line here.
+:data:`PROTOCOLS` names them with the path prefix they serve, whose unknown
+paths are answered in that shape. Adding a protocol is one line here.
+
+**Lazily.** A request goes to the protocol of the longest prefix its path
+falls under (``/v1/messages`` is Anthropic's inside OpenAI's ``/v1/``; a path
+under none is OpenAI's), and that protocol's module is imported and its
+starlette app built on the first request it gets. An idle gateway has
+imported none of them (nor what they bring: the tool-call parsers, the JSON
+schema converter, the Prometheus exposition), which keeps its resident
+memory down (SPEC P9, ``docs/internals/gateway.md``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,55 +24,89 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute
+from starlette.types import Receive, Scope, Send
 
-from llamad.gateway import anthropic, metrics, ollama, openai, responses
 from llamad.gateway.gate import ErrorRender, Gate
 
-__all__ = ["PROTOCOLS", "Protocol", "build_app"]
+__all__ = ["PROTOCOLS", "GatewayApp", "Protocol", "build_app"]
 
 
 @dataclass(frozen=True)
 class Protocol:
-    """One protocol: its routes, its error shape, and the prefix of its paths."""
+    """One protocol: the module with its ``routes`` and ``render_error``
+    (``errors``: another module's error shape), and the prefix of its paths."""
 
     name: str
-    routes: Callable[[Gate], list[BaseRoute]]
-    render_error: ErrorRender
+    module: str
     prefix: str
+    errors: str | None = None
+
+    def render_error(self) -> ErrorRender:
+        error_render: ErrorRender = importlib.import_module(self.errors or self.module).render_error
+        return error_render
 
 
 PROTOCOLS: tuple[Protocol, ...] = (
-    Protocol("openai", openai.routes, openai.render_error, "/v1/"),
-    Protocol("openai-responses", responses.routes, openai.render_error, "/v1/responses"),
-    Protocol("prometheus", metrics.routes, metrics.render_error, "/metrics"),
-    Protocol("anthropic", anthropic.routes, anthropic.render_error, "/v1/messages"),
-    Protocol("ollama", ollama.routes, ollama.render_error, "/api/"),
+    Protocol("openai", "llamad.gateway.openai", "/v1/"),
+    Protocol(
+        "openai-responses", "llamad.gateway.responses", "/v1/responses", "llamad.gateway.openai"
+    ),
+    Protocol("prometheus", "llamad.gateway.metrics", "/metrics"),
+    Protocol("anthropic", "llamad.gateway.anthropic", "/v1/messages"),
+    Protocol("ollama", "llamad.gateway.ollama", "/api/"),
 )
 """Every protocol served; the first is the shape of errors outside every prefix."""
 
 _CODES = {404: "not_found", 405: "method_not_allowed"}
 
 
-def build_app(gate: Gate, protocols: tuple[Protocol, ...] = PROTOCOLS) -> Starlette:
-    """The app serving ``protocols`` over ``gate``."""
-    routes: list[BaseRoute] = []
-    for p in protocols:
-        routes.extend(p.routes(gate))
+class GatewayApp:
+    """The ASGI app: each request to its protocol's starlette app, built
+    (its module imported) on the protocol's first request."""
 
-    def shape(path: str) -> ErrorRender:
-        # The longest prefix: /v1/messages is Anthropic's inside OpenAI's /v1/.
-        matching = [p for p in protocols if path.startswith(p.prefix)]
+    def __init__(self, gate: Gate, protocols: tuple[Protocol, ...] = PROTOCOLS) -> None:
+        self.gate = gate
+        self.protocols = protocols
+        self._apps: dict[str, Starlette] = {}
+
+    def protocol_of(self, path: str) -> Protocol:
+        """The protocol of the longest prefix ``path`` falls under (the first: none)."""
+        matching = [p for p in self.protocols if path.startswith(p.prefix)]
         if not matching:
-            return protocols[0].render_error
-        return max(matching, key=lambda p: len(p.prefix)).render_error
+            return self.protocols[0]
+        return max(matching, key=lambda p: len(p.prefix))
+
+    def loaded(self) -> list[str]:
+        """The protocols built so far (for tests)."""
+        return sorted(self._apps)
+
+    def app_of(self, protocol: Protocol) -> Starlette:
+        app = self._apps.get(protocol.name)
+        if app is None:
+            app = self._apps[protocol.name] = _build(self.gate, protocol)
+        return app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # (uvicorn runs with lifespan off and no websockets: http only.)
+        await self.app_of(self.protocol_of(scope["path"]))(scope, receive, send)
+
+
+def _build(gate: Gate, protocol: Protocol) -> Starlette:
+    module = importlib.import_module(protocol.module)
+    render = protocol.render_error()
 
     async def http_error(request: Request, exc: Any) -> Response:
+        # A path under this protocol's prefix that none of its routes serve.
         status = exc.status_code if isinstance(exc, HTTPException) else 500
         code = _CODES.get(status, "bad_request" if status < 500 else "internal")
         message = f"{request.method} {request.url.path}: {getattr(exc, 'detail', '') or code}"
-        return shape(request.url.path)(status, code, message, None)
+        return render(status, code, message, None)
 
-    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    app = Starlette(routes=module.routes(gate), exception_handlers={HTTPException: http_error})
     app.state.gate = gate
     return app
+
+
+def build_app(gate: Gate, protocols: tuple[Protocol, ...] = PROTOCOLS) -> GatewayApp:
+    """The app serving ``protocols`` over ``gate``."""
+    return GatewayApp(gate, protocols)

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llamad.gateway.tools import CallHold
+from llamad.gateway.tools import CallHold, with_calls
 from llamad.llama_ffi.tool_calls import parse_tool_calls
 
 __all__ = ["Call", "CallHold", "split_calls"]
@@ -42,7 +42,7 @@ def split_calls(
 ) -> tuple[str, list[Call]]:
     """``reply`` and the ``tool_call`` events' texts as (text, calls): a call
     names one of ``tools`` and has an object for arguments."""
-    text = reply + "".join(f"<tool_call>{t}</tool_call>" for t in event_calls)
+    text = with_calls(reply, event_calls)
     parsed = parse_tool_calls(text, list(tools))
     calls = []
     for call in parsed.calls:

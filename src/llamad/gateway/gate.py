@@ -109,17 +109,26 @@ def key_digest(key: str) -> str:
 
 @dataclass(slots=True)
 class OpenStream:
-    """A stream that produced its first event: the response iterates
-    :meth:`events` (the first one again, then the rest) and the request's
-    slot is given back when the iteration ends, however it ends."""
+    """A stream that produced its first event, or (``pending``) whose first
+    event is late: the response iterates :meth:`events` (the first one, then
+    the rest) and the request's slot is given back when the iteration ends,
+    however it ends. ``keepalive_s``: the response pings every so often
+    (:class:`~llamad.gateway.sse.EventStream`'s ``ping_s``), None: never."""
 
-    first: Event
-    rest: AsyncIterator[Event]
+    first: Event | None
+    rest: AsyncIterator[Event] | None
     _release: Callable[[], None]
     _close: Callable[[], Awaitable[None]]
+    pending: asyncio.Future[tuple[AsyncIterator[Event], Event]] | None = None
+    keepalive_s: float | None = None
 
     async def events(self) -> AsyncIterator[Event]:
         try:
+            if self.pending is not None:
+                # Its refusal, if any, comes inside the stream now (the status
+                # is sent): the protocol's guard renders it as an error event.
+                self.rest, self.first = await self.pending
+            assert self.first is not None and self.rest is not None
             yield self.first
             if not isinstance(self.first, DoneEvent):
                 async for event in self.rest:
@@ -128,6 +137,10 @@ class OpenStream:
             # Left early (the client went away: the response cancelled this
             # generator) or done: closing an unfinished stream cancels it on
             # the worker.
+            if self.pending is not None and not self.pending.done():
+                self.pending.cancel()
+                with suppress(BaseException):
+                    await self.pending
             self._release()
             await self._close()
 
@@ -219,13 +232,27 @@ class Gate:
             )
 
     async def stream(
-        self, request: Request, caller: Caller, model: str, prompt: Any = None, **kwargs: Any
+        self,
+        request: Request,
+        caller: Caller,
+        model: str,
+        prompt: Any = None,
+        *,
+        keepalive: bool = False,
+        **kwargs: Any,
     ) -> OpenStream:
         """``client.infer`` for ``caller``, once its first event is there (so a
-        refusal, a context overflow included, still gets its HTTP status)."""
+        refusal, a context overflow included, still gets its HTTP status).
+
+        ``keepalive`` (an SSE stream): a first event later than
+        ``http.keepalive_s`` (a long queue or prefill) is not waited for: the
+        stream returns ``pending``, its response starts and pings until the
+        first token (a refusal that late comes as the protocol's error event).
+        """
         kwargs = self._salted(caller, kwargs)
         release = self._take_slot(caller)
         opened: list[Any] = []  # the stream once sent, to close if what follows fails
+        commit = self.http.keepalive_s if keepalive else None
 
         async def start() -> tuple[AsyncIterator[Event], Event]:
             stream = await self.client.infer(
@@ -239,15 +266,37 @@ class Gate:
             events = aiter(stream)
             return events, await anext(events)
 
-        try:
-            # One watch over the send and the first event (each watch is two tasks).
-            events, first = await self.unless_gone(request, start())
-        except BaseException:
+        async def close() -> None:
             for stream in opened:
                 await stream.aclose()
+
+        # One watch over the send and the first event (each watch is two tasks).
+        starting = asyncio.ensure_future(start())
+        gone = asyncio.ensure_future(wait_disconnect(request.receive))
+        try:
+            try:
+                await asyncio.wait(
+                    (starting, gone), return_when=asyncio.FIRST_COMPLETED, timeout=commit
+                )
+            finally:
+                if not gone.done():
+                    gone.cancel()
+            if starting.done():
+                events, first = starting.result()
+            elif gone.done():
+                log.info("gateway.client_gone", path=request.url.path)
+                raise ClientGone
+            else:
+                return OpenStream(None, None, release, close, pending=starting, keepalive_s=commit)
+        except BaseException:
+            if not starting.done():
+                starting.cancel()
+                with suppress(BaseException):
+                    await starting
+            await close()
             release()
             raise
-        return OpenStream(first, events, release, opened[0].aclose)
+        return OpenStream(first, events, release, close, keepalive_s=commit)
 
     async def embed(
         self, request: Request, caller: Caller, model: str, inputs: Sequence[Any]

@@ -22,6 +22,7 @@ the request is answered, a duration becomes the model's ``keep_alive``
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import hashlib
 import math
@@ -41,8 +42,10 @@ from llamad.errors import BadRequest, LlamadError, ModelNotFound
 from llamad.front.wire import ModelInfo, ModelState
 from llamad.gateway.calls import Call, CallHold, split_calls
 from llamad.gateway.decode import convert_body, decode_body
-from llamad.gateway.errors import status_of
+from llamad.gateway.errors import HttpError, status_of
+from llamad.gateway.gguf_meta import GGUFMeta, read_gguf_meta
 from llamad.gateway.sse import EventStream
+from llamad.gateway.tools import tool_use
 from llamad.model.requests import MAX_TOKENS_LIMIT
 from llamad.model.results import (
     Completion,
@@ -115,7 +118,10 @@ class Options(msgspec.Struct):
     """The ``options`` that map onto llamad's request parameters; any other
     (``num_gpu``, ``num_thread``, ``mirostat``, ...) is ignored, as Ollama
     ignores options a runner does not know. ``num_ctx``: the context is the
-    model's configured ``n_ctx``; a request cannot change it (ignored)."""
+    model's configured ``n_ctx``; a request cannot change it (ignored).
+    ``tool_choice`` is llamad's (Ollama's API has none; the ``ollama``
+    client passes ``options`` through): ``"none"``, ``"auto"``,
+    ``"required"`` or a tool's name, as OpenAI's ``tool_choice``."""
 
     num_predict: int | None = None
     temperature: float | None = None
@@ -129,6 +135,7 @@ class Options(msgspec.Struct):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     num_ctx: int | None = None
+    tool_choice: str | None = None
 
     def params(self) -> dict[str, Any]:
         """The llamad request parameters these options set."""
@@ -223,8 +230,15 @@ class ChatRequest(_Generating, kw_only=True):
         if not self.messages:
             raise _bad("messages", "at least one message is required")
         options = self.params()
-        if self.tools:
-            options["tools"] = self.tools
+        choice: str | dict[str, Any] | None = self.options.tool_choice
+        if choice is not None and choice not in ("none", "auto", "required"):
+            choice = {"type": "function", "function": {"name": choice}}
+        try:
+            use = tool_use(self.tools, choice)
+        except HttpError as exc:
+            where = "options.tool_choice" if exc.param == "tool_choice" else "tools"
+            raise _bad(where, exc.message.partition(": ")[2] or exc.message) from None
+        options.update(use.chat_options())
         if self.messages[-1].role == "assistant":
             # Ollama continues a final assistant message rather than answer it.
             options["add_generation_prompt"] = False
@@ -529,15 +543,17 @@ def _iso(wall: float | None) -> str:
     return at.isoformat().replace("+00:00", "Z")
 
 
-def _details() -> dict[str, Any]:
-    # llamad reads no GGUF metadata outside the worker: family and sizes are unknown here.
+def _details(meta: GGUFMeta | None = None) -> dict[str, Any]:
+    # Listings leave family and sizes empty (reading every file's header per
+    # listing is not worth it); /api/show reads them from the GGUF header.
+    family = meta.family if meta is not None else ""
     return {
         "parent_model": "",
         "format": "gguf",
-        "family": "",
-        "families": None,
-        "parameter_size": "",
-        "quantization_level": "",
+        "family": family,
+        "families": [family] if family else None,
+        "parameter_size": meta.parameter_size if meta is not None else "",
+        "quantization_level": meta.quantization_level if meta is not None else "",
     }
 
 
@@ -587,16 +603,26 @@ def ps_body(models: Sequence[ModelInfo], files: FileFacts, now: float) -> dict[s
     return {"models": out}
 
 
-def show_body(info: ModelInfo, size: int, modified: float | None) -> dict[str, Any]:
-    """``/api/show``: what llamad knows of the model without opening it."""
+def show_body(
+    info: ModelInfo, size: int, modified: float | None, meta: GGUFMeta | None = None
+) -> dict[str, Any]:
+    """``/api/show``: what llamad knows of the model, and what its GGUF header
+    says (``meta``; None: the file could not be read). ``model_info`` holds
+    the header's scalar keys (the tokenizer's left out, as Ollama's arrays
+    are), ``general.parameter_count`` and llamad's own keys."""
     parameters = f"num_ctx {info.n_ctx}" if info.n_ctx else ""
+    header: dict[str, Any] = {}
+    if meta is not None:
+        header = {k: v for k, v in meta.values.items() if not k.startswith("tokenizer.")}
+        header["general.parameter_count"] = meta.parameter_count
     return {
         "modelfile": f"FROM {info.path}\n" + (f"PARAMETER {parameters}\n" if parameters else ""),
         "parameters": parameters,
         "template": "",
-        "details": _details(),
+        "details": _details(meta),
         "model_info": {
             "general.file_type": "gguf",
+            **header,
             "llamad.path": info.path,
             "llamad.size": size,
             "llamad.context_length": info.n_ctx,
@@ -656,6 +682,36 @@ def _file_facts(info: ModelInfo) -> tuple[int, str, float | None]:
         return 0, "", info.loaded_at
     name = f"{info.path}\0{st.st_size}\0{st.st_mtime_ns}".encode()
     return st.st_size, hashlib.sha256(name).hexdigest(), st.st_mtime
+
+
+_HEADERS: dict[tuple[str, int, int], GGUFMeta | None] = {}
+"""Each model file's header, by its path, size and mtime (read once per version of a file)."""
+
+
+async def _header_of(path: str) -> GGUFMeta | None:
+    """The GGUF header of ``path`` (None: unreadable or not GGUF), read in a
+    thread: a vocabulary of tens of thousands of tokens takes tens of
+    milliseconds to walk, which the streams on the loop must not wait for."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = (path, st.st_size, st.st_mtime_ns)
+    if key not in _HEADERS:
+
+        def read() -> GGUFMeta | None:
+            try:
+                return read_gguf_meta(path)
+            except (OSError, ValueError):
+                return None
+
+        if len(_HEADERS) >= _MAX_HEADERS:
+            _HEADERS.clear()
+        _HEADERS[key] = await asyncio.to_thread(read)
+    return _HEADERS[key]
+
+
+_MAX_HEADERS: Final = 64
 
 
 def routes(gate: Gate) -> list[BaseRoute]:
@@ -813,7 +869,8 @@ def routes(gate: Gate) -> list[BaseRoute]:
         for info in await gate.list_models(request):
             if info.model_id == wanted:
                 size, _, modified = _file_facts(info)
-                return _json(show_body(info, size, modified))
+                meta = await _header_of(info.path)
+                return _json(show_body(info, size, modified, meta))
         raise ModelNotFound(f"model '{call.target}' not found", details={"model_id": wanted})
 
     async def api_version(request: Request) -> Response:

@@ -48,6 +48,7 @@ from llamad.gateway.tools import (
     openai_calls,
     reply_text,
     tool_use,
+    with_calls,
 )
 from llamad.model.results import (
     Completion,
@@ -569,7 +570,7 @@ async def _token_texts(gate: Gate, model: str, entries: Sequence[TokenLogprob]) 
     return dict(zip(ids, texts, strict=True))
 
 
-def _sse(events: AsyncIterator[dict[str, Any]]) -> EventStream:
+def _sse(events: AsyncIterator[dict[str, Any]], ping_s: float | None) -> EventStream:
     async def data() -> AsyncIterator[bytes]:
         # The first two chunks (a chat's role, then the first event, which is
         # there already) leave in one write.
@@ -585,7 +586,7 @@ def _sse(events: AsyncIterator[dict[str, Any]]) -> EventStream:
                 yield line
         yield held + b"data: [DONE]\n\n"
 
-    return EventStream(data())
+    return EventStream(data(), ping_s=ping_s)
 
 
 def routes(gate: Gate) -> list[BaseRoute]:
@@ -619,7 +620,7 @@ def routes(gate: Gate) -> list[BaseRoute]:
             return _json(
                 chat_response(response_id, call.model, result, created, texts, tools=call.tools)
             )
-        opened = await gate.stream(request, caller, call.model, **kwargs)
+        opened = await gate.stream(request, caller, call.model, keepalive=True, **kwargs)
         held = ToolStream(call.tools)
 
         async def chunks() -> AsyncIterator[dict[str, Any]]:
@@ -649,7 +650,7 @@ def routes(gate: Gate) -> list[BaseRoute]:
                 elif isinstance(event, ThinkingEvent):
                     yield chunk({"reasoning_content": event.text})
                 elif isinstance(event, ToolCallEvent):  # a model configured with markers
-                    held.feed(f"<tool_call>{event.text}</tool_call>")
+                    held.feed(with_calls("", [event.text]))
                 elif isinstance(event, DoneEvent):
                     rest, parsed = held.finish()
                     if rest:
@@ -660,7 +661,7 @@ def routes(gate: Gate) -> list[BaseRoute]:
                     if call.include_usage:
                         yield chunk(None, usage_of=event.result)
 
-        return _sse(chunks())
+        return _sse(chunks(), opened.keepalive_s)
 
     async def completions(request: Request) -> Response:
         caller = gate.caller(request)
@@ -675,7 +676,9 @@ def routes(gate: Gate) -> list[BaseRoute]:
             if call.logprobs is not None:
                 texts = await _texts_of(gate, call.model, result)
             return _json(text_response(response_id, call.model, result, created, texts))
-        opened = await gate.stream(request, caller, call.model, call.prompt, **kwargs)
+        opened = await gate.stream(
+            request, caller, call.model, call.prompt, keepalive=True, **kwargs
+        )
 
         async def chunks() -> AsyncIterator[dict[str, Any]]:
             def chunk(text: str | None, **kw: Any) -> dict[str, Any]:
@@ -699,7 +702,7 @@ def routes(gate: Gate) -> list[BaseRoute]:
                     if call.include_usage:
                         yield chunk(None, usage_of=event.result)
 
-        return _sse(chunks())
+        return _sse(chunks(), opened.keepalive_s)
 
     async def embeddings(request: Request) -> Response:
         caller = gate.caller(request)

@@ -26,17 +26,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import importlib.machinery
+import importlib.util
 import json
 import os
 import signal
 import socket
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
 import msgspec
 import structlog
-import uvicorn
 import uvloop
 
 from llamad import logs
@@ -46,6 +48,33 @@ from llamad.gateway.gate import Gate
 from llamad.gateway.settings import GatewaySettings
 from llamad.paths import HTTP_ADDRESS_FILE
 from llamad.supervisor.child import heartbeat, heartbeat_interval, notifies_ready, notify_ready
+
+
+def _bare_uvicorn() -> None:
+    """uvicorn's package, its ``Config`` and ``Server`` imported without its
+    ``__init__``: that imports ``uvicorn.main``, the command line, which brings
+    click, watchfiles (``--reload``) and multiprocessing (``--workers``),
+    ~2.4 MB resident the gateway never uses (SPEC P9). The package module is
+    made bare, with the two names its own modules read from it
+    (``uvicorn.lifespan.off`` does ``from uvicorn import Config``). Pinned
+    uvicorn (0.54): a later one that moved them fails the gateway's tests."""
+    if "uvicorn" not in sys.modules:
+        spec = importlib.util.find_spec("uvicorn")
+        assert spec is not None and spec.submodule_search_locations is not None
+        package = importlib.util.module_from_spec(
+            importlib.machinery.ModuleSpec("uvicorn", None, is_package=True)
+        )
+        package.__path__ = list(spec.submodule_search_locations)
+        sys.modules["uvicorn"] = package
+        config = importlib.import_module("uvicorn.config")
+        server = importlib.import_module("uvicorn.server")
+        package.Config, package.Server = config.Config, server.Server  # type: ignore[attr-defined]
+
+
+_bare_uvicorn()
+
+from uvicorn.config import Config  # noqa: E402  (after the bare package)
+from uvicorn.server import Server  # noqa: E402
 
 __all__ = ["GRACE_S", "listen", "run_gateway"]
 
@@ -149,7 +178,7 @@ async def _serve(settings: GatewaySettings) -> None:
         idle_timeout=http.idle_timeout_s,
         name=f"llamad-gateway-{os.getpid()}",
     )
-    config = uvicorn.Config(
+    config = Config(
         build_app(Gate(http, client, state_dir=settings.state_dir)),
         http="httptools",
         ws="none",
@@ -175,9 +204,7 @@ async def _serve(settings: GatewaySettings) -> None:
         log.info("gateway.stopped")
 
 
-async def _ready_when_started(
-    server: uvicorn.Server, runtime_dir: str, host: str, port: int
-) -> Path:
+async def _ready_when_started(server: Server, runtime_dir: str, host: str, port: int) -> Path:
     while not server.started:
         await asyncio.sleep(0.01)
     path = _publish(runtime_dir, host, port)
@@ -186,7 +213,7 @@ async def _ready_when_started(
     return path
 
 
-class _Server(uvicorn.Server):
+class _Server(Server):
     """uvicorn's server without its re-raise of the stopping signal once it has
     served (the process would die by it before its ``finally`` removes the
     address file): SIGTERM and SIGINT only ask it to exit."""

@@ -6,8 +6,23 @@ messages, ``instructions`` a leading system message, ``max_output_tokens``,
 ``temperature``, ``top_p`` and ``text.format`` (``json_schema`` or
 ``json_object``, through the JSON-schema grammar) the request's options,
 ``tools`` / ``tool_choice`` (function tools, flat or nested) go through the
-same path as chat completions' (:mod:`llamad.gateway.tools`). ``stream`` is
-refused (400): the streamed event protocol of this API is not served.
+same path as chat completions' (:mod:`llamad.gateway.tools`).
+
+**Streaming** (``stream: true``): OpenAI's event sequence, each an SSE
+``event: <type>`` with its JSON (``type`` and ``sequence_number`` in it):
+``response.created``, ``response.in_progress``, then for the reply's text
+``response.output_item.added`` (a message), ``response.content_part.added``,
+``response.output_text.delta`` per piece, ``response.output_text.done``,
+``response.content_part.done``, ``response.output_item.done``; for each tool
+call ``response.output_item.added`` (a ``function_call``),
+``response.function_call_arguments.delta`` and ``.done``,
+``response.output_item.done``; last ``response.completed`` (or
+``response.incomplete`` at ``max_output_tokens``) with the whole response
+and its usage. With tools offered, text is held from where it may begin a
+call, as in chat completions' streams (:class:`~llamad.gateway.tools.ToolStream`).
+A streamed response is stored as a non-streamed one, before its last event
+goes out, so ``previous_response_id`` can name it at once. An error after
+the first event is an ``error`` event, then ``response.failed``.
 
 **Continuing a conversation.** With ``store`` (the default) the response is
 kept (:mod:`llamad.gateway.response_store`): the conversation so far as
@@ -31,19 +46,22 @@ A response is visible only to the tenant that made it (another tenant's id is
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
 
-from llamad.gateway.errors import HttpError
+from llamad.errors import LlamadError
+from llamad.gateway.errors import HttpError, param_of, status_of
 from llamad.gateway.gate import Caller, Gate
 from llamad.gateway.openai import json_response as _json
 from llamad.gateway.openai import render_error
@@ -53,15 +71,24 @@ from llamad.gateway.response_store import (
     new_response_id,
     valid_id,
 )
-from llamad.gateway.tools import ToolUse, reply_text, tool_use
+from llamad.gateway.sse import EventStream
+from llamad.gateway.tools import ToolStream, ToolUse, reply_text, tool_use, with_calls
 from llamad.llama_ffi.tool_calls import ParsedReply
-from llamad.model.results import Completion, FinishReason
+from llamad.model.results import (
+    Completion,
+    DoneEvent,
+    Event,
+    FinishReason,
+    TokenEvent,
+    ToolCallEvent,
+)
 
 __all__ = [
     "STORE_DIR",
     "ResponsesCall",
     "conversation",
     "input_messages",
+    "response_events",
     "response_object",
     "responses_call",
     "routes",
@@ -87,6 +114,7 @@ class ResponsesCall:
     tools: ToolUse = field(default_factory=ToolUse)
     previous_id: str | None = None
     store: bool = True
+    stream: bool = False
     echo: dict[str, Any] = field(default_factory=dict)
     """Request fields the response object repeats (``temperature``, ...)."""
 
@@ -216,12 +244,9 @@ def responses_call(body: Mapping[str, Any]) -> ResponsesCall:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("model", "give the id of a model the daemon serves (GET /v1/models)")
-    if body.get("stream"):
-        raise _bad(
-            "stream",
-            "streamed responses are not served by /v1/responses (use"
-            " /v1/chat/completions to stream)",
-        )
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise _bad("stream", "must be true or false")
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise _bad("instructions", "must be a string")
@@ -259,6 +284,7 @@ def responses_call(body: Mapping[str, Any]) -> ResponsesCall:
         tools,
         previous,
         store,
+        stream,
         echo,
     )
 
@@ -292,20 +318,26 @@ def _usage(result: Completion) -> dict[str, Any]:
     }
 
 
-def _output(parsed: ParsedReply) -> list[dict[str, Any]]:
+def _message_item(message_id: str, text: str | None, status: str) -> dict[str, Any]:
+    content = [] if text is None else [_text_part(text)]
+    return {
+        "type": "message",
+        "id": message_id,
+        "status": status,
+        "role": "assistant",
+        "content": content,
+    }
+
+
+def _text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": []}
+
+
+def _output(parsed: ParsedReply, message_id: str | None = None) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     if parsed.content or not parsed.calls:
-        items.append(
-            {
-                "type": "message",
-                "id": f"msg_{secrets.token_hex(24)}",
-                "status": "completed",
-                "role": "assistant",
-                "content": [
-                    {"type": "output_text", "text": parsed.content or "", "annotations": []}
-                ],
-            }
-        )
+        message_id = message_id or f"msg_{secrets.token_hex(24)}"
+        items.append(_message_item(message_id, parsed.content or "", "completed"))
     for call in parsed.calls:
         items.append(
             {
@@ -320,31 +352,148 @@ def _output(parsed: ParsedReply) -> list[dict[str, Any]]:
     return items
 
 
+def _head(call: ResponsesCall, response_id: str, created: float) -> dict[str, Any]:
+    """The response object's fields that do not depend on the reply."""
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": int(created),
+        "error": None,
+        "model": call.model,
+        "parallel_tool_calls": False,
+        "previous_response_id": call.previous_id,
+        "store": call.store,
+        **call.echo,
+    }
+
+
 def response_object(
     call: ResponsesCall,
     result: Completion,
     *,
     response_id: str | None = None,
     created: float | None = None,
+    parsed: ParsedReply | None = None,
+    message_id: str | None = None,
 ) -> dict[str, Any]:
-    """OpenAI's ``response`` object for ``result``."""
-    parsed = call.tools.parse(reply_text(result))
+    """OpenAI's ``response`` object for ``result`` (``parsed``: the reply as
+    a stream sent it, its message item ``message_id``; default: read from
+    ``result``)."""
+    if parsed is None:
+        parsed = call.tools.parse(reply_text(result))
     incomplete = result.finish_reason is FinishReason.LENGTH and not parsed.calls
+    head = _head(
+        call, response_id or new_response_id(), created if created is not None else time.time()
+    )
     return {
-        "id": response_id or new_response_id(),
-        "object": "response",
-        "created_at": int(created if created is not None else time.time()),
+        **head,
         "status": "incomplete" if incomplete else "completed",
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-        "error": None,
-        "model": call.model,
-        "output": _output(parsed),
-        "parallel_tool_calls": False,
-        "previous_response_id": call.previous_id,
-        "store": call.store,
+        "output": _output(parsed, message_id),
         "usage": _usage(result),
-        **call.echo,
     }
+
+
+async def response_events(
+    call: ResponsesCall,
+    events: AsyncIterator[Event],
+    *,
+    response_id: str,
+    created: float,
+    on_done: Callable[[Completion, dict[str, Any]], None] = lambda result, answer: None,
+) -> AsyncIterator[dict[str, Any]]:
+    """The streamed response's events (the module's doc) for the llamad
+    ``events`` of its request. ``on_done(result, response)`` runs before the
+    last event is yielded (the store's put)."""
+    seq = itertools.count()
+
+    def event(kind: str, **fields: Any) -> dict[str, Any]:
+        return {"type": kind, "sequence_number": next(seq), **fields}
+
+    head = _head(call, response_id, created)
+    opening = {
+        **head,
+        "status": "in_progress",
+        "incomplete_details": None,
+        "output": [],
+        "usage": None,
+    }
+    yield event("response.created", response=opening)
+    yield event("response.in_progress", response=opening)
+    held = ToolStream(call.tools)
+    message_id = f"msg_{secrets.token_hex(24)}"
+    where = {"item_id": message_id, "output_index": 0, "content_index": 0}
+    sent: list[str] = []  # the text streamed so far
+
+    def text_events(text: str) -> list[dict[str, Any]]:
+        out = []
+        if not sent:  # the message opens with its first text
+            item = _message_item(message_id, None, "in_progress")
+            out.append(event("response.output_item.added", output_index=0, item=item))
+            out.append(event("response.content_part.added", **where, part=_text_part("")))
+        sent.append(text)
+        out.append(event("response.output_text.delta", **where, delta=text, logprobs=[]))
+        return out
+
+    try:
+        async for ev in events:
+            if isinstance(ev, TokenEvent):
+                text = held.feed(ev.text)
+                for out in text_events(text) if text else ():
+                    yield out
+            elif isinstance(ev, ToolCallEvent):  # a model configured with markers
+                held.feed(with_calls("", [ev.text]))
+            elif isinstance(ev, DoneEvent):
+                rest, parsed = held.finish()
+                for out in text_events(rest) if rest else ():
+                    yield out
+                text = "".join(sent)
+                final = ParsedReply(text or None, parsed.calls)
+                answer = response_object(
+                    call,
+                    ev.result,
+                    response_id=response_id,
+                    created=created,
+                    parsed=final,
+                    message_id=message_id,
+                )
+                for index, item in enumerate(answer["output"]):
+                    if item["type"] == "message":
+                        if not sent:  # an empty reply: its message opens now
+                            opened = _message_item(message_id, None, "in_progress")
+                            yield event("response.output_item.added", output_index=0, item=opened)
+                            yield event("response.content_part.added", **where, part=_text_part(""))
+                        yield event("response.output_text.done", **where, text=text, logprobs=[])
+                        yield event("response.content_part.done", **where, part=_text_part(text))
+                    else:
+                        opened = {**item, "arguments": "", "status": "in_progress"}
+                        yield event("response.output_item.added", output_index=index, item=opened)
+                        at = {"item_id": item["id"], "output_index": index}
+                        arguments = item["arguments"]
+                        yield event("response.function_call_arguments.delta", **at, delta=arguments)
+                        yield event(
+                            "response.function_call_arguments.done", **at, arguments=arguments
+                        )
+                    yield event("response.output_item.done", output_index=index, item=item)
+                on_done(ev.result, answer)
+                yield event(f"response.{answer['status']}", response=answer)
+    except LlamadError as exc:
+        code, message = exc.code, exc.message
+        yield event("error", code=code, message=message, param=param_of(exc))
+        failed = {
+            **opening,
+            "status": "failed",
+            "error": {"code": code, "message": message, "status": status_of(exc)},
+        }
+        yield event("response.failed", response=failed)
+
+
+def _sse(events: AsyncIterator[dict[str, Any]], ping_s: float | None) -> EventStream:
+    async def frames() -> AsyncIterator[bytes]:
+        async for e in events:
+            yield b"event: " + e["type"].encode() + b"\ndata: " + msgspec.json.encode(e) + b"\n\n"
+
+    return EventStream(frames(), ping_s=ping_s)
 
 
 def stored(
@@ -468,10 +617,27 @@ def routes(gate: Gate, store: ResponseStore | None = None) -> list[BaseRoute]:
             del kwargs["messages"]
             kwargs.pop("chat", None)
         created = time.time()
+
+        def keep(result: Completion, answer: Mapping[str, Any]) -> None:
+            if call.store and kept is not None:
+                record = stored(
+                    call, result, answer, history, cache_salt=salt, tenant=caller.tenant
+                )
+                kept.put(record)
+
+        if call.stream:
+            opened = await gate.stream(
+                request, caller, call.model, prompt, keepalive=True, **kwargs
+            )
+            return _sse(
+                response_events(
+                    call, opened.events(), response_id=response_id, created=created, on_done=keep
+                ),
+                opened.keepalive_s,
+            )
         result = await gate.complete(request, caller, call.model, prompt, **kwargs)
         answer = response_object(call, result, response_id=response_id, created=created)
-        if call.store and kept is not None:
-            kept.put(stored(call, result, answer, history, cache_salt=salt, tenant=caller.tenant))
+        keep(result, answer)
         return _json(answer)
 
     async def retrieve(request: Request) -> Response:

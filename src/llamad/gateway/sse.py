@@ -9,6 +9,12 @@ the iterator's task is cancelled, which cancels the llamad stream inside it
 raises nothing either, so without that watch a stream whose client left
 would run to its end.
 
+**Keep-alive.** With ``ping_s``, a stream that sent nothing for that long
+gets ``ping`` (an SSE comment, ``: ping``, which every SSE reader skips), so
+a proxy with a read timeout keeps a long prefill or a held tool call open.
+One task sleeps beside the stream until the last write is ``ping_s`` old;
+the stream itself only notes the time of each write.
+
 Leaner than sse-starlette's response (one task beside the stream, no
 shutdown poller, no task group): it keeps the gateway's cost to the first
 token and per token small (``docs/internals/gateway.md``).
@@ -23,7 +29,10 @@ from collections.abc import AsyncIterator, Mapping
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-__all__ = ["EventStream", "wait_disconnect"]
+__all__ = ["PING", "EventStream", "wait_disconnect"]
+
+PING = b": ping\n\n"
+"""An SSE comment line: ignored by SSE readers, seen as traffic by proxies."""
 
 
 async def wait_disconnect(receive: Receive) -> None:
@@ -43,6 +52,8 @@ class EventStream(StreamingResponse):
         *,
         media_type: str = "text/event-stream",
         headers: Mapping[str, str] | None = None,
+        ping_s: float | None = None,
+        ping: bytes = PING,
     ) -> None:
         super().__init__(
             chunks,
@@ -51,19 +62,28 @@ class EventStream(StreamingResponse):
             media_type,
         )
         self.chunks = chunks
+        self.ping_s = ping_s
+        self.ping = ping
+        self._last = 0.0  # the loop's time of the last write
+        self._ended = False  # the last body message is sent: no ping after it
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        self._last = asyncio.get_running_loop().time()
         pump = asyncio.ensure_future(self._pump(send))
         gone = asyncio.ensure_future(wait_disconnect(receive))
+        tasks = [pump, gone]
+        if self.ping_s:
+            tasks.append(asyncio.ensure_future(self._pings(send, self.ping_s)))
         try:
             await asyncio.wait((pump, gone), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (pump, gone):
+            for task in tasks:
                 if not task.done():
                     task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await gone
+            for task in tasks[1:]:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if pump.cancelled():
             with contextlib.suppress(asyncio.CancelledError):
                 await pump
@@ -71,6 +91,21 @@ class EventStream(StreamingResponse):
         pump.result()
 
     async def _pump(self, send: Send) -> None:
+        loop = asyncio.get_running_loop()
         async for chunk in self.chunks:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            self._last = loop.time()
+        self._ended = True
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _pings(self, send: Send, every: float) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            wait = self._last + every - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                continue
+            if self._ended:
+                return
+            self._last = loop.time()
+            await send({"type": "http.response.body", "body": self.ping, "more_body": True})

@@ -20,6 +20,7 @@ all, as content.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -42,6 +43,7 @@ __all__ = [
     "openai_calls",
     "reply_text",
     "tool_use",
+    "with_calls",
 ]
 
 _MARKERS: Final = ("<tool_call>", "[TOOL_CALLS]", "<|python_tag|>")
@@ -198,10 +200,17 @@ class ToolStream:
         return parsed.content or "", parsed
 
 
+def with_calls(reply: str, calls: Sequence[str]) -> str:
+    """``reply`` with ``calls`` (the ``tool_call`` events' texts: the calls a
+    model configured with tool-call markers had taken out of it) put back in
+    Hermes' spelling, which :func:`parse_tool_calls` reads."""
+    return reply + "".join(f"<tool_call>{t}</tool_call>" for t in calls)
+
+
 def reply_text(result: Completion) -> str:
-    """The reply as the model wrote it: the text, and the calls a model
-    configured with tool-call markers had taken out of it, put back."""
-    return result.reply + "".join(f"<tool_call>{t}</tool_call>" for t in result.tool_calls)
+    """The reply as the model wrote it: the text, and its calls put back
+    (:func:`with_calls`)."""
+    return with_calls(result.reply, result.tool_calls)
 
 
 def finish_reason(parsed: ParsedReply, base: str) -> str:

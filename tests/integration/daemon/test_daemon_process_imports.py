@@ -138,6 +138,37 @@ def test_the_gateway_imports_a_client_and_the_http_stack_only(
     assert {"uvicorn", "uvloop", "httptools", "starlette", "llamad.client.aio"} <= modules
 
 
+#: What an idle gateway (no HTTP request yet: this daemon is asked through its
+#: ipc endpoint only) does not import (SPEC P9, docs/internals/gateway.md
+#: "Memory"): each protocol's module with what it brings (the tool-call
+#: parsers, the JSON-schema converter, the Prometheus exposition) is imported
+#: on the protocol's first request; uvicorn's command line (click, watchfiles,
+#: multiprocessing) never.
+LAZY_IN_THE_GATEWAY = frozenset(
+    {
+        "llamad.gateway.openai",
+        "llamad.gateway.responses",
+        "llamad.gateway.anthropic",
+        "llamad.gateway.ollama",
+        "llamad.gateway.metrics",
+        "llamad.gateway.tools",
+        "llamad.llama_ffi.tool_calls",
+        "llamad.llama_ffi.json_schema",
+        "llamad.client.prometheus",
+        "uvicorn.main",
+        "click",
+        "watchfiles",
+        "multiprocessing",
+    }
+)
+
+
+def test_an_idle_gateway_has_imported_no_protocol(
+    imports_by_process: dict[str, set[str]],
+) -> None:
+    assert _heavy(imports_by_process["gateway"], LAZY_IN_THE_GATEWAY) == []
+
+
 def test_cache_meta_imports_no_config_binding_model_or_front(
     imports_by_process: dict[str, set[str]],
 ) -> None:

@@ -297,6 +297,56 @@ def test_ollama_chat_streamed_and_not(olla: ollama.Client) -> None:
     assert parts[-1].eval_count == whole.eval_count
 
 
+OLLAMA_WEATHER = [
+    {
+        "type": "function",
+        "function": {
+            "name": "weather",
+            "description": "The weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+
+
+def test_ollama_tools_with_a_required_call_streamed_and_not(olla: ollama.Client) -> None:
+    # Ollama's API has no tool_choice: llamad reads it from options (the
+    # ollama client passes options through), constraining the reply to a call.
+    ask = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+        "tools": OLLAMA_WEATHER,
+        "options": {"num_predict": 40, "temperature": 0, "tool_choice": "required"},
+    }
+    whole = olla.chat(**ask, stream=False)  # type: ignore[arg-type]
+    calls = whole.message.tool_calls or []
+    assert [c.function.name for c in calls] == ["weather"], whole.message
+    assert calls[0].function.arguments in ({"city": "Paris"}, {"city": "Oslo"})
+    parts = list(olla.chat(**ask, stream=True))  # type: ignore[arg-type]
+    streamed = [c for p in parts for c in p.message.tool_calls or []]
+    assert [(c.function.name, c.function.arguments) for c in streamed] == [
+        (calls[0].function.name, calls[0].function.arguments)
+    ]
+    assert parts[-1].done is True
+    # The call and its result go back as the next turn's messages.
+    follow = olla.chat(
+        model=MODEL,
+        messages=[
+            *ask["messages"],  # type: ignore[list-item]
+            {"role": "assistant", "content": "", "tool_calls": [c.model_dump() for c in calls]},
+            {"role": "tool", "content": "Sunny", "tool_name": "weather"},
+        ],
+        tools=OLLAMA_WEATHER,
+        options={"num_predict": 4, "temperature": 0},
+        stream=False,
+    )
+    assert follow.eval_count is not None and follow.eval_count >= 1
+
+
 def test_ollama_chat_with_a_json_schema_format(olla: ollama.Client) -> None:
     schema = {
         "type": "object",
@@ -357,6 +407,13 @@ def test_ollama_tags_show_ps_and_version(olla: ollama.Client, url: str) -> None:
     shown = olla.show(f"{MODEL}:latest")
     assert shown.modelinfo is not None
     assert shown.modelinfo["llamad.context_length"] == 2048
+    # From the GGUF header (the default model, SmolLM2-135M at Q4_1).
+    assert shown.details is not None
+    assert (shown.details.family, shown.details.families) == ("llama", ["llama"])
+    assert shown.details.parameter_size == "134.52M"
+    assert shown.details.quantization_level == "Q4_1"
+    assert shown.modelinfo["general.architecture"] == "llama"
+    assert shown.modelinfo["general.parameter_count"] == 134_515_008
     running = [m.model for m in olla.ps().models]
     assert f"{MODEL}:latest" in running
     version = httpx.get(url + "/api/version", headers={"Authorization": f"Bearer {KEY}"})

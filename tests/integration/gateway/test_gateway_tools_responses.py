@@ -288,6 +288,81 @@ def test_a_response_tool_call_and_its_output_continue(oai: openai.OpenAI) -> Non
     assert second.usage.input_tokens_details.cached_tokens >= covered
 
 
+def test_a_streamed_response_is_stored_and_continued(oai: openai.OpenAI) -> None:
+    instructions = "You are terse."
+    stamp = time.time_ns()
+    stream = oai.responses.create(
+        model=MODEL,
+        input=f"Tell me about the moon in one sentence ({stamp}).",
+        instructions=instructions,
+        max_output_tokens=8,
+        temperature=0,
+        stream=True,
+    )
+    events = list(stream)
+    types = [e.type for e in events]
+    assert types[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert types[-4:-1] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+    ]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    last = events[-1]
+    assert last.type in ("response.completed", "response.incomplete")
+    first = last.response  # type: ignore[union-attr]
+    assert last.type == f"response.{first.status}"
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas and deltas == first.output_text
+    assert first.usage is not None and first.usage.output_tokens <= 8
+    assert first.usage.input_tokens_details.cached_tokens >= 0
+    # Stored as a non-streamed response is: fetched, and continued with the
+    # whole first turn restored rather than computed.
+    assert oai.responses.retrieve(first.id).output_text == first.output_text
+    second = oai.responses.create(
+        model=MODEL,
+        input="And the sun?",
+        instructions=instructions,
+        previous_response_id=first.id,
+        max_output_tokens=4,
+        temperature=0,
+        stream=True,
+    )
+    done = [e for e in second if e.type in ("response.completed", "response.incomplete")]
+    [end] = done
+    usage = end.response.usage  # type: ignore[union-attr]
+    assert usage is not None and end.response.previous_response_id == first.id  # type: ignore[union-attr]
+    covered = first.usage.input_tokens + first.usage.output_tokens - 1
+    assert usage.input_tokens > covered
+    assert usage.input_tokens_details.cached_tokens >= covered
+
+
+def test_a_streamed_response_tool_call_through_the_sdks_accumulator(oai: openai.OpenAI) -> None:
+    flat = {"type": "function", **WEATHER["function"]}
+    # The SDK's responses.stream() rebuilds the response from the events
+    # (items by output_index, parts by content_index) and checks their ids.
+    with oai.responses.stream(
+        model=MODEL,
+        input="What is the weather in Paris?",
+        tools=[flat],  # type: ignore[list-item]
+        tool_choice="required",
+        max_output_tokens=CALL_TOKENS,
+        temperature=0,
+    ) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    calls = [item for item in final.output if item.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "get_weather"
+    assert isinstance(json.loads(calls[0].arguments), dict)
+    streamed = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert [e.arguments for e in streamed] == [calls[0].arguments]
+
+
 def _gateway(daemon: DaemonProc) -> psutil.Process:
     root = psutil.Process(daemon.pid)
     found = [p for p in root.children(recursive=True) if any("gateway" in a for a in p.cmdline())]

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from llamad.gateway.gguf_meta import read_gguf_meta
 from llamad.llama_ffi import (
     Closed,
     ContextOptions,
@@ -32,6 +33,24 @@ def test_introspection_matches_the_gguf_metadata(model: Model, model_path: Path)
     assert 0 < model.size < model_path.stat().st_size
     assert model.n_params > 100_000_000
     assert "llama" in model.description
+
+
+def test_the_gateways_python_gguf_reader_agrees_with_llama_cpp(
+    model: Model, model_path: Path
+) -> None:
+    """Ollama's /api/show reads the header in Python (the gateway loads no libllama)."""
+    read = read_gguf_meta(model_path)
+    assert read.parameter_count == model.n_params
+    assert read.family == model.metadata["general.architecture"]
+    assert model.ftype_name.startswith(read.quantization_level)
+    strings = {k: v for k, v in read.values.items() if isinstance(v, str)}
+    assert strings and all(model.metadata[k] == v for k, v in strings.items())
+    numbers = {
+        k: v
+        for k, v in read.values.items()
+        if isinstance(v, int) and not isinstance(v, bool) and k in model.metadata
+    }
+    assert numbers and all(int(model.metadata[k]) == v for k, v in numbers.items())
 
 
 def test_chat_template_is_the_gguf_template(model: Model) -> None:

@@ -408,6 +408,27 @@ def test_unknown_routes_and_methods_in_openai_shape(app: TestClient) -> None:
     assert (r.status_code, r.json()["error"]["code"]) == (405, "method_not_allowed")
 
 
+def test_each_protocol_is_built_on_its_first_request(fake: FakeClient) -> None:
+    gate = Gate(HttpSection(), cast(AsyncClient, fake))
+    app = build_app(gate)
+    client = TestClient(app)
+    assert app.loaded() == []  # idle: no protocol module's routes built
+    assert client.get("/v1/models").status_code == 200
+    assert app.loaded() == ["openai"]
+    # An unknown path under a prefix builds that protocol, and has its shape.
+    r = client.get("/v1/messages/nope")
+    assert r.status_code == 404 and r.json()["type"] == "error"
+    r = client.get("/api/nope")
+    assert r.status_code == 404 and isinstance(r.json()["error"], str)
+    r = client.get("/v1/responses/resp_nope")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    assert app.loaded() == ["anthropic", "ollama", "openai", "openai-responses"]
+    # A path under no prefix is OpenAI's, whose table is built already.
+    r = client.get("/nowhere")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    assert "prometheus" not in app.loaded()
+
+
 def test_a_body_too_large_or_not_json_is_refused(fake: FakeClient) -> None:
     app = _app(fake, max_body_bytes=1024)
     r = app.post("/v1/chat/completions", content=b"x" * 2000)

@@ -125,6 +125,21 @@ def test_think_switches_the_templates_thinking() -> None:
     assert "enable_thinking" not in chat().call()[1]
 
 
+def test_options_tool_choice_is_llamads_tool_choice() -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    _, options = chat(tools=tools, options={"tool_choice": "required"}).call()
+    assert options["tools"] == tools and options["tool_choice"] == "required"
+    _, options = chat(tools=tools, options={"tool_choice": "f"}).call()
+    assert options["tool_choice"] == {"type": "function", "function": {"name": "f"}}
+    _, options = chat(tools=tools).call()
+    assert options["tools"] == tools and "tool_choice" not in options
+    with pytest.raises(BadRequest, match=r"options\.tool_choice") as exc:
+        chat(tools=tools, options={"tool_choice": "g"}).call()
+    assert exc.value.details == {"field": "options.tool_choice"}
+    with pytest.raises(BadRequest, match=r"options\.tool_choice"):
+        chat(options={"tool_choice": "required"}).call()  # no tools to call
+
+
 def test_chat_messages_with_tools_calls_and_results() -> None:
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     turns = [

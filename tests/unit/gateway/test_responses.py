@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
 
+from llamad.errors import WorkerCrashed
 from llamad.gateway.errors import HttpError
 from llamad.gateway.response_store import new_response_id
 from llamad.gateway.responses import (
     continued_prompt,
     conversation,
     input_messages,
+    response_events,
     response_object,
     responses_call,
     stored,
@@ -21,8 +25,11 @@ from llamad.model.results import (
     CacheDelta,
     CacheHitKind,
     Completion,
+    DoneEvent,
+    Event,
     FinishReason,
     Stats,
+    TokenEvent,
     TokenSources,
 )
 
@@ -103,7 +110,7 @@ def test_input_items_become_chat_messages() -> None:
             "input[0].content[0]",
         ),
         ({"model": "m", "input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
-        ({"model": "m", "input": "x", "stream": True}, "stream"),
+        ({"model": "m", "input": "x", "stream": "yes"}, "stream"),
         ({"model": "m", "input": "x", "max_output_tokens": 1.5}, "max_output_tokens"),
         ({"model": "m", "input": "x", "text": {"format": {"type": "yaml"}}}, "text.format.type"),
         ({"model": "m", "input": "x", "tool_choice": "required"}, "tool_choice"),
@@ -237,3 +244,135 @@ def test_a_continuation_begins_with_the_previous_turns_own_tokens() -> None:
     # A rendering that does not reproduce the previous turn: the messages go.
     assert asyncio.run(continued_prompt(gate, "m", [97, 1000], messages, {})) is None
     assert asyncio.run(continued_prompt(gate, "m", [], messages, {})) is None
+
+
+# -- streamed ----------------------------------------------------------------------------
+
+
+async def _events(items: Sequence[Event | Exception]) -> AsyncIterator[Event]:
+    for item in items:
+        if isinstance(item, Exception):
+            raise item
+        yield item
+
+
+def _streamed(body: dict[str, Any], items: Sequence[Event | Exception]) -> list[dict[str, Any]]:
+    call = responses_call({"model": "smol", "stream": True, **body})
+    assert call.stream
+    done: list[dict[str, Any]] = []
+
+    async def run() -> list[dict[str, Any]]:
+        out = []
+        async for e in response_events(
+            call,
+            _events(items),
+            response_id="resp_s",
+            created=1.0,
+            on_done=lambda result, answer: done.append(answer),
+        ):
+            # Stored before the last event goes out (a continuation may follow at once).
+            assert bool(done) == (e["type"] in ("response.completed", "response.incomplete"))
+            out.append(e)
+        return out
+
+    events = asyncio.run(run())
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    if done:
+        assert events[-1]["response"] == done[0]
+    return events
+
+
+def test_a_streamed_text_reply_is_openais_event_sequence() -> None:
+    result = _result("Hello there", reused=7)
+    events = _streamed(
+        {"input": "Hi"},
+        [TokenEvent("Hel", 1), TokenEvent("", 2), TokenEvent("lo there", 3), DoneEvent(result)],
+    )
+    assert [e["type"] for e in events] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    created, in_progress = events[0]["response"], events[1]["response"]
+    assert created["status"] == in_progress["status"] == "in_progress"
+    assert created["id"] == "resp_s" and created["output"] == []
+    deltas = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
+    assert deltas == ["Hel", "lo there"]
+    message_id = events[2]["item"]["id"]
+    assert all(e["item_id"] == message_id for e in events[3:8])
+    assert events[6]["text"] == "Hello there"
+    final = events[-1]["response"]
+    assert final["status"] == "completed"
+    assert final["output"] == [events[8]["item"]]
+    assert final["output"][0]["id"] == message_id
+    assert final["output"][0]["content"][0]["text"] == "Hello there"
+    assert final["usage"]["input_tokens_details"] == {"cached_tokens": 7}
+    # The same object as the non-streamed answer, but for its fresh message id.
+    whole = response_object(
+        responses_call({"model": "smol", "input": "Hi", "stream": True}),
+        result,
+        response_id="resp_s",
+        created=1.0,
+    )
+    whole["output"][0]["id"] = message_id
+    assert final == whole
+
+
+def test_a_streamed_reply_cut_by_max_output_tokens_ends_incomplete() -> None:
+    events = _streamed(
+        {"input": "Hi", "max_output_tokens": 2},
+        [TokenEvent("Hel", 1), DoneEvent(_result("Hel", FinishReason.LENGTH))],
+    )
+    assert events[-1]["type"] == "response.incomplete"
+    assert events[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+def test_a_streamed_tool_call_is_a_function_call_item() -> None:
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    events = _streamed(
+        {"input": "Weather?", "tools": [WEATHER], "tool_choice": "required"},
+        [TokenEvent(call[:15], 1), TokenEvent(call[15:], 2), DoneEvent(_result(call))],
+    )
+    assert [e["type"] for e in events] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    item = events[-2]["item"]
+    assert item["type"] == "function_call" and item["name"] == "get_weather"
+    assert json.loads(events[4]["arguments"]) == {"city": "Oslo"}
+    assert events[2]["item"]["id"] == item["id"] and events[2]["item"]["arguments"] == ""
+    assert events[-1]["response"]["output"] == [item]
+
+
+def test_an_empty_streamed_reply_still_has_its_message() -> None:
+    events = _streamed({"input": "Hi"}, [DoneEvent(_result(""))])
+    types = [e["type"] for e in events]
+    assert types[2:-1] == [
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+    ]
+    assert events[-1]["response"]["output"][0]["content"][0]["text"] == ""
+
+
+def test_an_error_after_the_first_event_is_an_error_event_then_failed() -> None:
+    events = _streamed({"input": "Hi"}, [TokenEvent("Hel", 1), WorkerCrashed("the worker died")])
+    assert [e["type"] for e in events][-2:] == ["error", "response.failed"]
+    error = events[-2]
+    assert error["code"] == "worker_crashed" and error["message"] == "the worker died"
+    failed = events[-1]["response"]
+    assert failed["status"] == "failed" and failed["error"]["code"] == "worker_crashed"
