@@ -27,7 +27,10 @@ import contextlib
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import IO
 
 import pytest
 
@@ -178,23 +181,40 @@ print("= 512-row chunks above another sequence", last_logits(512, True) == solo)
 UNTILED_TEST = "test_without_the_tiled_path_a_prompts_logits_do_not_depend_on_its_chunks_or_cells"
 
 
+@dataclass
+class Child:
+    """The child of the last test (``UNTILED_TEST``), started, not waited for.
+    Its output goes to files, so that no pipe fills while nobody reads it."""
+
+    proc: subprocess.Popen[bytes]
+    stdout: IO[bytes]
+    stderr: IO[bytes]
+
+    def wait(self, timeout: float) -> tuple[str, str]:
+        self.proc.wait(timeout)
+        outs = []
+        for f in (self.stdout, self.stderr):
+            f.seek(0)
+            outs.append(f.read().decode("utf-8", "replace"))
+        return outs[0], outs[1]
+
+
 @pytest.fixture(scope="module")
-def untiled_child() -> Iterator[subprocess.Popen[str]]:
-    """The child of the last test (``UNTILED_TEST``), started, not waited for."""
+def untiled_child() -> Iterator[Child]:
     env = {**os.environ, "GGML_CPU_FA_TILED": "0"}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _UNTILED, TEXT, OTHER, str(N_PROMPT), str(N_OTHER)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _UNTILED, TEXT, OTHER, str(N_PROMPT), str(N_OTHER)],
+            env=env,
+            stdout=out,
+            stderr=err,
+        )
+        try:
+            yield Child(proc, out, err)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -205,10 +225,10 @@ def _untiled_child_from_the_start(request: pytest.FixtureRequest) -> None:
 
 
 def test_without_the_tiled_path_a_prompts_logits_do_not_depend_on_its_chunks_or_cells(
-    untiled_child: subprocess.Popen[str],
+    untiled_child: Child,
 ) -> None:
-    stdout, stderr = untiled_child.communicate(timeout=280)
-    assert untiled_child.returncode == 0, stderr[-3000:]
+    stdout, stderr = untiled_child.wait(timeout=280)
+    assert untiled_child.proc.returncode == 0, stderr[-3000:]
     lines = [line for line in stdout.splitlines() if line.startswith("= ")]
     assert lines == [
         "= 512-row chunks True",
