@@ -90,21 +90,19 @@ def _check_run(proc: subprocess.CompletedProcess[str]) -> None:
     assert _processes_of(base) == []
 
 
-def test_make_run_serves_cold_then_an_exact_warm_hit_and_stops_cleanly() -> None:
-    _check_run(
-        subprocess.run(
-            DEMO, capture_output=True, text=True, timeout=280, check=False, env=scrubbed_env()
-        )
-    )
-
-
 @pytest.mark.timeout(600)
 def test_make_run_replies_the_same_with_every_core_busy() -> None:
     """``make run`` itself (default prompt, tokens and threads) beside a CPU hog
     per core: the governor moves the worker between thread counts, and the warm
     and restart replies must still be the cold one's. With the build before
     llama.cpp patch 0003 this fails ("warm reply DIFFERS from the cold one"):
-    a decode's sums depended on its thread count (issue 16)."""
+    a decode's sums depended on its thread count (issue 16).
+
+    Every check of a run (:func:`_check_run`: cold, an exact live hit, an exact
+    hit from a tier after the restart, a clean stop, nothing left behind) is
+    made here, on the run that is hardest to pass. A second, quiet run of the
+    shorter ``DEMO`` made the same checks and nothing else (~30 s of the suite
+    on a loaded machine); ``DEMO``'s options are still run by the Ctrl-C test."""
     command = [sys.executable, "-m", "llamad.cli.demo"]  # `make run` itself
     hogs = [
         subprocess.Popen([sys.executable, "-c", "while True: pass"])

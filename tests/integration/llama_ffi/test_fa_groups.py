@@ -13,18 +13,28 @@ prefilling on one, in 63-row chunks; each fails on the unpatched library. The la
 a child process with ``GGML_CPU_FA_TILED=0`` (read once per process): with
 the tiled prompt path off, a prompt's logits no longer depend on how it was
 chunked or on where its cells sit.
+
+Each logits vector is computed once per module: ``solo`` (one thread) and
+``two_threads`` (the same fresh fill, two threads) are what several tests
+compare against. The child of the last test starts with the module and runs
+beside the others (it is one thread, as each in-process prefill is): on two
+cores it no longer adds its ~40 s after theirs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import IO
 
 import pytest
 
-from llamad.llama_ffi import Batch, Context, Model
+from llamad.llama_ffi import Batch, Context, ContextOptions, Model
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -61,58 +71,78 @@ def _step(ctx: Context, seq: int, pos: int, threads: int) -> list[float]:
     return list(ctx.logits(0))
 
 
-@pytest.fixture
-def unified(make_ctx: Callable[..., Context]) -> Callable[[], Context]:
-    return lambda: make_ctx(n_ctx=4096, n_seq_max=4, kv_unified=True, n_batch=64, n_ubatch=64)
+Unified = Callable[[], contextlib.AbstractContextManager[Context]]
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
+def unified(model: Model) -> Unified:
+    """A fresh unified context, closed when the block ends (as ``make_ctx``'s,
+    one thread; module-scoped, for the module-scoped logits below)."""
+    opts = ContextOptions(
+        n_ctx=4096,
+        n_batch=64,
+        n_ubatch=64,
+        n_seq_max=4,
+        kv_unified=True,
+        n_threads=1,
+        n_threads_batch=1,
+    )
+    return lambda: contextlib.closing(model.context(opts))
+
+
+@pytest.fixture(scope="module")
 def prompt(model: Model) -> list[int]:
     return _tokens(model, TEXT, N_PROMPT)
 
 
-@pytest.fixture
-def solo(unified: Callable[[], Context], prompt: list[int]) -> list[float]:
-    ctx = unified()
-    _fill(ctx, 0, prompt)
-    return _step(ctx, 0, N_PROMPT, threads=1)
+@pytest.fixture(scope="module")
+def other(model: Model) -> list[int]:
+    return _tokens(model, OTHER, N_OTHER)
 
 
-def test_two_threads_give_the_logits_of_one(
-    unified: Callable[[], Context], prompt: list[int], solo: list[float]
-) -> None:
-    ctx = unified()
-    _fill(ctx, 0, prompt)
-    assert _step(ctx, 0, N_PROMPT, threads=2) == solo
+@pytest.fixture(scope="module")
+def solo(unified: Unified, prompt: list[int]) -> list[float]:
+    """The prompt alone in a fresh context, the next token decoded on one thread."""
+    with unified() as ctx:
+        _fill(ctx, 0, prompt)
+        return _step(ctx, 0, N_PROMPT, threads=1)
+
+
+@pytest.fixture(scope="module")
+def two_threads(unified: Unified, prompt: list[int]) -> list[float]:
+    """The same, decoded on two threads (the split path: its groups on both)."""
+    with unified() as ctx:
+        _fill(ctx, 0, prompt)
+        return _step(ctx, 0, N_PROMPT, threads=2)
+
+
+def test_two_threads_give_the_logits_of_one(two_threads: list[float], solo: list[float]) -> None:
+    assert two_threads == solo
 
 
 def test_another_sequences_cells_below_change_nothing_on_two_threads(
-    model: Model, unified: Callable[[], Context], prompt: list[int], solo: list[float]
+    unified: Unified, prompt: list[int], other: list[int], solo: list[float]
 ) -> None:
-    ctx = unified()
-    _fill(ctx, 1, _tokens(model, OTHER, N_OTHER))  # below: the view grows to ~1,200 cells
-    _fill(ctx, 0, prompt)
-    assert _step(ctx, 0, N_PROMPT, threads=2) == solo
+    with unified() as ctx:
+        _fill(ctx, 1, other)  # below: the view grows to ~1,200 cells
+        _fill(ctx, 0, prompt)
+        assert _step(ctx, 0, N_PROMPT, threads=2) == solo
 
 
 def test_a_row_decoded_beside_another_is_the_row_decoded_alone(
-    model: Model, unified: Callable[[], Context], prompt: list[int]
+    unified: Unified, prompt: list[int], other: list[int], two_threads: list[float]
 ) -> None:
     # Alone, the row takes the split path (its groups on two threads); beside
     # another row, the row path (each row whole, on one thread): the same sums.
-    alone = unified()
-    _fill(alone, 0, prompt)
-    solo = _step(alone, 0, N_PROMPT, threads=2)
-    other = _tokens(model, OTHER, N_OTHER)
-    ctx = unified()
-    _fill(ctx, 0, prompt)
-    _fill(ctx, 1, other)
-    ctx.set_threads(2, 2)
-    batch = Batch(2)
-    batch.add(42, N_PROMPT, 0, logits=True)
-    batch.add(7, N_OTHER, 1, logits=True)
-    ctx.decode(batch)
-    assert list(ctx.logits(0)) == solo
+    with unified() as ctx:
+        _fill(ctx, 0, prompt)
+        _fill(ctx, 1, other)
+        ctx.set_threads(2, 2)
+        batch = Batch(2)
+        batch.add(42, N_PROMPT, 0, logits=True)
+        batch.add(7, N_OTHER, 1, logits=True)
+        ctx.decode(batch)
+        assert list(ctx.logits(0)) == two_threads
 
 
 _UNTILED = """
@@ -148,20 +178,60 @@ print("= 512-row chunks above another sequence", last_logits(512, True) == solo)
 """
 
 
-def test_without_the_tiled_path_a_prompts_logits_do_not_depend_on_its_chunks_or_cells() -> None:
+UNTILED_TEST = "test_without_the_tiled_path_a_prompts_logits_do_not_depend_on_its_chunks_or_cells"
+
+
+@dataclass
+class Child:
+    """The child of the last test (``UNTILED_TEST``), started, not waited for.
+    Its output goes to files, so that no pipe fills while nobody reads it."""
+
+    proc: subprocess.Popen[bytes]
+    stdout: IO[bytes]
+    stderr: IO[bytes]
+
+    def wait(self, timeout: float) -> tuple[str, str]:
+        self.proc.wait(timeout)
+        outs = []
+        for f in (self.stdout, self.stderr):
+            f.seek(0)
+            outs.append(f.read().decode("utf-8", "replace"))
+        return outs[0], outs[1]
+
+
+@pytest.fixture(scope="module")
+def untiled_child() -> Iterator[Child]:
     env = {**os.environ, "GGML_CPU_FA_TILED": "0"}
-    proc = subprocess.run(
-        [sys.executable, "-c", _UNTILED, TEXT, OTHER, str(N_PROMPT), str(N_OTHER)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=280,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("= ")]
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _UNTILED, TEXT, OTHER, str(N_PROMPT), str(N_OTHER)],
+            env=env,
+            stdout=out,
+            stderr=err,
+        )
+        try:
+            yield Child(proc, out, err)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _untiled_child_from_the_start(request: pytest.FixtureRequest) -> None:
+    """Start the child with the module's first test when its test is to run."""
+    if any(getattr(item, "originalname", None) == UNTILED_TEST for item in request.session.items):
+        request.getfixturevalue("untiled_child")
+
+
+def test_without_the_tiled_path_a_prompts_logits_do_not_depend_on_its_chunks_or_cells(
+    untiled_child: Child,
+) -> None:
+    stdout, stderr = untiled_child.wait(timeout=280)
+    assert untiled_child.proc.returncode == 0, stderr[-3000:]
+    lines = [line for line in stdout.splitlines() if line.startswith("= ")]
     assert lines == [
         "= 512-row chunks True",
         "= 64-row chunks True",
         "= 512-row chunks above another sequence True",
-    ], proc.stdout
+    ], stdout
