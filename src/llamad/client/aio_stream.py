@@ -37,9 +37,16 @@ class AsyncStream(StreamBase):
         idle_timeout: float | None,
         cancel: Callable[[str, str], Coroutine[Any, Any, bool]],
         on_end: Callable[[str], None],
+        on_error: Callable[[LlamadError], None] | None = None,
+        endpoint: str = "",
     ) -> None:
         super().__init__(
-            model_id=model_id, request_id=request_id, idle_timeout=idle_timeout, on_end=on_end
+            model_id=model_id,
+            request_id=request_id,
+            idle_timeout=idle_timeout,
+            on_end=on_end,
+            on_error=on_error,
+            endpoint=endpoint,
         )
         self._call = call
         self._cancel = cancel

@@ -51,9 +51,16 @@ class Stream(StreamBase):
         request_id: str,
         idle_timeout: float | None,
         on_end: Callable[[str], None],
+        on_error: Callable[[LlamadError], None] | None = None,
+        endpoint: str = "",
     ) -> None:
         super().__init__(
-            model_id=model_id, request_id=request_id, idle_timeout=idle_timeout, on_end=on_end
+            model_id=model_id,
+            request_id=request_id,
+            idle_timeout=idle_timeout,
+            on_end=on_end,
+            on_error=on_error,
+            endpoint=endpoint,
         )
         self._client = client
         self._call: StreamCall | None = call

@@ -50,6 +50,7 @@ ALLOWED = frozenset(
         "llamad.client.asks",
         "llamad.client.base",
         "llamad.client.bodies",
+        "llamad.client.router",  # which of several daemons (no I/O)
         "llamad.client.routes",
         "llamad.client.stream",
         "llamad.client.sync",

@@ -1,0 +1,182 @@
+"""A client of several real daemons (SPEC X3; ``docs/internals/client.md``, "Several daemons").
+
+Two daemons (distinct runtime directories and cache instances), started once
+for the module; each request of ``Client(endpoints=[a, b])`` goes to one of
+them. Which one served a request is read from each daemon's worker status
+board (``requests_total``), never from the client itself. Load is made with
+a request under :data:`ENDLESS` from a client of that one daemon, cancelled
+after. The test that SIGKILLs a daemon runs last and restarts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from daemon_proc import DaemonProc
+from llamad import AsyncClient, Client, NoSession, WorkerCrashed
+from served import ENDLESS, EVENTUALLY, MANY, prompt_text, wait_until
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[tuple[DaemonProc, DaemonProc]]:
+    daemons = (DaemonProc(), DaemonProc())
+    try:
+        for d in daemons:  # both start at once: half the wait
+            d.launcher.start()
+        for d in daemons:
+            d.launcher.wait_routed([d.model_id], timeout=EVENTUALLY)
+        yield daemons
+    finally:
+        for d in daemons:
+            d.close()
+
+
+def _served(d: DaemonProc) -> int:
+    """Requests the daemon's worker has admitted since it started."""
+    snap = wait_until(d.board, "the worker's status board", EVENTUALLY)
+    return snap.requests_total
+
+
+def _counts(*daemons: DaemonProc) -> list[int]:
+    return [_served(d) for d in daemons]
+
+
+class _Busy:
+    """An endless generation on ``daemon`` (from a client of it alone) until
+    the block ends: the daemon has one request pending."""
+
+    def __init__(self, daemon: DaemonProc) -> None:
+        self.daemon = daemon
+        self.client = Client(daemon.endpoint)
+
+    def __enter__(self) -> _Busy:
+        self.stream = self.client.infer(
+            self.daemon.model_id, "Say la.", grammar=ENDLESS, max_tokens=MANY
+        )
+        next(self.stream)  # it runs: the daemon's status counts it
+        wait_until(
+            lambda: (b := self.daemon.board()) is not None and b.status.pending_len >= 1,
+            "the busy request on the board",
+            EVENTUALLY,
+        )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stream.close()
+        self.client.close()
+        self.daemon.wait_idle()
+
+
+def test_a_request_goes_to_the_least_loaded_daemon(pair: tuple[DaemonProc, DaemonProc]) -> None:
+    a, b = pair
+    for busy, idle in ((a, b), (b, a)):
+        with _Busy(busy):
+            before = _counts(busy, idle)
+            # A new client: its first request reads both daemons' status.
+            with Client(endpoints=[a.endpoint, b.endpoint]) as c:
+                c.complete("smol", prompt_text(1, 8), max_tokens=2)
+            after = _counts(busy, idle)
+        assert after[1] == before[1] + 1, f"the idle daemon served nothing: {before} -> {after}"
+        assert after[0] == before[0], f"the busy daemon served it: {before} -> {after}"
+
+
+def test_a_clients_own_running_stream_counts_as_load(pair: tuple[DaemonProc, DaemonProc]) -> None:
+    a, b = pair
+    with Client(endpoints=[a.endpoint, b.endpoint]) as c:
+        first = c.infer("smol", "Say la.", grammar=ENDLESS, max_tokens=MANY)
+        try:
+            next(first)
+            other = c.infer("smol", prompt_text(2, 8), max_tokens=2)
+            other.completion()
+            assert {first.endpoint, other.endpoint} == {a.endpoint, b.endpoint}
+        finally:
+            first.close()
+    a.wait_idle()
+    b.wait_idle()
+
+
+def test_a_session_stays_on_its_daemon(pair: tuple[DaemonProc, DaemonProc]) -> None:
+    a, b = pair
+    by_endpoint = {a.endpoint: a, b.endpoint: b}
+    with Client(endpoints=[a.endpoint, b.endpoint]) as c:
+        stream = c.infer("smol", prompt_text(3, 8), session_id="route-s1", max_tokens=2)
+        stream.completion()
+        home = by_endpoint[stream.endpoint]
+        away = b if home is a else a
+        # The session's daemon is now the busier one: a request without a
+        # session would go to the other, the session's next turn does not.
+        with _Busy(home):
+            before = _counts(home, away)
+            more = c.infer(
+                "smol", " And then?", session_id="route-s1", continue_=True, max_tokens=2
+            )
+            more.completion()  # on the other daemon: no_session
+            assert more.endpoint == home.endpoint
+            assert _counts(home, away) == [before[0] + 1, before[1]]
+        c.end_session("smol", "route-s1")
+        # Ended: the daemon forgot it, and so did the router.
+        assert c.router.session("route-s1") is None
+        with pytest.raises(NoSession):
+            c.end_session("smol", "route-s1")
+
+
+def test_an_unreachable_daemon_is_skipped(pair: tuple[DaemonProc, DaemonProc]) -> None:
+    a, b = pair
+    dead = a.endpoint.replace("llamad.sock", "nobody.sock")
+    with Client(endpoints=[dead, b.endpoint], connect_timeout=5.0) as c:
+        before = _served(b)
+        reply = c.complete("smol", prompt_text(4, 8), max_tokens=2)
+        assert reply.generated, reply
+        assert _served(b) == before + 1
+        assert c.router.failures(dead) >= 1
+        assert c.status().pid == b.pid  # a read goes to the first that answers
+
+
+def test_an_async_client_routes_and_skips_the_unreachable(
+    pair: tuple[DaemonProc, DaemonProc],
+) -> None:
+    a, b = pair
+    dead = b.endpoint.replace("llamad.sock", "nobody.sock")
+
+    async def main() -> tuple[str, str]:
+        async with AsyncClient(endpoints=[dead, a.endpoint, b.endpoint]) as c:
+            with _Busy(a):
+                stream = await c.infer("smol", prompt_text(5, 8), max_tokens=2)
+                await stream.completion()
+            reply = await c.complete("smol", prompt_text(6, 8), max_tokens=2)
+            assert reply.generated
+            return stream.endpoint, dead
+
+    served_at, _ = asyncio.run(main())
+    assert served_at == b.endpoint, "the idle, reachable daemon"
+
+
+def test_a_daemon_killed_mid_stream_fails_it_and_the_next_request_goes_elsewhere(
+    pair: tuple[DaemonProc, DaemonProc],
+) -> None:
+    a, b = pair
+    by_endpoint = {a.endpoint: a, b.endpoint: b}
+    with Client(endpoints=[a.endpoint, b.endpoint]) as c:
+        stream = c.infer("smol", "Say la.", grammar=ENDLESS, max_tokens=MANY)
+        victim = by_endpoint[stream.endpoint]
+        survivor = b if victim is a else a
+        events = iter(stream)
+        next(events)  # streaming: a token has arrived
+        killer = threading.Thread(target=victim.launcher.kill)
+        killer.start()
+        with pytest.raises(WorkerCrashed):
+            for _ in events:
+                pass
+        killer.join()
+        # Not replayed elsewhere: the half-streamed request is the caller's.
+        before = _served(survivor)
+        reply = c.complete("smol", prompt_text(7, 8), max_tokens=2)
+        assert reply.generated
+        assert _served(survivor) == before + 1
+        assert c.router.failures(victim.endpoint) >= 1
