@@ -125,6 +125,13 @@ class Router:
                 if d.down_until <= now and (d.read_at is None or now - d.read_at > self._load_ttl)
             ]
 
+    def expire(self) -> None:
+        """Forget every status read: the next request reads each daemon's load
+        again (for a caller that knows the load just changed)."""
+        with self._lock:
+            for d in self._daemons.values():
+                d.read_at = None
+
     # -- what happened ---------------------------------------------------------
 
     def loaded(self, endpoint: str, pending: Mapping[str, int]) -> None:

@@ -113,6 +113,7 @@ def test_a_session_stays_on_its_daemon(pair: tuple[DaemonProc, DaemonProc]) -> N
         # session would go to the other, the session's next turn does not.
         with _Busy(home):
             before = _counts(home, away)
+            c.router.expire()  # the next request reads the new load
             more = c.infer(
                 "smol", " And then?", session_id="route-s1", continue_=True, max_tokens=2
             )
@@ -131,6 +132,10 @@ def test_an_unreachable_daemon_is_skipped(pair: tuple[DaemonProc, DaemonProc]) -
     dead = a.endpoint.replace("llamad.sock", "nobody.sock")
     with Client(endpoints=[dead, b.endpoint], connect_timeout=5.0) as c:
         before = _served(b)
+        # As if it had answered its status just before it died: the request
+        # itself finds it gone, and goes on to the next.
+        c.router.loaded(dead, {})
+        c.router.loaded(b.endpoint, {})
         reply = c.complete("smol", prompt_text(4, 8), max_tokens=2)
         assert reply.generated, reply
         assert _served(b) == before + 1
