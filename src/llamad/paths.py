@@ -94,6 +94,23 @@ directory: ``{"url", "host", "port", "pid"}`` (the port is the real one when
 ``[http] port = 0``); removed when the gateway stops."""
 
 
+KV_EVENTS_FILE = "kv_events.json"
+"""Where cache-meta publishes its KV event endpoints, in the runtime directory:
+``{"endpoint", "replay_endpoint", "topic", "block_size", "pid"}``; removed when
+it stops (``docs/internals/kv-events.md``)."""
+
+
+def kv_events_address(runtime_dir: str | os.PathLike[str]) -> dict[str, object] | None:
+    """What the daemon's KV event publisher published (``None``: it is not publishing)."""
+    import json  # noqa: PLC0415 (only the callers that look for it pay)
+
+    try:
+        found = json.loads(Path(runtime_dir, KV_EVENTS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
 def http_address(runtime_dir: str | os.PathLike[str]) -> dict[str, object] | None:
     """What the daemon's HTTP gateway published (``None``: it is not serving)."""
     import json  # noqa: PLC0415 (only the callers that look for it pay)

@@ -23,7 +23,7 @@ SRC = Path(llamad.__file__).resolve().parent
 #: Bottom to top. Each line may import from the lines above it only.
 FLOORS: tuple[frozenset[str], ...] = (
     frozenset({"llamad"}),  # errors, paths, logs, _pins, _lazy, the face
-    frozenset({"llama_ffi", "actors"}),
+    frozenset({"llama_ffi", "actors", "kv_events"}),
     frozenset({"supervisor"}),
     frozenset({"cache"}),
     frozenset({"model"}),

@@ -95,7 +95,7 @@ from llamad.cache.rows import Copy, Row
 from llamad.cache.tier_kind import TIER_ORDER, TierKind, check_tier, slower_tiers
 from llamad.cache.waiters import WAIT, Deferred, Waiter, WaiterTable
 
-__all__ = ["CacheMeta", "MetaConfig", "Row", "RowStore"]
+__all__ = ["CacheMeta", "CopyObserver", "MetaConfig", "Row", "RowStore"]
 
 log = structlog.get_logger("llamad.cache.meta")
 
@@ -140,6 +140,14 @@ class RowStore(Protocol):
 
     def exists(self, tier: TierKind, location: str) -> bool:
         """Whether a copy's file is still there."""
+
+
+class CopyObserver(Protocol):
+    """Told of every copy entering or leaving the index (the KV event publisher)."""
+
+    def copy_added(self, row: Row, tier: TierKind) -> None: ...
+
+    def copy_dropped(self, row: Row, tier: TierKind) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +235,10 @@ class CacheMeta:
         # token from a previous cache-meta incarnation cannot match a new one.
         self._next_id = secrets.randbits(40) << 20
         self._lru_clock = 0
+        # The KV event publisher, when [kv_events] is on (set by cache-meta's
+        # process layer): _add_copy and _drop_copy are the only two places a
+        # copy enters or leaves the index, so it misses none.
+        self.observer: CopyObserver | None = None
 
     # ------------------------------------------------------------------ helpers
 
@@ -295,6 +307,8 @@ class CacheMeta:
         self.ledgers[tier].add(copy)
         row.copies[tier] = copy
         self._sync_bytes(tier)
+        if self.observer is not None:
+            self.observer.copy_added(row, tier)
         if (
             self._write_behind
             and TierKind.DISK not in row.copies
@@ -318,6 +332,8 @@ class CacheMeta:
         row = copy.row
         if row.copies.get(copy.tier) is copy:
             del row.copies[copy.tier]
+            if self.observer is not None:
+                self.observer.copy_dropped(row, copy.tier)
         ledger = self.ledgers[copy.tier]
         if copy.leaving:
             ledger.leaving -= copy.size

@@ -39,6 +39,7 @@ from llamad.actors.registry import Registry
 from llamad.actors.wire import Limits
 from llamad.cache import meta_wire as wire
 from llamad.cache.counters import Counters
+from llamad.cache.kv_publish import KvEventPublisher
 from llamad.cache.kvc import SaveReason
 from llamad.cache.lookup import Lookup, RowRef
 from llamad.cache.meta import CacheMeta
@@ -123,8 +124,16 @@ class MetaServer:
             self.actor = Actor(settings.actor_name, registry=registry, limits=_LIMITS)
             self.mover = Mover(self.tiers, counters=self.counters, hook=mover_hook)
             undo.callback(self.mover.close)
+            # Bound before the rebuild, so the rows it finds are announced.
+            self.kv_events: KvEventPublisher | None = None
+            if settings.kv_events is not None:
+                self.kv_events = KvEventPublisher(settings.kv_events)
+                undo.callback(self.kv_events.close)
+                self.meta.observer = self.kv_events
             undo.pop_all()  # from here on close() releases them
         self.actor.add_reader(self.mover.fileno(), self._moves_done)
+        if self.kv_events is not None and (fd := self.kv_events.replay_fd()) is not None:
+            self.actor.add_reader(fd, self.kv_events.serve_replay)
         self._owners = ProcessWatch()
         self._owner_refs: dict[Owner, ProcessRef] = {}
         self._owner_fds: set[int] = set()
@@ -170,6 +179,9 @@ class MetaServer:
         self.rebuild()
         self._ram_back()
         endpoint = self.actor.start()
+        if self.kv_events is not None:
+            self.kv_events.flush()
+            self.kv_events.write_info()
         now = time.monotonic()
         self._next_flush = now + self.settings.stats_flush_s
         self._next_sweep = now + _OWNER_SWEEP_S
@@ -215,6 +227,10 @@ class MetaServer:
                 # The poller lets go of the eventfd's number before it is closed.
                 self.actor.remove_reader(self.mover.fileno())
                 self.mover.close()
+                if self.kv_events is not None:
+                    if (fd := self.kv_events.replay_fd()) is not None:
+                        self.actor.remove_reader(fd)
+                    self.kv_events.stop()
                 self.actor.close()
                 self._owners.close()
                 source_close = getattr(self.pressure.source, "close", None)
@@ -256,6 +272,11 @@ class MetaServer:
         self.actor.poll(timeout)
         if self._dirty or self.meta.has_moves or time.monotonic() >= self._due:
             self._maintain()
+        if self.kv_events is not None:
+            # One batch per step: whatever the messages and moves just changed.
+            self.kv_events.flush()
+            # A replay request that came in while the poll served others.
+            self.kv_events.serve_replay()
 
     def _timeout(self) -> float:
         return max(0.0, self._due - time.monotonic())
@@ -524,6 +545,8 @@ class MetaServer:
         status["pressure"] = self.pressure.status()
         status["owners"] = len(self._owner_refs)
         status["prefetch"] = self.prefetch.status()
+        if self.kv_events is not None:
+            status["kv_events"] = self.kv_events.info()
         return status
 
     def _op_pressure_check(self, req: Request[wire.NoArgs]) -> dict[str, Any]:

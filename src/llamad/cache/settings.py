@@ -25,6 +25,7 @@ from typing import Any, Final
 import msgspec
 
 from llamad.cache.errors import InvalidCacheValue
+from llamad.cache.kv_publish import KvEventsSettings
 from llamad.cache.lookup import LookupPolicy
 from llamad.cache.meta import MetaConfig
 from llamad.cache.meta_wire import ACTOR_NAME, LIVENESS_S
@@ -90,6 +91,8 @@ class CacheSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     in the background. ``stop_moves_s``: how long a clean stop may spend
     demoting ``ram`` rows and finishing moves (cache-meta's shutdown timeout
     in the tree is this plus 5 s).
+    ``kv_events``: where cache-meta publishes its rows as vLLM's KV events
+    (:mod:`llamad.cache.kv_publish`; ``None``: it does not).
     """
 
     tiers: tuple[TierConfig, ...]
@@ -108,6 +111,7 @@ class CacheSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     promote_hits: int = 2
     write_behind: bool = True
     stop_moves_s: float = 5.0
+    kv_events: KvEventsSettings | None = None
 
     def __post_init__(self) -> None:
         set_ = msgspec.structs.force_setattr

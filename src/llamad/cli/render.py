@@ -213,6 +213,7 @@ def status_text(status: DaemonStatus, *, now: float | None = None) -> str:
         f"{status.restarts} restart{'s' if status.restarts != 1 else ''} "
         f"by its supervisors, endpoint {status.endpoint or '-'}"
         + (f", http {status.http}" if status.http else "")
+        + (f", kv events {status.kv_events.endpoint}" if status.kv_events else "")
         + "\n",
         "\nmodels\n",
     ]

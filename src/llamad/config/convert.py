@@ -34,6 +34,7 @@ from typing import Any, Final, TypeVar
 from llamad.actors.curve import CurveServer, RemoteAccess
 from llamad.actors.errors import ActorConfigError
 from llamad.actors.wire import Limits
+from llamad.cache.kv_publish import KvEventsSettings
 from llamad.cache.lookup import LookupPolicy
 from llamad.cache.policy import CachePolicy
 from llamad.cache.pressure import PressureConfig
@@ -51,6 +52,7 @@ from llamad.model.cache_view_config import CacheViewConfig
 from llamad.model.config import MarkerPair, WorkerConfig
 from llamad.model.threads import ThreadPolicy
 from llamad.model.worker_spec import WorkerSpec
+from llamad.paths import KV_EVENTS_FILE
 
 __all__ = [
     "cache_policy",
@@ -172,6 +174,21 @@ def cache_settings(config: LlamadConfig) -> CacheSettings:
     tiers = tier_configs(config)
     runtime = config.runtime_dir
     dir_key: KeyPath = ("daemon", "runtime_dir")
+    k = config.kv_events
+    kv_events = None
+    if k.enabled:
+        assert k.endpoint is not None, "resolved by load_config"
+        kv_events = _built(
+            lambda: KvEventsSettings(
+                endpoint=k.endpoint or "",
+                replay_endpoint=k.replay_endpoint,
+                topic=k.topic or "",
+                block_size=k.block_size,
+                buffer_steps=k.buffer_steps,
+                info_path=str(runtime / KV_EVENTS_FILE),
+            ),
+            _under(("kv_events",)),
+        )
     return _built(
         lambda: CacheSettings(
             tiers=tiers,
@@ -189,6 +206,7 @@ def cache_settings(config: LlamadConfig) -> CacheSettings:
             write_behind=c.disk.write_behind,
             stop_moves_s=c.stop_moves_s,
             liveness_timeout=c.liveness_s,
+            kv_events=kv_events,
         ),
         _under(
             ("cache",),

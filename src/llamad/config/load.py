@@ -46,10 +46,11 @@ from llamad.config.reader import read_table
 from llamad.config.schema import (
     DEFAULT_MODEL_ID,
     CacheSection,
+    KvEventsSection,
     LlamadConfig,
     SecuritySection,
 )
-from llamad.config.security import check_http, resolve_model_path
+from llamad.config.security import check_endpoint, check_http, resolve_model_path
 from llamad.errors import ConfigError, LlamadError
 from llamad.paths import default_model_path
 
@@ -75,6 +76,22 @@ def _resolve_cache(c: CacheSection, state_dir: str, problems: Problems) -> Cache
         ram_file=msgspec.structs.replace(c.ram_file, root=ram_file_root),
         disk=msgspec.structs.replace(c.disk, root=disk_root),
     )
+
+
+def _resolve_kv_events(k: KvEventsSection, runtime_dir: str, problems: Problems) -> KvEventsSection:
+    """The publisher's endpoints: ipc sockets in the runtime directory by default."""
+    if not k.enabled:
+        return k
+    endpoint = k.endpoint or f"ipc://{os.path.join(runtime_dir, 'kv-events.sock')}"
+    replay = k.replay_endpoint or f"ipc://{os.path.join(runtime_dir, 'kv-events-replay.sock')}"
+    for name, value in (("endpoint", endpoint), ("replay_endpoint", replay)):
+        try:
+            check_endpoint(value, name, curve=k.allow_remote, curve_keys="kv_events.allow_remote")
+        except ConfigError as exc:
+            problems.add(("kv_events", name), exc.details["problem"])
+    if endpoint == replay:
+        problems.add(("kv_events", "replay_endpoint"), "is the PUB socket's endpoint too")
+    return msgspec.structs.replace(k, endpoint=endpoint, replay_endpoint=replay)
 
 
 def _check_curve(s: SecuritySection, problems: Problems) -> None:
@@ -162,6 +179,9 @@ def _resolve(config: LlamadConfig, env: Mapping[str, str], problems: Problems) -
         daemon=daemon,
         cache=_resolve_cache(config.cache, daemon.state_dir, problems),
         security=_resolve_security(config.security, problems),
+    )
+    config = msgspec.structs.replace(
+        config, kv_events=_resolve_kv_events(config.kv_events, daemon.runtime_dir, problems)
     )
     http = config.http
     try:

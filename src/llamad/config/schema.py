@@ -62,6 +62,7 @@ __all__ = [
     "ClientSection",
     "DaemonSection",
     "HttpSection",
+    "KvEventsSection",
     "LlamadConfig",
     "SecuritySection",
     "ThreadsSection",
@@ -298,6 +299,66 @@ class CacheSection(Table, frozen=True, kw_only=True):
     )
 
 
+class KvEventsSection(Table, frozen=True, kw_only=True):
+    """Saved rows published as vLLM's KV events, for llm-d, Dynamo and llamad's own router."""
+
+    enabled: Annotated[
+        bool,
+        Key(
+            "Publish every row's blocks (BlockStored, BlockRemoved, AllBlocksCleared, msgpack "
+            "over a ZeroMQ PUB socket) from cache-meta, with a replay socket.",
+            Boolean(),
+        ),
+    ] = True
+    endpoint: Annotated[
+        str | None,
+        Key(
+            "The PUB socket: ipc://PATH, or tcp://HOST:PORT on loopback (beyond it only with "
+            "allow_remote). Published in <runtime_dir>/kv_events.json and `llamad status`.",
+            Text(hint="ipc://PATH or tcp://HOST:PORT"),
+            default_text="ipc://<runtime_dir>/kv-events.sock",
+            example="tcp://127.0.0.1:5557",
+        ),
+    ] = None
+    replay_endpoint: Annotated[
+        str | None,
+        Key(
+            "The ROUTER socket that replays buffered batches from a sequence number.",
+            Text(hint="ipc://PATH or tcp://HOST:PORT"),
+            default_text="ipc://<runtime_dir>/kv-events-replay.sock",
+            example="tcp://127.0.0.1:5558",
+        ),
+    ] = None
+    allow_remote: Annotated[
+        bool,
+        Key(
+            "Let the sockets bind tcp beyond loopback. The events carry the token ids of "
+            "every saved prompt, unencrypted: only on a network you trust.",
+            Boolean(),
+        ),
+    ] = False
+    topic: Annotated[
+        str | None,
+        Key(
+            "The topic frame of every message (a SUB socket subscribes to a prefix of it).",
+            Text(),
+            default_text="empty",
+            example="kv@llamad",
+        ),
+    ] = None
+    block_size: Annotated[
+        int,
+        Key(
+            "Tokens per hashed block (vLLM's default is 16 too); a router must hash prompts "
+            "with the same size.",
+            Integer(ge=1, le=4096),
+        ),
+    ] = 16
+    buffer_steps: Annotated[
+        int, Key("Batches kept for the replay socket.", Integer(ge=1, le=10_000_000))
+    ] = 10_000
+
+
 class SecuritySection(Table, frozen=True, kw_only=True):
     """What a client may make the daemon read, and how much it may send (SPEC D5)."""
 
@@ -388,6 +449,9 @@ class LlamadConfig(Table, frozen=True, kw_only=True):
     http: Annotated[HttpSection, Section("The HTTP gateway (OpenAI-compatible routes).")] = (
         msgspec.field(default_factory=HttpSection)
     )
+    kv_events: Annotated[
+        KvEventsSection, Section("KV events in vLLM's wire format (docs/internals/kv-events.md).")
+    ] = msgspec.field(default_factory=KvEventsSection)
     models: Annotated[
         dict[str, ModelConfig],
         Tables("One table per model, keyed by the model id clients use.", name_hint="<id>"),

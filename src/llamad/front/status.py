@@ -15,17 +15,20 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+import msgspec
+
 from llamad.config import LlamadConfig
 from llamad.front.table import ModelEntry, exit_text
 from llamad.front.wire import (
     DaemonStatus,
+    KvEventsAddress,
     ModelStatus,
     SupervisedChild,
     SupervisorStatus,
     TierUsage,
 )
 from llamad.model.wire import WorkerSnapshot
-from llamad.paths import http_address
+from llamad.paths import http_address, kv_events_address
 from llamad.supervisor.core import ChildInfo
 from llamad.tiers import TierKind
 
@@ -113,7 +116,25 @@ def daemon_status(
         endpoint=config.endpoint,
         started_at=started_at,
         http=_http_url(config),
+        kv_events=_kv_events(config),
     )
+
+
+def _kv_events(config: LlamadConfig) -> KvEventsAddress | None:
+    found = kv_events_address(config.runtime_dir) if config.kv_events.enabled else None
+    if found is None:
+        return None
+    try:
+        return msgspec.convert(
+            {
+                k: found[k]
+                for k in ("endpoint", "replay_endpoint", "topic", "block_size")
+                if k in found
+            },
+            KvEventsAddress,
+        )
+    except msgspec.ValidationError:
+        return None
 
 
 def _http_url(config: LlamadConfig) -> str | None:

@@ -56,6 +56,7 @@ __all__ = [
     "EvictBytes",
     "GcReport",
     "Histogram",
+    "KvEventsAddress",
     "LoadModel",
     "LoadProgress",
     "MetricsSnapshot",
@@ -222,6 +223,15 @@ class SupervisorStatus(msgspec.Struct, frozen=True):
     error: str | None = None
 
 
+class KvEventsAddress(msgspec.Struct, frozen=True):
+    """A daemon's KV event stream (vLLM's format, ``docs/internals/kv-events.md``)."""
+
+    endpoint: str
+    replay_endpoint: str | None = None
+    topic: str = ""
+    block_size: int = 16
+
+
 class DaemonStatus(msgspec.Struct, frozen=True):
     pid: int
     uptime_s: float
@@ -236,6 +246,8 @@ class DaemonStatus(msgspec.Struct, frozen=True):
     """Wall clock (``time.time()``) when the daemon started."""
     http: str | None = None
     """The HTTP gateway's base URL while it serves (``<runtime_dir>/http.json``)."""
+    kv_events: KvEventsAddress | None = None
+    """Where cache-meta publishes KV events (``<runtime_dir>/kv_events.json``)."""
 
 
 class Histogram(msgspec.Struct, frozen=True):

@@ -73,6 +73,12 @@ ALLOWED = frozenset(
         "llamad.model.requests",
         "llamad.model.results",
         "llamad.model.wire",
+        # The KV event stream's block hashes, messages and index (issue 20):
+        # pure, msgspec only, for routing by cached prefix.
+        "llamad.kv_events",
+        "llamad.kv_events.blocks",
+        "llamad.kv_events.index",
+        "llamad.kv_events.wire",
         # Error classes and an enum: no libllama.
         "llamad.llama_ffi",
         "llamad.llama_ffi.errors",
