@@ -99,6 +99,8 @@ class AsyncClient(ClientBase):
         if self._closed:
             return
         self._closed = True
+        if self._affinity is not None:
+            self._affinity.close()
         for links in self._links_by.values():
             links.close()
 
@@ -398,9 +400,14 @@ class AsyncClient(ClientBase):
         self, ask: Ask[Any], attempt: Callable[[str], Awaitable[T]], *, held: bool = False
     ) -> T:
         """As :meth:`llamad.Client._spread`."""
+        prefix = None
         if spread(ask.op) is Spread.ANY:
             await self._read_loads()
-        targets = self._targets(ask)
+            tokens, key, get = self._prompt_plan(ask)
+            if get is not None:
+                tokens = await self._tokens_for(get)
+            prefix = self._prefix(ask, tokens, key)
+        targets = self._targets(ask, prefix)
         if self._everywhere(ask, targets):
             return await self._everyone(ask, targets, attempt)
         error: LlamadError | None = None
@@ -439,6 +446,16 @@ class AsyncClient(ClientBase):
         if errors:
             raise errors[0]
         return cast("T", combined(ask, answers))
+
+    async def _tokens_for(self, get: Ask[list[int]]) -> list[int] | None:
+        """The prompt's token ids from the daemon the load alone would pick
+        (one more round trip; ``None`` when it fails: route by load)."""
+        assert get.model_id is not None
+        endpoint = self.router.order(get.model_id)[0]
+        try:
+            return get.read(await self._run_at(endpoint, get, STATUS_TIMEOUT))
+        except LlamadError:
+            return None
 
     async def _read_loads(self) -> None:
         """Read the status (the load) of each daemon whose last read is stale."""

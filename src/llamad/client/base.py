@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Final, Protocol, TypeVar
+
+import msgspec
 
 from llamad import logs
 from llamad.actors.curve import CurveClient
 from llamad.client import asks
+from llamad.client.affinity import Affinity
 from llamad.client.asks import Ask
 from llamad.client.bodies import read_end
 from llamad.client.router import Router, Spread, spread
@@ -103,6 +106,8 @@ class ClientBase:
         self.endpoints: tuple[str, ...] = tuple(endpoints) if endpoints else (endpoint,)
         self._router: Router | None = Router(self.endpoints) if len(self.endpoints) > 1 else None
         """The choice of a daemon per request; ``None`` for one daemon (no cost)."""
+        self._affinity: Affinity | None = Affinity() if self._router is not None else None
+        """What the daemons' KV events say they hold (several daemons only)."""
         self._where: dict[str, str] = {}  # request id -> endpoint running it (several daemons)
         self.curve = curve
         self.timeout = timeout
@@ -249,8 +254,65 @@ class ClientBase:
             self.router.failed(endpoint)
 
     def _loaded(self, endpoint: str, status: DaemonStatus) -> None:
-        """A status read of ``endpoint`` (its load)."""
+        """A status read of ``endpoint``: its load, its models' namespaces and
+        where it publishes its KV events."""
         self.router.loaded(endpoint, pending_of(status))
+        if self._affinity is not None:
+            self._affinity.learn(endpoint, status)
+
+    @property
+    def affinity(self) -> Affinity | None:
+        """What the daemons' KV events say they hold (a client of several)."""
+        return self._affinity
+
+    def _prompt_plan(
+        self, ask: Ask[Any]
+    ) -> tuple[list[int] | None, Hashable | None, Ask[list[int]] | None]:
+        """For a generation worth routing by cache affinity (some daemon holds
+        blocks of its model): its token ids when known (given as ids, or kept
+        from an earlier request), else the key to keep them under and the
+        ``tokenize`` or ``apply_chat_template`` that gets them from a daemon.
+        ``(None, None, None)``: route by load alone."""
+        affinity = self._affinity
+        if (
+            affinity is None
+            or ask.op not in GENERATIONS
+            or ask.model_id is None
+            or not affinity.worth_it(ask.model_id)
+        ):
+            return None, None, None
+        body = ask.body
+        model = ask.model_id
+        if body.prompt is not None and not isinstance(body.prompt, str):
+            return list(body.prompt), None, None
+        get: Ask[list[int]]
+        key: Hashable
+        if isinstance(body.prompt, str):
+            # As the worker tokenizes a text prompt (worker_ops._prompt).
+            key = (model, "text", body.add_special, body.prompt)
+            get = asks.tokenize(model, body.prompt, body.add_special, True)
+        elif body.messages is not None:
+            key = (model, "chat", _json(body.messages), _json(body.chat))
+            get = asks.apply_chat_template(model, body.messages, msgspec.structs.asdict(body.chat))
+        else:
+            return None, None, None
+        tokens = affinity.tokens(key)
+        return (tokens, None, None) if tokens is not None else (None, key, get)
+
+    def _prefix(
+        self, ask: Ask[Any], tokens: list[int] | None, key: Hashable | None
+    ) -> dict[str, int] | None:
+        """Per daemon, the prompt's leading blocks it holds (``None``: no tokens)."""
+        if tokens is None or self._affinity is None or ask.model_id is None:
+            return None
+        if key is not None:
+            self._affinity.keep(key, tokens)
+        return self._affinity.prefix(ask.model_id, tokens, ask.body.params.salt)
+
+
+GENERATIONS: Final = frozenset({"complete", "infer", "prefill_only"})
+
+_json = msgspec.json.Encoder().encode
 
 
 def _session_of(ask: Ask[Any]) -> str | None:

@@ -116,6 +116,8 @@ class Client(ClientBase):
         if self._closed:
             return
         self._closed = True
+        if self._affinity is not None:
+            self._affinity.close()
         with self._lock:
             every = list(self._all_links)
         for links in every:
@@ -449,9 +451,14 @@ class Client(ClientBase):
         """``attempt`` ``ask`` on the daemons the router picks: every one of
         them, or the first that takes it. ``held``: a stream, whose request
         stays noted as running on its daemon once opened."""
+        prefix = None
         if spread(ask.op) is Spread.ANY:
             self._read_loads()
-        targets = self._targets(ask)
+            tokens, key, get = self._prompt_plan(ask)
+            if get is not None:
+                tokens = self._tokens_for(get)
+            prefix = self._prefix(ask, tokens, key)
+        targets = self._targets(ask, prefix)
         if self._everywhere(ask, targets):
             return self._everyone(ask, targets, attempt)
         error: LlamadError | None = None
@@ -488,6 +495,16 @@ class Client(ClientBase):
         if errors:
             raise errors[0]
         return cast("T", combined(ask, answers))
+
+    def _tokens_for(self, get: Ask[list[int]]) -> list[int] | None:
+        """The prompt's token ids from the daemon the load alone would pick
+        (one more round trip; ``None`` when it fails: route by load)."""
+        assert get.model_id is not None
+        endpoint = self.router.order(get.model_id)[0]
+        try:
+            return get.read(self._run_at(endpoint, get, STATUS_TIMEOUT))
+        except LlamadError:
+            return None
 
     def _read_loads(self) -> None:
         """Read the status (the load) of each daemon whose last read is stale."""

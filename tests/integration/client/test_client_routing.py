@@ -162,6 +162,44 @@ def test_an_async_client_routes_and_skips_the_unreachable(
     assert served_at == b.endpoint, "the idle, reachable daemon"
 
 
+def test_a_follow_up_goes_to_the_daemon_holding_its_prefix(
+    pair: tuple[DaemonProc, DaemonProc],
+) -> None:
+    a, b = pair
+    by_endpoint = {a.endpoint: a, b.endpoint: b}
+    first = prompt_text(8, 40)
+    follow_up = first + " Then the river ran past the copper mirror."
+    with Client(endpoints=[a.endpoint, b.endpoint]) as c:
+        stream = c.infer("smol", first, max_tokens=2)
+        stream.completion()
+        home = by_endpoint[stream.endpoint]
+        away = b if home is a else a
+        affinity = c.affinity
+        assert affinity is not None
+        # The first prompt's row is saved, then published; the client's
+        # event thread applies it.
+        wait_until(
+            lambda: affinity.index.blocks(home.endpoint) >= 2 or None,
+            "the first prompt's blocks in the client's index",
+            EVENTUALLY,
+        )
+        assert affinity.index.blocks(away.endpoint) == 0
+        # The home daemon is the busier one: by load alone the follow-up
+        # would go to the other; its cached prefix brings it home.
+        with _Busy(home):
+            c.router.expire()
+            more = c.infer("smol", follow_up, max_tokens=2)
+            reply = more.completion()
+            assert more.endpoint == home.endpoint
+            assert reply.cache_hit_kind != "cold", reply
+            # Another tenant's identical prompt hashes to other blocks: no
+            # daemon holds them, so the load decides.
+            c.router.expire()
+            other = c.infer("smol", follow_up, max_tokens=2, cache_salt="tenant-2")
+            other.completion()
+            assert other.endpoint == away.endpoint
+
+
 def test_a_daemon_killed_mid_stream_fails_it_and_the_next_request_goes_elsewhere(
     pair: tuple[DaemonProc, DaemonProc],
 ) -> None:
