@@ -89,16 +89,34 @@ def test_a_request_goes_to_the_least_loaded_daemon(pair: tuple[DaemonProc, Daemo
 def test_a_clients_own_running_stream_counts_as_load(pair: tuple[DaemonProc, DaemonProc]) -> None:
     a, b = pair
     with Client(endpoints=[a.endpoint, b.endpoint]) as c:
-        first = c.infer("smol", "Say la.", grammar=ENDLESS, max_tokens=MANY)
+        streams = [c.infer("smol", "Say la.", grammar=ENDLESS, max_tokens=MANY)]
         try:
-            next(first)
-            other = c.infer("smol", prompt_text(2, 8), max_tokens=2)
-            other.completion()
-            assert {first.endpoint, other.endpoint} == {a.endpoint, b.endpoint}
+            next(streams[0])
+            streams.append(c.infer("smol", "Say la.", grammar=ENDLESS, max_tokens=MANY))
+            next(streams[1])
+            assert {s.endpoint for s in streams} == {a.endpoint, b.endpoint}
+            # cancel(request_id) goes to the daemon running it.
+            for s in streams:
+                assert c.cancel(s.request_id), s.endpoint
+                assert s.completion().finish_reason == "cancelled"
         finally:
-            first.close()
+            for s in streams:
+                s.close()
     a.wait_idle()
     b.wait_idle()
+
+
+def test_a_model_change_goes_to_every_daemon(pair: tuple[DaemonProc, DaemonProc]) -> None:
+    a, b = pair
+    with Client(endpoints=[a.endpoint, b.endpoint]) as c:
+        info = c.set_keep_alive("smol", 3600)
+        assert info.keep_alive_s == 3600
+        try:
+            for d in pair:
+                with Client(d.endpoint) as one:
+                    assert one.model_info("smol").keep_alive_s == 3600, d.endpoint
+        finally:
+            c.set_keep_alive("smol", None)
 
 
 def test_a_session_stays_on_its_daemon(pair: tuple[DaemonProc, DaemonProc]) -> None:
