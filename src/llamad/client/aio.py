@@ -37,7 +37,7 @@ from llamad.client.base import (
 from llamad.client.bodies import AdapterInfo, Prompt
 from llamad.client.router import Spread, spread
 from llamad.client.routes import AsyncLinks
-from llamad.errors import LlamadError
+from llamad.errors import LlamadError, Unavailable
 from llamad.front.wire import (
     DaemonStatus,
     GcReport,
@@ -376,25 +376,56 @@ class AsyncClient(ClientBase):
 
         if self._router is None:
             endpoint, call = await open_at(self.endpoint)
-            on_end, on_error = self._ended, None
-        else:
-            endpoint, call = await self._spread(ask, open_at, held=True)
-            on_end = partial(self._routed_end, endpoint)
-            on_error = partial(self._stream_failed, endpoint)
+            return AsyncStream(
+                call,
+                model_id=model_id,
+                request_id=self._stream_started(ask),
+                idle_timeout=self._idle(idle),
+                cancel=self._cancel_stream,
+                on_end=self._ended,
+                endpoint=endpoint,
+            )
+        endpoint, call = await self._spread(ask, open_at, held=True)
+        request_id = self._stream_started(ask)
         return AsyncStream(
             call,
             model_id=model_id,
-            request_id=self._stream_started(ask),
+            request_id=request_id,
             idle_timeout=self._idle(idle),
             cancel=self._cancel_stream,
-            on_end=on_end,
-            on_error=on_error,
+            on_end=self._routed_end,
+            on_error=partial(self._stream_failed, request_id),
             endpoint=endpoint,
+            reopen=partial(self._reopen, ask, open_at),
         )
 
-    def _routed_end(self, endpoint: str, request_id: str) -> None:
-        self._ended(request_id)
-        self._done_at(endpoint, request_id)
+    async def _reopen(
+        self,
+        ask: Ask[Completion],
+        open_at: Callable[[str], Awaitable[tuple[str, AsyncStreamCall]]],
+        error: LlamadError,
+    ) -> tuple[str, AsyncStreamCall] | None:
+        """As :meth:`llamad.Client._reopen`."""
+        endpoint = self._dead_under(ask, error)
+        if endpoint is None or not await self._gone(endpoint):
+            return None
+        self._lost(ask, endpoint)
+        try:
+            return await self._spread(ask, open_at, held=True)
+        except LlamadError:
+            return None
+
+    async def _gone(self, endpoint: str) -> bool:
+        """As :meth:`llamad.Client._gone`."""
+        try:
+            await self._usable(endpoint).front_call(
+                "status", NO_ARGS, DaemonStatus, STATUS_TIMEOUT, wait=False
+            )
+        except Unavailable:
+            return True
+        except LlamadError:
+            return False
+        return False
 
     async def _spread(
         self, ask: Ask[Any], attempt: Callable[[str], Awaitable[T]], *, held: bool = False
@@ -418,7 +449,9 @@ class AsyncClient(ClientBase):
                 answer = await attempt(endpoint)
                 opened = held
             except LlamadError as exc:
-                if not self._goes_on(ask, endpoint, exc):
+                if not self._goes_on(ask, endpoint, exc) and not (
+                    self._died_with(ask, exc) and await self._gone(endpoint)
+                ):
                     raise
                 error = exc
                 continue
@@ -462,7 +495,7 @@ class AsyncClient(ClientBase):
         for endpoint in self.router.stale():
             try:
                 status = await self._usable(endpoint).front_call(
-                    "status", NO_ARGS, DaemonStatus, STATUS_TIMEOUT
+                    "status", NO_ARGS, DaemonStatus, STATUS_TIMEOUT, wait=False
                 )
             except LlamadError:
                 self.router.failed(endpoint)

@@ -247,11 +247,39 @@ class ClientBase:
                 self._where.pop(request_id, None)
             self.router.ended(endpoint)
 
-    def _stream_failed(self, endpoint: str, error: LlamadError) -> None:
-        """A stream on ``endpoint`` ended with ``error``: a daemon that died
-        under it is down, so the next request goes elsewhere."""
-        if isinstance(error, (WorkerCrashed, Unavailable)):
+    def _routed_end(self, request_id: str) -> None:
+        """A stream a client of several opened ended (any way)."""
+        self._ended(request_id)
+        endpoint = self._where.get(request_id)
+        if endpoint is not None:
+            self._done_at(endpoint, request_id)
+
+    def _stream_failed(self, request_id: str, error: LlamadError) -> None:
+        """Stream ``request_id`` ended with ``error``: a daemon that died under
+        it is down, so the next request goes elsewhere."""
+        endpoint = self._where.get(request_id)
+        if endpoint is not None and isinstance(error, (WorkerCrashed, Unavailable)):
             self.router.failed(endpoint)
+
+    @staticmethod
+    def _died_with(ask: Ask[Any], error: LlamadError) -> bool:
+        """Whether ``ask`` may be sent again elsewhere if its daemon is gone: a
+        request on a model (nothing of it reached the caller) whose worker
+        died under it. A worker that died while its daemon lives may have
+        been killed by the request itself: that one is never resent."""
+        return isinstance(error, WorkerCrashed) and spread(ask.op) is Spread.ANY
+
+    def _dead_under(self, ask: Ask[Any], error: LlamadError) -> str | None:
+        """The daemon a stream failed on before its first event, when the
+        failure says it may be gone (else ``None``)."""
+        if ask.request_id is None or not self._died_with(ask, error):
+            return None
+        return self._where.get(ask.request_id)
+
+    def _lost(self, ask: Ask[Any], endpoint: str) -> None:
+        """``ask``'s daemon ``endpoint`` is gone: down, and the request no longer runs there."""
+        self._done_at(endpoint, ask.request_id)
+        self.router.failed(endpoint)
 
     def _loaded(self, endpoint: str, status: DaemonStatus) -> None:
         """A status read of ``endpoint``: its load, its models' namespaces and

@@ -186,6 +186,11 @@ class Router:
                 for d in sorted(self._daemons.values(), key=lambda d: (d.down_until, d.rank))
             ]
 
+    def running(self, endpoint: str) -> int:
+        """Requests this client has running on ``endpoint``."""
+        with self._lock:
+            return self._daemons[endpoint].running
+
     def failures(self, endpoint: str) -> int:
         """How many times in a row ``endpoint`` failed (0: it answers)."""
         with self._lock:

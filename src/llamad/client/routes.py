@@ -191,7 +191,11 @@ class Links(_Links[ActorClient]):
             client_name=self.name,
         )
 
-    def front_call(self, op: str, body: Any, reply_type: Any, timeout: float | None) -> Any:
+    def front_call(
+        self, op: str, body: Any, reply_type: Any, timeout: float | None, *, wait: bool = True
+    ) -> Any:
+        """``op`` on the front; refused before sending, it waits for the front
+        once (``wait``: a client of several daemons goes to another instead)."""
         front = self.front
         rtype = Any if reply_type is None else reply_type
         started = time.monotonic()
@@ -199,7 +203,7 @@ class Links(_Links[ActorClient]):
             return front.call(op, body, timeout=timeout, reply_type=rtype)
         except Unavailable:
             left = self._connect_left(started)
-            if not self._front_again(front) or left <= 0:
+            if not wait or not self._front_again(front) or left <= 0:
                 raise
         front.connect(timeout=left)
         return front.call(op, body, timeout=timeout, reply_type=rtype)
@@ -264,7 +268,10 @@ class AsyncLinks(_Links[AsyncActorClient]):
             context=self.context,
         )
 
-    async def front_call(self, op: str, body: Any, reply_type: Any, timeout: float | None) -> Any:
+    async def front_call(
+        self, op: str, body: Any, reply_type: Any, timeout: float | None, *, wait: bool = True
+    ) -> Any:
+        """As :meth:`Links.front_call`."""
         front = self.front
         rtype = Any if reply_type is None else reply_type
         started = time.monotonic()
@@ -272,7 +279,7 @@ class AsyncLinks(_Links[AsyncActorClient]):
             return await front.call(op, body, timeout=timeout, reply_type=rtype)
         except Unavailable:
             left = self._connect_left(started)
-            if not self._front_again(front) or left <= 0:
+            if not wait or not self._front_again(front) or left <= 0:
                 raise
         await front.connect(timeout=left)
         return await front.call(op, body, timeout=timeout, reply_type=rtype)

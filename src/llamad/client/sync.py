@@ -51,7 +51,7 @@ from llamad.client.bodies import AdapterInfo, Prompt
 from llamad.client.router import Spread, spread
 from llamad.client.routes import Links
 from llamad.client.stream import Stream
-from llamad.errors import LlamadError
+from llamad.errors import LlamadError, Unavailable
 from llamad.front.wire import (
     DaemonStatus,
     GcReport,
@@ -427,25 +427,58 @@ class Client(ClientBase):
 
         if self._router is None:
             endpoint, call = open_at(self.endpoint)
-            on_end, on_error = self._ended, None
-        else:
-            endpoint, call = self._spread(ask, open_at, held=True)
-            on_end = partial(self._routed_end, endpoint)
-            on_error = partial(self._stream_failed, endpoint)
+            return Stream(
+                self,
+                call,
+                model_id=model_id,
+                request_id=self._stream_started(ask),
+                idle_timeout=self._idle(idle),
+                on_end=self._ended,
+                endpoint=endpoint,
+            )
+        endpoint, call = self._spread(ask, open_at, held=True)
+        request_id = self._stream_started(ask)
         return Stream(
             self,
             call,
             model_id=model_id,
-            request_id=self._stream_started(ask),
+            request_id=request_id,
             idle_timeout=self._idle(idle),
-            on_end=on_end,
-            on_error=on_error,
+            on_end=self._routed_end,
+            on_error=partial(self._stream_failed, request_id),
             endpoint=endpoint,
+            reopen=partial(self._reopen, ask, open_at),
         )
 
-    def _routed_end(self, endpoint: str, request_id: str) -> None:
-        self._ended(request_id)
-        self._done_at(endpoint, request_id)
+    def _reopen(
+        self,
+        ask: Ask[Completion],
+        open_at: Callable[[str], tuple[str, StreamCall]],
+        error: LlamadError,
+    ) -> tuple[str, StreamCall] | None:
+        """A stream that failed with ``error`` before its first event, opened
+        again on another daemon when its own died (else ``None``: the error
+        stands)."""
+        endpoint = self._dead_under(ask, error)
+        if endpoint is None or not self._gone(endpoint):
+            return None
+        self._lost(ask, endpoint)
+        try:
+            return self._spread(ask, open_at, held=True)
+        except LlamadError:
+            return None
+
+    def _gone(self, endpoint: str) -> bool:
+        """Whether the daemon at ``endpoint`` is gone (its front unreachable)."""
+        try:
+            self._links(endpoint).front_call(
+                "status", NO_ARGS, DaemonStatus, STATUS_TIMEOUT, wait=False
+            )
+        except Unavailable:
+            return True
+        except LlamadError:
+            return False
+        return False
 
     def _spread(self, ask: Ask[Any], attempt: Callable[[str], T], *, held: bool = False) -> T:
         """``attempt`` ``ask`` on the daemons the router picks: every one of
@@ -469,7 +502,9 @@ class Client(ClientBase):
                 answer = attempt(endpoint)
                 opened = held
             except LlamadError as exc:
-                if not self._goes_on(ask, endpoint, exc):
+                if not self._goes_on(ask, endpoint, exc) and not (
+                    self._died_with(ask, exc) and self._gone(endpoint)
+                ):
                     raise
                 error = exc
                 continue
@@ -511,7 +546,7 @@ class Client(ClientBase):
         for endpoint in self.router.stale():
             try:
                 status = self._links(endpoint).front_call(
-                    "status", NO_ARGS, DaemonStatus, STATUS_TIMEOUT
+                    "status", NO_ARGS, DaemonStatus, STATUS_TIMEOUT, wait=False
                 )
             except LlamadError:
                 self.router.failed(endpoint)

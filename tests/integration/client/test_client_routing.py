@@ -11,6 +11,9 @@ after. The test that SIGKILLs a daemon runs last and restarts it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import threading
 from collections.abc import Iterator
 
@@ -216,6 +219,47 @@ def test_a_follow_up_goes_to_the_daemon_holding_its_prefix(
             other = c.infer("smol", follow_up, max_tokens=2, cache_salt="tenant-2")
             other.completion()
             assert other.endpoint == away.endpoint
+
+
+def test_requests_whose_daemon_dies_before_answering_are_sent_again_elsewhere(
+    pair: tuple[DaemonProc, DaemonProc],
+) -> None:
+    a, b = pair
+    worker = a.worker_pid()
+    assert worker is not None
+    with Client(endpoints=[a.endpoint, b.endpoint]) as c:
+        # b is said to be busy, so every request goes to a.
+        c.router.loaded(a.endpoint, {})
+        c.router.loaded(b.endpoint, {"smol": 5})
+        c.tokenize("smol", "warm")  # connected to a's worker
+        # a's worker takes the requests and never answers them.
+        os.kill(worker, signal.SIGSTOP)
+
+        def kill_a() -> None:
+            try:
+                wait_until(
+                    lambda: c.router.running(a.endpoint) == 2 or None, "both sent to a", EVENTUALLY
+                )
+            finally:
+                a.launcher.kill()  # its worker dies with it, stopped or not
+
+        killer = threading.Thread(target=kill_a)
+        try:
+            stream = c.infer("smol", prompt_text(9, 8), max_tokens=2)
+            assert stream.endpoint == a.endpoint
+            killer.start()
+            # Blocks until a dies; nothing of it reached the caller: b serves it.
+            reply = c.complete("smol", prompt_text(10, 8), max_tokens=2)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker, signal.SIGCONT)
+            killer.join()
+        assert reply.generated
+        # The stream had no event yet: it is opened again on b.
+        assert stream.completion().generated
+        assert stream.endpoint == b.endpoint
+        assert c.router.failures(a.endpoint) >= 1
+    a.start()  # for the next test
 
 
 def test_a_daemon_killed_mid_stream_fails_it_and_the_next_request_goes_elsewhere(
