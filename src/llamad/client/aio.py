@@ -87,6 +87,7 @@ class AsyncClient(ClientBase):
                 connect_timeout=connect_timeout,
                 name=self.name,
                 curve=self.curve,
+                wait_front=self._router is None,
             )
             for e in self.endpoints
         }

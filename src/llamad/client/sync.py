@@ -572,6 +572,7 @@ class Client(ClientBase):
                 connect_timeout=self.connect_timeout,
                 name=self.name,
                 curve=self.curve,
+                wait_front=self._router is None,
             )
             by[endpoint] = links
             with self._lock:
