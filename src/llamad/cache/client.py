@@ -356,6 +356,11 @@ class CacheClient:
 
     # -- administration -------------------------------------------------------
 
+    def report_live(self, entries: list[wire.LiveEntry]) -> None:
+        """Tell cache-meta which idle entries this process keeps live (a cast:
+        nothing comes back, and nothing waits for cache-meta)."""
+        self._client.cast("live_entries", wire.LiveEntries(entries))
+
     def evict_bytes(self, n: int, tiers: Iterable[TierKind] | None = None) -> tuple[int, int]:
         """Free at least ``n`` bytes (LRU, unpinned only); returns (rows, bytes)."""
         names = None if tiers is None else [check_tier(t, "tiers") for t in tiers]

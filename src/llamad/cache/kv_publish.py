@@ -24,7 +24,10 @@ Both sockets are served in cache-meta's own loop (the replay socket is one
 more reader of its poll): no thread, and PUB never blocks (a slow subscriber
 loses messages at the high-water mark and asks for a replay).
 
-``medium`` is the tier's name: ``ram``, ``ram_file``, ``disk``.
+``medium`` is the tier's name: ``ram``, ``ram_file``, ``disk``; and ``live``
+for the idle entries a worker keeps resident, which each worker reports on its
+cache connection whenever they change (:meth:`KvEventPublisher.live_set`, a
+cast) and which go with the worker when it dies (cache-meta watches it).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import json
 import os
 import time
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -60,6 +64,9 @@ if TYPE_CHECKING:
 __all__ = ["KvEventPublisher", "KvEventsSettings"]
 
 log = structlog.get_logger("llamad.cache.kv_events")
+
+LIVE: Final = "live"
+"""The medium of a worker's idle entries: KV kept resident, reused without a restore."""
 
 #: Most events one batch carries (a rebuild of many rows goes out in several).
 MAX_EVENTS_PER_BATCH: Final = 512
@@ -97,6 +104,8 @@ class KvEventPublisher:
         self._pending: list[KVEvent] = []
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=settings.buffer_steps)
         self._seq = 0
+        # owner pid -> its live entries as reported (the ledger's holders).
+        self._live: dict[int, set[tuple[int, int, bytes, bytes]]] = {}
         self.batches = 0
         self.replays = 0
         # A context of its own: the actor's is made (and terminated) by the actor.
@@ -132,6 +141,29 @@ class KvEventPublisher:
     def copy_dropped(self, row: Row, tier: TierKind) -> None:
         """``row``'s copy in ``tier`` left the index."""
         event = self.ledger.remove(row.key, str(tier))
+        if event is not None:
+            self._pending.append(event)
+
+    def live_set(self, owner: int, entries: Sequence[tuple[int, bytes, bytes]]) -> None:
+        """Process ``owner`` (a worker) keeps exactly ``entries`` live now:
+        ``(seq, namespace header, tokens as u32 LE)``, medium ``live``."""
+        new = {(owner, seq, bytes(ns), bytes(tokens)) for seq, ns, tokens in entries}
+        old = self._live.get(owner, set())
+        for holder in old - new:
+            self._add(self.ledger.remove(("live", *holder), LIVE))
+        for holder in new - old:
+            _, _, ns, tokens = holder
+            self._add(self.ledger.store(("live", *holder), LIVE, ns, tokens))
+        if new:
+            self._live[owner] = new
+        else:
+            self._live.pop(owner, None)
+
+    def live_owners(self) -> set[int]:
+        """The processes whose live entries are published (watched until they go)."""
+        return set(self._live)
+
+    def _add(self, event: KVEvent | None) -> None:
         if event is not None:
             self._pending.append(event)
 
@@ -211,8 +243,12 @@ class KvEventPublisher:
             return
         info = {k: v for k, v in self.info().items() if k in _DISCOVERY}
         tmp = Path(f"{path}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(info))
-        tmp.replace(path)
+        try:
+            tmp.write_text(json.dumps(info))
+            tmp.replace(path)
+        except OSError as exc:
+            # The stream works without the file; status names it too.
+            log.warning("kv_events.info_not_written", path=path, error=repr(exc))
 
     def stop(self) -> None:
         """A clean stop: tell subscribers this daemon holds nothing any more, then close.

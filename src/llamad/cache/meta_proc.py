@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import structlog
+import zmq
 
 from llamad import logs
 from llamad.actors.actor import Actor
@@ -127,9 +128,19 @@ class MetaServer:
             # Bound before the rebuild, so the rows it finds are announced.
             self.kv_events: KvEventPublisher | None = None
             if settings.kv_events is not None:
-                self.kv_events = KvEventPublisher(settings.kv_events)
-                undo.callback(self.kv_events.close)
-                self.meta.observer = self.kv_events
+                try:
+                    self.kv_events = KvEventPublisher(settings.kv_events)
+                except zmq.ZMQError as exc:
+                    # Routing hints are not worth a cache that cannot start:
+                    # serve without them, and say so.
+                    log.error(
+                        "cache.kv_events_unavailable",
+                        endpoint=settings.kv_events.endpoint,
+                        error=str(exc),
+                    )
+                else:
+                    undo.callback(self.kv_events.close)
+                    self.meta.observer = self.kv_events
             undo.pop_all()  # from here on close() releases them
         self.actor.add_reader(self.mover.fileno(), self._moves_done)
         if self.kv_events is not None and (fd := self.kv_events.replay_fd()) is not None:
@@ -230,7 +241,10 @@ class MetaServer:
                 if self.kv_events is not None:
                     if (fd := self.kv_events.replay_fd()) is not None:
                         self.actor.remove_reader(fd)
-                    self.kv_events.stop()
+                    try:
+                        self.kv_events.stop()
+                    except Exception:
+                        log.exception("cache.kv_events_stop_failed")
                 self.actor.close()
                 self._owners.close()
                 source_close = getattr(self.pressure.source, "close", None)
@@ -388,6 +402,8 @@ class MetaServer:
         del self._owner_refs[ref.pid]
         self._forget_fds()
         self.meta.owner_down(ref.pid)
+        if self.kv_events is not None:
+            self.kv_events.live_set(ref.pid, [])
         self._deliver()
         log.info("cache.owner_down", pid=ref.pid)
 
@@ -401,6 +417,8 @@ class MetaServer:
     def _sweep_owners(self) -> None:
         """Stop watching processes that no longer hold anything."""
         holding = self.meta.owners()
+        if self.kv_events is not None:
+            holding |= self.kv_events.live_owners()
         for pid, ref in list(self._owner_refs.items()):
             if pid not in holding:
                 self._owners.unwatch(ref)
@@ -551,6 +569,13 @@ class MetaServer:
 
     def _op_pressure_check(self, req: Request[wire.NoArgs]) -> dict[str, Any]:
         return self.pressure.force_check().to_wire()
+
+    def _op_live_entries(self, req: Request[wire.LiveEntries]) -> None:
+        if self.kv_events is None:
+            return
+        entries = [(e.seq, e.namespace, e.tokens) for e in req.body.entries]
+        # Watched like any owner: a worker that dies takes its live blocks with it.
+        self.kv_events.live_set(self._owner(req), entries)
 
 
 def _tiers(tiers: Collection[TierKind] | None) -> frozenset[TierKind] | None:

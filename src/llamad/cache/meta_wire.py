@@ -146,6 +146,20 @@ class EvictBytes(_Body, frozen=True, forbid_unknown_fields=True):
     tiers: list[TierKind] | None = None
 
 
+class LiveEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_like=True):
+    """One idle entry a worker keeps live: its sequence, namespace header, tokens (u32 LE)."""
+
+    seq: Annotated[int, msgspec.Meta(ge=0, le=1 << 20)]
+    namespace: Annotated[bytes, msgspec.Meta(min_length=1, max_length=256)]
+    tokens: bytes
+
+
+class LiveEntries(_Body, frozen=True, forbid_unknown_fields=True):
+    """Every idle entry of the sending worker (replacing what it sent before)."""
+
+    entries: list[LiveEntry]
+
+
 # -- replies -------------------------------------------------------------------
 
 
@@ -201,5 +215,11 @@ OPS: Final = {
         _call("reset_counters", NoArgs, "-> nil"),
         _call("status", NoArgs, "-> {rows, reservations, pins, waiters, moves, tiers, ...}"),
         _call("pressure_check", NoArgs, "force a pressure check; -> report"),
+        OpSpec(
+            "live_entries",
+            OpKind.CAST,
+            body=LiveEntries,
+            doc="a worker's idle entries, for the KV events (no reply)",
+        ),
     )
 }

@@ -23,6 +23,7 @@ from llamad.kv_events.blocks import (
     chain,
     chain_hashes,
     root_extra_keys,
+    salted_header,
 )
 from llamad.kv_events.index import Applied, KvIndex, PrefixMatch
 from llamad.kv_events.wire import (
@@ -54,4 +55,5 @@ __all__ = [
     "frame",
     "parse_frame",
     "root_extra_keys",
+    "salted_header",
 ]

@@ -96,3 +96,10 @@ class CacheView(Protocol):
         """Count where a resolved request's prompt tokens come from (the shared
         counters' ``prompt_tokens_*`` and ``hits_live``, SPEC C10, M18)."""
         ...
+
+    def report_live(self, entries: Sequence[tuple[int, Namespace, Sequence[int]]]) -> None:
+        """The idle entries this worker keeps live now, as ``(seq, namespace,
+        tokens)``: all of them, replacing what was reported before. cache-meta
+        publishes them as KV events (docs/internals/kv-events.md); a cache
+        that is down misses them, and serving goes on."""
+        ...

@@ -60,6 +60,7 @@ from llamad.cache.counters import Counters, CountersUnavailable
 from llamad.cache.key import Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcLogits, KvcSpec
 from llamad.cache.lookup import Lookup, RowRef
+from llamad.cache.meta_wire import LiveEntry
 from llamad.cache.publish import PublishOutcome, PublishResult
 from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import load_mapped_row, load_row
@@ -273,6 +274,17 @@ class ClientCacheView:
         return view
 
     # -- accounting --------------------------------------------------------------------
+
+    def report_live(self, entries: Sequence[tuple[int, Namespace, Sequence[int]]]) -> None:
+        if self._closed:
+            return
+        live = [LiveEntry(seq, ns.header(), tokens_to_bytes(kv)) for seq, ns, kv in entries]
+        try:
+            self._client.report_live(live)
+        except Exception as exc:
+            # A cast never waits for cache-meta; a link that is closed or
+            # down loses this report, and the next change sends the whole set.
+            log.debug("model.live_report_lost", error=repr(exc))
 
     def account(self, sources: TokenSources) -> None:
         """Add a resolved request's prompt tokens, by source, to this process's

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from llamad.cache.key import Namespace
 from llamad.errors import BadRequest, ContextOverflow, LlamadError, Unavailable
 from llamad.model.active import ActiveRequest, Phase
 from llamad.model.admission import AdmissionQueue, SequencePool
@@ -122,6 +123,8 @@ class WorkerCore:
         )
         self.endings = Endings(self.seqs, self.saver, backend)
         self.ticks = 0
+        # What _report_live last told the cache (the idle entries' signature).
+        self._live_signature: tuple[tuple[int, Namespace | None, int, float], ...] = ()
         self.last_cache_hit: CacheHitKind | None = None
         self.stored_logits_hits = 0
         """First tokens sampled from stored logits, a row's or live KV's (status)."""
@@ -330,9 +333,24 @@ class WorkerCore:
         return self._report(BatchPlan(()))
 
     def _report(self, plan: BatchPlan) -> TickReport:
+        self._report_live()
         report = TickReport(self._outbox, plan, self.saver.take_jobs(), self._finished)
         self._outbox, self._finished = [], []
         return report
+
+    def _report_live(self) -> None:
+        """Tell the cache which idle entries are kept live, when that changed.
+
+        cache-meta publishes them as KV events (medium ``live``), so a router
+        sees a prompt this worker can reuse without a restore. Compared per
+        tick by a small signature (a few slots); sent only on a change.
+        """
+        idle = [s for s in self.seqs if s.idle and s.namespace is not None]
+        signature = tuple((s.seq, s.namespace, len(s.kv), s.idle_since) for s in idle)
+        if signature == self._live_signature:
+            return
+        self._live_signature = signature
+        self.cache.report_live([(s.seq, s.namespace, s.kv) for s in idle if s.namespace])
 
     def _emit(self, req: ActiveRequest, events: Sequence[Event]) -> None:
         self._outbox.extend((req.request_id, e) for e in events)

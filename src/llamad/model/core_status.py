@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from llamad.errors import LlamadError
 from llamad.model.active import Phase
 from llamad.model.results import IdleEntry, WorkerPhase, WorkerStatus
 
@@ -59,7 +60,16 @@ def status_of(core: WorkerCore) -> WorkerStatus:
         idle_entries=idle,
         idle_count=len(entries),
         live_hits=core.live_hits,
+        namespace=_namespace_header(core),
     )
+
+
+def _namespace_header(core: WorkerCore) -> bytes | None:
+    try:
+        return core.cache.namespace(None).header()
+    except LlamadError:
+        # A closed context (the worker is stopping) has no namespace to show.
+        return None
 
 
 def has_work(core: WorkerCore) -> bool:

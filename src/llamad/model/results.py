@@ -322,3 +322,8 @@ class WorkerStatus(msgspec.Struct, frozen=True):
     """Idle entries in all."""
     live_hits: int = 0
     """Requests since start that kept or shared live KV of another request."""
+    namespace: bytes | None = None
+    """The 65-byte namespace header this worker's keys are made under, with no
+    salt (``None``: unknown). A router hashes prompts under it
+    (``llamad.kv_events.salted_header`` folds a tenant's salt in) to match
+    the KV events (docs/internals/kv-events.md)."""

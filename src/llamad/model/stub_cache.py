@@ -75,6 +75,7 @@ class MemoryCache:
         self.reads = 0
         self.pins: dict[int, bytes] = {}
         self.accounted: list[TokenSources] = []
+        self.live_reports: list[list[tuple[int, Namespace, list[int]]]] = []
         self._index = PrefixIndex()
         self._pending = PrefixIndex()
         self._pin_ids = itertools.count(1)
@@ -169,6 +170,9 @@ class MemoryCache:
 
     def account(self, sources: TokenSources) -> None:
         self.accounted.append(sources)
+
+    def report_live(self, entries: Sequence[tuple[int, Namespace, Sequence[int]]]) -> None:
+        self.live_reports.append([(seq, ns, list(kv)) for seq, ns, kv in entries])
 
     # -- test controls ---------------------------------------------------------------------
 

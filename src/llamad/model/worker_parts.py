@@ -309,3 +309,6 @@ class NoCache:
 
     def account(self, sources: TokenSources) -> None:
         pass
+
+    def report_live(self, entries: Sequence[tuple[int, Namespace, Sequence[int]]]) -> None:
+        pass

@@ -5,13 +5,16 @@ runtime directory). A plain ZeroMQ SUB socket reads the stream and a DEALER
 asks the replay socket; the messages are decoded with classes declared HERE
 from vLLM's published format (``vllm/distributed/kv_events.py``: array-like,
 tagged msgspec Structs), not with llamad's own, and block hashes are
-recomputed from the definition in docs/internals/kv-events.md.
+recomputed from the definition in docs/internals/kv-events.md. The salt test
+then checks that a router can predict them with ``llamad.kv_events``
+(``salted_header`` over the worker's published namespace, ``chain_hashes``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import struct
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +26,7 @@ import zmq
 
 from daemon_proc import DaemonProc
 from llamad import Client
+from llamad.kv_events import chain_hashes, salted_header
 from served import EVENTUALLY
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
@@ -73,9 +77,12 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 def chain_hash(parent: int | None, tokens: list[int], extra: list[Any] | None) -> int:
     """docs/internals/kv-events.md's definition, followed by hand."""
-    payload = msgspec.msgpack.encode([parent, tokens, extra])
-    digest = hashlib.blake2b(payload, digest_size=8, person=b"llamad-kvblk-v1").digest()
-    return int.from_bytes(digest, "big") & ((1 << 63) - 1)
+    h = hashlib.blake2b(digest_size=8, person=b"llamad-kvblk-v1")
+    h.update(b"\xff" * 8 if parent is None else parent.to_bytes(8, "big"))
+    if extra is not None:
+        h.update(msgspec.msgpack.encode(extra))
+    h.update(struct.pack(f"<{len(tokens)}I", *tokens))
+    return int.from_bytes(h.digest(), "big") & ((1 << 63) - 1)
 
 
 # -- the stream -------------------------------------------------------------------
@@ -226,7 +233,9 @@ def test_a_saved_row_is_block_stored_with_its_tokens_and_chain(
     hashes, ns = stored_chain(stream, row)
     assert len(hashes) == n_blocks and len(ns) == 130  # the 65-byte namespace header, as hex
     stored = [e for e in stream.events() if isinstance(e, BlockStored)]
-    assert all(e.block_size == 16 and e.medium in ("ram", "ram_file", "disk") for e in stored)
+    assert all(
+        e.block_size == 16 and e.medium in ("ram", "ram_file", "disk", "live") for e in stored
+    )
     assert all(len(e.token_ids) == 16 * len(e.block_hashes) for e in stored)
     # Each list continues from its parent: a suffix names the block before it.
     for e in stored:
@@ -291,24 +300,67 @@ def test_a_tenant_salt_changes_every_hash(served: DaemonProc, stream: Stream) ->
     firsts = {e.block_hashes[0] for e in roots}
     # Same first 16 tokens, two namespaces, two different first blocks.
     assert len(namespaces) == 2 and len(firsts) == 2
+    # A router finds both from the worker's published header and the salt.
+    with Client(served.endpoint, timeout=120) as c:
+        worker = c.status(served.model_id).worker
+    assert worker is not None and worker.status.namespace is not None
+    header = worker.status.namespace
+    assert namespaces == {header.hex(), salted_header(header, "tenant-b").hex()}
+    salted_row = salted.context_tokens[: salted.committed_tokens]
+    hashes, ns = stored_chain(stream, salted_row)
+    assert ns == salted_header(header, "tenant-b").hex()
+    assert hashes == chain_hashes(salted_header(header, "tenant-b"), salted_row)
+
+
+def held(stream: Stream) -> set[tuple[str | None, int]]:
+    """What the stream says the daemon holds now: (medium, block hash)."""
+    out: set[tuple[str | None, int]] = set()
+    for e in stream.events():
+        if isinstance(e, AllBlocksCleared):
+            out.clear()
+        elif isinstance(e, BlockStored):
+            out.update((e.medium, h) for h in e.block_hashes)
+        else:
+            out.difference_update((e.medium, h) for h in e.block_hashes)
+    return out
 
 
 def test_eviction_removes_every_stored_block(served: DaemonProc, stream: Stream) -> None:
     stream.pump()
+    assert {m for m, _ in held(stream)} >= {"ram", "disk"}
     with Client(served.endpoint, timeout=120) as c:
         c.evict_bytes(sys.maxsize)
 
-    def all_removed() -> bool:
-        held: dict[tuple[str | None, int], int] = {}
-        for e in stream.events():
-            if isinstance(e, AllBlocksCleared):
-                held.clear()
-            elif isinstance(e, BlockStored):
-                for h in e.block_hashes:
-                    held[(e.medium, h)] = 1
-            else:
-                for h in e.block_hashes:
-                    held.pop((e.medium, h), None)
-        return any(isinstance(e, BlockRemoved) for e in stream.events()) and not held
+    def tiers_empty() -> bool:
+        return not {(m, h) for m, h in held(stream) if m != "live"}
 
-    stream.wait_for("BlockRemoved of every block", all_removed)
+    stream.wait_for("BlockRemoved of every row's block", tiers_empty)
+
+
+def test_idle_entries_are_live_until_their_worker_dies(served: DaemonProc, stream: Stream) -> None:
+    prompt = "The night train to the coast stops at " + " ".join(f"town{i}" for i in range(30))
+    with Client(served.endpoint, timeout=120) as c:
+        done = c.complete(served.model_id, prompt, **GREEDY)
+    first = done.context_tokens[:16]
+
+    def live_roots() -> list[BlockStored]:
+        return [
+            e
+            for e in stream.events()
+            if isinstance(e, BlockStored)
+            and e.medium == "live"
+            and e.parent_block_hash is None
+            and e.token_ids[:16] == first
+        ]
+
+    # The request's sequence stays as an idle entry: its KV is live.
+    stream.wait_for("a live BlockStored of the prompt", lambda: bool(live_roots()))
+    root = live_roots()[-1].block_hashes[0]
+    assert ("live", root) in held(stream)
+    served.wait_idle()
+    served.kill_worker()
+    # cache-meta watches the worker: its live blocks go with it.
+    stream.wait_for(
+        "BlockRemoved of the dead worker's live blocks", lambda: ("live", root) not in held(stream)
+    )
+    assert not {h for m, h in held(stream) if m == "live"}

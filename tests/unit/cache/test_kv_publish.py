@@ -181,3 +181,29 @@ def test_stop_says_all_blocks_cleared(run_dir: Path) -> None:
     pub.close = close  # type: ignore[method-assign]
     pub.stop()
     assert seen[-1] == [AllBlocksCleared()]
+
+
+def test_live_entries_are_replaced_per_worker_and_go_with_it(run_dir: Path) -> None:
+    pub = _publisher(run_dir)
+    try:
+        tokens = list(range(32))
+        packed = struct.pack("<32I", *tokens)
+        hashes = chain_hashes(NS, tokens)
+        pub.live_set(101, [(0, NS, packed)])
+        pub.live_set(202, [(3, NS, packed)])  # another worker, the same prompt
+        pub.live_set(101, [(0, NS, packed)])  # a repeat changes nothing
+        pub.flush()
+        pub.live_set(101, [])
+        pub.flush()
+        assert pub.ledger.held("live", hashes[0]) == 1  # worker 202 still holds it
+        assert pub.live_owners() == {202}
+        pub.live_set(202, [])
+        pub.flush()
+        got = [decode_batch(p).events for _, p in _replay(pub, pub.replay_endpoint or "", 0)]
+        stored = [e for e in got[0] if isinstance(e, BlockStored)]
+        assert [(e.medium, e.block_hashes) for e in stored] == [("live", hashes)]
+        # Worker 101 leaving sent nothing (202 still held every block); 202
+        # leaving removed them all.
+        assert got[1:] == [[BlockRemoved(block_hashes=hashes, medium="live")]]
+    finally:
+        pub.close()

@@ -25,6 +25,7 @@ from llamad.cli.render import (
 )
 from llamad.front.wire import (
     DaemonStatus,
+    KvEventsAddress,
     ModelInfo,
     ModelState,
     ModelStatus,
@@ -151,6 +152,9 @@ def test_status_shows_models_processes_restarts_and_tiers() -> None:
         "4",
         "default",
     ]
+    assert "kv events" not in text
+    published = msgspec.structs.replace(status, kv_events=KvEventsAddress("ipc:///x/kv.sock"))
+    assert ", kv events ipc:///x/kv.sock" in status_text(published).splitlines()[0]
     chosen = msgspec.structs.replace(info, deterministic=True)
     assert models_table([chosen]).splitlines()[1].split()[4] == "deterministic"
     assert "numerics deterministic" in model_text(chosen)

@@ -28,14 +28,20 @@ NS = bytes(range(65))
 OTHER_NS = bytes([1]) + bytes(range(1, 65))
 
 
-def test_hash_is_blake2b_of_the_documented_msgpack_masked_to_63_bits() -> None:
+def test_hash_is_blake2b_of_the_documented_bytes_masked_to_63_bits() -> None:
     # The definition docs/internals/kv-events.md gives, computed by hand here so
     # a router in another language can follow the same steps.
-    payload = msgspec.msgpack.encode([None, [1, 2, 3], ["llamad-ns", "ab"]])
-    digest = hashlib.blake2b(payload, digest_size=8, person=PERSON).digest()
-    assert block_hash(None, [1, 2, 3], ("llamad-ns", "ab")) == (
-        int.from_bytes(digest, "big") & HASH_MASK
-    )
+    root = hashlib.blake2b(digest_size=8, person=PERSON)
+    root.update(b"\xff" * 8)
+    root.update(msgspec.msgpack.encode(["llamad-ns", "ab"]))
+    root.update(struct.pack("<3I", 1, 2, 70000))
+    first = int.from_bytes(root.digest(), "big") & HASH_MASK
+    assert block_hash(None, [1, 2, 70000], ("llamad-ns", "ab")) == first
+    child = hashlib.blake2b(digest_size=8, person=PERSON)
+    child.update(first.to_bytes(8, "big"))
+    child.update(struct.pack("<2I", 5, 6))
+    assert block_hash(first, [5, 6]) == int.from_bytes(child.digest(), "big") & HASH_MASK
+    assert block_hash(first, struct.pack("<2I", 5, 6)) == block_hash(first, [5, 6])
 
 
 def test_the_same_in_another_process_with_another_hash_seed() -> None:
@@ -109,3 +115,22 @@ def test_packed_row_tokens_read_as_u32_little_endian() -> None:
 def test_root_needs_a_namespace() -> None:
     with pytest.raises(ValueError, match="namespace"):
         root_extra_keys(b"")
+
+
+def test_salted_header_folds_a_salt_exactly_as_the_worker_does() -> None:
+    # A router hashes a tenant's prompt under the header the worker would use.
+    from llamad.cache.key import Namespace  # noqa: PLC0415 - the daemon's side, for comparison
+    from llamad.kv_events.blocks import SALT_DOMAIN, salted_header  # noqa: PLC0415
+    from llamad.model.identity import SALT_DOMAIN as MODEL_SALT_DOMAIN  # noqa: PLC0415
+    from llamad.model.identity import salted  # noqa: PLC0415
+
+    assert SALT_DOMAIN == MODEL_SALT_DOMAIN
+    ns = Namespace(fingerprint=bytes(range(32)), quant=15, ctx_hash=bytes(range(32, 64)))
+    for salt in (b"acme", b"tenant-b", "t\u00e9nant".encode()):
+        assert salted_header(ns.header(), salt) == salted(ns, salt).header()
+    assert salted_header(ns.header(), "acme") == salted(ns, b"acme").header()
+    assert salted_header(ns.header(), None) == ns.header()
+    with pytest.raises(ValueError):
+        salted_header(ns.header(), b"")
+    with pytest.raises(ValueError):
+        salted_header(b"short", b"x")

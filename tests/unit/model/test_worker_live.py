@@ -321,3 +321,26 @@ def test_a_row_written_long_ago_is_saved_again() -> None:
     h.clock.advance(120)  # it may have been evicted since
     h.complete("c", p, max_tokens=1)
     assert h.backend.packs == packs + 1
+
+
+def test_the_idle_entries_are_reported_to_the_cache_when_they_change() -> None:
+    # cache-meta publishes them as KV events (medium "live", issue 20).
+    cache = MemoryCache()
+    h = make(n_seq_max=2, cache=cache)
+    p = prompt(40)
+    done = h.complete("a", p, max_tokens=4)
+    assert cache.live_reports, "the idle entry was never reported"
+    last = cache.live_reports[-1]
+    assert [(seq, kv) for seq, _, kv in last] == [
+        (e.seq, done.context_tokens[: e.tokens]) for e in h.core.status().idle_entries
+    ]
+    assert last[0][1] == cache.namespace(None)
+    # Ticks that change nothing send nothing.
+    sent = len(cache.live_reports)
+    for _ in range(3):
+        h.core.step()
+    assert len(cache.live_reports) == sent
+    # A second request leaves a second idle entry: the next report names both.
+    h.complete("b", prompt(40, start=500), max_tokens=2)
+    assert len(cache.live_reports) > sent
+    assert sorted(seq for seq, _, _ in cache.live_reports[-1]) == [0, 1]
