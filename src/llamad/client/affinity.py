@@ -6,9 +6,10 @@ comes with the daemon's status, ``DaemonStatus.kv_events``) and keeps a
 :class:`~llamad.kv_events.KvIndex` of the blocks each one holds. To route a
 request it hashes the prompt's token ids into the same block chain the
 daemons publish: the chain is keyed by the model's namespace header (each
-worker publishes it in its status snapshot, ``WorkerSnapshot.namespace``)
-with the request's ``cache_salt`` folded in exactly as the worker folds it
-(:func:`salted_header`), so another tenant's blocks never match.
+worker publishes it in its status, ``WorkerStatus.namespace``) with the
+request's ``cache_salt`` folded in exactly as the worker folds it
+(:func:`llamad.kv_events.salted_header`), so another tenant's blocks never
+match.
 
 :class:`EventFeed` is the one thread that reads the streams (a SUB socket per
 daemon, and the replay socket on a gap or a late start); :class:`Affinity`
@@ -19,8 +20,6 @@ are kept per text (:class:`Affinity` holds a bounded LRU).
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import queue
 import threading
 from collections import OrderedDict
@@ -31,33 +30,19 @@ import structlog
 import zmq
 
 from llamad.front.wire import DaemonStatus, KvEventsAddress
-from llamad.kv_events import KvIndex, chain_hashes, parse_frame
+from llamad.kv_events import KvIndex, chain_hashes, parse_frame, salted_header
 from llamad.kv_events.wire import END_SEQ, WireError, decode_batch, parse_seq, seq_bytes
 
-__all__ = ["SALT_DOMAIN", "Affinity", "EventFeed", "salted_header"]
+__all__ = ["TOKENS_KEPT", "Affinity", "EventFeed"]
 
 log = structlog.get_logger("llamad.client.affinity")
 
-SALT_DOMAIN: Final = b"llamad.cache_salt.v1\x00"
-"""``llamad.model.identity.SALT_DOMAIN`` (a client loads no model module;
-``tests/unit/client/test_affinity.py`` checks that the two agree)."""
-_FINGERPRINT: Final = 32
 _HEADER: Final = 65
+"""A namespace header's bytes (``llamad.cache.key.Namespace.header``)."""
 TOKENS_KEPT: Final = 256
 """Texts whose token ids an :class:`Affinity` keeps (least recently used go)."""
 _REPLAY_WAIT_MS: Final = 1000
 _POLL_MS: Final = 100
-
-
-def salted_header(header: bytes, salt: bytes | None) -> bytes:
-    """The namespace header ``header`` with a tenant's ``salt`` folded into its
-    fingerprint, as ``llamad.model.identity.salted`` does."""
-    if len(header) != _HEADER:
-        raise ValueError(f"a namespace header is {_HEADER} bytes, got {len(header)}")
-    if salt is None:
-        return header
-    fingerprint = hashlib.sha256(SALT_DOMAIN + header[:_FINGERPRINT] + salt).digest()
-    return fingerprint + header[_FINGERPRINT:]
 
 
 class EventFeed:
@@ -179,10 +164,9 @@ class Affinity:
         """What ``endpoint``'s status says: its models' namespaces, its stream."""
         with self._lock:
             for model in status.models:
-                ns = model.worker.namespace if model.worker is not None else None
-                if ns is not None:
-                    with contextlib.suppress(ValueError):
-                        self._namespaces[(endpoint, model.info.model_id)] = bytes.fromhex(ns)
+                ns = model.worker.status.namespace if model.worker is not None else None
+                if ns is not None and len(ns) == _HEADER:
+                    self._namespaces[(endpoint, model.info.model_id)] = ns
             if status.kv_events is not None:
                 self._block_size[endpoint] = status.kv_events.block_size
         if status.kv_events is not None:

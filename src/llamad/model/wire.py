@@ -211,12 +211,6 @@ class WorkerSnapshot(msgspec.Struct, frozen=True):
     last_request_at: float | None = None
     tokenizing: int = 0
     metrics: WorkerMetrics | None = None
-    namespace: str | None = None
-    """The hex of the model's shared cache namespace header (65 bytes: its
-    fingerprint, quant byte and context hash with the libllama build; no
-    tenant salt): what a client of several daemons hashes a prompt's blocks
-    under to match their KV events (``llamad.client.affinity``). ``None``
-    when the worker has no cache view."""
 
 
 _TOOL_CHOICES: Final = ("none", "auto", "required")

@@ -38,7 +38,6 @@ import structlog
 
 from llamad import logs
 from llamad.actors import Actor, Limits, Registry
-from llamad.errors import LlamadError
 from llamad.llama_ffi.spin import spin_setting
 from llamad.model.core import TickReport, WorkerCore
 from llamad.model.deliveries import Deliveries
@@ -118,8 +117,6 @@ class WorkerProcess:
         self._seq = 0
         self._last_tick_ms = 0.0
         self._tick_started: float | None = None
-        self._ns_header = b""
-        self._ns_hex: str | None = None
         self._owed = False
         """A tick's snapshot was left to the next tick's (see :meth:`step`)."""
         log.info(
@@ -156,19 +153,7 @@ class WorkerProcess:
             last_request_at=self.ops.last_request_at,
             tokenizing=self.ops.text_jobs.waiting,
             metrics=self.core.metrics.snapshot(),
-            namespace=self._namespace_hex(),
         )
-
-    def _namespace_hex(self) -> str | None:
-        """The shared namespace header, as hex (recomputed only when it changes:
-        the cache view keeps the namespace until the adapters change)."""
-        try:
-            header = self.core.cache.namespace(None).header()
-        except LlamadError:
-            return None
-        if header != self._ns_header:
-            self._ns_header, self._ns_hex = header, header.hex()
-        return self._ns_hex
 
     def _publish(self) -> None:
         self._owed = False

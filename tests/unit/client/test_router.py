@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from llamad.cache.key import Namespace
 from llamad.client import asks
-from llamad.client.affinity import TOKENS_KEPT, Affinity, salted_header
+from llamad.client.affinity import TOKENS_KEPT, Affinity
 from llamad.client.base import combined
 from llamad.client.router import Router, Spread, spread
 from llamad.front.wire import (
@@ -19,7 +18,6 @@ from llamad.front.wire import (
     ModelStatus,
 )
 from llamad.kv_events import BlockStored, KVEventBatch, chain
-from llamad.model.identity import salted
 from llamad.model.results import WorkerPhase, WorkerStatus
 from llamad.model.wire import CancelReply, WorkerSnapshot
 
@@ -168,14 +166,6 @@ def test_answers_from_every_daemon_are_combined() -> None:
 HEADER = bytes(range(65))
 
 
-def test_the_salt_is_folded_as_the_worker_folds_it() -> None:
-    ns = Namespace(fingerprint=HEADER[:32], quant=HEADER[32], ctx_hash=HEADER[33:])
-    assert salted_header(HEADER, b"tenant") == salted(ns, b"tenant").header()
-    assert salted_header(HEADER, None) == HEADER
-    with pytest.raises(ValueError, match="65 bytes"):
-        salted_header(HEADER[:64], None)
-
-
 def _status(model: str, namespace: bytes | None) -> DaemonStatus:
     info = ModelInfo(model_id=model, path="/m.gguf", state=ModelState.READY)
     status = WorkerStatus(
@@ -187,16 +177,9 @@ def _status(model: str, namespace: bytes | None) -> DaemonStatus:
         sessions=0,
         kv_cells_used=0,
         ticks=0,
+        namespace=namespace,
     )
-    worker = WorkerSnapshot(
-        model_id=model,
-        pid=1,
-        instance="i",
-        seq=1,
-        at=0.0,
-        status=status,
-        namespace=None if namespace is None else namespace.hex(),
-    )
+    worker = WorkerSnapshot(model_id=model, pid=1, instance="i", seq=1, at=0.0, status=status)
     # No kv_events address: the feed thread is not started.
     return DaemonStatus(pid=1, uptime_s=1.0, models=[ModelStatus(info=info, worker=worker)])
 
