@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import threading
+import zlib
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Final, Protocol, TypeVar
 
@@ -193,7 +194,9 @@ class ClientBase:
             at = router.session(session) if session is not None else None
             return [at] if at is not None else router.live()
         assert ask.model_id is not None
-        return router.order(ask.model_id, prefix=prefix, session_id=session)
+        return router.order(
+            ask.model_id, prefix=prefix, session_id=session, spread_key=_spread_key(ask)
+        )
 
     def _everywhere(self, ask: Ask[Any], targets: Sequence[str]) -> bool:
         """Whether ``ask`` goes to every one of ``targets`` (else to the first that takes it)."""
@@ -341,6 +344,26 @@ class ClientBase:
 GENERATIONS: Final = frozenset({"complete", "infer", "prefill_only"})
 
 _json = msgspec.json.Encoder().encode
+
+
+SPREAD_CHARS: Final = 256
+"""How much of a prompt's start picks its daemon among equally loaded ones."""
+
+
+def _spread_key(ask: Ask[Any]) -> int:
+    """A stable hash of the start of ``ask``'s prompt (crc32: the same in every
+    process), or 0 for an op without one."""
+    body = ask.body
+    prompt = getattr(body, "prompt", None)
+    if isinstance(prompt, str):
+        start = prompt[:SPREAD_CHARS].encode("utf-8", "surrogatepass")
+    elif prompt is not None:
+        start = _json(list(prompt[:64]))
+    elif getattr(body, "messages", None) is not None:
+        start = _json(body.messages)[:SPREAD_CHARS]
+    else:
+        return 0
+    return zlib.crc32(start)
 
 
 def _session_of(ask: Ask[Any]) -> str | None:

@@ -14,7 +14,10 @@ The policy, in order:
 3. **the least loaded**: the model's requests admitted or queued on the daemon
    (``pending_len`` of its last status read, :meth:`Router.loaded`) plus the
    requests this client started there since that read;
-4. ties go to the configured order.
+4. ties go to the configured order, rotated by the request's ``spread_key``
+   (a stable hash of the prompt's start): distinct prompts spread over the
+   daemons, and the same prompt start goes to the same daemon even before
+   its blocks are announced.
 
 A daemon that failed (:meth:`Router.failed`: unreachable, or it died under a
 request) is *down*: it is left out until its backoff ends (``backoff_s``,
@@ -92,6 +95,7 @@ class Router:
         *,
         prefix: Mapping[str, int] | None = None,
         session_id: str | None = None,
+        spread_key: int = 0,
     ) -> list[str]:
         """The daemons to try for a request on ``model_id``, best first (the
         module doc's policy); only the session's daemon for a known session."""
@@ -107,10 +111,11 @@ class Router:
                     for d in sorted(self._daemons.values(), key=lambda d: (d.down_until, d.rank))
                 ]
             held = prefix or {}
+            n = len(self._daemons)
 
             def score(d: _Daemon) -> tuple[int, int, int]:
                 load = d.pending.get(model_id, 0) + d.own
-                return (-held.get(d.endpoint, 0), load, d.rank)
+                return (-held.get(d.endpoint, 0), load, (d.rank - spread_key) % n)
 
             return [d.endpoint for d in sorted(up, key=score)]
 

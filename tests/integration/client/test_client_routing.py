@@ -153,10 +153,10 @@ def test_an_unreachable_daemon_is_skipped(pair: tuple[DaemonProc, DaemonProc]) -
     dead = a.endpoint.replace("llamad.sock", "nobody.sock")
     with Client(endpoints=[dead, b.endpoint], connect_timeout=5.0) as c:
         before = _served(b)
-        # As if it had answered its status just before it died: the request
-        # itself finds it gone, and goes on to the next.
+        # As if it had answered its status just before it died, the less
+        # loaded: the request itself finds it gone, and goes on to the next.
         c.router.loaded(dead, {})
-        c.router.loaded(b.endpoint, {})
+        c.router.loaded(b.endpoint, {"smol": 1})
         reply = c.complete("smol", prompt_text(4, 8), max_tokens=2)
         assert reply.generated, reply
         assert _served(b) == before + 1
@@ -199,12 +199,13 @@ def test_a_follow_up_goes_to_the_daemon_holding_its_prefix(
         assert affinity is not None
         # The first prompt's row is saved, then published; the client's
         # event thread applies it.
-        wait_until(
-            lambda: affinity.index.blocks(home.endpoint) >= 2 or None,
+        tokens = c.tokenize("smol", first)
+        held = wait_until(
+            lambda: (p := affinity.prefix("smol", tokens, None)).get(home.endpoint, 0) >= 2 and p,
             "the first prompt's blocks in the client's index",
             EVENTUALLY,
         )
-        assert affinity.index.blocks(away.endpoint) == 0
+        assert held.get(away.endpoint, 0) == 0, held
         # The home daemon is the busier one: by load alone the follow-up
         # would go to the other; its cached prefix brings it home.
         with _Busy(home):

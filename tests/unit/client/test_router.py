@@ -40,6 +40,16 @@ def test_the_configured_order_breaks_ties() -> None:
     assert router().order("m") == [A, B, C]
 
 
+def test_a_prompts_spread_key_rotates_the_ties_and_nothing_else() -> None:
+    r = router()
+    assert r.order("m", spread_key=1) == [B, C, A]
+    assert r.order("m", spread_key=5) == [C, A, B]
+    assert r.order("m", spread_key=3) == [A, B, C]
+    r.loaded(B, {"m": 1})
+    assert r.order("m", spread_key=1) == [C, A, B]  # the load comes first
+    assert r.order("m", prefix={B: 1}, spread_key=2) == [B, C, A]
+
+
 def test_the_least_loaded_goes_first() -> None:
     r = router()
     r.loaded(A, {"m": 3})
