@@ -222,6 +222,41 @@ def test_a_follow_up_goes_to_the_daemon_holding_its_prefix(
             assert other.endpoint == away.endpoint
 
 
+def test_a_chats_next_turn_goes_to_the_daemon_holding_its_first(
+    pair: tuple[DaemonProc, DaemonProc],
+) -> None:
+    a, b = pair
+    by_endpoint = {a.endpoint: a, b.endpoint: b}
+    chat = [
+        {"role": "system", "content": prompt_text(11, 40)},
+        {"role": "user", "content": "Name one thing in the story."},
+    ]
+    with Client(endpoints=[a.endpoint, b.endpoint]) as c:
+        first = c.infer("smol", messages=chat, max_tokens=2)
+        reply = first.completion()
+        home = by_endpoint[first.endpoint]
+        tokens = c.apply_chat_template("smol", chat)
+        affinity = c.affinity
+        assert affinity is not None
+        wait_until(
+            lambda: affinity.prefix("smol", tokens, None).get(home.endpoint, 0) >= 2 or None,
+            "the first turn's blocks in the client's index",
+            EVENTUALLY,
+        )
+        turn2 = [
+            *chat,
+            {"role": "assistant", "content": reply.reply},
+            {"role": "user", "content": "And another?"},
+        ]
+        with _Busy(home):
+            c.router.expire()
+            second = c.infer("smol", messages=turn2, max_tokens=2)
+            second.completion()
+            # The chat went through apply_chat_template on a daemon, and its
+            # blocks matched the first turn's: home, though busier.
+            assert second.endpoint == home.endpoint
+
+
 def test_requests_whose_daemon_dies_before_answering_are_sent_again_elsewhere(
     pair: tuple[DaemonProc, DaemonProc],
 ) -> None:
