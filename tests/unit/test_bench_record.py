@@ -46,6 +46,7 @@ BENCHES = {
     "bench.ffi_bench": "bench.ffi_bench:render",
     "bench.front_relay_bench": "bench.front_relay_bench:report",
     "bench.peers_bench": "bench.peers.render:render",
+    "bench.routing_bench": "bench.routing_bench:report",
     "bench.soak": "bench.soak_report:render",
     "bench.threads_bench": "bench.threads_bench:render",
     "bench.worker_bench": "bench.worker_bench_report:render",

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any, Final, TypeVar, overload
+from functools import partial
+from typing import Any, Final, TypeVar, cast, overload
 
 from llamad.actors.aio_client import AsyncActorClient, AsyncStreamCall
 from llamad.actors.curve import CurveClient
@@ -29,10 +30,14 @@ from llamad.client.base import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_TIMEOUT,
+    STATUS_TIMEOUT,
     ClientBase,
+    combined,
 )
 from llamad.client.bodies import AdapterInfo, Prompt
+from llamad.client.router import Spread, spread
 from llamad.client.routes import AsyncLinks
+from llamad.errors import LlamadError, Unavailable
 from llamad.front.wire import (
     DaemonStatus,
     GcReport,
@@ -40,6 +45,7 @@ from llamad.front.wire import (
     MetricsSnapshot,
     ModelInfo,
     ModelStatus,
+    NoArgs,
 )
 from llamad.model.results import Completion, Event
 from llamad.model.wire import ChatOptions
@@ -47,6 +53,9 @@ from llamad.model.wire import ChatOptions
 __all__ = ["AsyncClient"]
 
 R = TypeVar("R")
+T = TypeVar("T")
+
+NO_ARGS: Final = NoArgs()
 
 _DEFAULT: Final[Any] = DEFAULT
 
@@ -66,15 +75,23 @@ class AsyncClient(ClientBase):
         idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
         name: str = "",
         curve: CurveClient | None = None,
+        endpoints: Sequence[str] | None = None,
     ) -> None:
-        super().__init__(endpoint, config, timeout, connect_timeout, idle_timeout, name, curve)
-        self._links = AsyncLinks(
-            self.endpoint,
-            timeout=timeout,
-            connect_timeout=connect_timeout,
-            name=self.name,
-            curve=self.curve,
+        super().__init__(
+            endpoint, config, timeout, connect_timeout, idle_timeout, name, curve, endpoints
         )
+        self._links_by = {
+            e: AsyncLinks(
+                e,
+                timeout=timeout,
+                connect_timeout=connect_timeout,
+                name=self.name,
+                curve=self.curve,
+                wait_front=self._router is None,
+            )
+            for e in self.endpoints
+        }
+        self._links = self._links_by[self.endpoint]
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -83,7 +100,10 @@ class AsyncClient(ClientBase):
         if self._closed:
             return
         self._closed = True
-        self._links.close()
+        if self._affinity is not None:
+            self._affinity.close()
+        for links in self._links_by.values():
+            links.close()
 
     async def aclose(self) -> None:
         self.close()
@@ -107,13 +127,19 @@ class AsyncClient(ClientBase):
     ) -> ModelInfo:
         """As :meth:`llamad.Client.load_model`."""
         ask = asks.load_model(model_id, path, options)
-        call = await self._usable().front.stream(
-            ask.op, ask.body, timeout=self._t(timeout), event_type=LoadProgress
-        )
-        async for event in call:
-            if progress is not None:
-                progress(event.fraction)
-        return self._answered(ask, call.result)
+
+        async def load_at(endpoint: str) -> Any:
+            call = await self._usable(endpoint).front.stream(
+                ask.op, ask.body, timeout=self._t(timeout), event_type=LoadProgress
+            )
+            async for event in call:
+                if progress is not None:
+                    progress(event.fraction)
+            return call.result
+
+        if self._router is None:
+            return self._answered(ask, await load_at(self.endpoint))
+        return self._answered(ask, await self._spread(ask, load_at))
 
     async def unload(self, model_id: str, *, timeout: float | None = _DEFAULT) -> None:
         return await self._run(asks.unload(model_id), timeout)
@@ -313,53 +339,178 @@ class AsyncClient(ClientBase):
     # -- internals: the I/O --------------------------------------------------
 
     async def _run(self, ask: Ask[R], timeout: float | None) -> R:
-        """Send ``ask`` (by the retry rule of :mod:`~llamad.client.routes`) and
-        wait for its answer; cancelling the task cancels it on the worker."""
+        """Send ``ask`` (by the retry rule of :mod:`~llamad.client.routes`; to
+        several daemons by :mod:`~llamad.client.router`'s) and wait for its
+        answer; cancelling the task cancels it on the worker."""
         limit = self._started(ask, timeout)
         try:
-            if ask.model_id is None:
-                answer = await self._usable().front_call(ask.op, ask.body, ask.reply_type, limit)
+            if self._router is None:
+                answer = await self._run_at(self.endpoint, ask, limit)
             else:
-
-                async def send(a: AsyncActorClient) -> Any:
-                    return await a.call(ask.op, ask.body, timeout=limit, reply_type=ask.reply_type)
-
-                answer = await self._on_worker(ask.model_id, send)
+                answer = await self._spread(ask, lambda e: self._run_at(e, ask, limit))
         finally:
             self._finished(ask)
         return self._answered(ask, answer)
 
+    async def _run_at(self, endpoint: str, ask: Ask[R], limit: float | None) -> Any:
+        links = self._usable(endpoint)
+        if ask.model_id is None:
+            return await links.front_call(ask.op, ask.body, ask.reply_type, limit)
+
+        async def send(a: AsyncActorClient) -> Any:
+            return await a.call(ask.op, ask.body, timeout=limit, reply_type=ask.reply_type)
+
+        return await links.on_worker(ask.model_id, send)
+
     async def _stream(
         self, model_id: str, ask: Ask[Completion], timeout: float | None, idle: float | None
     ) -> AsyncStream:
-        """Open the stream of generation ``ask`` (by the retry rule)."""
+        """Open the stream of generation ``ask`` (by the retry rule; on one of
+        several daemons by the router's)."""
         first = self._t(timeout)
 
         async def send(a: AsyncActorClient) -> AsyncStreamCall:
             return await a.stream(ask.op, ask.body, timeout=first, event_type=Event)
 
-        call = await self._on_worker(model_id, send)
+        async def open_at(endpoint: str) -> tuple[str, AsyncStreamCall]:
+            return endpoint, await self._usable(endpoint).on_worker(model_id, send)
+
+        if self._router is None:
+            endpoint, call = await open_at(self.endpoint)
+            return AsyncStream(
+                call,
+                model_id=model_id,
+                request_id=self._stream_started(ask),
+                idle_timeout=self._idle(idle),
+                cancel=self._cancel_stream,
+                on_end=self._ended,
+                endpoint=endpoint,
+            )
+        endpoint, call = await self._spread(ask, open_at, held=True)
+        request_id = self._stream_started(ask)
         return AsyncStream(
             call,
             model_id=model_id,
-            request_id=self._stream_started(ask),
+            request_id=request_id,
             idle_timeout=self._idle(idle),
             cancel=self._cancel_stream,
-            on_end=self._ended,
+            on_end=self._routed_end,
+            on_error=partial(self._stream_failed, request_id),
+            endpoint=endpoint,
+            reopen=partial(self._reopen, ask, open_at),
         )
 
-    def _usable(self) -> AsyncLinks:
+    async def _reopen(
+        self,
+        ask: Ask[Completion],
+        open_at: Callable[[str], Awaitable[tuple[str, AsyncStreamCall]]],
+        error: LlamadError,
+    ) -> tuple[str, AsyncStreamCall] | None:
+        """As :meth:`llamad.Client._reopen`."""
+        endpoint = self._dead_under(ask, error)
+        if endpoint is None or not await self._gone(endpoint):
+            return None
+        self._lost(ask, endpoint)
+        try:
+            return await self._spread(ask, open_at, held=True)
+        except LlamadError:
+            return None
+
+    async def _gone(self, endpoint: str) -> bool:
+        """As :meth:`llamad.Client._gone`."""
+        try:
+            await self._usable(endpoint).front_call(
+                "status", NO_ARGS, DaemonStatus, STATUS_TIMEOUT, wait=False
+            )
+        except Unavailable:
+            return True
+        except LlamadError:
+            return False
+        return False
+
+    async def _spread(
+        self, ask: Ask[Any], attempt: Callable[[str], Awaitable[T]], *, held: bool = False
+    ) -> T:
+        """As :meth:`llamad.Client._spread`."""
+        prefix = None
+        if spread(ask.op) is Spread.ANY:
+            await self._read_loads()
+            tokens, key, get = self._prompt_plan(ask)
+            if get is not None:
+                tokens = await self._tokens_for(get)
+            prefix = self._prefix(ask, tokens, key)
+        targets = self._targets(ask, prefix)
+        if self._everywhere(ask, targets):
+            return await self._everyone(ask, targets, attempt)
+        error: LlamadError | None = None
+        for endpoint in targets:
+            self._sent_to(ask, endpoint)
+            opened = False
+            try:
+                answer = await attempt(endpoint)
+                opened = held
+            except LlamadError as exc:
+                if not self._goes_on(ask, endpoint, exc) and not (
+                    self._died_with(ask, exc) and await self._gone(endpoint)
+                ):
+                    raise
+                error = exc
+                continue
+            finally:
+                if not opened:
+                    self._done_at(endpoint, ask.request_id)
+            self._took(ask, endpoint)
+            return answer
+        assert error is not None
+        raise error
+
+    async def _everyone(
+        self, ask: Ask[Any], targets: Sequence[str], attempt: Callable[[str], Awaitable[T]]
+    ) -> T:
+        answers: list[T] = []
+        errors: list[LlamadError] = []
+        for endpoint in targets:
+            try:
+                answers.append(await attempt(endpoint))
+            except LlamadError as exc:
+                self._goes_on(ask, endpoint, exc)
+                errors.append(exc)
+            else:
+                self._took(ask, endpoint)
+        if errors:
+            raise errors[0]
+        return cast("T", combined(ask, answers))
+
+    async def _tokens_for(self, get: Ask[list[int]]) -> list[int] | None:
+        """The prompt's token ids from the daemon the load alone would pick
+        (one more round trip; ``None`` when it fails: route by load)."""
+        assert get.model_id is not None
+        endpoint = self.router.order(get.model_id)[0]
+        try:
+            return get.read(await self._run_at(endpoint, get, STATUS_TIMEOUT))
+        except LlamadError:
+            return None
+
+    async def _read_loads(self) -> None:
+        """Read the status (the load) of each daemon whose last read is stale."""
+        for endpoint in self.router.stale():
+            try:
+                status = await self._usable(endpoint).front_call(
+                    "status", NO_ARGS, DaemonStatus, STATUS_TIMEOUT, wait=False
+                )
+            except LlamadError:
+                self.router.failed(endpoint)
+            else:
+                self._loaded(endpoint, status)
+
+    def _usable(self, endpoint: str | None = None) -> AsyncLinks:
         if self._closed:
             raise ClientClosed("the llamad client is closed")
-        return self._links
+        return self._links_by[endpoint or self.endpoint]
 
     def _forget_route(self, model_id: str) -> None:
-        self._links.forget(model_id)
-
-    async def _on_worker(
-        self, model_id: str, send: Callable[[AsyncActorClient], Awaitable[R]]
-    ) -> R:
-        return await self._usable().on_worker(model_id, send)
+        for links in self._links_by.values():
+            links.forget(model_id)
 
     async def _cancel_stream(self, request_id: str, model_id: str) -> bool:
         return await self.cancel(request_id, model_id=model_id)

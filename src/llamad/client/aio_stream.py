@@ -14,7 +14,7 @@ consuming task being cancelled, the ``async with`` block's end,
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 from llamad.actors.aio_client import AsyncStreamCall
@@ -37,12 +37,22 @@ class AsyncStream(StreamBase):
         idle_timeout: float | None,
         cancel: Callable[[str, str], Coroutine[Any, Any, bool]],
         on_end: Callable[[str], None],
+        on_error: Callable[[LlamadError], None] | None = None,
+        endpoint: str = "",
+        reopen: Callable[[LlamadError], Awaitable[tuple[str, AsyncStreamCall] | None]]
+        | None = None,
     ) -> None:
         super().__init__(
-            model_id=model_id, request_id=request_id, idle_timeout=idle_timeout, on_end=on_end
+            model_id=model_id,
+            request_id=request_id,
+            idle_timeout=idle_timeout,
+            on_end=on_end,
+            on_error=on_error,
+            endpoint=endpoint,
         )
         self._call = call
         self._cancel = cancel
+        self._reopen = reopen
         self._own: AsyncIterator[StreamEvent] | None = None
 
     def __aiter__(self) -> AsyncIterator[StreamEvent]:
@@ -104,6 +114,12 @@ class AsyncStream(StreamBase):
         except StopAsyncIteration:
             return self._done(call.result)
         except LlamadError as exc:
+            if self._events_seen == 0 and self._reopen is not None:
+                # As the blocking Stream: sent again elsewhere, nothing streamed.
+                again = await self._reopen(exc)
+                if again is not None:
+                    self.endpoint, self._call = again
+                    return await self._pull()
             self._failed(exc)
             raise
         return self._arrived(call, event)

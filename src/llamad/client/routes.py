@@ -107,8 +107,13 @@ class _Links(Generic[A]):
         connect_timeout: float,
         name: str,
         curve: CurveClient | None = None,
+        wait_front: bool = True,
     ) -> None:
         self.endpoint = endpoint
+        self.wait_front = wait_front
+        """Whether a front op refused before sending waits for the front
+        (``connect_timeout``); a client of several daemons goes to another
+        one instead."""
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.name = name
@@ -167,6 +172,9 @@ class _Links(Generic[A]):
         self.forget(model_id, w)
         return True
 
+    def _waits(self, wait: bool | None) -> bool:
+        return self.wait_front if wait is None else wait
+
     @staticmethod
     def _front_again(front: A) -> bool:
         """Whether a front op refused with ``unavailable`` is retried: only
@@ -191,7 +199,17 @@ class Links(_Links[ActorClient]):
             client_name=self.name,
         )
 
-    def front_call(self, op: str, body: Any, reply_type: Any, timeout: float | None) -> Any:
+    def front_call(
+        self,
+        op: str,
+        body: Any,
+        reply_type: Any,
+        timeout: float | None,
+        *,
+        wait: bool | None = None,
+    ) -> Any:
+        """``op`` on the front; refused before sending, it waits for the front
+        once (``wait``, by default :attr:`wait_front`)."""
         front = self.front
         rtype = Any if reply_type is None else reply_type
         started = time.monotonic()
@@ -199,7 +217,7 @@ class Links(_Links[ActorClient]):
             return front.call(op, body, timeout=timeout, reply_type=rtype)
         except Unavailable:
             left = self._connect_left(started)
-            if not self._front_again(front) or left <= 0:
+            if not self._waits(wait) or not self._front_again(front) or left <= 0:
                 raise
         front.connect(timeout=left)
         return front.call(op, body, timeout=timeout, reply_type=rtype)
@@ -264,7 +282,16 @@ class AsyncLinks(_Links[AsyncActorClient]):
             context=self.context,
         )
 
-    async def front_call(self, op: str, body: Any, reply_type: Any, timeout: float | None) -> Any:
+    async def front_call(
+        self,
+        op: str,
+        body: Any,
+        reply_type: Any,
+        timeout: float | None,
+        *,
+        wait: bool | None = None,
+    ) -> Any:
+        """As :meth:`Links.front_call`."""
         front = self.front
         rtype = Any if reply_type is None else reply_type
         started = time.monotonic()
@@ -272,7 +299,7 @@ class AsyncLinks(_Links[AsyncActorClient]):
             return await front.call(op, body, timeout=timeout, reply_type=rtype)
         except Unavailable:
             left = self._connect_left(started)
-            if not self._front_again(front) or left <= 0:
+            if not self._waits(wait) or not self._front_again(front) or left <= 0:
                 raise
         await front.connect(timeout=left)
         return await front.call(op, body, timeout=timeout, reply_type=rtype)

@@ -51,12 +51,21 @@ class Stream(StreamBase):
         request_id: str,
         idle_timeout: float | None,
         on_end: Callable[[str], None],
+        on_error: Callable[[LlamadError], None] | None = None,
+        endpoint: str = "",
+        reopen: Callable[[LlamadError], tuple[str, StreamCall] | None] | None = None,
     ) -> None:
         super().__init__(
-            model_id=model_id, request_id=request_id, idle_timeout=idle_timeout, on_end=on_end
+            model_id=model_id,
+            request_id=request_id,
+            idle_timeout=idle_timeout,
+            on_end=on_end,
+            on_error=on_error,
+            endpoint=endpoint,
         )
         self._client = client
         self._call: StreamCall | None = call
+        self._reopen = reopen
         self._thread = threading.get_ident()
         self._own: Iterator[StreamEvent] | None = None
 
@@ -128,6 +137,13 @@ class Stream(StreamBase):
         except StopIteration:
             return self._done(call.result)
         except LlamadError as exc:
+            if self._events_seen == 0 and self._reopen is not None:
+                # Nothing was streamed: a client of several daemons sends it
+                # again elsewhere when its daemon died (``reopen`` says).
+                again = self._reopen(exc)
+                if again is not None:
+                    self.endpoint, self._call = again
+                    return self._pull()
             self._failed(exc)
             raise
         return self._arrived(call, message.body)

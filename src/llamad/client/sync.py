@@ -29,9 +29,10 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Final, TypeVar, overload
+from functools import partial
+from typing import Any, Final, TypeVar, cast, overload
 
-from llamad.actors.client import Client as ActorClient
+from llamad.actors.client import StreamCall
 from llamad.actors.curve import CurveClient
 from llamad.actors.errors import ClientClosed
 from llamad.actors.sockets import FORKS
@@ -42,11 +43,15 @@ from llamad.client.base import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_TIMEOUT,
+    STATUS_TIMEOUT,
     ClientBase,
+    combined,
 )
 from llamad.client.bodies import AdapterInfo, Prompt
+from llamad.client.router import Spread, spread
 from llamad.client.routes import Links
 from llamad.client.stream import Stream
+from llamad.errors import LlamadError, Unavailable
 from llamad.front.wire import (
     DaemonStatus,
     GcReport,
@@ -54,6 +59,7 @@ from llamad.front.wire import (
     MetricsSnapshot,
     ModelInfo,
     ModelStatus,
+    NoArgs,
 )
 from llamad.model.results import Completion, Event
 from llamad.model.wire import ChatOptions
@@ -61,6 +67,9 @@ from llamad.model.wire import ChatOptions
 __all__ = ["DEFAULT_CONNECT_TIMEOUT", "DEFAULT_IDLE_TIMEOUT", "DEFAULT_TIMEOUT", "Client"]
 
 R = TypeVar("R")
+T = TypeVar("T")
+
+NO_ARGS: Final = NoArgs()
 
 _DEFAULT: Final[Any] = DEFAULT
 
@@ -77,6 +86,9 @@ class Client(ClientBase):
     ``curve``: the keys for a ``tcp://`` daemon that serves CURVE (``None``:
     ``[client]`` of the configuration, if it names any); a daemon that
     refuses them raises :class:`~llamad.errors.PermissionDenied` at once.
+    ``endpoints``: several daemons (instead of ``endpoint``); each request
+    goes to one of them (:mod:`llamad.client.router`: the longest cached
+    prefix, else the least loaded; failover; sessions stay put).
     """
 
     def __init__(
@@ -89,10 +101,13 @@ class Client(ClientBase):
         idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
         name: str = "",
         curve: CurveClient | None = None,
+        endpoints: Sequence[str] | None = None,
     ) -> None:
         self._local = threading.local()
         self._all_links: weakref.WeakSet[Links] = weakref.WeakSet()
-        super().__init__(endpoint, config, timeout, connect_timeout, idle_timeout, name, curve)
+        super().__init__(
+            endpoint, config, timeout, connect_timeout, idle_timeout, name, curve, endpoints
+        )
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -101,6 +116,8 @@ class Client(ClientBase):
         if self._closed:
             return
         self._closed = True
+        if self._affinity is not None:
+            self._affinity.close()
         with self._lock:
             every = list(self._all_links)
         for links in every:
@@ -128,13 +145,19 @@ class Client(ClientBase):
         ``options`` (the keys of a ``[models.<id>]`` config table); returns
         once it serves. ``progress`` is called with the fraction loaded."""
         ask = asks.load_model(model_id, path, options)
-        call = self._links().front.stream(
-            ask.op, ask.body, timeout=self._t(timeout), event_type=LoadProgress
-        )
-        for message in call:
-            if progress is not None:
-                progress(message.body.fraction)
-        return self._answered(ask, call.result)
+
+        def load_at(endpoint: str) -> Any:
+            call = self._links(endpoint).front.stream(
+                ask.op, ask.body, timeout=self._t(timeout), event_type=LoadProgress
+            )
+            for message in call:
+                if progress is not None:
+                    progress(message.body.fraction)
+            return call.result
+
+        if self._router is None:
+            return self._answered(ask, load_at(self.endpoint))
+        return self._answered(ask, self._spread(ask, load_at))
 
     def unload(self, model_id: str, *, timeout: float | None = _DEFAULT) -> None:
         """Stop ``model_id``'s worker (its shutdown saves run; its cache rows stay)."""
@@ -369,60 +392,193 @@ class Client(ClientBase):
     # -- internals: the I/O --------------------------------------------------
 
     def _run(self, ask: Ask[R], timeout: float | None) -> R:
-        """Send ``ask`` (by the retry rule of :mod:`~llamad.client.routes`) and
-        wait for its answer."""
+        """Send ``ask`` (by the retry rule of :mod:`~llamad.client.routes`; to
+        several daemons by :mod:`~llamad.client.router`'s) and wait for its
+        answer."""
         limit = self._started(ask, timeout)
         try:
-            if ask.model_id is None:
-                answer = self._links().front_call(ask.op, ask.body, ask.reply_type, limit)
+            if self._router is None:
+                answer = self._run_at(self.endpoint, ask, limit)
             else:
-                answer = self._on_worker(
-                    ask.model_id,
-                    lambda a: a.call(ask.op, ask.body, timeout=limit, reply_type=ask.reply_type),
-                )
+                answer = self._spread(ask, lambda e: self._run_at(e, ask, limit))
         finally:
             self._finished(ask)
         return self._answered(ask, answer)
 
+    def _run_at(self, endpoint: str, ask: Ask[R], limit: float | None) -> Any:
+        if ask.model_id is None:
+            return self._links(endpoint).front_call(ask.op, ask.body, ask.reply_type, limit)
+        return self._links(endpoint).on_worker(
+            ask.model_id,
+            lambda a: a.call(ask.op, ask.body, timeout=limit, reply_type=ask.reply_type),
+        )
+
     def _stream(
         self, model_id: str, ask: Ask[Completion], timeout: float | None, idle: float | None
     ) -> Stream:
-        """Open the stream of generation ``ask`` (by the retry rule)."""
+        """Open the stream of generation ``ask`` (by the retry rule; on one of
+        several daemons by the router's)."""
         first = self._t(timeout)
-        call = self._on_worker(
-            model_id, lambda a: a.stream(ask.op, ask.body, timeout=first, event_type=Event)
-        )
+
+        def open_at(endpoint: str) -> tuple[str, StreamCall]:
+            return endpoint, self._links(endpoint).on_worker(
+                model_id, lambda a: a.stream(ask.op, ask.body, timeout=first, event_type=Event)
+            )
+
+        if self._router is None:
+            endpoint, call = open_at(self.endpoint)
+            return Stream(
+                self,
+                call,
+                model_id=model_id,
+                request_id=self._stream_started(ask),
+                idle_timeout=self._idle(idle),
+                on_end=self._ended,
+                endpoint=endpoint,
+            )
+        endpoint, call = self._spread(ask, open_at, held=True)
+        request_id = self._stream_started(ask)
         return Stream(
             self,
             call,
             model_id=model_id,
-            request_id=self._stream_started(ask),
+            request_id=request_id,
             idle_timeout=self._idle(idle),
-            on_end=self._ended,
+            on_end=self._routed_end,
+            on_error=partial(self._stream_failed, request_id),
+            endpoint=endpoint,
+            reopen=partial(self._reopen, ask, open_at),
         )
 
-    def _links(self) -> Links:
-        """This thread's connections (made on first use)."""
+    def _reopen(
+        self,
+        ask: Ask[Completion],
+        open_at: Callable[[str], tuple[str, StreamCall]],
+        error: LlamadError,
+    ) -> tuple[str, StreamCall] | None:
+        """A stream that failed with ``error`` before its first event, opened
+        again on another daemon when its own died (else ``None``: the error
+        stands)."""
+        endpoint = self._dead_under(ask, error)
+        if endpoint is None or not self._gone(endpoint):
+            return None
+        self._lost(ask, endpoint)
+        try:
+            return self._spread(ask, open_at, held=True)
+        except LlamadError:
+            return None
+
+    def _gone(self, endpoint: str) -> bool:
+        """Whether the daemon at ``endpoint`` is gone (its front unreachable)."""
+        try:
+            self._links(endpoint).front_call(
+                "status", NO_ARGS, DaemonStatus, STATUS_TIMEOUT, wait=False
+            )
+        except Unavailable:
+            return True
+        except LlamadError:
+            return False
+        return False
+
+    def _spread(self, ask: Ask[Any], attempt: Callable[[str], T], *, held: bool = False) -> T:
+        """``attempt`` ``ask`` on the daemons the router picks: every one of
+        them, or the first that takes it. ``held``: a stream, whose request
+        stays noted as running on its daemon once opened."""
+        prefix = None
+        if spread(ask.op) is Spread.ANY:
+            self._read_loads()
+            tokens, key, get = self._prompt_plan(ask)
+            if get is not None:
+                tokens = self._tokens_for(get)
+            prefix = self._prefix(ask, tokens, key)
+        targets = self._targets(ask, prefix)
+        if self._everywhere(ask, targets):
+            return self._everyone(ask, targets, attempt)
+        error: LlamadError | None = None
+        for endpoint in targets:
+            self._sent_to(ask, endpoint)
+            opened = False
+            try:
+                answer = attempt(endpoint)
+                opened = held
+            except LlamadError as exc:
+                if not self._goes_on(ask, endpoint, exc) and not (
+                    self._died_with(ask, exc) and self._gone(endpoint)
+                ):
+                    raise
+                error = exc
+                continue
+            finally:
+                if not opened:
+                    self._done_at(endpoint, ask.request_id)
+            self._took(ask, endpoint)
+            return answer
+        assert error is not None
+        raise error
+
+    def _everyone(self, ask: Ask[Any], targets: Sequence[str], attempt: Callable[[str], T]) -> T:
+        answers: list[T] = []
+        errors: list[LlamadError] = []
+        for endpoint in targets:
+            try:
+                answers.append(attempt(endpoint))
+            except LlamadError as exc:
+                self._goes_on(ask, endpoint, exc)
+                errors.append(exc)
+            else:
+                self._took(ask, endpoint)
+        if errors:
+            raise errors[0]
+        return cast("T", combined(ask, answers))
+
+    def _tokens_for(self, get: Ask[list[int]]) -> list[int] | None:
+        """The prompt's token ids from the daemon the load alone would pick
+        (one more round trip; ``None`` when it fails: route by load)."""
+        assert get.model_id is not None
+        endpoint = self.router.order(get.model_id)[0]
+        try:
+            return get.read(self._run_at(endpoint, get, STATUS_TIMEOUT))
+        except LlamadError:
+            return None
+
+    def _read_loads(self) -> None:
+        """Read the status (the load) of each daemon whose last read is stale."""
+        for endpoint in self.router.stale():
+            try:
+                status = self._links(endpoint).front_call(
+                    "status", NO_ARGS, DaemonStatus, STATUS_TIMEOUT, wait=False
+                )
+            except LlamadError:
+                self.router.failed(endpoint)
+            else:
+                self._loaded(endpoint, status)
+
+    def _links(self, endpoint: str | None = None) -> Links:
+        """This thread's connections to ``endpoint`` (default: the first daemon;
+        made on first use)."""
         if self._closed:
             raise ClientClosed("the llamad client is closed")
-        links: Links | None = getattr(self._local, "links", None)
+        endpoint = endpoint or self.endpoint
+        by: dict[str, Links] | None = getattr(self._local, "links", None)
+        if by is None:
+            by = self._local.links = {}
+        links = by.get(endpoint)
         if links is None or links.forks != FORKS[0]:
             # First use on this thread, or in a forked child (whose copies
             # of the parent's sockets must not be touched).
             links = Links(
-                self.endpoint,
+                endpoint,
                 timeout=self.timeout,
                 connect_timeout=self.connect_timeout,
                 name=self.name,
                 curve=self.curve,
+                wait_front=self._router is None,
             )
-            self._local.links = links
+            by[endpoint] = links
             with self._lock:
                 self._all_links.add(links)
         return links
 
     def _forget_route(self, model_id: str) -> None:
-        self._links().forget(model_id)
-
-    def _on_worker(self, model_id: str, send: Callable[[ActorClient], R]) -> R:
-        return self._links().on_worker(model_id, send)
+        for links in dict(getattr(self._local, "links", None) or {}).values():
+            links.forget(model_id)

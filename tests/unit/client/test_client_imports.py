@@ -50,6 +50,8 @@ ALLOWED = frozenset(
         "llamad.client.asks",
         "llamad.client.base",
         "llamad.client.bodies",
+        "llamad.client.affinity",  # several daemons: their KV events, prompts as blocks
+        "llamad.client.router",  # which of several daemons (no I/O)
         "llamad.client.routes",
         "llamad.client.stream",
         "llamad.client.sync",
