@@ -1,6 +1,7 @@
 """The shared ``remote`` tier on a real Redis server (issue 20, item 1 and item 4's Redis parts).
 
-Two real daemons (distinct instances, runtime and state directories) share
+Two real daemons (distinct instances, runtime and state directories; a
+third for the end-to-end routing test) share
 one real ``redis-server`` started by the fixture on a free loopback port,
 with ``maxmemory`` and ``allkeys-lru`` as the docs tell operators. A
 prompt is warmed on daemon A with ``prefill_only`` (its row holds exactly
@@ -142,6 +143,64 @@ def test_another_tenants_identical_prompt_is_cold_on_every_daemon(
     own = cb.complete("smol", prompt, max_tokens=2, cache_salt="tenant-a", **GREEDY)
     assert own.cache_hit_kind is CacheHitKind.EXACT
     assert own.cache_delta.sources.remote > 0
+
+
+@pytest.fixture(scope="module")
+def third(redis_server: RedisServer) -> Iterator[DaemonProc]:
+    """Daemon C: a third instance on the same Redis, started only for the test that needs it."""
+    c = DaemonProc(extra=_remote(redis_server.url))
+    try:
+        c.start()
+        yield c
+    finally:
+        c.close()
+
+
+def test_three_daemons_route_a_follow_up_home_and_the_third_restores_through_redis(
+    redis_server: RedisServer,
+    daemons: tuple[DaemonProc, DaemonProc],
+    third: DaemonProc,
+    clients: tuple[Client, Client],
+) -> None:
+    """The several-daemons story end to end (issue 20, item 4): three daemons
+    with distinct instances on one Redis, one client routing over all three.
+    A prompt prefilled on A is announced by A's KV events; a routed follow-up
+    that extends it goes to A; C, which never saw it, restores it exactly from
+    Redis with A's reply; another tenant's identical prompt is cold on all three."""
+    a, b = daemons
+    ca, cb = clients
+    prompt = "Three daemons. " + prompt_text(2004)
+    follow_up = prompt + " Then the lamp went out over the garden."
+    _warm(ca, redis_server, prompt)
+    here = ca.complete("smol", prompt, max_tokens=8, **GREEDY)
+    with Client(
+        endpoints=[b.endpoint, third.endpoint, a.endpoint], timeout=300, connect_timeout=30
+    ) as routed:
+        affinity = routed.affinity
+        assert affinity is not None
+        tokens = routed.tokenize("smol", prompt)
+        held = wait_until(
+            lambda: (p := affinity.prefix("smol", tokens, None)).get(a.endpoint, 0) >= 2 and p,
+            "A's row in the routing client's index",
+            EVENTUALLY,
+        )
+        assert held.get(b.endpoint, 0) == held.get(third.endpoint, 0) == 0, held
+        more = routed.infer("smol", follow_up, max_tokens=2, **GREEDY)
+        reply = more.completion()
+        assert more.endpoint == a.endpoint
+        assert reply.cache_hit_kind is not CacheHitKind.COLD, reply.cache_delta
+    with Client(third.endpoint, timeout=300, connect_timeout=30) as cc:
+        there = cc.complete("smol", prompt, max_tokens=8, **GREEDY)
+        assert there.cache_hit_kind is CacheHitKind.EXACT, there.cache_miss
+        assert there.cache_delta.sources.remote > 0
+        assert there.generated == here.generated
+        # A tenant per daemon: a cold request shares its own row, so one
+        # tenant asked on A would rightly be found on B next.
+        for n, client in enumerate((ca, cb, cc)):
+            salt = f"tenant-x{n}"
+            got = client.complete("smol", prompt, max_tokens=2, cache_salt=salt, **GREEDY)
+            assert got.cache_hit_kind is CacheHitKind.COLD, got.cache_delta
+            assert got.cache_delta.sources.remote == 0
 
 
 def test_a_damaged_remote_row_is_a_counted_miss_with_a_correct_reply(
