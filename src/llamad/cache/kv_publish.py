@@ -45,6 +45,7 @@ import msgspec
 import structlog
 import zmq
 
+from llamad.actors.sockets import restrict_ipc
 from llamad.cache.errors import InvalidCacheValue
 from llamad.kv_events.blocks import DEFAULT_BLOCK_SIZE
 from llamad.kv_events.ledger import BlockLedger
@@ -118,12 +119,16 @@ class KvEventPublisher:
             self._pub.setsockopt(zmq.SNDHWM, settings.hwm)
             self._pub.bind(settings.endpoint)
             self.endpoint = _bound(self._pub, settings.endpoint)
+            # The events carry every saved prompt's token ids: the socket
+            # files are 0600 like every file of the runtime directory.
+            restrict_ipc(self.endpoint)
             self.replay_endpoint: str | None = None
             if settings.replay_endpoint is not None:
                 self._replay = ctx.socket(zmq.ROUTER)
                 self._replay.setsockopt(zmq.LINGER, 0)
                 self._replay.bind(settings.replay_endpoint)
                 self.replay_endpoint = _bound(self._replay, settings.replay_endpoint)
+                restrict_ipc(self.replay_endpoint)
         except zmq.ZMQError:
             self.close()
             raise
@@ -244,7 +249,10 @@ class KvEventPublisher:
         info = {k: v for k, v in self.info().items() if k in _DISCOVERY}
         tmp = Path(f"{path}.{os.getpid()}.tmp")
         try:
-            tmp.write_text(json.dumps(info))
+            # 0600 at creation, as every file of the runtime directory (security.md).
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(info))
             tmp.replace(path)
         except OSError as exc:
             # The stream works without the file; status names it too.
