@@ -82,7 +82,9 @@ def test_status_shows_models_processes_and_tiers(daemon: DaemonProc) -> None:
     assert run.returncode == 0, run.stderr
     text = run.stdout
     assert text.startswith(f"daemon  pid {daemon.pid}, up "), text
-    assert f", http {daemon.http_url()}\n" in text.splitlines(keepends=True)[0]
+    first = text.splitlines()[0]
+    assert f", http {daemon.http_url()}," in first, first
+    assert ", kv events ipc://" in first, first
     for section in ("\nmodels\n", "\nprocesses\n", "\ncache tiers\n"):
         assert section in text
     models = text.split("\nmodels\n")[1].split("\nprocesses\n")[0]
