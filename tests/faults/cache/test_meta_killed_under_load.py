@@ -27,16 +27,16 @@ from llamad.actors.registry import Registry
 from llamad.cache.client import CacheClient
 from llamad.cache.publish import PublishOutcome, publish
 from llamad.cache.settings import CacheSettings
-from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
 from llamad.errors import LlamadError
+from llamad.tiers import LOCAL_TIERS
 from meta_fault_child import row_payload, row_spec
 from meta_fixtures import cache_settings_fixture  # noqa: F401  (the cache_settings fixture)
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
 CHILD = Path(__file__).resolve().parents[2] / "support" / "meta_fault_child.py"
-TIERS = tuple(TierKind)
+TIERS = LOCAL_TIERS
 
 
 def meta_pid(registry: Registry, not_pid: int | None, timeout: float = 60.0) -> int:
