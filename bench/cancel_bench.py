@@ -186,6 +186,10 @@ n_seq_max = 2
             Client(launcher.endpoint, timeout=60.0) as canceller,
         ):
             client.complete(MODEL, "Hello", max_tokens=1, temperature=0.0)
+            # The canceller's connection to the worker is made now: a handshake
+            # sent during a decode waits for it where nothing reads the socket
+            # inside a decode (the code before issue 21).
+            canceller.cancel("none", model_id=MODEL)
             words = " ".join(f"word{i % 97} sea{i % 13}" for i in range(PROMPT_TOKENS))
             for i in range(trials):
                 nonce = uuid.uuid4().hex

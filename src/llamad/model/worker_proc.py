@@ -14,7 +14,9 @@ ready, and runs the loop until SIGTERM:
             # requests, cancels, session ops, status; finished saves (fd reader);
             # disconnected clients cancel their requests (handle on_cancel)
             # long texts' tokens from the text thread (fd reader, text_jobs)
-        report = core.step()             # one llama_decode at most
+        report = core.step()             # one llama_decode at most; a cancel of
+                                         # its requests, a stop or its deadline
+                                         # stops it under way (_interrupted)
         deliver report.events            # stream events, done/error terminals
         apply adapter changes once idle  # and admit the requests held behind them
         publish status                   # shared file, readable without the loop
@@ -24,7 +26,8 @@ No event-loop code of its own: the actor's :meth:`~llamad.actors.Actor.poll`
 waits on the socket, the wake pipe (signals), the clients' pidfds and the
 save-completions fd at once. A heartbeat thread proves liveness to the
 supervisor while no tick has run longer than ``decode_timeout_ms``
-(:mod:`llamad.model.heartbeat`).
+(:mod:`llamad.model.heartbeat`); a decode is stopped before that (its
+deadline), so the heartbeat is the last resort for a tick that cannot be.
 """
 
 from __future__ import annotations
