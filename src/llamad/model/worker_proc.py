@@ -25,9 +25,10 @@ ready, and runs the loop until SIGTERM:
 No event-loop code of its own: the actor's :meth:`~llamad.actors.Actor.poll`
 waits on the socket, the wake pipe (signals), the clients' pidfds and the
 save-completions fd at once. A heartbeat thread proves liveness to the
-supervisor while no tick has run longer than ``decode_timeout_ms``
-(:mod:`llamad.model.heartbeat`); a decode is stopped before that (its
-deadline), so the heartbeat is the last resort for a tick that cannot be.
+supervisor while no tick has run longer than ``HUNG_FACTOR`` times
+``decode_timeout_ms`` (:mod:`llamad.model.heartbeat`); a decode is stopped
+at ``decode_timeout_ms`` (its deadline), so the heartbeat is the last resort
+for a tick that cannot be.
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ log = structlog.get_logger("llamad.model")
 INTERRUPT_PROBE_S: Final = 0.003
 """How often a decode under way looks for cancels (a zero-timeout poll of the
 actor's socket and fds from the abort check, tens of microseconds)."""
+
+HUNG_FACTOR: Final = 1.5
+"""A decode is stopped at ``decode_timeout_ms``; a tick still busy at this
+many times it silences the heartbeat (one that cannot be stopped)."""
 
 # A prompt travels inside the request's msgpack header: allow long ones.
 _LIMITS: Final = Limits(max_header_bytes=32 << 20)
@@ -189,11 +194,12 @@ class WorkerProcess:
             owner for span in plan.spans if (owner := slots[span.seq].owner) is not None
         ]
         if self._interruptible is not None:
-            # Stopped before the heartbeat would judge the tick hung, with
-            # time left to put the batch's sequences back and fail its requests.
+            # decode_timeout_ms from the tick's start; the heartbeat judges
+            # the tick hung only at HUNG_FACTOR times it, which leaves a
+            # starved machine time to finish the node under way (one took
+            # 0.5 s at a load of 11 on 2 cores) and put the batch back.
             since = self.mark.since if self.mark.since is not None else self._tick_started
-            timeout = self.spec.decode_timeout_s
-            self._interruptible.decode_deadline = since + timeout - min(0.2 * timeout, 1.0)
+            self._interruptible.decode_deadline = since + self.spec.decode_timeout_s
 
     def _interrupted(self) -> bool:
         """Called from inside a decode (every INTERRUPT_PROBE_S at most, on
@@ -319,7 +325,7 @@ class WorkerProcess:
             return None  # not supervised, or no liveness asked for
         beats = HeartbeatThread(
             self.mark,
-            timeout_s=self.spec.decode_timeout_s,
+            timeout_s=self.spec.decode_timeout_s * HUNG_FACTOR,
             interval_s=interval / 2,
             beat=heartbeat,
         )
