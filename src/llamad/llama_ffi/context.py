@@ -192,6 +192,7 @@ class Context:
         self._abort_holder = _ProbeHolder()
         self._abort_owner = ffi.new_handle(self._abort_holder)
         self._abort.owner = self._abort_owner
+        self._abort_first_ns = 0
         lib.llamad_abort_install(ptr, self._abort)
         model._register_context(self)
 
@@ -240,16 +241,22 @@ class Context:
 
     # -- decode (SPEC L5) ----------------------------------------------------------
 
-    def set_abort_probe(self, probe: Callable[[], bool] | None, every_s: float = 0.003) -> None:
-        """Call ``probe`` from inside each :meth:`decode` at most every
-        ``every_s`` seconds (between graph nodes, on the decoding thread);
-        when it answers true the decode stops (:class:`DecodeAborted`,
-        reason ``probe``). ``None`` removes it. ggml checks between the nodes
-        of a CPU graph only: on a GPU backend a decode is not stopped early."""
-        if every_s <= 0:
-            raise BadRequest(f"every_s must be > 0, not {every_s}")
+    def set_abort_probe(
+        self, probe: Callable[[], bool] | None, every_s: float = 0.003, first_s: float = 0.010
+    ) -> None:
+        """Call ``probe`` from inside each :meth:`decode` that has run
+        ``first_s`` seconds, then at most every ``every_s`` seconds (between
+        graph nodes, on the decoding thread); when it answers true the decode
+        stops (:class:`DecodeAborted`, reason ``probe``). ``None`` removes it.
+        ``first_s``: a one-row generation step (~10 ms here) never pays for a
+        probe (~20 us each on a loaded machine); a long prefill chunk, which a
+        cancel must not wait for, probes all along. ggml checks between the
+        nodes of a CPU graph only: on a GPU backend a decode is not stopped early."""
+        if every_s <= 0 or first_s < 0:
+            raise BadRequest(f"every_s must be > 0 and first_s >= 0, not {every_s}, {first_s}")
         self._abort_holder.probe = probe
         self._abort.probe_ns = round(every_s * 1e9)
+        self._abort_first_ns = round(first_s * 1e9)
 
     def abort_now(self) -> None:
         """Stop the decode under way at its next graph node (reason ``stop``);
@@ -294,7 +301,7 @@ class Context:
             gate.reason = 0
             gate.deadline_ns = 0 if deadline is None else max(1, round(deadline * 1e9))
             gate.probing = int(self._abort_holder.probe is not None)
-            gate.next_probe_ns = lib.llamad_monotonic_ns() + gate.probe_ns
+            gate.next_probe_ns = lib.llamad_monotonic_ns() + self._abort_first_ns
             gate.armed = 1
             try:
                 rc = int(lib.llama_decode(ptr, raw[0]))
