@@ -92,6 +92,7 @@ _HELLO: Final = msgspec.msgpack.Decoder(Hello)
 # Enum attribute access costs a microsecond on the hot path; bind once.
 _K_CALL: Final = Kind.CALL
 _K_STREAM: Final = Kind.STREAM
+_INTAKE_KINDS: Final = frozenset((Kind.CANCEL, Kind.BYE, Kind.HELLO))
 _CAST: Final = int(Kind.CAST)
 _REPLY: Final = int(Kind.REPLY)
 _MAX_BATCH: Final = 256  # messages per poll() before yielding to the owner's loop
@@ -213,6 +214,11 @@ class Actor:
         self._timer_heap = self._timers.heap
         self._parked: list[tuple[StreamSender, Iterator[Any]]] = []
         self._stop_requested = False
+        # Messages read by intake() while the loop was inside a long call,
+        # handled first by the next poll(), in arrival order.
+        self._stash: list[tuple[bytes, bytes, list[memoryview], int]] = []
+        self.interrupt_ops: frozenset[str] = frozenset()
+        """Ops that :meth:`intake` handles at once (their handlers only mark work)."""
         self._log_state: dict[str, tuple[float, int]] = {}
         self.add_op(OpSpec("$ping", OpKind.CALL, body=Any), self._op_ping, _builtin=True)
         self.add_op(OpSpec("$info", OpKind.CALL, body=Any), self._op_info, _builtin=True)
@@ -429,13 +435,16 @@ class Actor:
             self._outbox.flush()
         if self._parked:
             self._resume_parked()
+        handled = 0
+        if self._stash:
+            handled = self._handle_stash()
+            timeout = 0.0
         if self._items_dirty:
             self._rebuild_items()
         # One zmq_poll covers the socket and the epoll set of the wake fd,
         # readers and the clients' pidfds; it returns at once when anything
         # is pending.
         ready = zmq.zmq_poll(self._items, self._wait_ms(timeout))
-        handled = 0
         fds: list[int] = []
         for item, _ in ready:
             if item is self._sock:
@@ -443,7 +452,7 @@ class Actor:
                 # poll's zmq_poll returns at once if more are queued, so a
                 # zero-timeout probe per message would be pure overhead.
                 # poll(0) from a tick loop drains everything queued.
-                handled = self._drain(_MAX_BATCH if timeout == 0 else 1)
+                handled += self._drain(_MAX_BATCH if timeout == 0 else 1)
             else:
                 assert self._epoll is not None
                 for fd, _ in self._epoll.poll(0):
@@ -458,6 +467,92 @@ class Actor:
         if self._timer_heap:
             self._timers.fire()
         return handled
+
+    def intake(self) -> None:
+        """Look at what is pending while the loop is inside a long call (a
+        model worker's decode, from its abort check), on the loop's thread.
+
+        Interrupts are acted on now: a client's HELLO, CANCEL or BYE, a call
+        of an op in :attr:`interrupt_ops`, a stop signal, and (when nothing is kept)
+        clients that exited; their callbacks must only mark work for later.
+        Every other message is read and kept, in order, for the next
+        :meth:`poll` to handle; so is every later message of a client with
+        one kept, so that a client's messages keep their order (a cancel of
+        a request kept unhandled reaches it after it). Readers and timers
+        wait for :meth:`poll`.
+        """
+        if self._state != "running" or self._forks != FORKS[0]:
+            return
+        if self._items_dirty:
+            self._rebuild_items()
+        fds: list[int] = []
+        for item, _ in zmq.zmq_poll(self._items, 0):
+            if item is self._sock:
+                self._intake_socket()
+            else:
+                assert self._epoll is not None
+                for fd, _ in self._epoll.poll(0):
+                    if fd == self._wake_fd:
+                        self._read_wake_pipe()
+                    elif fd not in self._readers:
+                        fds.append(fd)
+        if fds and not self._stash:
+            self._peer_table.exited(self._watch.exited(fds))
+
+    def _intake_socket(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        max_blobs = self.limits.max_blobs
+        kept = {entry[0] for entry in self._stash}
+        while True:
+            try:
+                ident = sock.recv(NOBLOCK)
+            except zmq.Again:
+                return
+            frame = sock.recv(NOBLOCK, copy=False)
+            header = frame.bytes
+            blobs: list[memoryview] = []
+            extra = 0
+            while frame.more:
+                frame = sock.recv(NOBLOCK, copy=False)
+                if len(blobs) < max_blobs:
+                    blobs.append(frame.buffer)
+                else:
+                    extra += 1
+            if ident not in kept and not extra and self._interrupts(header):
+                self.stats.received += 1
+                try:
+                    self._handle(ident, header, blobs, extra)
+                except Exception as exc:
+                    log.exception("actor.inbound_failed", actor=self.name)
+                    self._refuse(ident, 0, None, internal_error(exc, "?"))
+            else:
+                kept.add(ident)
+                self._stash.append((ident, header, blobs, extra))
+
+    def _interrupts(self, header: bytes) -> bool:
+        if len(header) > self.limits.max_header_bytes:
+            return False
+        try:
+            version, kind, _, op, _ = ENVELOPE_DECODER.decode(header)
+        except DECODE_ERRORS:
+            return False
+        if version != PROTOCOL_VERSION:
+            return False
+        # HELLO too: a client that connects during a long call to cancel
+        # would otherwise wait out its handshake (it touches no op's state).
+        return kind in _INTAKE_KINDS or (kind == _K_CALL and op in self.interrupt_ops)
+
+    def _handle_stash(self) -> int:
+        stash, self._stash = self._stash, []
+        for ident, header, blobs, extra in stash:
+            self.stats.received += 1
+            try:
+                self._handle(ident, header, blobs, extra)
+            except Exception as exc:
+                log.exception("actor.inbound_failed", actor=self.name)
+                self._refuse(ident, 0, None, internal_error(exc, "?"))
+        return len(stash)
 
     def _wait_ms(self, timeout: float | None) -> int:
         if timeout is not None and timeout <= 0:

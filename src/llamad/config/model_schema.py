@@ -376,7 +376,8 @@ class ModelConfig(Table, frozen=True, kw_only=True):
     decode_timeout_ms: Annotated[
         int,
         Key(
-            "A tick that runs longer is a hung decode: the worker is restarted (M15).",
+            "A decode that runs longer is stopped, its requests fail `timeout`; "
+            "a tick still busy at 1.5 times it is hung: the worker is restarted (M15).",
             Duration(unit="ms", positive=True),
         ),
     ] = 30_000

@@ -403,5 +403,20 @@ int32_t llamad_logprobs(const float * logits, int32_t n_vocab, llama_token chose
 int32_t llamad_backend_features(ggml_backend_reg_t reg, const char ** names, const char ** values,
                                 int32_t cap);
 
+struct llamad_abort {
+    volatile int32_t armed;
+    volatile int32_t stop;
+    int32_t reason;
+    int32_t probing;
+    int64_t deadline_ns;
+    int64_t probe_ns;
+    int64_t next_probe_ns;
+    int64_t checks;
+    int64_t probes;
+    void * owner;
+};
+int64_t llamad_monotonic_ns(void);
+void llamad_abort_install(struct llama_context * ctx, struct llamad_abort * a);
+extern "Python" bool _llamad_abort_probe(void * owner);
 extern "Python" void _llamad_log_cb(enum ggml_log_level level, const char * text, void * user_data);
 extern "Python" bool _llamad_progress_cb(float progress, void * user_data);

@@ -14,7 +14,7 @@ import math
 import threading
 import weakref
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -33,6 +33,7 @@ from llamad.llama_ffi.errors import (
     BufferTooSmall,
     Closed,
     ContextCreateError,
+    DecodeAborted,
     DecodeError,
     EmbeddingsUnavailable,
     GrammarError,
@@ -62,6 +63,30 @@ _DECODE_ERRORS = {
     2: "decode aborted",
     -1: "invalid input batch",
 }
+
+
+class _ProbeHolder:
+    __slots__ = ("probe",)
+
+    def __init__(self) -> None:
+        self.probe: Callable[[], bool] | None = None
+
+
+_ABORT_REASONS = {1: "stop", 2: "deadline", 3: "probe"}
+
+
+@ffi.def_extern(onerror=lambda *_: False)  # type: ignore[untyped-decorator]
+def _llamad_abort_probe(owner: Any) -> bool:
+    """The abort check's call into Python (shim.c): the context's probe."""
+    holder: _ProbeHolder = ffi.from_handle(owner)
+    probe = holder.probe
+    if probe is None:
+        return False
+    try:
+        return bool(probe())
+    except Exception:
+        log.exception("llama.abort_probe_failed")
+        return False
 
 
 def _context_free(
@@ -160,6 +185,15 @@ class Context:
         self._scratch: Any = None  # llama_token_data[n_vocab], made on first sample
         self._sampled = ffi.new("llama_token *")
         self._work: Batch | None = None
+        # The abort check (shim.c, llamad_abort_check): installed for the
+        # context's life, disarmed outside decode(); see set_abort_probe.
+        self._abort: Any = ffi.new("struct llamad_abort *")
+        # The handle names a holder, not the context: no cycle keeps it alive.
+        self._abort_holder = _ProbeHolder()
+        self._abort_owner = ffi.new_handle(self._abort_holder)
+        self._abort.owner = self._abort_owner
+        self._abort_first_ns = 0
+        lib.llamad_abort_install(ptr, self._abort)
         model._register_context(self)
 
     # -- lifetime -----------------------------------------------------------------
@@ -207,13 +241,48 @@ class Context:
 
     # -- decode (SPEC L5) ----------------------------------------------------------
 
-    def decode(self, batch: Batch) -> None:
+    def set_abort_probe(
+        self, probe: Callable[[], bool] | None, every_s: float = 0.003, first_s: float = 0.010
+    ) -> None:
+        """Call ``probe`` from inside each :meth:`decode` that has run
+        ``first_s`` seconds, then at most every ``every_s`` seconds (between
+        graph nodes, on the decoding thread); when it answers true the decode
+        stops (:class:`DecodeAborted`, reason ``probe``). ``None`` removes it.
+        ``first_s``: a one-row generation step (~10 ms here) never pays for a
+        probe (~20 us each on a loaded machine); a long prefill chunk, which a
+        cancel must not wait for, probes all along. ggml checks between the
+        nodes of a CPU graph only: on a GPU backend a decode is not stopped early."""
+        if every_s <= 0 or first_s < 0:
+            raise BadRequest(f"every_s must be > 0 and first_s >= 0, not {every_s}, {first_s}")
+        self._abort_holder.probe = probe
+        self._abort.probe_ns = round(every_s * 1e9)
+        self._abort_first_ns = round(first_s * 1e9)
+
+    def abort_now(self) -> None:
+        """Stop the decode under way at its next graph node (reason ``stop``);
+        safe from a signal handler or another thread. Only that decode: the
+        next one starts unflagged."""
+        self._abort.stop = 1
+
+    @property
+    def abort_stats(self) -> tuple[int, int]:
+        """(checks, probes) of the abort check so far: node boundaries it saw
+        while armed, and calls of the probe."""
+        return int(self._abort.checks), int(self._abort.probes)
+
+    def decode(self, batch: Batch, *, deadline: float | None = None) -> None:
         """Run one ``llama_decode`` over every row of ``batch``.
 
         Raises :class:`BatchTooLarge` beyond ``n_batch`` rows, and
         :class:`InvalidToken`, :class:`InvalidSequence` or
         :class:`ContextOverflow` (a position outside ``[0, n_ctx_seq)`` or no
         free KV slot) without calling llama.cpp where it would abort.
+
+        The decode stops between graph nodes, raising :class:`DecodeAborted`,
+        once ``deadline`` (``time.monotonic()`` seconds) passes, when the
+        abort probe (:meth:`set_abort_probe`) answers true, or on
+        :meth:`abort_now`; llama.cpp has then dropped the rows of the
+        micro-batch it was computing (see :class:`DecodeAborted`).
         """
         with self._lock:
             ptr = self._ptr()
@@ -228,7 +297,17 @@ class Context:
                 )
             self._check_batch(raw)
             self._outputs = {}
-            rc = int(lib.llama_decode(ptr, raw[0]))
+            gate = self._abort
+            gate.reason = 0
+            gate.deadline_ns = 0 if deadline is None else max(1, round(deadline * 1e9))
+            gate.probing = int(self._abort_holder.probe is not None)
+            gate.next_probe_ns = lib.llamad_monotonic_ns() + self._abort_first_ns
+            gate.armed = 1
+            try:
+                rc = int(lib.llama_decode(ptr, raw[0]))
+            finally:
+                gate.armed = 0
+                gate.stop = 0
             if rc == 0:
                 self._outputs = dict(zip(batch.output_rows, batch.output_seqs, strict=True))
                 return
@@ -236,6 +315,11 @@ class Context:
                 raise ContextOverflow(
                     "no free KV slot for the batch (context full)",
                     details={"rows": n, "n_ctx": self.n_ctx},
+                )
+            if rc == 2:
+                reason = _ABORT_REASONS.get(int(gate.reason), "unknown")
+                raise DecodeAborted(
+                    f"llama_decode aborted ({reason})", details={"rc": rc, "reason": reason}
                 )
             raise DecodeError(
                 f"llama_decode failed: {_DECODE_ERRORS.get(rc, 'fatal error')} (rc={rc})",

@@ -21,6 +21,7 @@ __all__ = [
     "Closed",
     "ContextCreateError",
     "ContextOverflow",
+    "DecodeAborted",
     "DecodeError",
     "EmbeddingsUnavailable",
     "GrammarError",
@@ -110,6 +111,21 @@ class DecodeError(LlamaError):
     """``llama_decode`` failed for a reason other than a full context."""
 
     code = "decode_failed"
+
+
+class DecodeAborted(DecodeError):
+    """``llama_decode`` stopped between graph nodes by the context's abort check
+    (:meth:`llamad.llama_ffi.Context.decode`): ``details["reason"]`` is
+    ``stop`` (:meth:`~llamad.llama_ffi.Context.abort_now`), ``deadline`` or
+    ``probe``. llama.cpp has dropped the positions of the micro-batch it was
+    computing from every sequence in it; earlier micro-batches of the same
+    call stay in the KV."""
+
+    code = "decode_aborted"
+
+    @property
+    def reason(self) -> str:
+        return str(self.details.get("reason", ""))
 
 
 class GrammarError(LlamaError, BadRequest):

@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdbool.h>
 #include <string.h>
+#include <time.h>
 
 static void _llamad_log_cb(enum ggml_log_level level, const char * text, void * user_data);
 
@@ -317,4 +318,70 @@ int32_t llamad_backend_features(ggml_backend_reg_t reg, const char ** names, con
         }
     }
     return n;
+}
+
+/* Stopping a llama_decode under way (a cancel, a shutdown, a deadline).
+ * ggml's CPU backend calls the context's abort callback from its calling
+ * thread (thread 0) after every graph node, while the other threads wait at
+ * the node's barrier: so it must be cheap. Disarmed, it is one load; armed,
+ * one clock read per node (vDSO, tens of ns), and at most every `probe_ns`
+ * one call into Python (`_llamad_abort_probe`, on the thread that called
+ * llama_decode, which is inside it and owns nothing else) that looks for
+ * cancels. Once it has answered true it keeps answering true until
+ * disarmed. `reason`: 1 = `stop` set, 2 = the deadline passed, 3 = the
+ * probe asked for it. Times are CLOCK_MONOTONIC nanoseconds (Python's
+ * time.monotonic). */
+struct llamad_abort {
+    volatile int32_t armed;
+    volatile int32_t stop;
+    int32_t reason;
+    int32_t probing;
+    int64_t deadline_ns;
+    int64_t probe_ns;
+    int64_t next_probe_ns;
+    int64_t checks;
+    int64_t probes;
+    void * owner;
+};
+
+static bool _llamad_abort_probe(void * owner);
+
+int64_t llamad_monotonic_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t) ts.tv_sec * 1000000000LL + (int64_t) ts.tv_nsec;
+}
+
+static bool llamad_abort_check(void * data) {
+    struct llamad_abort * a = (struct llamad_abort *) data;
+    if (!a->armed) {
+        return false;
+    }
+    if (a->reason != 0) {
+        return true;
+    }
+    a->checks++;
+    if (a->stop) {
+        a->reason = 1;
+        return true;
+    }
+    const int64_t now = llamad_monotonic_ns();
+    if (a->deadline_ns > 0 && now >= a->deadline_ns) {
+        a->reason = 2;
+        return true;
+    }
+    if (a->probing && now >= a->next_probe_ns) {
+        a->probes++;
+        if (_llamad_abort_probe(a->owner)) {
+            a->reason = 3;
+            return true;
+        }
+        /* From the probe's end: a slow probe never runs back to back. */
+        a->next_probe_ns = llamad_monotonic_ns() + a->probe_ns;
+    }
+    return false;
+}
+
+void llamad_abort_install(struct llama_context * ctx, struct llamad_abort * a) {
+    llama_set_abort_callback(ctx, a == NULL ? NULL : llamad_abort_check, a);
 }

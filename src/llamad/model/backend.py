@@ -13,14 +13,15 @@ thread-safe); a failure is raised as a :class:`~llamad.errors.LlamadError`
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 import msgspec
 
 from llamad.model.planner import BatchPlan
 from llamad.model.requests import RequestParams
 
-__all__ = ["Backend", "PackedState", "Sampled", "SamplerHandle"]
+__all__ = ["Backend", "Interruptible", "PackedState", "Sampled", "SamplerHandle"]
 
 SamplerHandle = object
 """Whatever :meth:`Backend.open_sampler` returns; the core only hands it back."""
@@ -119,4 +120,21 @@ class Backend(Protocol):
 
     def unpack(self, seq: int, payload: memoryview) -> None:
         """Replace ``seq``'s state with a packed one."""
+        ...
+
+
+@runtime_checkable
+class Interruptible(Protocol):
+    """A backend whose decode the shell can stop under way (a cancel, a
+    shutdown, a deadline): its ``decode`` then raises
+    :class:`~llamad.llama_ffi.errors.DecodeAborted` with the sequences of
+    the batch as :func:`llamad.model.decoding.run_batch` expects them."""
+
+    decode_deadline: float | None
+    """``time.monotonic()`` after which the next decode stops (reason
+    ``deadline``); ``None``: no deadline."""
+
+    def set_interrupt(self, probe: Callable[[], bool] | None, every_s: float) -> None:
+        """Call ``probe`` from inside each decode at most every ``every_s``
+        seconds, on the loop's thread; true stops the decode (reason ``probe``)."""
         ...

@@ -125,6 +125,8 @@ class WorkerCore:
         self.ticks = 0
         # What _report_live last told the cache (the idle entries' signature).
         self._live_signature: tuple[tuple[int, Namespace | None, int, float], ...] = ()
+        self.decoding = False
+        """Inside a tick's decode (a cancel then only marks its request)."""
         self.last_cache_hit: CacheHitKind | None = None
         self.stored_logits_hits = 0
         """First tokens sampled from stored logits, a row's or live KV's (status)."""
@@ -234,10 +236,13 @@ class WorkerCore:
         req = self.requests.get(request_id)
         if req is None:
             return False
-        if req.phase is Phase.QUEUED:
+        if req.phase is Phase.QUEUED and not self.decoding:
             self.queue.remove(request_id)
             self._finish(req, FinishReason.CANCELLED, self.clock())
         else:
+            # During a decode (the shell looks for cancels from inside it,
+            # WorkerProcess._interrupted) only a mark: the tick's state must
+            # not change under it. The next tick ends the request.
             req.cancel_requested = True
         return True
 
@@ -311,6 +316,8 @@ class WorkerCore:
         now = self.clock()
         for req in list(self.requests.values()):
             if req.cancel_requested:
+                if req.phase is Phase.QUEUED:
+                    self.queue.remove(req.request_id)
                 self._finish(req, FinishReason.CANCELLED, now)
         self._admit_from_queue(now)
         self._sampled_stored = False
@@ -545,14 +552,18 @@ class WorkerCore:
         return True
 
     def _decode(self, plan: BatchPlan) -> None:
-        outcomes = run_batch(
-            plan,
-            backend=self.backend,
-            seqs=self.seqs,
-            saver=self.saver,
-            n_ctx=self.config.n_ctx,
-            clock=self.clock,
-        )
+        self.decoding = True
+        try:
+            outcomes = run_batch(
+                plan,
+                backend=self.backend,
+                seqs=self.seqs,
+                saver=self.saver,
+                n_ctx=self.config.n_ctx,
+                clock=self.clock,
+            )
+        finally:
+            self.decoding = False
         now = self.clock()  # after the decode: what ends now ended after it
         # Every token of the step first, then the endings: an ending may pack
         # a finish save, and the tokens go out before it (see _finish).

@@ -23,7 +23,8 @@ from functools import partial
 import structlog
 
 from llamad.cache.kvc import KvcLogits
-from llamad.errors import LlamadError
+from llamad.errors import LlamadError, RequestTimeout
+from llamad.llama_ffi.errors import DecodeAborted
 from llamad.model.active import ActiveRequest
 from llamad.model.backend import Backend, Sampled
 from llamad.model.planner import BatchPlan
@@ -64,6 +65,8 @@ def run_batch(
     owners = [seqs[span.seq].owner for span in plan.spans]
     try:
         backend.decode(plan)
+    except DecodeAborted as exc:
+        return _aborted(plan, owners, exc, backend)
     except LlamadError as exc:
         # The KV of every sequence in the batch is now unknown.
         return [Outcome(req, error=exc) for req in owners if req is not None]
@@ -95,6 +98,45 @@ def run_batch(
         elif req.remaining == 0 and not req.wants_logits:
             out.finished = FinishReason.LENGTH  # prefill_only: all fed
     return outcomes
+
+
+def _aborted(
+    plan: BatchPlan,
+    owners: list[ActiveRequest | None],
+    exc: DecodeAborted,
+    backend: Backend,
+) -> list[Outcome]:
+    """A decode stopped under way (a cancel, a shutdown, its deadline): put
+    every sequence of the batch back where the plan found it.
+
+    llama.cpp dropped the rows of the micro-batch it was computing, but not
+    those of earlier micro-batches of the same call (a plan of more than
+    ``n_ubatch`` rows), and their logits are never read: so each sequence is
+    cut back to its span's first position, and the step counts as never run.
+    Its requests go on and the next tick plans their rows again (a
+    cancelled one ends there); after its deadline they fail ``timeout``,
+    since a decode that slow would likely run past it again.
+    """
+    reqs = [req for req in owners if req is not None]
+    try:
+        for span in plan.spans:
+            backend.seq_truncate(span.seq, span.pos)
+    except LlamadError as cut:
+        # Where the KV stands is unknown: as for any failed decode.
+        return [Outcome(req, error=cut) for req in reqs]
+    log.info(
+        "model.decode_aborted",
+        reason=exc.reason,
+        rows=plan.n_rows,
+        requests=[req.request_id for req in reqs],
+    )
+    if exc.reason != "deadline":
+        return [Outcome(req) for req in reqs]
+    timeout = RequestTimeout(
+        "the decode ran past the worker's decode_timeout_ms and was stopped",
+        details={"where": "decode", "rows": plan.n_rows},
+    )
+    return [Outcome(req, error=timeout) for req in reqs]
 
 
 def sample_stored(

@@ -114,6 +114,7 @@ class LlamaBackend:
         # for a single row and for several.
         self._configured = ctx.threads
         self._threads = self._configured
+        self.decode_deadline: float | None = None
 
     @property
     def n_vocab(self) -> int:
@@ -156,7 +157,7 @@ class LlamaBackend:
             )
         governor = self.governor
         if governor is None:
-            self.ctx.decode(batch)
+            self.ctx.decode(batch, deadline=self.decode_deadline)
             return
         rows = batch.n_tokens
         cells = self.attended_cells(plan)
@@ -168,11 +169,15 @@ class LlamaBackend:
                 self.ctx.set_threads(*threads)
                 self._threads = threads
             started = self._clock()
-            self.ctx.decode(batch)
+            self.ctx.decode(batch, deadline=self.decode_deadline)
         except BaseException:
             governor.abandon()  # the step's busy mark ends; nothing is learnt from it
             raise
         governor.record(rows, self._clock() - started, cells)
+
+    def set_interrupt(self, probe: Callable[[], bool] | None, every_s: float) -> None:
+        """See :class:`~llamad.model.backend.Interruptible` (``Context.set_abort_probe``)."""
+        self.ctx.set_abort_probe(probe, every_s)
 
     def attended_cells(self, plan: BatchPlan) -> int:
         """The KV cells a decode of ``plan`` attends over, per row, as the

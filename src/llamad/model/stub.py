@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from llamad.errors import ContextOverflow
 from llamad.llama_ffi.errors import (
     BatchTooLarge,
+    DecodeAborted,
     GrammarError,
     InvalidSequence,
     InvalidToken,
@@ -128,6 +129,18 @@ class StubBackend:
         self.samplers_open = 0
         self.packs = 0
         self.unpacks = 0
+        self.abort_next: tuple[str, int] | None = None
+        """(reason, rows): the next decode stops under way, as llama.cpp's
+        abort check stops one: its first ``rows`` rows stay in the KV (earlier
+        micro-batches), the rest never land, and it raises
+        :class:`DecodeAborted` with ``reason``."""
+        self.decode_deadline: float | None = None
+        self.probe: Callable[[], bool] | None = None
+        """Called once per decode before any row lands (the shell's interrupt
+        check, :meth:`set_interrupt`); true stops the decode (reason ``probe``)
+        once ``probe_rows`` rows have landed."""
+        self.probe_rows = 0
+        self.aborts = 0
 
     @property
     def n_vocab(self) -> int:
@@ -169,9 +182,19 @@ class StubBackend:
                 if not 0 <= t < self._n_vocab:
                     raise InvalidToken(f"token {t} is outside [0, {self._n_vocab})")
         self._outputs = {}
+        abort = self.abort_next
+        self.abort_next = None
+        if abort is None and self.probe is not None and self.probe():
+            abort = ("probe", self.probe_rows)
         row = 0
         for span in plan.spans:
             for token in span.tokens:
+                if abort is not None and row >= abort[1]:
+                    self._outputs = {}
+                    self.aborts += 1
+                    raise DecodeAborted(
+                        f"stub decode aborted ({abort[0]})", details={"reason": abort[0]}
+                    )
                 self._append(span.seq, token)
                 row += 1
             if span.want_logits:
@@ -253,6 +276,9 @@ class StubBackend:
         return self._piece(token)
 
     # -- sequences and state ---------------------------------------------------------------
+
+    def set_interrupt(self, probe: Callable[[], bool] | None, every_s: float) -> None:
+        self.probe = probe
 
     def seq_truncate(self, seq: int, keep: int) -> None:
         if keep < 0:

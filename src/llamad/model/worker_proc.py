@@ -14,7 +14,9 @@ ready, and runs the loop until SIGTERM:
             # requests, cancels, session ops, status; finished saves (fd reader);
             # disconnected clients cancel their requests (handle on_cancel)
             # long texts' tokens from the text thread (fd reader, text_jobs)
-        report = core.step()             # one llama_decode at most
+        report = core.step()             # one llama_decode at most; a cancel of
+                                         # its requests, a stop or its deadline
+                                         # stops it under way (_interrupted)
         deliver report.events            # stream events, done/error terminals
         apply adapter changes once idle  # and admit the requests held behind them
         publish status                   # shared file, readable without the loop
@@ -23,8 +25,10 @@ ready, and runs the loop until SIGTERM:
 No event-loop code of its own: the actor's :meth:`~llamad.actors.Actor.poll`
 waits on the socket, the wake pipe (signals), the clients' pidfds and the
 save-completions fd at once. A heartbeat thread proves liveness to the
-supervisor while no tick has run longer than ``decode_timeout_ms``
-(:mod:`llamad.model.heartbeat`).
+supervisor while no tick has run longer than ``HUNG_FACTOR`` times
+``decode_timeout_ms`` (:mod:`llamad.model.heartbeat`); a decode is stopped
+at ``decode_timeout_ms`` (its deadline), so the heartbeat is the last resort
+for a tick that cannot be.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ import structlog
 from llamad import logs
 from llamad.actors import Actor, Limits, Registry
 from llamad.llama_ffi.spin import spin_setting
+from llamad.model.active import ActiveRequest
+from llamad.model.backend import Interruptible
 from llamad.model.core import TickReport, WorkerCore
 from llamad.model.deliveries import Deliveries
 from llamad.model.heartbeat import BusyMark, HeartbeatThread
@@ -54,6 +60,16 @@ from llamad.supervisor.child import heartbeat, heartbeat_interval, notifies_read
 __all__ = ["WorkerProcess", "run_worker"]
 
 log = structlog.get_logger("llamad.model")
+
+INTERRUPT_PROBE_S: Final = 0.003
+"""How often a decode under way looks for cancels (a zero-timeout poll of the
+actor's socket and fds from the abort check: ~20 us on this loaded 2-core
+machine), once it has run 10 ms (``Context.set_abort_probe``'s ``first_s``):
+a one-row generation step pays for none."""
+
+HUNG_FACTOR: Final = 1.5
+"""A decode is stopped at ``decode_timeout_ms``; a tick still busy at this
+many times it silences the heartbeat (one that cannot be stopped)."""
 
 # A prompt travels inside the request's msgpack header: allow long ones.
 _LIMITS: Final = Limits(max_header_bytes=32 << 20)
@@ -110,6 +126,13 @@ class WorkerProcess:
                 adapter_dirs=spec.adapter_dirs,
             )
             self.ops.register(self.actor)
+            # A cancel, a shutdown or the decode's deadline stops a decode
+            # under way (see _interrupted); the heartbeat stays the last resort.
+            self.actor.interrupt_ops = frozenset({"cancel"})
+            inner = self.parts.backend
+            self._interruptible = inner if isinstance(inner, Interruptible) else None
+            if self._interruptible is not None:
+                self._interruptible.set_interrupt(self._interrupted, INTERRUPT_PROBE_S)
         except BaseException:
             self.parts.close()
             raise
@@ -119,6 +142,10 @@ class WorkerProcess:
         self._tick_started: float | None = None
         self._owed = False
         """A tick's snapshot was left to the next tick's (see :meth:`step`)."""
+        self._in_batch: list[ActiveRequest] = []
+        """The requests of the decode under way (what a cancel must stop)."""
+        self.interrupts = 0
+        """Decodes stopped under way by a cancel or a stop."""
         log.info(
             "model.worker_loaded",
             model=spec.model_id,
@@ -164,9 +191,37 @@ class WorkerProcess:
         # The batch is admitted and planned: readers see it while it decodes.
         self._tick_started = self.clock()
         self._publish()
+        slots = self.core.slots
+        self._in_batch = [
+            owner for span in plan.spans if (owner := slots[span.seq].owner) is not None
+        ]
+        if self._interruptible is not None:
+            # decode_timeout_ms from the tick's start; the heartbeat judges
+            # the tick hung only at HUNG_FACTOR times it, which leaves a
+            # starved machine time to finish the node under way (one took
+            # 0.5 s at a load of 11 on 2 cores) and put the batch back.
+            since = self.mark.since if self.mark.since is not None else self._tick_started
+            self._interruptible.decode_deadline = since + self.spec.decode_timeout_s
+
+    def _interrupted(self) -> bool:
+        """Called from inside a decode (every INTERRUPT_PROBE_S at most, on
+        this thread, which the decode holds): whether to stop it now.
+
+        The actor reads what is pending: cancels, closes, clients that exited
+        and the ``cancel`` op are handled at once (they only mark requests in
+        the core, :meth:`WorkerCore.cancel`), everything else is kept for the
+        next poll. A stop signal or a cancel of a request of this batch stops
+        the decode; the core puts the batch's sequences back, ends the
+        cancelled request and plans the others' rows again (SPEC M7)."""
+        self.actor.intake()
+        if self.actor.stop_requested or any(r.cancel_requested for r in self._in_batch):
+            self.interrupts += 1
+            return True
+        return False
 
     def _after_decode(self, plan: BatchPlan, seconds: float) -> None:
         self._last_tick_ms = seconds * 1000.0
+        self._in_batch = []
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -272,7 +327,7 @@ class WorkerProcess:
             return None  # not supervised, or no liveness asked for
         beats = HeartbeatThread(
             self.mark,
-            timeout_s=self.spec.decode_timeout_s,
+            timeout_s=self.spec.decode_timeout_s * HUNG_FACTOR,
             interval_s=interval / 2,
             beat=heartbeat,
         )

@@ -100,12 +100,13 @@ class WorkerSpec:
     equal the context's. ``cache`` says where cache-meta and the tiers are
     (``None``: no cache; every request runs cold and nothing is saved).
 
-    ``decode_timeout_ms``: a tick (one decode, its sampling and saves) that
-    runs longer silences the heartbeat, so the supervisor kills and restarts
-    the worker (SPEC M15). ``liveness_s``: how long the supervisor waits for
-    a heartbeat before it does; a hung worker is killed between
-    ``decode_timeout_ms`` and ``decode_timeout_ms + liveness_s`` after its
-    tick began. ``load_timeout_s``: how long loading may take before the
+    ``decode_timeout_ms``: a decode that runs longer is stopped under way and
+    its requests fail ``timeout``; a tick (one decode, its sampling and
+    saves) still busy at 1.5 times it silences the heartbeat, so the
+    supervisor kills and restarts the worker (SPEC M15). ``liveness_s``: how
+    long the supervisor waits for a heartbeat before it does; a hung worker
+    is killed between 1.5 x ``decode_timeout_ms`` and that plus
+    ``liveness_s`` after its tick began. ``load_timeout_s``: how long loading may take before the
     start counts as failed. ``parts``: the ``"module:function"`` that builds
     the backend and cache view from this spec (tests name a stub factory).
 
