@@ -26,6 +26,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from typing import Final
 
+import msgspec
 import structlog
 import zmq
 
@@ -61,6 +62,7 @@ class EventFeed:
         """Subscribe to ``endpoint``'s stream at ``address`` (once)."""
         if endpoint in self._known or self._stop.is_set():
             return
+        address = as_seen_from(endpoint, address)
         self._known.add(endpoint)
         self._new.put((endpoint, address))
         if self._thread is None:
@@ -144,6 +146,30 @@ class EventFeed:
             log.warning("client.kv_events.replay_failed", endpoint=endpoint, error=str(exc))
         finally:
             sock.close(0)
+
+
+_WILDCARDS: Final = ("tcp://0.0.0.0:", "tcp://*:", "tcp://[::]:")
+
+
+def _seen_from(daemon: str, published: str) -> str:
+    for wildcard in _WILDCARDS:
+        if published.startswith(wildcard) and daemon.startswith("tcp://"):
+            host = daemon[len("tcp://") :].rpartition(":")[0]
+            return f"tcp://{host}:{published[len(wildcard) :]}"
+    return published
+
+
+def as_seen_from(daemon: str, address: KvEventsAddress) -> KvEventsAddress:
+    """``address`` as a client that reaches the daemon at ``daemon`` connects
+    to it: a socket bound to every interface (``tcp://0.0.0.0:5557``) is
+    published as bound, and is reached on the daemon's own host."""
+    return msgspec.structs.replace(
+        address,
+        endpoint=_seen_from(daemon, address.endpoint),
+        replay_endpoint=None
+        if address.replay_endpoint is None
+        else _seen_from(daemon, address.replay_endpoint),
+    )
 
 
 class Affinity:

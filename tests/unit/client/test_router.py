@@ -7,12 +7,13 @@ from __future__ import annotations
 import pytest
 
 from llamad.client import asks
-from llamad.client.affinity import TOKENS_KEPT, Affinity
+from llamad.client.affinity import TOKENS_KEPT, Affinity, as_seen_from
 from llamad.client.base import combined
 from llamad.client.router import Router, Spread, spread
 from llamad.front.wire import (
     DaemonStatus,
     GcReport,
+    KvEventsAddress,
     ModelInfo,
     ModelState,
     ModelStatus,
@@ -239,3 +240,15 @@ def test_token_ids_are_kept_per_text_least_recently_used_first() -> None:
     affinity.keep(("m", "new"), [1])
     assert affinity.tokens(("m", 1)) is None  # the least recently used went
     assert affinity.tokens(("m", 0)) == [0]
+
+
+def test_an_event_socket_bound_to_every_interface_is_reached_on_the_daemons_host() -> None:
+    wild = KvEventsAddress("tcp://0.0.0.0:5557", "tcp://0.0.0.0:5558")
+    seen = as_seen_from("tcp://gpu-3.lan:7420", wild)
+    assert (seen.endpoint, seen.replay_endpoint) == ("tcp://gpu-3.lan:5557", "tcp://gpu-3.lan:5558")
+    v6 = as_seen_from("tcp://[fd00::7]:7420", KvEventsAddress("tcp://[::]:5557"))
+    assert v6.endpoint == "tcp://[fd00::7]:5557" and v6.replay_endpoint is None
+    # A named host, or an ipc socket on the client's own machine, is kept.
+    for kept in ("tcp://10.0.0.5:5557", "ipc:///run/llamad/kv-events.sock"):
+        assert as_seen_from("tcp://gpu-3.lan:7420", KvEventsAddress(kept)).endpoint == kept
+    assert as_seen_from("ipc:///run/a.sock", wild).endpoint == "tcp://0.0.0.0:5557"
