@@ -34,8 +34,9 @@ import psutil
 import structlog
 
 from llamad.cache.errors import InvalidCacheValue
-from llamad.cache.tier_kind import TIER_ORDER, TierKind, check_tier
+from llamad.cache.tier_kind import TierKind, check_tier
 from llamad.errors import ConfigError
+from llamad.tiers import LOCAL_TIERS
 
 log = structlog.get_logger("llamad.cache.pressure")
 
@@ -262,10 +263,9 @@ class PressureConfig:
             tiers = ()
         # Evicting the shared remote tier frees no memory here (and it is not
         # cache-meta's to evict).
-        if not tiers or TierKind.REMOTE in tiers:
-            local = (t for t in TIER_ORDER if t is not TierKind.REMOTE)
+        if not tiers or not set(tiers) <= set(LOCAL_TIERS):
             raise ConfigError(
-                f"evict_tiers must be a non-empty subset of {', '.join(local)}",
+                f"evict_tiers must be a non-empty subset of {', '.join(LOCAL_TIERS)}",
                 details={"field": "evict_tiers"},
             )
         object.__setattr__(self, "evict_tiers", tiers)

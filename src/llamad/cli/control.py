@@ -16,7 +16,7 @@ from llamad.cli import render
 from llamad.cli.connect import UsageError, parse_options
 from llamad.client.sync import Client
 from llamad.config.units import parse_size
-from llamad.tiers import TierKind
+from llamad.tiers import LOCAL_TIERS
 
 __all__ = ["add_commands"]
 
@@ -141,7 +141,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         "--tier",
         action="append",
         # The remote tier is shared by every daemon and is not cache-meta's to evict.
-        choices=tuple(t for t in TierKind if t is not TierKind.REMOTE),
+        choices=LOCAL_TIERS,
         help="only from this tier (repeatable; default all)",
     )
     evict.add_argument("--json", action="store_true", help="print JSON for scripts")

@@ -36,6 +36,7 @@ from llamad.config.kinds import (
 from llamad.config.sections import Table
 from llamad.model.cache_view_config import LOOKUP_TIMEOUT_S
 from llamad.model.strategies import DEFAULT_STRATEGY, STRATEGIES
+from llamad.tiers import LOCAL_TIERS
 
 __all__ = [
     "DEFAULT_MODEL_PATH",
@@ -52,7 +53,7 @@ DEFAULT_MODEL_PATH = "default"
 """The ``path`` that names the default model (:func:`llamad.paths.default_model_path`)."""
 
 TIER_NAMES: tuple[str, ...] = tuple(t.value for t in TierKind)
-LOCAL_TIER_NAMES: tuple[str, ...] = tuple(t for t in TIER_NAMES if t != TierKind.REMOTE)
+LOCAL_TIER_NAMES: tuple[str, ...] = tuple(t.value for t in LOCAL_TIERS)
 """The tiers cache-meta owns: a save lands in one of them and memory pressure
 evicts from them; the remote tier is only restored from (and written behind)."""
 
