@@ -114,6 +114,15 @@ struct llama_model_params {
     void * progress_callback_user_data;
     bool vocab_only;
     bool check_tensors;
+    bool use_extra_bufts;
+    ...;
+};
+
+/* Quantizing a model file (tests make a K-quant model from the default one). */
+struct llama_model_quantize_params {
+    int32_t nthread;
+    enum llama_ftype ftype;
+    bool allow_requantize;
     ...;
 };
 
@@ -232,6 +241,8 @@ int32_t llama_model_meta_key_by_index(const struct llama_model * model, int32_t 
 int32_t llama_model_meta_val_str_by_index(const struct llama_model * model, int32_t i, char * buf, size_t buf_size);
 int32_t llama_model_desc(const struct llama_model * model, char * buf, size_t buf_size);
 enum llama_ftype llama_model_ftype(const struct llama_model * model);
+struct llama_model_quantize_params llama_model_quantize_default_params(void);
+uint32_t llama_model_quantize(const char * fname_inp, const char * fname_out, const struct llama_model_quantize_params * params);
 uint64_t llama_model_size(const struct llama_model * model);
 uint64_t llama_model_n_params(const struct llama_model * model);
 const char * llama_model_chat_template(const struct llama_model * model, const char * name);

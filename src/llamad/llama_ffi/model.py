@@ -89,6 +89,7 @@ class Model:
         params.main_gpu = opts.main_gpu
         params.vocab_only = opts.vocab_only
         params.check_tensors = opts.check_tensors
+        params.use_extra_bufts = opts.repack
         keep: list[Any] = []
         if opts.tensor_split:
             split = ffi.new("float[]", int(lib.llama_max_devices()))

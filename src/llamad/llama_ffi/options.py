@@ -152,6 +152,11 @@ class ModelOptions:
     ``n_gpu_layers`` -1 offloads every layer (no effect on a CPU build);
     ``tensor_split`` gives each GPU's share (at most ``llama_max_devices()``
     entries); ``vocab_only`` loads the tokenizer without weights.
+    ``repack`` lets the CPU backend repack weights into interleaved layouts
+    (``use_extra_bufts``: Q4_0, IQ4_NL and the K-quants on AVX2). A repacked
+    matrix multiply takes one kernel for each group of 4 batch rows and
+    another for the rest, so a row's result depends on where it sits in its
+    batch; off, every row takes the plain kernel (slower prompts).
     """
 
     n_gpu_layers: int = -1
@@ -161,6 +166,7 @@ class ModelOptions:
     main_gpu: int = 0
     tensor_split: tuple[float, ...] = ()
     check_tensors: bool = False
+    repack: bool = True
 
     def __post_init__(self) -> None:
         _coerce_enum(self, "load_mode", LoadMode)
@@ -170,6 +176,7 @@ class ModelOptions:
         _require(_is_int(self.main_gpu) and self.main_gpu >= 0, "main_gpu", "must be >= 0")
         _require(isinstance(self.vocab_only, bool), "vocab_only", "must be a bool")
         _require(isinstance(self.check_tensors, bool), "check_tensors", "must be a bool")
+        _require(isinstance(self.repack, bool), "repack", "must be a bool")
         _require(
             isinstance(self.tensor_split, list | tuple),
             "tensor_split",

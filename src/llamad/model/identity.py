@@ -127,6 +127,10 @@ EXCLUDED_MODEL_FIELDS: Final[Mapping[str, str]] = {
     "main_gpu": "which GPU runs the model; the same weights",
     "tensor_split": "each GPU's share of the weights; the same weights",
     "check_tensors": "a validation pass at load; the same weights",
+    "repack": (
+        "interleaved weight layouts (other kernels, other bits): off only under the model "
+        "option `deterministic`, whose runtime switches are in the build identity"
+    ),
 }
 """ModelOptions fields, none of which is part of a namespace: the model is
 identified by its file (``fingerprint``, ``quant``), never by how it was loaded."""

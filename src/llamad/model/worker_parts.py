@@ -200,7 +200,7 @@ def llama_parts(spec: WorkerSpec) -> WorkerParts:
     progress = LoadProgressWriter(load_progress_path(Registry(spec.registry).root, spec.actor_name))
     try:
         try:
-            model = Model(spec.model_path, spec.model, progress=progress)
+            model = Model(spec.model_path, spec.load_options(), progress=progress)
         except BaseException:
             progress.close()
             raise

@@ -135,7 +135,8 @@ class WorkerSpec:
     ``deterministic``: the worker process turns ggml-cpu's tiled flash
     attention off (``GGML_CPU_FA_TILED=0``, and its tiled K-quant matmul,
     ``GGML_CPU_TILED_MM=0``; read once per process, before its first decode:
-    :func:`apply_numerics`), so that a prompt's KV and logits do
+    :func:`apply_numerics`) and loads the model without repacked weights
+    (:meth:`load_options`), so that a prompt's KV and logits do
     not depend on how it was chunked, what shared its batches or where its
     cells sit; prompt processing is slower (SPEC M19,
     ``bench/results/numerics-*.md``). Decodes are thread-count and placement
@@ -158,6 +159,19 @@ class WorkerSpec:
     remote: RemoteAccess | None = None
     adapter_dirs: tuple[str, ...] | None = None
     deterministic: bool = False
+
+    def load_options(self) -> ModelOptions:
+        """How the worker loads the model: :attr:`model`, but with the CPU
+        backend's weight repacking off under ``deterministic``. A repacked
+        multiply (Q4_0, IQ4_NL, the K-quants on AVX2) takes one kernel per
+        group of 4 batch rows and another for the rest, so a row's result
+        depends on where it sits in its batch: a Q4_K_M model's 16 concurrent
+        greedy replies differed from their solo runs with it on. Tied to
+        ``deterministic``, whose runtime switches are in the build identity,
+        so rows computed either way never share a namespace."""
+        if self.deterministic and self.model.repack:
+            return dataclasses.replace(self.model, repack=False)
+        return self.model
 
     def __post_init__(self) -> None:
         worker_actor_name(self.model_id)
