@@ -29,6 +29,7 @@ __all__ = [
     "EventKind",
     "FinishReason",
     "IdleEntry",
+    "ReadBufferStats",
     "Stats",
     "ThinkingEvent",
     "TokenEvent",
@@ -298,6 +299,22 @@ class IdleEntry(msgspec.Struct, frozen=True, array_like=True):
     logits: bool = False
 
 
+class ReadBufferStats(msgspec.Struct, frozen=True):
+    """The cache view's buffer for rows read by copy (``ram_file``, ``disk``):
+    :mod:`llamad.model.read_buffer`."""
+
+    capacity: int
+    """Bytes of the buffer reads use now (0: none yet)."""
+    largest_seen: int
+    """The largest row (file bytes) the view has seen in a lookup or a save."""
+    prepared: int
+    """Buffers allocated ahead of the reads, off the loop."""
+    grows_on_read: int
+    """Reads that had to allocate (or grow) the buffer on their own path."""
+    kind: str
+    """``mmap`` (plain memory) or the host buffer type's name (``CUDA_Host``)."""
+
+
 class WorkerStatus(msgspec.Struct, frozen=True):
     """A snapshot for SPEC M10: what routers read without waiting on the loop."""
 
@@ -322,6 +339,8 @@ class WorkerStatus(msgspec.Struct, frozen=True):
     """Idle entries in all."""
     live_hits: int = 0
     """Requests since start that kept or shared live KV of another request."""
+    read_buffer: ReadBufferStats | None = None
+    """The cache view's read buffer (``None``: no cache, or a stand-in)."""
     namespace: bytes | None = None
     """The 65-byte namespace header this worker's keys are made under, with no
     salt (``None``: unknown). A router hashes prompts under it
