@@ -146,7 +146,10 @@ class Stats(msgspec.Struct, frozen=True):
     wait); ``wait_ms``: the part of it spent waiting, for a save of this
     prompt still in flight or for another request prefilling the prefix they
     share; ``prefill_ms``: until the first token's logits; ``generation_ms``:
-    from then to the end.
+    from then to the end. Of ``restore_ms``, ``lookup_ms`` went to the cache
+    lookups (a wait in them included) and ``load_ms`` to reading the row
+    (validated: its checksums) and unpacking it into the KV, the part a
+    copy of the row's bytes bounds from below (SPEC P1's floor).
     """
 
     prompt_tokens: int = 0
@@ -157,6 +160,8 @@ class Stats(msgspec.Struct, frozen=True):
     prefill_ms: float = 0.0
     generation_ms: float = 0.0
     wait_ms: float = 0.0
+    lookup_ms: float = 0.0
+    load_ms: float = 0.0
 
 
 class CacheMiss(msgspec.Struct, frozen=True):

@@ -112,6 +112,10 @@ def test_a_restore_from_disk_finds_its_read_buffer_sized_ahead_and_replies_as_co
     assert warm.cache_hit_kind is CacheHitKind.EXACT
     assert warm.cache_delta.sources.disk == warm.stats.prompt_tokens  # read by copy
     assert warm.stats.prefill_tokens == 0  # the row's logits, restored from disk
+    # The restore's parts: the lookup, and the row's validated read and unpack.
+    s = warm.stats
+    assert s.lookup_ms > 0 and s.load_ms > 0
+    assert s.lookup_ms + s.load_ms <= s.restore_ms + 0.002
     assert warm.generated == cold.generated and warm.reply == cold.reply
     after = worker.status_from_loop().status.read_buffer
     assert after is not None
