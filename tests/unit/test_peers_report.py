@@ -307,6 +307,7 @@ def test_each_part_of_the_warm_path_is_set_against_the_floor_round_by_round() ->
     assert got[rep.RESTORE] == (rep.COPY_FLOOR, [2.0, 13.0 / 6.0, 12.0 / 5.0])
     assert got[rep.LOAD] == (rep.COPY_FLOOR, [1.8, 2.0, 2.0])
     assert got[rep.LOOKUP] == (rep.FLOOR_TOTAL, [0.5 / 6.0, 0.5 / 7.0, 1.0 / 6.0])
+    assert rep.floor_parts(r)[rep.RESTORE_REST] == [0.5, 0.5, 1.0]
     text = render.report(r, plots=[])
     assert "| part of the warm path" in text and "| against" in text
     rows = [x for x in text.splitlines() if x.startswith(f"| {rep.LOAD}")]
