@@ -23,6 +23,9 @@ from bench.peers_report import (
     LBENCH,
     LCPP,
     LLAMAD,
+    LOAD,
+    LOOKUP,
+    P1_FLOOR_RATIO,
     P6_PREFIX_MS,
     P14_CONFIGS,
     P14_ID,
@@ -33,6 +36,7 @@ from bench.peers_report import (
     TTFT_PATHS,
     WAIT,
     Results,
+    against_floor,
     bars,
     floor_parts,
     has_p14,
@@ -386,6 +390,14 @@ def breakdown_table(results: Results) -> str:
     return table(["part of the warm path", "ms: median (min-max)"], rows)
 
 
+def against_floor_table(results: Results) -> str:
+    rows = [
+        [part, floor, spread(ratios, ".2f")]
+        for part, (floor, ratios) in against_floor(results).items()
+    ]
+    return table(["part of the warm path", "against", "x: median (min-max)"], rows)
+
+
 def _m(values: Sequence[float], fmt: str = ".1f") -> str:
     return f"{median(values):{fmt}}" if values else "-"
 
@@ -397,6 +409,16 @@ def _quiet_share(results: Results, system: str) -> str:
     if not share:
         return "no quiet rate to compare: it decoded nothing quiet"
     return f"{median(share) * 100:.3g}% of its quiet rate"
+
+
+def _restore_parts(parts: Mapping[str, Sequence[float]]) -> str:
+    """The restore's own parts, where the worker reported them (issue 21)."""
+    if not parts.get(LOAD):
+        return ""
+    return (
+        f"; of the restore, lookup {_m(parts.get(LOOKUP, []))} ms and the row's validated "
+        f"read + unpack {_m(parts.get(LOAD, []))} ms"
+    )
 
 
 def _sources_of(results: Results, variant: str, n: int) -> str:
@@ -424,7 +446,7 @@ def notes(results: Results) -> list[str]:
                 f"{_m(parts.get(RESTORE, []))} ms (of it waiting for the row's save "
                 f"{_m(parts.get(WAIT, []))} ms) + first token {_m(parts.get(PRIMER, []))} ms + "
                 f"client/transport {_m(parts.get(CLIENT, []))} ms (the row copied once: "
-                f"{_m(parts.get(COPY_FLOOR, []))} ms); its tokens came from "
+                f"{_m(parts.get(COPY_FLOOR, []))} ms){_restore_parts(parts)}; its tokens came from "
                 f"{_sources_of(r, 'ram', size)}; llama-server's host-RAM cache hit {server} ms."
             )
         elif b.id == "P2":
@@ -694,6 +716,17 @@ def report(results: Results, *, plots: Sequence[str] = ()) -> str:
             breakdown_table(r),
             "",
         ]
+        if against_floor(r):
+            parts += [
+                "Each part against the floor, round by round (the part over that "
+                "round's floor; P1's bar is the first row at <= "
+                f"{P1_FLOOR_RATIO:g}x): the restore and its load (the row's validated "
+                "read, checksums included, and `llama_state_seq_set_data`) against one "
+                "copy of the row, the rest against the floor total.",
+                "",
+                against_floor_table(r),
+                "",
+            ]
     parts += [f"![{p}]({p})" for p in plots]
     return "\n".join(parts) + "\n"
 

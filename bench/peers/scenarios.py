@@ -37,6 +37,8 @@ from bench.peers_report import (
     LBENCH,
     LCPP,
     LLAMAD,
+    LOAD,
+    LOOKUP,
     PRIMER,
     QUEUE,
     RESTORE,
@@ -193,6 +195,8 @@ def _llamad_ttft(rig: Rig, res: Results, n: int, ids: list[int], fillers: list[l
             QUEUE: w.queue_ms,
             RESTORE: w.restore_ms,
             WAIT: w.wait_ms,
+            LOOKUP: w.lookup_ms,
+            LOAD: w.load_ms,
             PRIMER: w.prefill_ms,
         }
         for part, v in parts.items():

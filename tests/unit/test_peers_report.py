@@ -287,3 +287,33 @@ def test_the_peers_result_is_recorded_as_date_machine_json_and_md(tmp_path: Path
     assert report_cli.main(["--check", str(path.with_suffix(".json"))]) == 0
     text = path.read_text()
     assert "## Machine" in text and "| P1 " in text and "![x.png](x.png)" in text
+
+
+def test_each_part_of_the_warm_path_is_set_against_the_floor_round_by_round() -> None:
+    # Issue 21: the worker reports its restore's parts (lookup_ms, load_ms);
+    # the report sets each part against the floor, round by round.
+    r = results(ttft__llamad__ram__2048=[12.0, 16.0, 14.0])
+    r.breakdown = {
+        rep.TOTAL: [12.0, 16.0, 14.0],
+        rep.CLIENT: [1.0, 2.0, 1.0],
+        rep.RESTORE: [10.0, 13.0, 12.0],
+        rep.LOOKUP: [0.5, 0.5, 1.0],
+        rep.LOAD: [9.0, 12.0, 10.0],
+        rep.PRIMER: [1.0, 1.0, 1.0],
+        rep.COPY_FLOOR: [5.0, 6.0, 5.0],
+    }
+    got = rep.against_floor(r)
+    assert got[rep.TOTAL] == (rep.FLOOR_TOTAL, [2.0, 16.0 / 7.0, 14.0 / 6.0])
+    assert got[rep.RESTORE] == (rep.COPY_FLOOR, [2.0, 13.0 / 6.0, 12.0 / 5.0])
+    assert got[rep.LOAD] == (rep.COPY_FLOOR, [1.8, 2.0, 2.0])
+    assert got[rep.LOOKUP] == (rep.FLOOR_TOTAL, [0.5 / 6.0, 0.5 / 7.0, 1.0 / 6.0])
+    assert rep.floor_parts(r)[rep.RESTORE_REST] == [0.5, 0.5, 1.0]
+    text = render.report(r, plots=[])
+    assert "| part of the warm path" in text and "| against" in text
+    rows = [x for x in text.splitlines() if x.startswith(f"| {rep.LOAD}")]
+    assert len(rows) == 2  # its ms in the breakdown, its ratio against the copy
+    assert rep.COPY_FLOOR in rows[1] and "2.00 (1.80-2.00)" in rows[1]
+    # A run recorded before the worker reported the parts renders as before.
+    del r.breakdown[rep.LOAD]
+    assert rep.against_floor(r) == {}
+    assert "| against" not in render.report(r, plots=[])

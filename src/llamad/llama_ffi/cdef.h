@@ -225,6 +225,22 @@ ggml_backend_dev_t ggml_backend_dev_get(size_t index);
 enum ggml_backend_dev_type ggml_backend_dev_type(ggml_backend_dev_t device);
 ggml_backend_reg_t ggml_backend_dev_backend_reg(ggml_backend_dev_t device);
 
+/* --- host buffers for states (issue 21): a device's host buffer type is
+ * pinned memory on CUDA (host-to-device copies at full speed), NULL on the CPU
+ * device (plain memory: llamad maps its own). See llama_ffi/state.py. */
+struct ggml_backend_buffer_type;
+typedef struct ggml_backend_buffer_type * ggml_backend_buffer_type_t;
+struct ggml_backend_buffer;
+typedef struct ggml_backend_buffer * ggml_backend_buffer_t;
+ggml_backend_buffer_type_t ggml_backend_dev_host_buffer_type(ggml_backend_dev_t device);
+const char * ggml_backend_buft_name(ggml_backend_buffer_type_t buft);
+ggml_backend_buffer_t ggml_backend_buft_alloc_buffer(ggml_backend_buffer_type_t buft, size_t size);
+void ggml_backend_buffer_free(ggml_backend_buffer_t buffer);
+void * ggml_backend_buffer_get_base(ggml_backend_buffer_t buffer);
+size_t ggml_backend_buffer_get_size(ggml_backend_buffer_t buffer);
+/* Plain host memory through the same calls: how the CPU build tests them. */
+ggml_backend_buffer_type_t ggml_backend_cpu_buffer_type(void);
+
 /* --- model --------------------------------------------------------------- */
 struct llama_model_params llama_model_default_params(void);
 struct llama_model * llama_model_load_from_file(const char * path_model, struct llama_model_params params);

@@ -110,6 +110,10 @@ class ActiveRequest:
     """Until when it may wait for a save in flight that would serve it better
     than anything published or live (set when it first sees one)."""
     wait_ms: float = 0.0
+    lookup_ms: float = 0.0
+    """Of the restore, the cache lookups (any wait for a save in them included)."""
+    load_ms: float = 0.0
+    """Of the restore, reading the row (validated) and unpacking it into the KV."""
     following: ActiveRequest | None = None
     """A running request prefilling a prefix this one shares: this one waits
     and then shares its cells rather than computing them twice."""
@@ -274,6 +278,8 @@ class ActiveRequest:
                 queue_ms=_ms(self.submitted_at, self.admitted_at),
                 restore_ms=_ms(self.admitted_at, self.resolved_at),
                 wait_ms=round(self.wait_ms, 3),
+                lookup_ms=round(self.lookup_ms, 3),
+                load_ms=round(self.load_ms, 3),
                 prefill_ms=_ms(self.resolved_at, end_prefill if self.resolved_at else None),
                 generation_ms=_ms(self.first_token_at, now),
             ),

@@ -25,7 +25,7 @@ from llamad.cache.key import Namespace
 from llamad.cache.kvc import KvcLogits
 from llamad.cache.lookup import Lookup, RowRef
 from llamad.model.backend import PackedState
-from llamad.model.results import TokenSources
+from llamad.model.results import ReadBufferStats, TokenSources
 from llamad.model.savepoints import SaveJob
 
 __all__ = ["CacheView", "RowRead"]
@@ -75,6 +75,11 @@ class CacheView(Protocol):
         """The row's validated payload and kept logits for the duration of the
         block, or ``None`` when the row turned out missing or corrupt, in any
         record, the logits' included (it is then never served again)."""
+        ...
+
+    def read_buffer(self) -> ReadBufferStats | None:
+        """The buffer rows read by copy go through, for the worker's status
+        (``None``: there is none)."""
         ...
 
     def checkin(self, pin: int | None) -> None:

@@ -28,9 +28,12 @@ come back through :class:`~llamad.model.save_completions.SaveCompletions`.
   a miss).
 - **read**: a ``ram`` row's payload in place (the shared-memory mapping,
   validated, no copy); any other tier's through plain reads into one reusable
-  pre-faulted buffer; with either, the logits the row keeps (validated with
-  its TLV). A missing or damaged row is ``None`` (deleted and counted once by
-  the loader, forgotten by cache-meta).
+  pre-faulted buffer (:class:`~llamad.model.read_buffer.ReadBuffer`: sized
+  ahead of the reads, off the loop, from the largest row the view has seen in
+  a lookup or a save, in the device's host memory where it has one); with
+  either, the logits the row keeps (validated with its TLV). A missing or
+  damaged row is ``None`` (deleted and counted once by the loader, forgotten
+  by cache-meta).
 - **save**: to the configured tier, or with ``auto`` to the one cache-meta
   picks among the restore tiers (the fastest with room). Asynchronous
   reasons go to the writer pool and return at once
@@ -68,11 +71,12 @@ from llamad.cache.tiers import load_mapped_row, load_row
 from llamad.cache.writer import WriterPool
 from llamad.errors import LlamadError, RequestTimeout, Unavailable
 from llamad.llama_ffi.errors import Closed
-from llamad.llama_ffi.state import StateBuffer
+from llamad.llama_ffi.state import HostBufferType
 from llamad.model import identity
 from llamad.model.backend import PackedState
 from llamad.model.cache_view_config import CacheViewConfig
 from llamad.model.cache_view_protocol import CacheView, RowRead
+from llamad.model.read_buffer import ReadBuffer, ReadBufferStats
 from llamad.model.results import TokenSource, TokenSources
 from llamad.model.save_completions import Completed, SaveCompletions
 from llamad.model.savepoints import SaveJob
@@ -119,6 +123,10 @@ class ViewStats:
     remote_hits: int = 0
     remote_copies: int = 0
     """Rows found on the remote tier handed to the writer pool for a local copy."""
+
+
+_ROW_SLACK: Final = 64 << 10
+"""More than a row's header, namespace and alignment padding take."""
 
 
 def _releaser(state: PackedState, payload: memoryview | None) -> Callable[[], None]:
@@ -176,6 +184,7 @@ class ClientCacheView:
         probe: Callable[[], CacheClient] | None = None,
         remote: RemoteStore | None = None,
         align_tokens: int = 2048,
+        host_buffer: HostBufferType | None = None,
     ) -> None:
         self.config = config if config is not None else CacheViewConfig()
         # The shared remote tier (issue 20): asked after the local tiers, in
@@ -219,7 +228,8 @@ class ClientCacheView:
         self._probe_lock = threading.Lock()
         self._probe_stop = threading.Event()
         self._probe_thread: threading.Thread | None = None
-        self._buffer: StateBuffer | None = None
+        # Rows read by copy land here; sized ahead from the rows seen.
+        self._buffer = ReadBuffer(host=host_buffer)
         self._owned: list[Callable[[], None]] = []
         self._closed = False
         self.completions = SaveCompletions()
@@ -241,6 +251,7 @@ class ClientCacheView:
         clock: Callable[[], float] = time.monotonic,
         client_name: str = "model-worker",
         align_tokens: int = 2048,
+        host_buffer: HostBufferType | None = None,
     ) -> ClientCacheView:
         """A view over the cache ``settings`` describe: a client bounded by the
         config's lookup timeout, this process's counters row, and a writer pool."""
@@ -291,6 +302,7 @@ class ClientCacheView:
                 probe=probe,
                 remote=remote,
                 align_tokens=align_tokens,
+                host_buffer=host_buffer,
             )
         except BaseException:
             client.close()
@@ -393,6 +405,10 @@ class ClientCacheView:
             self.stats.lookup_failures += 1
             raise Unavailable(f"cache lookup failed: {exc!r}") from exc
         row = found.row
+        if row is not None:
+            # Any tier: a ram row read in place now may be demoted and read
+            # by copy later; its buffer is then ready.
+            self._buffer.note(row.file_size)
         if row is not None and row.tier not in self.restore_tiers:
             # cache-meta answers only the tiers asked for; this guards a
             # cache-meta that would not (it is never trusted with a restore).
@@ -568,7 +584,7 @@ class ClientCacheView:
                 self._count_logits(mapped.meta.logits)
                 yield RowRead(mapped.payload, mapped.meta.logits)
             return
-        buffer = self._read_buffer(row.file_size)
+        buffer = self._buffer.take(row.file_size)
         meta = load_row(tier, row.location, buffer.memory, self._counters)
         if meta is None:
             self._missed(row)
@@ -586,12 +602,14 @@ class ClientCacheView:
         if logits is not None:
             self.stats.reads_with_logits += 1
 
-    def _read_buffer(self, size: int) -> StateBuffer:
-        if self._buffer is None:
-            self._buffer = StateBuffer(max(size, 1))
-        else:
-            self._buffer.ensure(size)
-        return self._buffer
+    def read_buffer(self) -> ReadBufferStats:
+        """The buffer rows read by copy go through (see :class:`ReadBuffer`)."""
+        return self._buffer.stats()
+
+    def read_buffer_ready(self, timeout: float | None = None) -> bool:
+        """Whether the buffer asked for ahead is in place within ``timeout``
+        (loop thread; tests and benches)."""
+        return self._buffer.wait_ready(timeout)
 
     def _missed(self, row: RowRef) -> None:
         self.stats.read_misses += 1
@@ -624,6 +642,11 @@ class ClientCacheView:
                 logits=job.logits,
             )
             payload = state.view()
+            # The row's file will be about this large (payload, the tokens
+            # and logits it keeps, a header rounded up): its read buffer is
+            # made ready ahead of the turn that restores it.
+            logits_bytes = 0 if job.logits is None else 4 * job.logits.count
+            self._buffer.note(payload.nbytes + logits_bytes + 4 * len(job.tokens) + _ROW_SLACK)
         except Exception as exc:
             _releaser(state, payload)()
             log.warning("model.save_not_started", key=job.key.hex(), error=repr(exc))
@@ -759,9 +782,7 @@ class ClientCacheView:
         self._writer.close(wait=wait)
         left = self.completions.close()
         self._client.close()
-        if self._buffer is not None:
-            self._buffer.close()
-            self._buffer = None
+        self._buffer.close()
         for close in self._owned:
             close()
         self._owned = []

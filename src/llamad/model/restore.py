@@ -203,6 +203,8 @@ class Restorer:
         except (LlamadError, OSError) as exc:
             log.warning("model.lookup_failed", request_id=req.request_id, error=repr(exc))
             return None
+        finally:
+            req.lookup_ms += (self.clock() - started) * 1000.0
         if wait_s > 0 and req.waited_from is None and (lookup.resumed or lookup.inflight_key):
             req.waited_from = started  # the cache held the answer back for it
         return lookup
@@ -215,6 +217,7 @@ class Restorer:
         first ``covered`` tokens are the target's."""
         # Whatever happens next, the sequence no longer holds its old tokens.
         self.seqs.clear(slot)
+        started = self.clock()
         try:
             with self.cache.read(row) as got:
                 if got is None:
@@ -227,6 +230,8 @@ class Restorer:
             self.seqs.forget(slot)
             self.on_bad_row(row.key)
             return False, None
+        finally:
+            req.load_ms += (self.clock() - started) * 1000.0
         # Past `covered`, a diverging row holds tokens that are not the
         # target's: they are cut below, never read as the target's.
         tail = [-1] * max(0, row.n_tokens - covered)

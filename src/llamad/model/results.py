@@ -29,6 +29,7 @@ __all__ = [
     "EventKind",
     "FinishReason",
     "IdleEntry",
+    "ReadBufferStats",
     "Stats",
     "ThinkingEvent",
     "TokenEvent",
@@ -145,7 +146,10 @@ class Stats(msgspec.Struct, frozen=True):
     wait); ``wait_ms``: the part of it spent waiting, for a save of this
     prompt still in flight or for another request prefilling the prefix they
     share; ``prefill_ms``: until the first token's logits; ``generation_ms``:
-    from then to the end.
+    from then to the end. Of ``restore_ms``, ``lookup_ms`` went to the cache
+    lookups (a wait in them included) and ``load_ms`` to reading the row
+    (validated: its checksums) and unpacking it into the KV, the part a
+    copy of the row's bytes bounds from below (SPEC P1's floor).
     """
 
     prompt_tokens: int = 0
@@ -156,6 +160,8 @@ class Stats(msgspec.Struct, frozen=True):
     prefill_ms: float = 0.0
     generation_ms: float = 0.0
     wait_ms: float = 0.0
+    lookup_ms: float = 0.0
+    load_ms: float = 0.0
 
 
 class CacheMiss(msgspec.Struct, frozen=True):
@@ -298,6 +304,22 @@ class IdleEntry(msgspec.Struct, frozen=True, array_like=True):
     logits: bool = False
 
 
+class ReadBufferStats(msgspec.Struct, frozen=True):
+    """The cache view's buffer for rows read by copy (``ram_file``, ``disk``):
+    :mod:`llamad.model.read_buffer`."""
+
+    capacity: int
+    """Bytes of the buffer reads use now (0: none yet)."""
+    largest_seen: int
+    """The largest row (file bytes) the view has seen in a lookup or a save."""
+    prepared: int
+    """Buffers allocated ahead of the reads, off the loop."""
+    grows_on_read: int
+    """Reads that had to allocate (or grow) the buffer on their own path."""
+    kind: str
+    """``mmap`` (plain memory) or the host buffer type's name (``CUDA_Host``)."""
+
+
 class WorkerStatus(msgspec.Struct, frozen=True):
     """A snapshot for SPEC M10: what routers read without waiting on the loop."""
 
@@ -322,6 +344,8 @@ class WorkerStatus(msgspec.Struct, frozen=True):
     """Idle entries in all."""
     live_hits: int = 0
     """Requests since start that kept or shared live KV of another request."""
+    read_buffer: ReadBufferStats | None = None
+    """The cache view's read buffer (``None``: no cache, or a stand-in)."""
     namespace: bytes | None = None
     """The 65-byte namespace header this worker's keys are made under, with no
     salt (``None``: unknown). A router hashes prompts under it

@@ -28,7 +28,7 @@ from llamad.cache.prefix import PrefixIndex
 from llamad.cache.tier_kind import TierKind
 from llamad.model.backend import PackedState
 from llamad.model.cache_view_protocol import CacheView, RowRead
-from llamad.model.results import TokenSources
+from llamad.model.results import ReadBufferStats, TokenSources
 from llamad.model.savepoints import SaveJob
 
 __all__ = ["MemoryCache", "StoredRow"]
@@ -147,6 +147,9 @@ class MemoryCache:
     def checkin(self, pin: int | None) -> None:
         if pin is not None:
             del self.pins[pin]
+
+    def read_buffer(self) -> ReadBufferStats | None:
+        return None
 
     def save(self, job: SaveJob, state: PackedState) -> bool:
         try:

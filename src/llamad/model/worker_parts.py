@@ -34,7 +34,7 @@ from llamad.errors import ConfigError
 from llamad.model import identity
 from llamad.model.backend import Backend, PackedState
 from llamad.model.cache_view_protocol import CacheView, RowRead
-from llamad.model.results import TokenSources
+from llamad.model.results import ReadBufferStats, TokenSources
 from llamad.model.savepoints import SaveJob
 from llamad.model.status_board import LoadProgressWriter, load_progress_path
 from llamad.model.threads import ThreadGovernor
@@ -184,6 +184,7 @@ def llama_parts(spec: WorkerSpec) -> WorkerParts:
     # Imported here: loading libllama is this factory's business, not the shell's.
     from llamad.llama_ffi import Model  # noqa: PLC0415
     from llamad.llama_ffi.spin import spin_setting  # noqa: PLC0415
+    from llamad.llama_ffi.state import host_buffer_type  # noqa: PLC0415
     from llamad.llama_ffi.threadpool import worker_threadpool  # noqa: PLC0415
     from llamad.model.adapters import AdapterSet  # noqa: PLC0415
     from llamad.model.client_cache_view import ClientCacheView  # noqa: PLC0415
@@ -241,6 +242,11 @@ def llama_parts(spec: WorkerSpec) -> WorkerParts:
                 ctx,
                 config=spec.cache_view,
                 align_tokens=spec.worker.policy.boundary_align_tokens,
+                # Pinned memory on CUDA for rows read by copy; None (plain
+                # memory, as before) on a CPU build or a model kept on the CPU.
+                host_buffer=host_buffer_type(
+                    offloaded=spec.model.n_gpu_layers != 0, main_gpu=spec.model.main_gpu
+                ),
             )
             closers.append(_closer(view.close))
             cache, completions = view, view.completions
@@ -307,6 +313,9 @@ class NoCache:
 
     def checkin(self, pin: int | None) -> None:
         pass
+
+    def read_buffer(self) -> ReadBufferStats | None:
+        return None
 
     def save(self, job: SaveJob, state: PackedState) -> bool:
         state.release()

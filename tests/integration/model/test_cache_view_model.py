@@ -162,10 +162,18 @@ def test_a_state_restored_from_disk_after_its_ram_copy_is_evicted_continues_iden
         row = admin.lookup_exact(job.key, pin=False)
         assert row is not None and row.tier is TierKind.DISK
 
+        # The save told the view how large a row it will read: its buffer is
+        # allocated off the loop, ahead of the read.
+        assert view.read_buffer_ready(30)
+        ahead = view.read_buffer()
+        assert ahead.prepared == 1 and ahead.capacity >= packed.nbytes
         restored, readonly = restore_and_continue(model, view, target, packed)
         assert restored == packed.expected
         assert not readonly  # the view's own pre-faulted buffer, filled by plain reads
         assert view.stats.reads_copied == 1 and view.stats.reads_mapped == 0
+        # The read found it large enough: nothing allocated on its path.
+        after = view.read_buffer()
+        assert after.grows_on_read == 0 and after.capacity == ahead.capacity
         assert admin.status()["pins"] == 0
     finally:
         view.close()

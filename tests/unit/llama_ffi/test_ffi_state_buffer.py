@@ -6,6 +6,8 @@ import pytest
 
 from llamad.errors import BadRequest
 from llamad.llama_ffi import PAGE_SIZE, Closed, StateBuffer, prefault
+from llamad.llama_ffi.native import lib
+from llamad.llama_ffi.state import HostBufferType, host_buffer_type
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -58,3 +60,38 @@ def test_prefault_preserves_contents() -> None:
 def test_prefault_needs_writable_memory() -> None:
     with pytest.raises(BadRequest):
         prefault(b"read only")
+
+
+# -- host buffers of a device (issue 21) ------------------------------------------------------
+
+
+def test_a_cpu_build_has_no_host_buffer_type_so_buffers_stay_plain_mappings() -> None:
+    # The CPU device has no host buffer type: every StateBuffer is the
+    # anonymous pre-faulted mapping, as before host buffers existed.
+    assert host_buffer_type(offloaded=True) is None
+    assert host_buffer_type(offloaded=False) is None
+    with StateBuffer(PAGE_SIZE) as buf:
+        assert buf.kind == "mmap"
+
+
+def test_a_buffer_from_a_host_buffer_type_is_usable_and_grows_and_frees() -> None:
+    # The same calls a CUDA host buffer type (pinned memory) goes through,
+    # with ggml's plain CPU buffer type, the one this build has.
+    host = HostBufferType(lib.ggml_backend_cpu_buffer_type())
+    buf = StateBuffer(PAGE_SIZE + 1, host=host)
+    assert buf.kind == host.name == "CPU"
+    assert buf.capacity >= 2 * PAGE_SIZE and len(buf.memory) == buf.capacity
+    buf.memory[:5] = b"hello"
+    view = buf.view(5)
+    assert bytes(view) == b"hello"
+    view.release()
+    assert buf.grows == 0
+    buf.ensure(buf.capacity)
+    assert buf.grows == 0
+    buf.ensure(10 * PAGE_SIZE)
+    assert buf.grows == 1 and buf.capacity >= 10 * PAGE_SIZE
+    buf.memory[-1:] = b"x"
+    buf.close()
+    assert buf.capacity == 0
+    with pytest.raises(Closed):
+        _ = buf.memory
