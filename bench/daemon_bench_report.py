@@ -57,6 +57,9 @@ KNOWN_STATS = frozenset(
         "prefill_ms",
         "generation_ms",
         "wait_ms",
+        # Parts of restore_ms (issue 21), broken down by the peers report.
+        "lookup_ms",
+        "load_ms",
     }
 )
 

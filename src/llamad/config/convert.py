@@ -78,8 +78,10 @@ PERMITS_FILE: Final = "cache-permits"
 _CONTEXT_KEYS: Final = tuple(
     f.name for f in dataclasses.fields(ContextOptions) if f.name != "kv_unified"
 )
+# Not configured: ``vocab_only`` (a worker needs weights) and ``repack`` (off
+# only under ``deterministic``: WorkerSpec.load_options).
 _MODEL_OPTION_KEYS: Final = tuple(
-    f.name for f in dataclasses.fields(ModelOptions) if f.name != "vocab_only"
+    f.name for f in dataclasses.fields(ModelOptions) if f.name not in ("vocab_only", "repack")
 )
 _POLICY_KEYS: Final = tuple(f.name for f in dataclasses.fields(CachePolicy))
 _GOVERNOR_KEYS: Final = tuple(f.name for f in fields_of(ModelThreads))

@@ -469,7 +469,8 @@ def test_model_defaults_are_the_worker_classes_defaults() -> None:
     context, options, worker = ContextOptions(), ModelOptions(), WorkerConfig(n_ctx=4096)
     for cls, instance in ((ContextOptions, context), (ModelOptions, options)):
         for f in dataclasses.fields(cls):
-            if f.name in ("n_threads", "n_threads_batch", "kv_unified", "vocab_only"):
+            # Not configured: repack is off only under deterministic (load_options).
+            if f.name in ("n_threads", "n_threads_batch", "kv_unified", "vocab_only", "repack"):
                 continue
             assert defaults[f.name] == _plain(getattr(instance, f.name)), f.name
     for name in ("n_batch", "n_seq_max", "max_queue", "strategy", "miss_window"):
@@ -508,7 +509,8 @@ def test_cache_and_security_defaults_are_the_daemons_classes() -> None:
 
 NOT_KEYS = {
     ContextOptions: {"kv_unified"},  # always on: any sequence may restore any row
-    ModelOptions: {"vocab_only"},  # a served model needs its weights
+    # a served model needs its weights; repack is off only under deterministic
+    ModelOptions: {"vocab_only", "repack"},
     WorkerConfig: {"policy", "thinking", "tool_call"},  # tables of their own
 }
 
