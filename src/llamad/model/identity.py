@@ -311,11 +311,28 @@ def namespace(
     base = base_fingerprint(model, mode, supplied=supplied)
     # A zero scale keeps an adapter listed but out of the graph (the outputs
     # are the base model's), so it must not split the cache.
-    active = [(adapter.sha256, scale) for adapter, scale in ctx.adapters if scale != 0.0]
-    layout = ctx_params_hash(**_context_params(ctx))  # type: ignore[arg-type]
+    active = tuple((adapter.sha256, scale) for adapter, scale in ctx.adapters if scale != 0.0)
+    params = _context_params(ctx)
+    built = build if build is not None else _loaded_build()
+    # Every input, as plain values: the four sha256s below are what a call
+    # costs, and the worker asks on every status publish (once per decode step).
+    memo = (base, active, tuple(params.items()), model.ftype, built.digest, salt)
+    known = _NAMESPACES.get(memo)
+    if known is not None:
+        return known
+    layout = ctx_params_hash(**params)  # type: ignore[arg-type]
     shared = Namespace(
         fingerprint=effective_fingerprint(base, active),
         quant=quant_byte(model.ftype),
-        ctx_hash=with_build(layout, build if build is not None else _loaded_build()),
+        ctx_hash=with_build(layout, built),
     )
-    return salted(shared, salt)
+    result = salted(shared, salt)
+    if len(_NAMESPACES) >= _NAMESPACES_KEPT:
+        _NAMESPACES.clear()  # tenants' salts come and go: never grow without bound
+    _NAMESPACES[memo] = result
+    return result
+
+
+_NAMESPACES_KEPT: Final = 256
+_NAMESPACES: dict[tuple[object, ...], Namespace] = {}
+"""namespace()'s answers by their inputs (a Namespace is immutable)."""

@@ -115,9 +115,14 @@ class RequestMetrics:
         self.prompt_tokens: dict[str, int] = dict.fromkeys(TokenSources().as_dict(), 0)
         self.generation_tokens = 0
         self.histograms = {name: Histogram(bounds) for name, bounds in BUCKETS.items()}
+        self.changes = 0
+        """Counts every change but a token's (a request resolved, finished,
+        failed or refused): the worker publishes fresh counts at once when it
+        moved, and a token's counts on a slower cadence mid-decode."""
 
     def resolved(self, kind: CacheHitKind, sources: TokenSources) -> None:
         """A request found its start: how (``kind``) and where its prompt came from."""
+        self.changes += 1
         self.cache_hits[kind.value] += 1
         for source, n in sources.as_dict().items():
             self.prompt_tokens[source] += n
@@ -138,17 +143,20 @@ class RequestMetrics:
         now: float,
     ) -> None:
         """A request ended ``done`` (cancelled included)."""
+        self.changes += 1
         self.outcomes[reason.value] += 1
         self.histograms["e2e"].observe(max(0.0, now - submitted_at))
         self._queued(submitted_at, admitted_at, now)
 
     def failed(self, submitted_at: float, admitted_at: float | None, now: float) -> None:
         """A request ended ``error`` after it was admitted."""
+        self.changes += 1
         self.outcomes["error"] += 1
         self._queued(submitted_at, admitted_at, now)
 
     def refused(self) -> None:
         """A request was answered with an error before it was admitted."""
+        self.changes += 1
         self.outcomes["refused"] += 1
 
     def _queued(self, submitted_at: float, admitted_at: float | None, now: float) -> None:

@@ -34,6 +34,7 @@ process's first write half done either.
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import struct
 import time
@@ -90,6 +91,14 @@ class StatusBoard:
                 tmp.unlink()
             raise
         self._fd: int | None = fd
+        # Written through a shared mapping: three stores instead of three
+        # pwrite calls on every publish (once per decode step); readers'
+        # pread sees the same page-cache pages.
+        try:
+            self._map = mmap.mmap(fd, SLOT_BYTES)
+        except BaseException:
+            os.close(fd)
+            raise
         self._seq = 0
 
     def publish(self, snapshot: WorkerSnapshot) -> None:
@@ -99,15 +108,17 @@ class StatusBoard:
         payload = _ENCODER.encode(snapshot)
         if len(payload) > SLOT_BYTES - _HEAD.size:
             raise ValueError(f"status snapshot of {len(payload)} bytes does not fit the slot")
+        view = self._map
         self._seq += 1
-        os.pwrite(fd, _SEQ.pack(self._seq), 0)
-        os.pwrite(fd, payload, _HEAD.size)
+        _SEQ.pack_into(view, 0, self._seq)
+        view[_HEAD.size : _HEAD.size + len(payload)] = payload
         self._seq += 1
-        os.pwrite(fd, _HEAD.pack(self._seq, len(payload), zlib.crc32(payload)), 0)
+        _HEAD.pack_into(view, 0, self._seq, len(payload), zlib.crc32(payload))
 
     def close(self, *, remove: bool = False) -> None:
         """Stop publishing; ``remove`` deletes the file (a clean stop)."""
         if self._fd is not None:
+            self._map.close()
             os.close(self._fd)
             self._fd = None
             if remove:

@@ -68,6 +68,7 @@ class ThreadBoard:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             self.slots = self._init(fd, slots)
+            self._times = struct.Struct(f"<{self.slots}d")
             size = _HEADER.size + self.slots * _SLOT.size
             self._map = mmap.mmap(fd, size)
         except BaseException:
@@ -124,16 +125,15 @@ class ThreadBoard:
             mine = 1 if self._until >= now else 0
             if self._map.closed:
                 return mine
-            times = struct.unpack_from(f"<{self.slots}d", self._map, _HEADER.size)
+            times = self._times.unpack_from(self._map, _HEADER.size)
+            # Asked before every decode step: the marks still standing first
+            # (one pass in C over the slots), the lock test only for those.
+            standing = [i for i, until in enumerate(times) if until >= now]
             others = 0
-            for i, until in enumerate(times):
+            for i in standing:
                 # A mark left by a worker that died mid-step is stale at once:
                 # nobody holds its slot any more.
-                if (
-                    i != self.slot
-                    and until >= now
-                    and range_locked(self._fd, self._offset(i), _SLOT.size)
-                ):
+                if i != self.slot and range_locked(self._fd, self._offset(i), _SLOT.size):
                     others += 1
             return mine + others
 

@@ -309,7 +309,7 @@ class ThreadGovernor:
         self._explorations = 0
         self._explorations_kept = 0
         self._last: _Collapse | None = None
-        self._snapshot = self._build_snapshot()
+        self._snapshot: ThreadStatus | None = self._build_snapshot()
 
     # -- the two calls around a decode ------------------------------------------
 
@@ -344,7 +344,7 @@ class ThreadGovernor:
             self._since_switch = 0
         self._pending = threads
         self._threads = threads
-        self._snapshot = self._build_snapshot()
+        self._snapshot = None  # built when status() asks (a step asks twice, status once)
         return threads
 
     def record(self, rows: int, seconds: float, kv_cells: int = 0) -> None:
@@ -377,7 +377,7 @@ class ThreadGovernor:
                 # threads starting) would make it look slower than it is.
                 self._samples(threads, shape).append(float(seconds))
         self._since_switch += 1
-        self._snapshot = self._build_snapshot()
+        self._snapshot = None
 
     def abandon(self) -> None:
         """The step :meth:`threads_for` was asked about ended without a time to
@@ -400,6 +400,8 @@ class ThreadGovernor:
     def status(self) -> ThreadStatus:
         """A snapshot for the worker's ``status`` (ages computed now)."""
         snap = self._snapshot
+        if snap is None:
+            snap = self._snapshot = self._build_snapshot()
         last = self._last
         now = self._clock()
         report = (

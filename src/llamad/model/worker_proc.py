@@ -52,6 +52,7 @@ from llamad.model.observed_backend import ObservedBackend
 from llamad.model.planner import BatchPlan
 from llamad.model.results import Event, TokenEvent
 from llamad.model.status_board import StatusBoard, Throughput, WorkerSnapshot, status_path
+from llamad.model.wire import WorkerMetrics
 from llamad.model.worker_ops import WorkerOps
 from llamad.model.worker_parts import WorkerParts, build_parts
 from llamad.model.worker_spec import WorkerSpec, apply_numerics
@@ -66,6 +67,13 @@ INTERRUPT_PROBE_S: Final = 0.003
 actor's socket and fds from the abort check: ~20 us on this loaded 2-core
 machine), once it has run 10 ms (``Context.set_abort_probe``'s ``first_s``):
 a one-row generation step pays for none."""
+
+METRICS_EVERY_S: Final = 0.25
+"""Mid-decode, a token's counts (``generation_tokens``, the TTFT and
+inter-token histograms) are published at most this often: building and
+encoding them cost ~11 us of every ~10 ms step. A request's outcome, cache
+hit or prompt sources, and every count once no decode follows, go out at
+once (:meth:`WorkerProcess.snapshot`)."""
 
 HUNG_FACTOR: Final = 1.5
 """A decode is stopped at ``decode_timeout_ms``; a tick still busy at this
@@ -137,6 +145,9 @@ class WorkerProcess:
             self.parts.close()
             raise
         self.board: StatusBoard | None = None
+        self._metrics: WorkerMetrics | None = None
+        self._metrics_changes = -1
+        self._metrics_taken = 0.0
         self._seq = 0
         self._last_tick_ms = 0.0
         self._tick_started: float | None = None
@@ -157,8 +168,12 @@ class WorkerProcess:
 
     # -- status (SPEC M10) -------------------------------------------------------------
 
-    def snapshot(self) -> WorkerSnapshot:
-        """The worker as it stands now (what :meth:`_publish` writes)."""
+    def snapshot(self, *, decoding: bool = False) -> WorkerSnapshot:
+        """The worker as it stands now (what :meth:`_publish` writes).
+
+        ``decoding``: published just before a decode, with more to follow;
+        the request metrics are then the last ones taken unless a request
+        changed them since or they are :data:`METRICS_EVERY_S` old."""
         now = self.clock()
         generated, rows = self.throughput.rates(now)
         governor = self.parts.threads
@@ -179,18 +194,32 @@ class WorkerProcess:
             spin=spin_setting(),
             last_request_at=self.ops.last_request_at,
             tokenizing=self.ops.text_jobs.waiting,
-            metrics=self.core.metrics.snapshot(),
+            metrics=self._metrics_at(now, fresh=not decoding),
         )
 
-    def _publish(self) -> None:
+    def _metrics_at(self, now: float, *, fresh: bool) -> WorkerMetrics:
+        metrics = self.core.metrics
+        kept = self._metrics
+        if (
+            fresh
+            or kept is None
+            or metrics.changes != self._metrics_changes
+            or now - self._metrics_taken >= METRICS_EVERY_S
+        ):
+            kept = self._metrics = metrics.snapshot()
+            self._metrics_changes = metrics.changes
+            self._metrics_taken = now
+        return kept
+
+    def _publish(self, *, decoding: bool = False) -> None:
         self._owed = False
         if self.board is not None:
-            self.board.publish(self.snapshot())
+            self.board.publish(self.snapshot(decoding=decoding))
 
     def _before_decode(self, plan: BatchPlan) -> None:
         # The batch is admitted and planned: readers see it while it decodes.
         self._tick_started = self.clock()
-        self._publish()
+        self._publish(decoding=True)
         slots = self.core.slots
         self._in_batch = [
             owner for span in plan.spans if (owner := slots[span.seq].owner) is not None

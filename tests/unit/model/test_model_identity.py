@@ -294,3 +294,35 @@ def test_a_salt_keeps_the_build(fake_model: FakeModel) -> None:
         ns = namespace(ctx, build=build)
         assert _namespace(ctx, "safe", salt=b"t", build=build) == salted(ns, b"t")
         assert salted(ns, b"t").ctx_hash == ns.ctx_hash
+
+
+def test_a_namespace_asked_again_is_not_hashed_again_and_any_change_is(
+    fake_model: FakeModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker asks on every status publish (once per decode step): the
+    same live context answers from memory, and an adapter, a salt or a size
+    that changed is hashed anew."""
+    from llamad.model import identity  # noqa: PLC0415
+
+    calls: list[int] = []
+    real = identity.ctx_params_hash
+
+    def counting(**params: Any) -> bytes:
+        calls.append(1)
+        return real(**params)
+
+    monkeypatch.setattr(identity, "ctx_params_hash", counting)
+    monkeypatch.setattr(identity, "_NAMESPACES", {})
+    opts = _opts(n_ctx=1536)
+    ctx = FakeContext(fake_model, opts)
+    first = namespace(ctx)
+    assert namespace(ctx) is first
+    assert len(calls) == 1
+    a = FakeAdapter("memo")
+    ctx.adapters = ((a, 1.0),)
+    assert namespace(ctx).fingerprint == effective_fingerprint(first.fingerprint, [(a.sha256, 1.0)])
+    ctx.adapters = ()
+    assert namespace(ctx, salt=b"t") == salted(first, b"t")
+    ctx.n_ctx = 2048
+    assert namespace(ctx).ctx_hash != first.ctx_hash
+    assert len(calls) == 4

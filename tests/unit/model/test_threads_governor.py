@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import msgspec
 import pytest
@@ -667,3 +668,28 @@ def test_record_refuses_nonsense(rows: object, seconds: object, kv_cells: object
 def test_threads_for_refuses_an_empty_step_or_negative_cells(rows: int, kv_cells: int) -> None:
     with pytest.raises(ValueError):
         governor(Clock()).threads_for(rows, kv_cells)
+
+
+def test_a_step_builds_no_status_and_status_shows_the_last_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The two calls around every decode leave the status to be built when
+    asked (the worker asks once per step, at its publish), from the state the
+    step left."""
+    clock = Clock()
+    gov = governor(clock, max_threads=2, cores=2)
+    built: list[int] = []
+    real = ThreadGovernor._build_snapshot
+
+    def counting(self: ThreadGovernor) -> Any:
+        built.append(1)
+        return real(self)
+
+    monkeypatch.setattr(ThreadGovernor, "_build_snapshot", counting)
+    for _ in range(3):
+        step(gov, clock, 10 * MS)
+    assert built == []
+    status = gov.status()
+    assert (status.threads, status.busy_workers, status.budget) == (2, 1, 2)
+    assert gov.status() == status
+    assert built == [1]

@@ -104,3 +104,72 @@ def test_a_snapshot_left_to_the_next_tick_is_published_even_if_that_tick_is_idle
     after = board.snapshots[-1]
     assert after is not during
     assert after.busy_since is None
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_token_counts_go_out_on_a_cadence_mid_decode_and_fresh_once_it_stops() -> None:
+    """Mid-decode, a token's counts (generation_tokens, TTFT and inter-token
+    histograms) ride along with the last ones taken until METRICS_EVERY_S has
+    passed; a request's outcome goes out at once, and the publish after the
+    last decode carries every count (what /metrics and counters() read)."""
+    from llamad.model.worker_proc import METRICS_EVERY_S  # noqa: PLC0415
+
+    root = Path(tempfile.mkdtemp(prefix="lwp-", dir="/tmp"))
+    spec = WorkerSpec(
+        model_id="stub",
+        model_path="/nonexistent/stub.gguf",
+        context=ContextOptions(
+            n_ctx=256, n_batch=32, n_seq_max=2, n_ubatch=32, kv_unified=True, n_threads=1
+        ),
+        worker=WorkerConfig(
+            n_ctx=256, n_batch=32, n_seq_max=2, max_queue=4, policy=CachePolicy(min_tokens=4)
+        ),
+        registry_root=str(root),
+        parts="stub_worker_parts:stub_parts",
+    )
+    clock = ManualClock()
+    proc = WorkerProcess(spec, clock=clock)
+    proc.actor.start()
+    try:
+        board = RecordingBoard()
+        proc.board = board  # type: ignore[assignment]
+        proc.core.submit("r", [1, 2, 3, 4, 5], RequestParams(max_tokens=8, temperature=0.0))
+        mid: list[int] = []
+        while proc.core.requests:
+            before = len(board.snapshots)
+            report = proc.step(0.0)
+            if report.batch and proc.core.has_work():
+                mid += [s.metrics.generation_tokens for s in board.snapshots[before:] if s.metrics]
+        # The clock stood still: every mid-decode snapshot kept the counts of
+        # the first (taken when the request resolved, before its first token).
+        assert len(mid) >= 6 and set(mid) == {0}
+        last = board.snapshots[-1].metrics
+        assert last is not None and last == proc.core.metrics.snapshot()
+        assert last.generation_tokens == 8 and last.outcomes["length"] == 1
+
+        proc.core.submit("s", [1, 2, 3, 4, 6], RequestParams(max_tokens=8, temperature=0.0))
+        seen: list[tuple[int, int]] = []
+        while proc.core.requests:
+            clock.now += METRICS_EVERY_S
+            before = len(board.snapshots)
+            report = proc.step(0.0)
+            if report.batch and proc.core.has_work():
+                published = board.snapshots[before:]
+                assert published and published[0].metrics is not None
+                # Taken just before this tick's decode: every token so far.
+                seen.append(
+                    (published[0].metrics.generation_tokens, proc.core.metrics.generation_tokens)
+                )
+        assert len(seen) >= 6
+        assert all(at_publish in (now, now - 1) for at_publish, now in seen)
+        assert seen[-1][0] > 8
+    finally:
+        proc.actor.close()
+        proc.parts.close()

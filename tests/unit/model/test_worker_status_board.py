@@ -150,3 +150,19 @@ def test_throughput_forgets_ticks_older_than_the_window() -> None:
     t.add(104.0, generated=2, decoded=2)
     assert t.rates(106.0) == pytest.approx((1.0, 1.0))  # only the tick at 104 is left
     assert t.rates(110.0) == (0.0, 0.0)
+
+
+def test_a_publish_makes_no_write_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop publishes once per decode step: through the board's mapping,
+    not three ``pwrite`` calls; a reader's ``pread`` sees it all the same."""
+    path = status_path(tmp_path, "model.m")
+    board = StatusBoard(path)
+
+    def refused(*args: object) -> int:
+        raise AssertionError("publish called pwrite")
+
+    monkeypatch.setattr(os, "pwrite", refused)
+    board.publish(snap(1))
+    board.publish(snap(2, pending=1))
+    assert read_status(path) == snap(2, pending=1)
+    board.close(remove=True)
