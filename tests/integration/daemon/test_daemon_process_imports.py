@@ -203,3 +203,29 @@ def test_no_daemon_process_reads_package_metadata(
     assert expected <= set(imports_by_process), sorted(imports_by_process)
     loaded = {p: _heavy(imports_by_process[p], PACKAGE_METADATA) for p in sorted(expected)}
     assert loaded == {p: [] for p in sorted(expected)}
+
+
+#: OpenSSL's hashing (libcrypto, ~4 MB resident): ``secrets`` and ``hmac``
+#: bring it with ``hashlib``. The root and the front never hash (the cache's
+#: keys and fingerprints are the workers' and cache-meta's), so neither loads
+#: it, even while serving and stopping.
+OPENSSL_HASHING = frozenset({"hashlib", "_hashlib", "secrets", "hmac"})
+
+
+def test_the_root_and_the_front_load_no_openssl_hashing(
+    imports_by_process: dict[str, set[str]],
+) -> None:
+    expected = {"root", "front"}
+    assert expected <= set(imports_by_process), sorted(imports_by_process)
+    loaded = {p: _heavy(imports_by_process[p], OPENSSL_HASHING) for p in sorted(expected)}
+    assert loaded == {p: [] for p in sorted(expected)}
+
+
+def test_only_cache_meta_imports_cache_metas_index(
+    imports_by_process: dict[str, set[str]],
+) -> None:
+    assert "llamad.cache.meta" in imports_by_process["cache-meta"]
+    others = sorted(set(imports_by_process) - {"cache-meta"})
+    assert {p: "llamad.cache.meta" in imports_by_process[p] for p in others} == dict.fromkeys(
+        others, False
+    )
