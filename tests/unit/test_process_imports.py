@@ -29,6 +29,17 @@ ENTRIES = {
     "llamad.model.worker_proc": True,
 }
 OPENSSL_HASHING = frozenset({"hashlib", "_hashlib", "secrets", "hmac"})
+#: Imported by the first request that needs them (a chat, a JSON schema, a
+#: pressure sample), never by an entry module.
+ON_FIRST_USE = frozenset(
+    {
+        "jinja2",
+        "llamad.llama_ffi.chat_template",
+        "llamad.llama_ffi.tool_calls",
+        "llamad.llama_ffi.json_schema",
+        "psutil",
+    }
+)
 
 
 def _imports(entry: str) -> set[str]:
@@ -53,5 +64,6 @@ def test_an_entry_imports_neither_cache_metas_index_nor_hashing_it_does_not_do(
     loaded = _imports(entry)
     assert entry in loaded
     assert "llamad.cache.meta" not in loaded
+    assert ON_FIRST_USE & loaded == set()
     if not ENTRIES[entry]:
         assert OPENSSL_HASHING & loaded == set()

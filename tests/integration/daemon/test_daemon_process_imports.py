@@ -229,3 +229,25 @@ def test_only_cache_meta_imports_cache_metas_index(
     assert {p: "llamad.cache.meta" in imports_by_process[p] for p in others} == dict.fromkeys(
         others, False
     )
+
+
+#: What a worker imports on its first request that needs it, not before
+#: (SPEC P9): this daemon's worker served one text completion. The chat
+#: modules (jinja2's sandbox, the tool-call parsers) come with the first chat
+#: request, the JSON-schema converter with the first schema, psutil with the
+#: pressure poller's first sample (cache-meta's, off by default).
+LAZY_IN_A_WORKER = frozenset(
+    {
+        "jinja2",
+        "llamad.llama_ffi.chat_template",
+        "llamad.llama_ffi.tool_calls",
+        "llamad.llama_ffi.json_schema",
+        "psutil",
+    }
+)
+
+
+def test_a_worker_asked_for_text_only_has_imported_no_chat_schema_or_psutil(
+    imports_by_process: dict[str, set[str]],
+) -> None:
+    assert _heavy(imports_by_process["model.m"], LAZY_IN_A_WORKER) == []
