@@ -4,7 +4,7 @@ Read from the source, not from a running process, so an import inside a
 function counts as much as one at the top (only ``TYPE_CHECKING`` blocks,
 which never run, are left out). A package imports only from the floors below
 its own; two packages on one floor do not import each other. The top-level
-modules (``errors``, ``paths``, ``logs``, ``_pins``, ``_lazy``) are the ground
+modules (``errors``, ``paths``, ``logs``, ``_pins``, ``_lazy``, ``_heap``) are the ground
 floor; the public face (``llamad/__init__``, whose names come from every
 floor) is the top. A module-level import loop may not join files of two packages either.
 """
@@ -22,7 +22,7 @@ SRC = Path(llamad.__file__).resolve().parent
 
 #: Bottom to top. Each line may import from the lines above it only.
 FLOORS: tuple[frozenset[str], ...] = (
-    frozenset({"llamad"}),  # errors, paths, logs, _pins, _lazy, the face
+    frozenset({"llamad"}),  # errors, paths, logs, _pins, _lazy, _heap, the face
     frozenset({"llama_ffi", "actors", "kv_events"}),
     frozenset({"supervisor"}),
     frozenset({"cache"}),

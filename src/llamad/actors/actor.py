@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import select
 import signal
 import threading
@@ -277,7 +276,9 @@ class Actor:
             raise RuntimeError(f"actor {self.name!r} is {self._state}, cannot start")
         self._pid = os.getpid()
         self._forks = FORKS[0]
-        self.instance = secrets.token_hex(8)
+        # os.urandom is what secrets.token_hex reads; ``secrets`` would bring
+        # hmac and OpenSSL's libcrypto (~4-6 MB resident in every process, P9).
+        self.instance = os.urandom(8).hex()
         registry = self._registry
         if self._register and registry is None:
             registry = self._registry = Registry()

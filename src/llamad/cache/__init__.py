@@ -34,7 +34,8 @@ if TYPE_CHECKING:
     )
     from llamad.cache.kvc import KvcMeta, KvcSpec, SaveReason, parse, parse_meta, write_kvc
     from llamad.cache.lookup import HitKind, Lookup, LookupPolicy, RowRef
-    from llamad.cache.meta import CacheMeta, MetaConfig
+    from llamad.cache.meta import CacheMeta
+    from llamad.cache.meta_config import MetaConfig
     from llamad.cache.meta_wire import GcResult
     from llamad.cache.policy import (
         CachePolicy,
@@ -86,10 +87,8 @@ __getattr__, __dir__ = lazy_face(
             "RowRef",
         ),
         "llamad.cache.meta_wire": ("GcResult",),
-        "llamad.cache.meta": (
-            "CacheMeta",
-            "MetaConfig",
-        ),
+        "llamad.cache.meta": ("CacheMeta",),
+        "llamad.cache.meta_config": ("MetaConfig",),
         "llamad.cache.policy": (
             "CachePolicy",
             "cold_save_split",

@@ -17,7 +17,7 @@ them alone because they describe state, not history.
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import mmap
 import os
 import struct
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Final, Protocol
 
 from llamad.cache.errors import CacheError, InvalidCacheValue
+from llamad.cache.key import sha256
 from llamad.cache.oslocks import try_lock_range
 
 COUNTERS: Final = (
@@ -100,7 +101,16 @@ _LINE: Final = 64
 DEFAULT_ROWS: Final = 256
 _SLOT_OF: Final = {name: i for i, name in enumerate(COUNTERS)}
 _GAUGE_OF: Final = {name: i for i, name in enumerate(GAUGES)}
-_NAMES_DIGEST: Final = hashlib.sha256("\n".join(NAMES).encode()).digest()[:8]
+
+
+@functools.cache
+def _names_digest() -> bytes:
+    """The layout check in the header: the first 8 bytes of sha256 of the names.
+
+    Computed when a file is created or attached, not at import: the root
+    imports this module without ever opening the file, and hashing loads
+    OpenSSL's libcrypto (SPEC P9)."""
+    return sha256("\n".join(NAMES).encode()).digest()[:8]
 
 
 class CounterAdd(Protocol):
@@ -192,7 +202,7 @@ class Counters:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
             os.ftruncate(fd, size)
-            header = _HEADER.pack(_MAGIC, _VERSION, len(NAMES), rows, _stride(), _NAMES_DIGEST)
+            header = _HEADER.pack(_MAGIC, _VERSION, len(NAMES), rows, _stride(), _names_digest())
             os.pwrite(fd, header, 0)
         finally:
             os.close(fd)
@@ -220,7 +230,7 @@ class Counters:
                 _VERSION,
                 len(NAMES),
                 _stride(),
-                _NAMES_DIGEST,
+                _names_digest(),
             )
             if not layout_ok or size != _HEADER_SIZE + (2 + rows) * stride:
                 raise CountersUnavailable(f"{path} has another counters layout")

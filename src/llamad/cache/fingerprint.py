@@ -8,7 +8,6 @@ reads is checked against the file size so a damaged or hostile file raises
 
 from __future__ import annotations
 
-import hashlib
 import os
 import struct
 from typing import BinaryIO, Final
@@ -30,6 +29,8 @@ _MAX_DIMS: Final = 8
 def file_sha256(path: str | os.PathLike[str]) -> bytes:
     """sha256 of a whole file, streamed (the ``safe`` fingerprint)."""
     try:
+        import hashlib  # noqa: PLC0415  (libcrypto only where a file is hashed: SPEC P9)
+
         with open(path, "rb") as f:
             return hashlib.file_digest(f, "sha256").digest()
     except OSError as exc:
@@ -152,6 +153,8 @@ def gguf_chunked_sha256(path: str | os.PathLike[str]) -> bytes:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             data_start, first, end = _locate(f, size)
+            import hashlib  # noqa: PLC0415  (libcrypto only where a file is hashed: SPEC P9)
+
             h = hashlib.sha256(_CHUNKED_DOMAIN)
             for start, stop in ((0, data_start), (first, end)):
                 f.seek(start)

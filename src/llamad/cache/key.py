@@ -9,7 +9,6 @@ same token ids.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import struct
@@ -18,10 +17,13 @@ from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Final, TypeAlias
+from typing import TYPE_CHECKING, Final, TypeAlias
 
 from llamad.cache.errors import FingerprintMismatch, InvalidCacheValue
 from llamad.cache.fingerprint import file_sha256, gguf_chunked_sha256
+
+if TYPE_CHECKING:
+    from hashlib import _Hash
 
 KEY_LEN: Final = 32
 FINGERPRINT_LEN: Final = 32
@@ -150,10 +152,22 @@ def _check_digest(field: str, value: object, length: int) -> bytes:
     return bytes(value)
 
 
+def sha256(data: bytes = b"") -> _Hash:
+    """``hashlib.sha256(data)``, with :mod:`hashlib` imported on the first key.
+
+    ``hashlib`` loads OpenSSL's libcrypto (~4 MB resident); the root and the
+    front import this module for its constants and types only and never hash
+    (SPEC P9). OpenSSL's sha256 stays: on a long prompt it is ~7x CPython's own.
+    """
+    import hashlib  # noqa: PLC0415  (deferred: see above)
+
+    return hashlib.sha256(data)
+
+
 def row_key(header: bytes, tokens: bytes | memoryview) -> bytes:
     """The key of ``tokens`` (u32 LE bytes) under a 65-byte :meth:`Namespace.header`."""
     # Hash in two steps: concatenating would copy a whole prompt first.
-    h = hashlib.sha256(header)
+    h = sha256(header)
     h.update(tokens)
     return h.digest()
 
@@ -198,7 +212,7 @@ class Namespace:
             if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= n_tokens:
                 raise InvalidCacheValue("lengths", f"{n!r} is not in [0, {n_tokens}]")
         view = memoryview(data)
-        state = hashlib.sha256(self.header())
+        state = sha256(self.header())
         done = 0
         by_length: dict[int, bytes] = {}
         for n in sorted(set(wanted)):
@@ -290,7 +304,7 @@ def ctx_params_hash(
         ("yarn_ext_factor", _f32_bits("yarn_ext_factor", yarn_ext_factor)),
         ("yarn_orig_ctx", struct.pack("<I", _int_in("yarn_orig_ctx", yarn_orig_ctx, 0, 2**32))),
     ]
-    h = hashlib.sha256(_CTX_HASH_DOMAIN)
+    h = sha256(_CTX_HASH_DOMAIN)
     for name, value in fields:
         h.update(name.encode() + b"=" + value + b"\x00")
     return h.digest()
@@ -326,7 +340,7 @@ def effective_fingerprint(base: bytes, adapters: Iterable[tuple[bytes, float]]) 
     )
     if not folded:
         return base
-    h = hashlib.sha256(_ADAPTER_DOMAIN + base)
+    h = sha256(_ADAPTER_DOMAIN + base)
     for digest, units in folded:
         h.update(digest + struct.pack("<q", units))
     return h.digest()

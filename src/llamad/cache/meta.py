@@ -50,10 +50,9 @@ use them all live here.
 
 from __future__ import annotations
 
-import secrets
+import os
 import time
-from collections.abc import Callable, Container, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Container, Iterable, Sequence
 from typing import Any, Final, Protocol
 
 import structlog
@@ -72,11 +71,11 @@ from llamad.cache.kvc import MAX_TOKENS, KvcMeta, SaveReason
 from llamad.cache.lookup import (
     HitKind,
     Lookup,
-    LookupPolicy,
     RestorePlan,
     RowRef,
     choose_restore,
 )
+from llamad.cache.meta_config import MetaConfig
 from llamad.cache.meta_wire import GcResult
 from llamad.cache.moves import MoveJob, MoveKind, MoveResult, MoveTable
 from llamad.cache.pins import PinTable
@@ -150,49 +149,6 @@ class CopyObserver(Protocol):
     def copy_dropped(self, row: Row, tier: TierKind) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
-class MetaConfig:
-    """Quotas and timings of cache-meta; invalid values raise naming the field.
-
-    ``quotas`` maps tier → byte quota; a tier left out is not served, and a
-    tier with quota 0 takes no save, demotion or copy. ``reservation_ttl_s``
-    bounds how long a silent writer keeps a key reserved (each protocol step
-    renews it). ``max_wait_s`` caps the wait a lookup may ask for.
-    ``promote_hits``: a row served from a slower tier than the reader could
-    read is copied into the faster one once its lifetime hit count reaches
-    this (0: never). ``write_behind``: every row saved in a tier faster than
-    ``disk`` gets a ``disk`` copy in the background.
-    """
-
-    quotas: Mapping[TierKind, int]
-    reservation_ttl_s: float = 60.0
-    max_wait_s: float = 60.0
-    lookup: LookupPolicy = field(default_factory=LookupPolicy)
-    promote_hits: int = 2
-    write_behind: bool = True
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.quotas, Mapping) or not self.quotas:
-            raise InvalidCacheValue("quotas", "at least one tier needs a quota")
-        quotas: dict[TierKind, int] = {}
-        for tier, quota in self.quotas.items():
-            if isinstance(quota, bool) or not isinstance(quota, int) or quota < 0:
-                raise InvalidCacheValue("quotas", f"{tier}: {quota!r} is not a byte count >= 0")
-            quotas[check_tier(tier)] = quota
-        object.__setattr__(self, "quotas", quotas)
-        for name in ("reservation_ttl_s", "max_wait_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-                raise InvalidCacheValue(name, f"{value!r} is not a positive number of seconds")
-        if not isinstance(self.lookup, LookupPolicy):
-            raise InvalidCacheValue("lookup", "expected a LookupPolicy")
-        hits = self.promote_hits
-        if isinstance(hits, bool) or not isinstance(hits, int) or not 0 <= hits < 2**32:
-            raise InvalidCacheValue("promote_hits", f"{hits!r} is not a hit count >= 0")
-        if not isinstance(self.write_behind, bool):
-            raise InvalidCacheValue("write_behind", f"{self.write_behind!r} is not a boolean")
-
-
 class CacheMeta:
     """The cache's single source of truth. Not thread-safe: one caller at a time."""
 
@@ -233,7 +189,8 @@ class CacheMeta:
         self._stopping = False
         # Tokens and pin ids start at a random point so that a writer holding a
         # token from a previous cache-meta incarnation cannot match a new one.
-        self._next_id = secrets.randbits(40) << 20
+        # (os.urandom, as secrets reads it: ``secrets`` brings OpenSSL, P9.)
+        self._next_id = int.from_bytes(os.urandom(5), "big") << 20
         self._lru_clock = 0
         # The KV event publisher, when [kv_events] is on (set by cache-meta's
         # process layer): _add_copy and _drop_copy are the only two places a

@@ -30,7 +30,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
-import psutil
 import structlog
 
 from llamad.cache.errors import InvalidCacheValue
@@ -86,6 +85,10 @@ class SystemPressure:
     name = "system"
 
     def sample(self) -> Sample:
+        # Imported by the first sample: the poller is off by default, and every
+        # daemon process imports this module for its config types (SPEC P9).
+        import psutil  # noqa: PLC0415
+
         vm = psutil.virtual_memory()
         return (int(vm.total - vm.available), int(vm.total))
 

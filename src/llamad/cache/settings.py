@@ -27,7 +27,7 @@ import msgspec
 from llamad.cache.errors import InvalidCacheValue
 from llamad.cache.kv_publish import KvEventsSettings
 from llamad.cache.lookup import LookupPolicy
-from llamad.cache.meta import MetaConfig
+from llamad.cache.meta_config import MetaConfig
 from llamad.cache.meta_wire import ACTOR_NAME, LIVENESS_S
 from llamad.cache.prefetch import DEFAULT_PREFETCH_BYTES, check_budget
 from llamad.cache.pressure import PressureConfig

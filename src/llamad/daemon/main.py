@@ -52,6 +52,7 @@ from typing import Final
 import structlog
 
 from llamad import logs
+from llamad._heap import release_free_heap
 from llamad.actors import Registry
 from llamad.cache.errors import TierLocked
 from llamad.cache.ram_purge import purge_ram
@@ -219,6 +220,9 @@ def _serve(config: LlamadConfig, notifier: Notifier, http_port: int | None) -> i
             config=config.source,
             pid=os.getpid(),
         )
+        # The tree is up: what loading the config and starting it freed goes
+        # back to the system instead of staying resident (SPEC P9).
+        release_free_heap()
 
     log.info("daemon.starting", config=config.source, runtime_dir=str(config.runtime_dir))
     try:

@@ -30,8 +30,12 @@ A trailing partial block is not hashed (vLLM only names full blocks either).
 
 from __future__ import annotations
 
-import hashlib
 import sys
+
+# hashlib's blake2b is this very type (CPython never takes it from OpenSSL);
+# importing hashlib would load OpenSSL's libcrypto, ~4 MB resident in every
+# daemon process that imports this module and never hashes (SPEC P9).
+from _blake2 import blake2b
 from array import array
 from collections.abc import Iterator, Sequence
 from typing import Any, Final, NamedTuple, TypeAlias
@@ -109,6 +113,8 @@ def salted_header(header: bytes, salt: bytes | str | None) -> bytes:
         raise ValueError("a cache_salt is non-empty")
     if len(header) != 65:
         raise ValueError(f"a namespace header is 65 bytes, got {len(header)}")
+    import hashlib  # noqa: PLC0415  (libcrypto only when a salt is folded: SPEC P9)
+
     fingerprint = hashlib.sha256(SALT_DOMAIN + header[:32] + raw).digest()
     return fingerprint + bytes(header[32:])
 
@@ -140,7 +146,7 @@ def block_hash(
 ) -> int:
     """The hash of one block under its parent's hash (``None`` for the first);
     ``tokens`` as ints or already packed as u32 little-endian."""
-    h = hashlib.blake2b(digest_size=8, person=PERSON)
+    h = blake2b(digest_size=8, person=PERSON)
     h.update(NO_PARENT if parent is None else parent.to_bytes(8, "big"))
     if extra is not None:
         h.update(_encode(list(extra)))
@@ -177,7 +183,7 @@ def iter_chain(
     packed = memoryview(_pack(tokens))
     step = block_size * 4
     # One personalised state, copied per block: cheaper than a new one each time.
-    base = hashlib.blake2b(digest_size=8, person=PERSON)
+    base = blake2b(digest_size=8, person=PERSON)
     parent: int | None = None
     extra: ExtraKeys = root_extra_keys(namespace)
     for start in range(0, len(ids) - block_size + 1, block_size):

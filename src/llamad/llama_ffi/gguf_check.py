@@ -18,7 +18,7 @@ from pathlib import Path
 from llamad.errors import BadRequest
 from llamad.llama_ffi.errors import ModelFileError, NotGGUF, TruncatedGGUF
 from llamad.llama_ffi.inputs import c_string, file_path
-from llamad.llama_ffi.native import ensure_backend, ffi, lib
+from llamad.llama_ffi.native import ensure_logs, ffi, lib
 
 __all__ = ["GGUF_MAGIC", "GGUFInfo", "check_gguf"]
 
@@ -67,7 +67,7 @@ def check_gguf(path: str | os.PathLike[str], *, keys: Iterable[str] = ()) -> GGU
             details={"path": str(p), "magic": magic.hex()},
         )
 
-    ensure_backend()
+    ensure_logs()  # ggml's reader needs no backend: only its log routed
     params = ffi.new("struct gguf_init_params *")
     params.no_alloc = True
     params.ctx = ffi.NULL

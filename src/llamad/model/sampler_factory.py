@@ -23,7 +23,6 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from llamad.errors import BadRequest, ConfigError, SchemaError
-from llamad.llama_ffi.json_schema import json_schema_to_gbnf
 from llamad.llama_ffi.sampling import SamplerParams
 from llamad.model.requests import RequestParams
 
@@ -50,8 +49,16 @@ def _schema_grammar(schema: Mapping[str, Any], convert: SchemaConverter) -> str:
         ) from None
 
 
+def _json_schema_to_gbnf(schema: Mapping[str, Any]) -> str:
+    # The converter is imported by the first request with a schema: a worker
+    # that is never asked for one does not keep it resident (SPEC P9).
+    from llamad.llama_ffi.json_schema import json_schema_to_gbnf  # noqa: PLC0415
+
+    return json_schema_to_gbnf(schema)
+
+
 def sampler_params(
-    params: RequestParams, *, convert_schema: SchemaConverter = json_schema_to_gbnf
+    params: RequestParams, *, convert_schema: SchemaConverter = _json_schema_to_gbnf
 ) -> SamplerParams:
     """The sampler chain ``params`` asks for.
 

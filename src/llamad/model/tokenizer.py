@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from llamad.errors import BadRequest
-from llamad.llama_ffi.chat_template import ChatFormatter, apply_chat_template, chat_prompt
 from llamad.llama_ffi.model import Model
-from llamad.llama_ffi.tool_calls import tool_call_grammar
+
+if TYPE_CHECKING:
+    from llamad.llama_ffi.chat_template import ChatFormatter
 
 __all__ = ["MAX_DETOKENIZE_TOKENS", "MAX_TEXT_CHARS", "Tokenizer"]
 
@@ -49,7 +50,13 @@ class Tokenizer:
 
     @property
     def formatter(self) -> ChatFormatter:
-        """The compiled chat template (made on first use: compiling costs ~ms)."""
+        """The compiled chat template (made on first use: compiling costs ~ms).
+
+        The chat modules (jinja2's sandbox, the tool-call parsers) are imported
+        here and below, by the first chat request: a worker asked only for
+        completions of text or tokens does not keep them resident (SPEC P9)."""
+        from llamad.llama_ffi.chat_template import ChatFormatter  # noqa: PLC0415
+
         with self._lock:  # the loop and the text thread may both ask first
             if self._formatter is None:
                 self._formatter = ChatFormatter.for_model(self.model)
@@ -108,12 +115,16 @@ class Tokenizer:
     def chat_prompt(self, messages: object, **options: Any) -> tuple[str, bool]:
         """The prompt text of ``messages`` and whether BOS is added to it: what
         :meth:`apply_chat_template` tokenizes (with special tokens parsed)."""
+        from llamad.llama_ffi.chat_template import chat_prompt  # noqa: PLC0415  (see formatter)
+
         return chat_prompt(self.model, messages, formatter=self.formatter, **options)
 
     def tool_grammar(self, tools: list[dict[str, Any]] | None, tool_choice: object) -> str | None:
         """The grammar for ``tool_choice`` ``required`` or named: one call in
         the format this model's prompt asks for
         (:func:`~llamad.llama_ffi.tool_calls.tool_call_grammar`)."""
+        from llamad.llama_ffi.tool_calls import tool_call_grammar  # noqa: PLC0415  (see formatter)
+
         return tool_call_grammar(tools, tool_choice, self.formatter.tool_family)
 
     def apply_chat_template(
@@ -127,6 +138,8 @@ class Tokenizer:
     ) -> list[int]:
         """:meth:`render_chat`, tokenized with special tokens parsed (BOS only
         when the model wants one and the template did not write it)."""
+        from llamad.llama_ffi.chat_template import apply_chat_template  # noqa: PLC0415
+
         return apply_chat_template(
             self.model,
             messages,

@@ -38,6 +38,7 @@ from typing import Any, NoReturn, TypeVar
 
 import msgpack
 
+from llamad._heap import release_free_heap
 from llamad.supervisor.exits import (
     EXIT_CHILD_BOOT_FAILED,
     EXIT_CHILD_ERROR,
@@ -109,6 +110,9 @@ def notify_ready() -> None:
             return
         _ready_sent = True
         write_status(ctx.status_fd, READY)
+    # Started: what the imports and the start freed goes back to the system
+    # instead of staying resident for the child's life (SPEC P9).
+    release_free_heap()
 
 
 def heartbeat_interval() -> float | None:

@@ -203,3 +203,51 @@ def test_no_daemon_process_reads_package_metadata(
     assert expected <= set(imports_by_process), sorted(imports_by_process)
     loaded = {p: _heavy(imports_by_process[p], PACKAGE_METADATA) for p in sorted(expected)}
     assert loaded == {p: [] for p in sorted(expected)}
+
+
+#: OpenSSL's hashing (libcrypto, ~4 MB resident): ``secrets`` and ``hmac``
+#: bring it with ``hashlib``. The root and the front never hash (the cache's
+#: keys and fingerprints are the workers' and cache-meta's), so neither loads
+#: it, even while serving and stopping.
+OPENSSL_HASHING = frozenset({"hashlib", "_hashlib", "secrets", "hmac"})
+
+
+def test_the_root_and_the_front_load_no_openssl_hashing(
+    imports_by_process: dict[str, set[str]],
+) -> None:
+    expected = {"root", "front"}
+    assert expected <= set(imports_by_process), sorted(imports_by_process)
+    loaded = {p: _heavy(imports_by_process[p], OPENSSL_HASHING) for p in sorted(expected)}
+    assert loaded == {p: [] for p in sorted(expected)}
+
+
+def test_only_cache_meta_imports_cache_metas_index(
+    imports_by_process: dict[str, set[str]],
+) -> None:
+    assert "llamad.cache.meta" in imports_by_process["cache-meta"]
+    others = sorted(set(imports_by_process) - {"cache-meta"})
+    assert {p: "llamad.cache.meta" in imports_by_process[p] for p in others} == dict.fromkeys(
+        others, False
+    )
+
+
+#: What a worker imports on its first request that needs it, not before
+#: (SPEC P9): this daemon's worker served one text completion. The chat
+#: modules (jinja2's sandbox, the tool-call parsers) come with the first chat
+#: request, the JSON-schema converter with the first schema, psutil with the
+#: pressure poller's first sample (cache-meta's, off by default).
+LAZY_IN_A_WORKER = frozenset(
+    {
+        "jinja2",
+        "llamad.llama_ffi.chat_template",
+        "llamad.llama_ffi.tool_calls",
+        "llamad.llama_ffi.json_schema",
+        "psutil",
+    }
+)
+
+
+def test_a_worker_asked_for_text_only_has_imported_no_chat_schema_or_psutil(
+    imports_by_process: dict[str, set[str]],
+) -> None:
+    assert _heavy(imports_by_process["model.m"], LAZY_IN_A_WORKER) == []

@@ -220,8 +220,8 @@ def test_a_counters_file_of_an_older_layout_is_replaced_at_start_and_workers_att
         old.setattr(counters_module, "NAMES", old_names)
         old.setattr(
             counters_module,
-            "_NAMES_DIGEST",
-            hashlib.sha256("\n".join(old_names).encode()).digest()[:8],
+            "_names_digest",
+            lambda: hashlib.sha256("\n".join(old_names).encode()).digest()[:8],
         )
         stale = Counters.create(path)
         stale.add("misses", 5)

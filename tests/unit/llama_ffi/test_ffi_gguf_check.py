@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import gguf
@@ -74,3 +76,26 @@ def test_missing_file_is_model_file_error(tmp_path: Path) -> None:
 def test_directory_is_model_file_error(tmp_path: Path) -> None:
     with pytest.raises(ModelFileError):
         check_gguf(tmp_path)
+
+
+def test_a_header_check_routes_the_log_but_starts_no_backend(tmp_path: Path) -> None:
+    # The root and the front check GGUF headers and never load a model:
+    # llama_backend_init would cost each ~0.8 MB resident (SPEC P9). A fresh
+    # interpreter, so no other test has started the backend before.
+    path = _write_gguf(tmp_path / "ok.gguf")
+    code = (
+        "import sys\n"
+        "from llamad.llama_ffi import check_gguf, native\n"
+        "check_gguf(sys.argv[1])\n"
+        "print(native._logs_routed, native._initialised)\n"
+        "native.ensure_backend()\n"
+        "print(native._logs_routed, native._initialised)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert out.stdout.split("\n")[:2] == ["True False", "True True"]
