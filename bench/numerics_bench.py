@@ -58,16 +58,19 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from bench.common import median, record, show, table
 from bench.ffi_bench import verdict
-from llamad import paths
+from llamad import Client, paths
 from llamad.llama_ffi import default_threads
 from llamad.llama_ffi.build_info import build_record
 from llamad.model.worker_spec import TILED_ENV
+from llamad.testing import Launcher
 
 DEPTHS = (512, 1024, 2048, 4096)
 DECODE_TOKENS = 64
@@ -78,12 +81,15 @@ REPS = 5  # llama-bench repetitions per side per round; the best one counts
 DECODE_BAR = 0.97  # after / before, at least
 UNTILED_BAR = 0.95  # untiled / tiled, at least, to be the default
 RENDER = "bench.numerics_bench:render"
-PARTS = ("decode", "prompt", "bursts")
+PARTS = ("decode", "prompt", "bursts", "p5")
 DEFAULT_PARTS = ("bursts",)  # what a run without --only measures
 PAIRS = 8  # paired bursts per round per depth
 BURST = 8  # one-token decodes per burst
 PROBE_SRC = Path(__file__).resolve().parent / "numerics_probe.c"
 SEED = 16  # the probes' prompt (the same pseudo-random tokens on both builds)
+P5_TOKENS = 2048  # P5's cold prompt through the daemon
+P5_PAIRS = 2  # paired cold prompts per round (A,B,B,A)
+P5_SIDES = ("default", "deterministic")
 
 
 Samples = dict[str, list[float]]
@@ -292,6 +298,133 @@ def measure_bursts(
     }
 
 
+def p5_daemon(deterministic: bool) -> Launcher:
+    """A daemon serving the default model as ``m`` with the default
+    configuration but the ``deterministic`` option (and its own directories and
+    cache instance, quiet logs)."""
+    launcher = Launcher(prefix="lnb-", instance=f"nb{uuid.uuid4().hex[:10]}")
+    launcher.write_config(
+        f"""
+[daemon]
+runtime_dir = "{launcher.runtime}"
+state_dir = "{launcher.state}"
+log_format = "json"
+log_level = "warning"
+[cache]
+instance = "{launcher.instance}"
+[models.m]
+path = "default"
+deterministic = {"true" if deterministic else "false"}
+"""
+    )
+    return launcher
+
+
+def measure_p5(*, rounds: int, pairs: int, tokens: int = P5_TOKENS) -> dict[str, Any]:
+    """P5 with and without ``deterministic``: two daemons alive at once, each
+    sent a fresh ``tokens``-token prompt (greedy, one token: a cold prefill)
+    in the order A,B,B,A,... through :class:`llamad.Client`; per request the
+    worker's prefill time and tokens and the client's TTFT."""
+    from bench.daemon_bench import tokens_of  # noqa: PLC0415 - the daemon bench's prompts
+    from bench.daemon_bench_report import measure  # noqa: PLC0415
+
+    load_start = load_average()
+    daemons = {side: p5_daemon(side == "deterministic") for side in P5_SIDES}
+    clients: dict[str, Client] = {}
+    try:
+        for side, launcher in daemons.items():
+            launcher.start()
+            launcher.wait_routed(["m"], timeout=180.0)
+            clients[side] = Client(launcher.endpoint, timeout=600.0, connect_timeout=5.0)
+            clients[side].complete("m", "Hello", max_tokens=1, temperature=0.0)  # untimed
+        # One untimed cold prompt each: the first long prefill's allocations.
+        for side, client in clients.items():
+            client.complete("m", tokens_of(client, tokens, f"w{side}"), max_tokens=1)
+        out: list[dict[str, list[dict[str, float]]]] = []
+        for r in range(rounds):
+            got: dict[str, list[dict[str, float]]] = {side: [] for side in P5_SIDES}
+            for i, pair in enumerate(burst_order(pairs)):
+                for name in pair:
+                    side = "default" if name == "before" else "deterministic"
+                    client = clients[side]
+                    prompt = tokens_of(client, tokens, f"p5-{uuid.uuid4().hex}-{r}-{i}")
+                    t0 = time.perf_counter()
+                    result = client.complete("m", prompt, max_tokens=1, temperature=0.0)
+                    m = measure((time.perf_counter() - t0) * 1e3, result)
+                    got[side].append(
+                        {
+                            "prefill_ms": m.prefill_ms,
+                            "prefill_tokens": m.prefill_tokens,
+                            "reply_ms": m.ttft_ms,
+                        }
+                    )
+            ratio = round_ratio(
+                [x["prefill_ms"] / x["prefill_tokens"] for x in got["default"]],
+                [x["prefill_ms"] / x["prefill_tokens"] for x in got["deterministic"]],
+            )
+            print(f"p5 round {r + 1}/{rounds}: deterministic/default {ratio:.3f}", flush=True)
+            out.append(got)
+    finally:
+        for client in clients.values():
+            client.close()
+        for launcher in daemons.values():
+            launcher.close(120.0)
+    return {"rounds": out, "load_start": load_start, "load_end": load_average()}
+
+
+def _render_p5(params: Mapping[str, Any], p5: Mapping[str, Any]) -> list[str]:
+    def tok_s(rows: Sequence[Mapping[str, float]]) -> list[float]:
+        return [x["prefill_tokens"] * 1e3 / x["prefill_ms"] for x in rows]
+
+    ratios = [
+        round_ratio(
+            [1 / t for t in tok_s(r["default"])], [1 / t for t in tok_s(r["deterministic"])]
+        )
+        for r in p5["rounds"]
+    ]
+    default = median([t for r in p5["rounds"] for t in tok_s(r["default"])])
+    det = median([t for r in p5["rounds"] for t in tok_s(r["deterministic"])])
+    start, end = p5["load_start"], p5["load_end"]
+    return [
+        "## P5 through the daemon: cold prefill with `deterministic` against the default",
+        "",
+        f"Two daemons alive at once (the default configuration, one with `deterministic = "
+        f"true`), the default model, each sent a fresh {params['p5_tokens']:,}-token prompt "
+        f"(greedy, `max_tokens` 1) through `llamad.Client`, {params['p5_pairs']} pairs a round "
+        "in the order A,B,B,A, "
+        f"{len(p5['rounds'])} rounds. Tok/s: the worker's prefill tokens over its prefill time, "
+        "median of every request; a round's ratio: the median of its pairs' deterministic "
+        "over default tok/s; bar: the option could be the default at >= 0.95 (SPEC M19).",
+        "",
+        table(
+            [
+                "test",
+                "default tok/s",
+                "deterministic tok/s",
+                "ratio (median)",
+                "spread",
+                "bar",
+                "verdict",
+            ],
+            [
+                [
+                    f"P5 cold {params['p5_tokens']}",
+                    f"{default:.1f}",
+                    f"{det:.1f}",
+                    f"{median(ratios):.3f}",
+                    f"{min(ratios):.3f}-{max(ratios):.3f}",
+                    f">= {UNTILED_BAR:g}",
+                    verdict(ratios, UNTILED_BAR, at_least=True),
+                ]
+            ],
+        ),
+        "",
+        f"Load average (1, 5, 15 min) at the start: {start[0]:g}, {start[1]:g}, {start[2]:g}; "
+        f"at the end: {end[0]:g}, {end[1]:g}, {end[2]:g}.",
+        "",
+    ]
+
+
 def _burst_rows(bursts: Mapping[str, Any], per_burst: int) -> list[list[object]]:
     rows: list[list[object]] = []
     for d, rounds in sorted(bursts["depths"].items(), key=lambda kv: int(kv[0])):
@@ -388,8 +521,13 @@ def render(params: Mapping[str, Any], data: Mapping[str, Any]) -> str:
             f"attention on, the default model. {builds}{_method(params)}Tok/s: median of the "
             "rounds; ratio: median of the per-round ratios; spread: their range. "
         )
-    else:
+    elif "bursts" in data:
         head = f"{params['threads']} threads, flash attention on, the default model. {builds}"
+    else:
+        head = (
+            f"This checkout's build `{params['after']}` (patches {params['after_patches']}); "
+            "the daemon's own thread choice (the governor live). "
+        )
     lines = [head + verdicts, ""]
     if data.get("before") and data["before"][0]:
         decode = table(
@@ -419,6 +557,8 @@ def render(params: Mapping[str, Any], data: Mapping[str, Any]) -> str:
         ]
     if "bursts" in data:
         lines += _render_bursts(params, data["bursts"])
+    if "p5" in data:
+        lines += _render_p5(params, data["p5"])
     return "\n".join(lines)
 
 
@@ -441,12 +581,16 @@ def _patches(lib_dir: Path) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--before", type=Path, required=True, help="lib dir of the build to compare")
+    ap.add_argument(
+        "--before", type=Path, help="lib dir of the build to compare (all but --only p5)"
+    )
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--reps", type=int, default=REPS, help="llama-bench repetitions per side")
     ap.add_argument("--pairs", type=int, default=PAIRS, help="paired bursts per round")
     ap.add_argument("--burst", type=int, default=BURST, help="one-token decodes per burst")
     ap.add_argument("--threads", type=int, default=THREADS)
+    ap.add_argument("--p5-pairs", type=int, default=P5_PAIRS, help="P5 pairs per round")
+    ap.add_argument("--p5-tokens", type=int, default=P5_TOKENS, help="P5's prompt length")
     ap.add_argument(
         "--depths", type=int, nargs="+", default=list(DEPTHS), help="KV depths for bursts"
     )
@@ -461,9 +605,11 @@ def main() -> None:
         ap.error(f"a recorded result needs --rounds >= {MIN_ROUNDS} (or pass --no-record)")
     if min(args.rounds, args.reps, args.pairs, args.burst, args.threads) < 1:
         ap.error("--rounds, --reps, --pairs, --burst and --threads must be at least 1")
-    after = Path(build_record()["lib_dir"])
-    before = args.before.expanduser().resolve()
     parts = [args.only] if args.only else list(DEFAULT_PARTS)
+    if args.before is None and parts != ["p5"]:
+        ap.error("--before is needed to compare two builds")
+    after = Path(build_record()["lib_dir"])
+    before = (args.before or after).expanduser().resolve()
     params: dict[str, Any] = {
         "rounds": args.rounds,
         "parts": parts,
@@ -490,8 +636,14 @@ def main() -> None:
             threads=args.threads,
             depths=args.depths,
         )
+    if "p5" in parts:
+        params |= {"p5_pairs": args.p5_pairs, "p5_tokens": args.p5_tokens}
+        data["p5"] = measure_p5(rounds=args.rounds, pairs=args.p5_pairs, tokens=args.p5_tokens)
     if args.no_record:
         print(show(RENDER, params, data))
+    elif parts == ["p5"]:
+        title = "Same answer under any load: P5 with the deterministic option, through the daemon"
+        print(f"recorded {record('numerics-p5', title, RENDER, params, data)}")
     elif parts == ["bursts"]:
         title = "Same answer under any load: decode after grouped flash attention, paired bursts"
         print(f"recorded {record('numerics-decode', title, RENDER, params, data)}")

@@ -119,3 +119,22 @@ def test_the_probe_repeats_its_burst_at_a_fixed_depth(tmp_path: Path) -> None:
     finally:
         probe.close()
     assert probe.proc.returncode == 0
+
+
+def _p5_round(default_ms: float, det_ms: float) -> dict[str, list[dict[str, float]]]:
+    def row(ms: float) -> dict[str, float]:
+        return {"prefill_ms": ms, "prefill_tokens": 2048.0, "reply_ms": ms + 5}
+
+    return {"default": [row(default_ms)] * 2, "deterministic": [row(det_ms)] * 2}
+
+
+def test_p5_judges_deterministic_over_default_from_every_round() -> None:
+    params = {**_params(), "parts": ["p5"], "p5_pairs": 2, "p5_tokens": 2048}
+    # 2,048 tokens in 10.24 s is 200 tok/s; deterministic at 12.8 s is 160 (0.8x).
+    rounds = [_p5_round(10240.0, 12800.0), _p5_round(10240.0, 10240.0)]
+    data = {"p5": {"rounds": rounds, "load_start": [1.0, 1.0, 1.0], "load_end": [2.0, 1.0, 1.0]}}
+    text = show(nb.RENDER, params, data)
+    assert cells(text, "P5 cold 2048")[1:] == [
+        "200.0", "180.0", "0.900", "0.800-1.000", ">= 0.95", "within noise",
+    ]  # fmt: skip
+    assert "the governor live" in text
