@@ -166,10 +166,14 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def burst_order(pairs: int) -> list[tuple[str, str]]:
+def burst_order(pairs: int, first: int = 0) -> list[tuple[str, str]]:
     """The sides of each pair in turn: A,B then B,A then A,B ... (which goes
-    first alternates, so a trend within a round favours neither)."""
-    return [("before", "after") if i % 2 == 0 else ("after", "before") for i in range(pairs)]
+    first alternates, so a trend within a round favours neither); ``first``
+    (the round's number) shifts it, so with an odd number of pairs the rounds
+    take turns at going first."""
+    return [
+        ("before", "after") if (first + i) % 2 == 0 else ("after", "before") for i in range(pairs)
+    ]
 
 
 def pair_ratios(before_ms: Sequence[float], after_ms: Sequence[float]) -> list[float]:
@@ -276,7 +280,7 @@ def measure_bursts(
                 rows = []
                 for r in range(rounds):
                     ms: dict[str, list[float]] = {side: [] for side in probes}
-                    for pair in burst_order(pairs):
+                    for pair in burst_order(pairs, r):
                         for side in pair:
                             t, toks = probes[side].burst(burst)
                             ms[side].append(t)
@@ -343,7 +347,7 @@ def measure_p5(*, rounds: int, pairs: int, tokens: int = P5_TOKENS) -> dict[str,
         out: list[dict[str, list[dict[str, float]]]] = []
         for r in range(rounds):
             got: dict[str, list[dict[str, float]]] = {side: [] for side in P5_SIDES}
-            for i, pair in enumerate(burst_order(pairs)):
+            for i, pair in enumerate(burst_order(pairs, r)):
                 for name in pair:
                     side = "default" if name == "before" else "deterministic"
                     client = clients[side]

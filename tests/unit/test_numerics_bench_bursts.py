@@ -33,6 +33,12 @@ def test_pairs_alternate_which_side_goes_first() -> None:
         ("before", "after"),
         ("after", "before"),
     ]
+    # One pair a round (P5): the rounds take turns at going first.
+    assert [nb.burst_order(1, r)[0] for r in range(3)] == [
+        ("before", "after"),
+        ("after", "before"),
+        ("before", "after"),
+    ]
 
 
 def test_a_pairs_ratio_is_after_speed_over_before_speed() -> None:
