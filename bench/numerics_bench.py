@@ -622,6 +622,9 @@ def main() -> None:
         choices=PARTS,
         help="measure this part (default: bursts, the paired decode comparison)",
     )
+    ap.add_argument(
+        "--label", default="", help="added to the result's name (a second run the same day)"
+    )
     ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args()
     if args.rounds < MIN_ROUNDS and not args.no_record:
@@ -666,10 +669,10 @@ def main() -> None:
         print(show(RENDER, params, data))
     elif parts == ["p5"]:
         title = "Same answer under any load: P5 with the deterministic option, through the daemon"
-        print(f"recorded {record('numerics-p5', title, RENDER, params, data)}")
+        print(f"recorded {record('numerics-p5' + args.label, title, RENDER, params, data)}")
     elif parts == ["bursts"]:
         title = "Same answer under any load: decode after grouped flash attention, paired bursts"
-        print(f"recorded {record('numerics-decode', title, RENDER, params, data)}")
+        print(f"recorded {record('numerics-decode' + args.label, title, RENDER, params, data)}")
     else:
         title = "Same answer under any load: what grouped flash attention and the untiled path cost"
         print(f"recorded {record('numerics-best', title, RENDER, params, data)}")
