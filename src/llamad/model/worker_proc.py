@@ -80,7 +80,6 @@ HUNG_FACTOR: Final = 1.5
 """A decode is stopped at ``decode_timeout_ms``; a tick still busy at this
 many times it silences the heartbeat (one that cannot be stopped)."""
 
-# A prompt travels inside the request's msgpack header: allow long ones.
 IDLE_TRIM_S: Final = 1.0
 """After this long with no request in flight, the worker hands the C heap's
 free pages back (:func:`llamad._heap.release_free_heap`): what the model's
@@ -88,6 +87,7 @@ load and the last requests freed stays resident otherwise (~11 MB of the
 default model's worker, SPEC P9). Once per idle spell, and once after the
 load; the trim takes a few ms, between ticks."""
 
+# A prompt travels inside the request's msgpack header: allow long ones.
 _LIMITS: Final = Limits(max_header_bytes=32 << 20)
 
 
