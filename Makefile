@@ -7,6 +7,27 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
+# The suite runs on two pytest-xdist workers, each taking whole modules
+# (--dist loadfile), so a module's shared daemon lives in one worker. Most
+# real-model tests give llama one thread and wait on daemons, so one worker
+# left the second core idle much of the time: a serial run of a 471-test
+# subset (daemon faults, cache faults, the thread-governor tests, unit/cache)
+# used 111 s of CPU in 146 s, 0.76 of a core. Back to back on the shared
+# machine, two workers took 0.94x, 0.58x and 0.84x the serial wall time (more
+# gain the fewer cores the other work held). Test daemons never share a
+# port, runtime directory, /dev/shm name or thread board
+# (llamad.testing.Launcher), and the tests that count processes,
+# read /dev/shm or read the thread board look at their own daemon's only:
+# nothing needs the machine to itself, and every test must already pass on a
+# loaded machine (with a CPU hog per core: test_make_run_demo). Modules go out
+# in collection order (--no-loadscope-reorder): xdist's default sends the
+# modules with most tests first, leaving the slow one-test modules for last,
+# where one worker can idle while the other finishes them (30-75 s of tail in
+# a replay of two serial junit files; collection order ends both within ~5 s;
+# the one whole run with the default order ended both within 10 s).
+# `make test PYTEST_WORKERS=0` runs every test in one process, one by one.
+PYTEST_WORKERS ?= 2
+PYTEST_XDIST := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: setup tools native ffi run test test-unit bench lint format clean
 
@@ -39,10 +60,10 @@ run: setup
 	$(PY) -m llamad.cli.demo
 
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
-	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_XDIST) tests/unit $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) scripts/native.py llama --tools

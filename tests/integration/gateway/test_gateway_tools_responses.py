@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 from daemon_proc import DaemonProc
+from llamad.paths import http_address
 from served import EVENTUALLY, wait_until
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(600)]
@@ -384,9 +385,20 @@ def test_a_stored_response_survives_a_gateway_restart(daemon: DaemonProc, url: s
             return None
         return new if new.pid != old.pid else None
 
-    wait_until(restarted, "the root restarted the gateway", EVENTUALLY)
+    new = wait_until(restarted, "the root restarted the gateway", EVENTUALLY)
+
+    # The killed gateway's address file stays (SIGKILL: no clean-up) until the
+    # new one serves and publishes its own. Reading it as soon as the process
+    # exists gave the dead port: "connection refused" on a loaded machine
+    # (a `make test -n 2` run at load ~15), where the new gateway's start-up
+    # outlasted the client's retries.
+    def new_address() -> str | None:
+        found = http_address(daemon.launcher.runtime)
+        return str(found["url"]) if found is not None and found.get("pid") == new.pid else None
+
+    fresh_url = wait_until(new_address, "the new gateway to publish its address", EVENTUALLY)
     fresh = openai.OpenAI(
-        base_url=daemon.http_url() + "/v1", api_key="none", max_retries=3, timeout=EVENTUALLY
+        base_url=fresh_url + "/v1", api_key="none", max_retries=3, timeout=EVENTUALLY
     )
     assert fresh.responses.retrieve(kept.id).output_text == kept.output_text
     more = fresh.responses.create(
