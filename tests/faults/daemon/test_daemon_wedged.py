@@ -101,16 +101,23 @@ def test_a_stopped_cache_meta_is_replaced_and_requests_meanwhile_run_cold(daemon
         # The saved prompt is answered, cold: the first lookup times out and
         # takes the cache for down, the next ones do not ask. A cold reply is
         # only certain while the stopped cache-meta is still the registered one.
+        while_stopped = 0
         for i in range(3):
             reply = worker.complete(warm, max_tokens=3, **GREEDY)
             assert reply.finish_reason in (FinishReason.LENGTH, FinishReason.STOP)
             entry = registry.lookup("cache-meta")
             if entry is not None and entry.pid == meta:
                 assert reply.cache_hit_kind is CacheHitKind.COLD, i
+                while_stopped += 1
+        assert while_stopped >= 1  # the first lookup waits out its timeout
         assert len(_events(daemon, "model.cache_down")) == downs + 1
         # One lookup waited (and timed out); the others were skipped at once.
+        # Every reply that ended while the stopped cache-meta was still the
+        # registered one looked up while it was stopped; on a loaded machine
+        # cache_sup may replace it before the last request, whose lookup then
+        # reaches the new one.
         failed = [e["error"] for e in _events(daemon, "model.lookup_failed")[failed_before:]]
-        assert len(failed) == 3, failed
+        assert while_stopped <= len(failed) <= 3, (while_stopped, failed)
         assert "RequestTimeout" in failed[0], failed
         assert all("taken for down" in e for e in failed[1:]), failed
 

@@ -48,14 +48,19 @@ class Ticker:
 
 
 def test_sixteen_concurrent_streams_from_one_loop_never_block_it(served: Served) -> None:
+    durations: list[float] = []
+
     async def main() -> tuple[list[list[object]], Ticker]:
         ticker = Ticker()
         async with AsyncClient(served.endpoint, timeout=240) as client:
             tick = asyncio.ensure_future(ticker.run())
 
             async def one(i: int) -> list[object]:
+                started = time.monotonic()
                 stream = await client.infer(served.model_id, prompt_text(400 + i), max_tokens=16)
-                return [event async for event in stream]
+                events = [event async for event in stream]
+                durations.append(time.monotonic() - started)
+                return events
 
             results = await asyncio.gather(*(one(i) for i in range(16)))
             ticker.stop()
@@ -70,8 +75,14 @@ def test_sixteen_concurrent_streams_from_one_loop_never_block_it(served: Served)
         tokens = [e for e in events if isinstance(e, TokenEvent)]
         assert "".join(t.text for t in tokens) == done.reply
     assert ticker.ticks > 10
-    # A blocking wait would hold the loop for a whole request (seconds).
-    assert ticker.worst < 0.25, f"the event loop was held for {ticker.worst:.3f} s"
+    # A blocking wait would hold the loop for a whole request. Measured
+    # against the requests themselves, not a fixed bound: on a loaded machine
+    # the process alone may wait a third of a second for a core.
+    shortest = min(durations)
+    assert ticker.worst < shortest / 2, (
+        f"the event loop was held for {ticker.worst:.3f} s; the shortest request took "
+        f"{shortest:.3f} s"
+    )
 
 
 def test_cancelling_the_consuming_task_cancels_the_request(served: Served) -> None:

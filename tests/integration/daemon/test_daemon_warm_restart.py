@@ -67,6 +67,10 @@ class Unconfigured:
                 f"LLAMAD_MODELS__{MODEL}__PATH": "default",
                 f"LLAMAD_MODELS__{MODEL}__N_THREADS": "1",
                 f"LLAMAD_MODELS__{MODEL}__N_THREADS_BATCH": "1",
+                # A 512-row prompt chunk on one thread took over the default
+                # 30 s beside the suite's second worker at load ~11; what this
+                # module checks is the cache across restarts, not that bound.
+                f"LLAMAD_MODELS__{MODEL}__DECODE_TIMEOUT_MS": "300000",
                 **env,
             },
         )
