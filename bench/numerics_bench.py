@@ -37,6 +37,17 @@ settings of the pinned llama.cpp, in alternating rounds.
   of its pairs' deterministic over default. Bar (SPEC M19): >= 0.95 would make
   the option the default. Threads are the governor's (live); each cold
   prompt's save runs in the background as by default, on both sides alike.
+* **P3 and P4 with the ``deterministic`` option, through the daemon**
+  (``--only p34``, issue 16 item 2's cost on decode): the same two daemons
+  as ``p5``; each side in turn decodes ``--p34-tokens`` greedy tokens from
+  counting prompts, as one stream (P4) and as 4 concurrent streams from 4
+  client threads (P3), in pairs A,B,B,A. Tok/s: the tokens after each
+  stream's first over the time from the first stream's first token to the
+  last stream's last (the prefill left out); a round's ratio: the median of
+  its pairs' deterministic over default. Decode steps of under 64 rows never
+  take the tiled path and the default model's weights are not repacked, so
+  the option should cost decode nothing; the bar says whether that held
+  (>= 0.95, SPEC M19's 5 %).
 * **Decode, grouped flash attention, llama-bench** (``--only decode``, the
   first record's method; a noisy host swings it past the bar): decode tok/s at KV depths
   512, 1,024, 2,048 and 4,096 (``llama-bench -p 0 -n 64 -d D``, 2 threads,
@@ -93,7 +104,7 @@ REPS = 5  # llama-bench repetitions per side per round; the best one counts
 DECODE_BAR = 0.97  # after / before, at least
 UNTILED_BAR = 0.95  # untiled / tiled, at least, to be the default
 RENDER = "bench.numerics_bench:render"
-PARTS = ("decode", "prompt", "bursts", "p5")
+PARTS = ("decode", "prompt", "bursts", "p5", "p34")
 DEFAULT_PARTS = ("bursts",)  # what a run without --only measures
 PAIRS = 8  # paired bursts per round per depth
 BURST = 8  # one-token decodes per burst
@@ -102,6 +113,9 @@ SEED = 16  # the probes' prompt (the same pseudo-random tokens on both builds)
 P5_TOKENS = 2048  # P5's cold prompt through the daemon
 P5_PAIRS = 2  # paired cold prompts per round (A,B,B,A)
 P5_SIDES = ("default", "deterministic")
+P34_TOKENS = 64  # greedy tokens per stream (P3, P4 with the option)
+P34_PAIRS = 2
+P34_STREAMS = (1, 4)  # P4, P3
 # A 2,048-token prompt is one decode step (n_batch 2,048); on a loaded 2-core
 # machine it ran past the default decode_timeout_ms (30 s) and was stopped.
 # The only setting P5's daemons change besides ``deterministic``.
@@ -394,6 +408,143 @@ def measure_p5(*, rounds: int, pairs: int, tokens: int = P5_TOKENS) -> dict[str,
     return {"rounds": out, "load_start": load_start, "load_end": load_average()}
 
 
+def _decode_streams(client_of: Any, prompts: Sequence[list[int]], tokens: int) -> dict[str, float]:
+    """``len(prompts)`` greedy streams at once, one client thread each: tokens
+    after each stream's first, and the time from the first stream's first
+    token to the last stream's last."""
+    import threading  # noqa: PLC0415
+
+    from llamad.model.results import TokenEvent  # noqa: PLC0415
+
+    times: list[list[float]] = [[] for _ in prompts]
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(prompts))
+
+    def run(i: int) -> None:
+        try:
+            with client_of() as client:
+                start.wait(60)
+                for event in client.infer("m", prompts[i], max_tokens=tokens, temperature=0.0):
+                    if isinstance(event, TokenEvent) and event.token is not None:
+                        times[i].append(time.perf_counter())
+        except BaseException as exc:  # reported below, in the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    if errors:
+        raise errors[0]
+    first = min(t[0] for t in times)
+    last = max(t[-1] for t in times)
+    return {"tokens": float(sum(len(t) - 1 for t in times)), "seconds": last - first}
+
+
+def measure_p34(*, rounds: int, pairs: int, tokens: int = P34_TOKENS) -> dict[str, Any]:
+    """Decode with and without ``deterministic``: the two daemons of
+    :func:`measure_p5`, 1 and 4 concurrent greedy streams, pairs A,B,B,A."""
+    from bench.peers.workload import counting_tokens  # noqa: PLC0415
+
+    load_start = load_average()
+    daemons = {side: p5_daemon(side == "deterministic") for side in P5_SIDES}
+    try:
+        for launcher in daemons.values():
+            launcher.start()
+        for launcher in daemons.values():
+            launcher.wait_routed(["m"], timeout=180.0)
+
+        def client_of(side: str) -> Any:
+            return lambda: Client(daemons[side].endpoint, timeout=600.0, connect_timeout=5.0)
+
+        with client_of("default")() as c:
+            prompts = [
+                counting_tokens(lambda t: c.tokenize("m", t), 100 * (i + 1)) for i in range(4)
+            ]
+        for side in P5_SIDES:  # untimed: each daemon's first decodes
+            _decode_streams(client_of(side), prompts[:1], 8)
+        out: list[dict[str, dict[str, list[dict[str, float]]]]] = []
+        for r in range(rounds):
+            got: dict[str, dict[str, list[dict[str, float]]]] = {
+                str(n): {side: [] for side in P5_SIDES} for n in P34_STREAMS
+            }
+            for n in P34_STREAMS:
+                for pair in burst_order(pairs, r):
+                    for name in pair:
+                        side = "default" if name == "before" else "deterministic"
+                        got[str(n)][side].append(
+                            _decode_streams(client_of(side), prompts[:n], tokens)
+                        )
+                ratio = _p34_ratio(got[str(n)])
+                print(f"p34 round {r + 1}/{rounds}, {n} stream(s): {ratio:.3f}", flush=True)
+            out.append(got)
+    finally:
+        for launcher in daemons.values():
+            launcher.close(120.0)
+    return {"rounds": out, "load_start": load_start, "load_end": load_average()}
+
+
+def _p34_ratio(sides: Mapping[str, Sequence[Mapping[str, float]]]) -> float:
+    """A round's deterministic over default decode speed: the median of its pairs."""
+    return round_ratio(
+        [x["seconds"] / x["tokens"] for x in sides["default"]],
+        [x["seconds"] / x["tokens"] for x in sides["deterministic"]],
+    )
+
+
+def _render_p34(params: Mapping[str, Any], p34: Mapping[str, Any]) -> list[str]:
+    rows = []
+    for n in P34_STREAMS:
+        per = [r[str(n)] for r in p34["rounds"]]
+        ratios = [_p34_ratio(sides) for sides in per]
+
+        def speed(side: str, per: list[Any] = per) -> float:
+            return median([x["tokens"] / x["seconds"] for sides in per for x in sides[side]])
+
+        rows.append(
+            [
+                f"{'P4' if n == 1 else 'P3'}: {n} stream{'s' if n > 1 else ''}",
+                f"{speed('default'):.1f}",
+                f"{speed('deterministic'):.1f}",
+                f"{median(ratios):.3f}",
+                f"{min(ratios):.3f}-{max(ratios):.3f}",
+                f">= {UNTILED_BAR:g}",
+                verdict(ratios, UNTILED_BAR, at_least=True),
+            ]
+        )
+    start, end = p34["load_start"], p34["load_end"]
+    return [
+        "## P3 and P4 through the daemon: decode with `deterministic` against the default",
+        "",
+        "The two daemons of the P5 part (the default configuration, one with `deterministic = "
+        f"true`), the default model; each side in turn decodes {params['p34_tokens']} greedy "
+        "tokens from counting prompts as one stream (P4) and as 4 concurrent streams from 4 "
+        f"client threads (P3), {params['p34_pairs']} pair(s) a round in the order A,B,B,A, "
+        f"{len(p34['rounds'])} rounds. Tok/s: aggregate, the tokens after each stream's first "
+        "over the time from the first stream's first token to the last stream's last; a "
+        "round's ratio: the median of its pairs' deterministic over default; bar: a cost within "
+        "SPEC M19's 5 %.",
+        "",
+        table(
+            [
+                "test",
+                "default tok/s",
+                "deterministic tok/s",
+                "ratio (median)",
+                "spread",
+                "bar",
+                "verdict",
+            ],
+            rows,
+        ),
+        "",
+        f"Load average (1, 5, 15 min) at the start: {start[0]:g}, {start[1]:g}, {start[2]:g}; "
+        f"at the end: {end[0]:g}, {end[1]:g}, {end[2]:g}.",
+        "",
+    ]
+
+
 def _render_p5(params: Mapping[str, Any], p5: Mapping[str, Any]) -> list[str]:
     def tok_s(rows: Sequence[Mapping[str, float]]) -> list[float]:
         return [x["prefill_tokens"] * 1e3 / x["prefill_ms"] for x in rows]
@@ -582,6 +733,8 @@ def render(params: Mapping[str, Any], data: Mapping[str, Any]) -> str:
         lines += _render_bursts(params, data["bursts"])
     if "p5" in data:
         lines += _render_p5(params, data["p5"])
+    if "p34" in data:
+        lines += _render_p34(params, data["p34"])
     return "\n".join(lines)
 
 
@@ -614,6 +767,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=THREADS)
     ap.add_argument("--p5-pairs", type=int, default=P5_PAIRS, help="P5 pairs per round")
     ap.add_argument("--p5-tokens", type=int, default=P5_TOKENS, help="P5's prompt length")
+    ap.add_argument("--p34-pairs", type=int, default=P34_PAIRS, help="P3/P4 pairs per round")
+    ap.add_argument(
+        "--p34-tokens", type=int, default=P34_TOKENS, help="greedy tokens per stream (P3/P4)"
+    )
     ap.add_argument(
         "--depths", type=int, nargs="+", default=list(DEPTHS), help="KV depths for bursts"
     )
@@ -632,7 +789,7 @@ def main() -> None:
     if min(args.rounds, args.reps, args.pairs, args.burst, args.threads) < 1:
         ap.error("--rounds, --reps, --pairs, --burst and --threads must be at least 1")
     parts = [args.only] if args.only else list(DEFAULT_PARTS)
-    if args.before is None and parts != ["p5"]:
+    if args.before is None and parts not in (["p5"], ["p34"]):
         ap.error("--before is needed to compare two builds")
     after = Path(build_record()["lib_dir"])
     before = (args.before or after).expanduser().resolve()
@@ -665,8 +822,14 @@ def main() -> None:
     if "p5" in parts:
         params |= {"p5_pairs": args.p5_pairs, "p5_tokens": args.p5_tokens}
         data["p5"] = measure_p5(rounds=args.rounds, pairs=args.p5_pairs, tokens=args.p5_tokens)
+    if "p34" in parts:
+        params |= {"p34_pairs": args.p34_pairs, "p34_tokens": args.p34_tokens}
+        data["p34"] = measure_p34(rounds=args.rounds, pairs=args.p34_pairs, tokens=args.p34_tokens)
     if args.no_record:
         print(show(RENDER, params, data))
+    elif parts == ["p34"]:
+        title = "Same answer under any load: P3 and P4 with the deterministic option"
+        print(f"recorded {record('numerics-p34' + args.label, title, RENDER, params, data)}")
     elif parts == ["p5"]:
         title = "Same answer under any load: P5 with the deterministic option, through the daemon"
         print(f"recorded {record('numerics-p5' + args.label, title, RENDER, params, data)}")

@@ -144,3 +144,32 @@ def test_p5_judges_deterministic_over_default_from_every_round() -> None:
         "200.0", "180.0", "0.900", "0.800-1.000", ">= 0.95", "within noise",
     ]  # fmt: skip
     assert "the governor live" in text
+
+
+def _p34_round(default_s: float, det_s: float) -> dict[str, dict[str, list[dict[str, float]]]]:
+    def row(seconds: float, tokens: float) -> dict[str, float]:
+        return {"tokens": tokens, "seconds": seconds}
+
+    return {
+        str(n): {
+            "default": [row(default_s * n, 63.0 * n)] * 2,
+            "deterministic": [row(det_s * n, 63.0 * n)] * 2,
+        }
+        for n in (1, 4)
+    }
+
+
+def test_p34_judges_deterministic_over_default_decode_from_every_round() -> None:
+    params = {**_params(), "parts": ["p34"], "p34_pairs": 2, "p34_tokens": 64}
+    # 63 tokens in 1.26 s is 50 tok/s; deterministic at 1.05 s is 60 (1.2x), then equal.
+    rounds = [_p34_round(1.26, 1.05), _p34_round(1.26, 1.26)]
+    data = {"p34": {"rounds": rounds, "load_start": [1.0, 1.0, 1.0], "load_end": [1.0, 1.0, 1.0]}}
+    text = show(nb.RENDER, params, data)
+    assert cells(text, "P4: 1 stream")[1:] == [
+        "50.0", "55.0", "1.100", "1.000-1.200", ">= 0.95", "met",
+    ]  # fmt: skip
+    # Four streams, four times the tokens in four times the time: the same speeds.
+    assert cells(text, "P3: 4 streams")[1:4] == ["50.0", "55.0", "1.100"]
+    slower = [_p34_round(1.26, 1.26 / 0.9), _p34_round(1.26, 1.26)]
+    data["p34"]["rounds"] = slower
+    assert cells(show(nb.RENDER, params, data), "P4: 1 stream")[-1] == "within noise"
