@@ -43,7 +43,9 @@ settings of the pinned llama.cpp, in alternating rounds.
   counting prompts, as one stream (P4) and as 4 concurrent streams from 4
   client threads (P3), in pairs A,B,B,A. Tok/s: the tokens after each
   stream's first over the time from the first stream's first token to the
-  last stream's last (the prefill left out); a round's ratio: the median of
+  last stream's last (the first prefill left out; the other streams' short
+  prefills fall inside the window, on both sides alike, which is why 4
+  streams read lower than 1 here); a round's ratio: the median of
   its pairs' deterministic over default. Decode steps of under 64 rows never
   take the tiled path and the default model's weights are not repacked, so
   the option should cost decode nothing; the bar says whether that held
