@@ -41,9 +41,7 @@ def main() -> None:
     model = Model(str(default_model_path()))
     n = args.threads
     ctx = model.context(
-        ContextOptions(
-            n_ctx=4096, n_seq_max=4, kv_unified=True, n_threads=n, n_threads_batch=n
-        )
+        ContextOptions(n_ctx=4096, n_seq_max=4, kv_unified=True, n_threads=n, n_threads_batch=n)
     )
     batch = Batch(512)
 
