@@ -64,7 +64,7 @@ def main() -> None:
             batch.add(token, pos, 0, logits=True)
             ctx.decode(batch)
             token, pos = 300 + k % 50, pos + 1
-        return (time.perf_counter() - started) * 1000.0 / args.tokens
+        return float((time.perf_counter() - started) * 1000.0 / args.tokens)
 
     times: dict[str, list[float]] = {name: [] for name in CASES}
     for rnd in range(args.rounds):
