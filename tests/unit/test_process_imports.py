@@ -5,8 +5,8 @@ whole life. These run each entry module as its process does (``asyncio``
 deferred, as ``llamad.supervisor.run_child`` and the root do) in a fresh
 interpreter and fail if a module comes in eagerly that the process only needs
 later or never: OpenSSL's libcrypto through ``hashlib``/``secrets`` (~4 MB
-resident), cache-meta's index (~2 MB). What a running daemon imports, late
-imports included, is checked against a real daemon in
+resident), cache-meta's index (~2 MB), the binding (libllama). What a running
+daemon imports, late imports included, is checked against a real daemon in
 tests/integration/daemon/test_daemon_process_imports.py.
 """
 
@@ -29,6 +29,10 @@ ENTRIES = {
     "llamad.model.worker_proc": True,
 }
 OPENSSL_HASHING = frozenset({"hashlib", "_hashlib", "secrets", "hmac"})
+#: The binding and with it libllama and libggml (several MB resident): only a
+#: model worker loads a model; the others read GGUF headers and build the
+#: options in Python.
+BINDING = frozenset({"llamad.llama_ffi._llama", "llamad.llama_ffi.native", "_cffi_backend"})
 #: Imported by the first request that needs them (a chat, a JSON schema, a
 #: pressure sample), never by an entry module.
 ON_FIRST_USE = frozenset(
@@ -67,3 +71,5 @@ def test_an_entry_imports_neither_cache_metas_index_nor_hashing_it_does_not_do(
     assert ON_FIRST_USE & loaded == set()
     if not ENTRIES[entry]:
         assert OPENSSL_HASHING & loaded == set()
+    if entry != "llamad.model.worker_proc":
+        assert BINDING & loaded == set()

@@ -19,8 +19,9 @@ so the error a user sees at load time points into their file.
 :func:`conversion_problems` builds every part once, piece by piece, when the
 config is loaded, so a config that loads always converts.
 
-This module loads the binding (``ContextOptions`` and ``check_gguf`` need
-libllama); the schema does not.
+Nothing here loads libllama: ``ContextOptions``, ``ModelOptions`` and
+``check_gguf`` are plain Python (the root converts the config and never loads
+a model, SPEC P9).
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ enum ggml_type {
     GGML_TYPE_Q8_0,
     GGML_TYPE_IQ4_NL,
     GGML_TYPE_BF16,
+    GGML_TYPE_COUNT,
     ...
 };
 
@@ -181,11 +182,29 @@ typedef struct llama_chat_message {
     const char * content;
 } llama_chat_message;
 
+/* Every value: the pure-Python reader's literals are compared with them
+ * (llamad.llama_ffi.gguf_reader; tests/unit/llama_ffi/test_ffi_abi_literals.py). */
 enum gguf_type {
+    GGUF_TYPE_UINT8,
+    GGUF_TYPE_INT8,
+    GGUF_TYPE_UINT16,
+    GGUF_TYPE_INT16,
+    GGUF_TYPE_UINT32,
+    GGUF_TYPE_INT32,
     GGUF_TYPE_FLOAT32,
+    GGUF_TYPE_BOOL,
     GGUF_TYPE_STRING,
+    GGUF_TYPE_ARRAY,
+    GGUF_TYPE_UINT64,
+    GGUF_TYPE_INT64,
+    GGUF_TYPE_FLOAT64,
+    GGUF_TYPE_COUNT,
     ...
 };
+#define GGUF_VERSION ...
+#define GGUF_DEFAULT_ALIGNMENT ...
+#define GGML_MAX_DIMS ...
+#define GGML_MAX_NAME ...
 
 struct gguf_init_params {
     bool no_alloc;
@@ -402,7 +421,9 @@ int32_t llama_chat_apply_template(const char * tmpl, const struct llama_chat_mes
                                   bool add_ass, char * buf, int32_t length);
 int32_t llama_chat_builtin_templates(const char ** output, size_t len);
 
-/* --- GGUF header inspection (before llama.cpp loads a file) ---------------- */
+/* --- ggml's GGUF reader ------------------------------------------------------
+ * llamad reads headers in Python (llamad.llama_ffi.gguf_reader: the root and the
+ * front must not load libllama); the tests hold that reader equal to this one. */
 struct gguf_context * gguf_init_from_file(const char * fname, struct gguf_init_params params);
 void gguf_free(struct gguf_context * ctx);
 uint32_t gguf_get_version(const struct gguf_context * ctx);
@@ -412,6 +433,13 @@ size_t gguf_get_tensor_offset(const struct gguf_context * ctx, int64_t tensor_id
 size_t gguf_get_tensor_size(const struct gguf_context * ctx, int64_t tensor_id);
 int64_t gguf_find_key(const struct gguf_context * ctx, const char * key);
 enum gguf_type gguf_get_kv_type(const struct gguf_context * ctx, int64_t key_id);
+size_t gguf_get_alignment(const struct gguf_context * ctx);
+int64_t gguf_get_n_kv(const struct gguf_context * ctx);
+const char * gguf_get_key(const struct gguf_context * ctx, int64_t key_id);
+const char * gguf_get_tensor_name(const struct gguf_context * ctx, int64_t tensor_id);
+enum ggml_type gguf_get_tensor_type(const struct gguf_context * ctx, int64_t tensor_id);
+int64_t ggml_blck_size(enum ggml_type type);
+size_t ggml_type_size(enum ggml_type type);
 
 /* --- shim.c ---------------------------------------------------------------- */
 void llamad_log_install(int min_level);

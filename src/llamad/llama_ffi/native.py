@@ -141,11 +141,8 @@ def _silence_at_exit() -> None:
 
 def ensure_logs() -> None:
     """Route llama.cpp's and ggml's log into structlog, once per process
-    (idempotent), without starting the backend.
-
-    What reading a GGUF header needs (:func:`~llamad.llama_ffi.check_gguf`):
-    the root and the front read headers and never load a model, and
-    ``llama_backend_init`` costs each ~0.8 MB resident (SPEC P9)."""
+    (idempotent), without starting the backend (``llama_backend_init`` costs
+    ~0.8 MB resident, SPEC P9: a process that only calls ggml needs no more)."""
     global _logs_routed
     if _logs_routed:
         return

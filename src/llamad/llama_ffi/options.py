@@ -3,6 +3,13 @@
 An invalid value raises :class:`llamad.errors.ConfigError` naming the field, so
 a bad model configuration is a refusal to start rather than a surprise inside
 llama.cpp.
+
+Nothing here loads libllama: the root and the front build these options from
+the config and never load a model, and the binding costs each of them several
+MB resident (SPEC P9). The enum values and the two limits below are therefore
+literals, llama.h's ABI at the pinned commit;
+tests/unit/llama_ffi/test_ffi_abi_literals.py compares every one with the
+binding, so a pin bump that changes one fails there.
 """
 
 from __future__ import annotations
@@ -14,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llamad.errors import ConfigError
-from llamad.llama_ffi.native import lib
 
 __all__ = [
     "ContextOptions",
@@ -28,55 +34,60 @@ __all__ = [
     "default_threads",
 ]
 
+MAX_DEVICES = 16
+"""``llama_max_devices()``: the most entries ``tensor_split`` may have."""
+MAX_PARALLEL_SEQUENCES = 256
+"""``llama_max_parallel_sequences()`` (``LLAMA_MAX_SEQ``): the most ``n_seq_max`` may be."""
+
 
 class LoadMode(enum.IntEnum):
     """How llama.cpp maps the weights (``llama_load_mode``)."""
 
-    AUTO = int(lib.LLAMA_LOAD_MODE_AUTO)
-    NONE = int(lib.LLAMA_LOAD_MODE_NONE)
-    MMAP = int(lib.LLAMA_LOAD_MODE_MMAP)
-    MLOCK = int(lib.LLAMA_LOAD_MODE_MLOCK)
-    MMAP_MLOCK = int(lib.LLAMA_LOAD_MODE_MMAP_MLOCK)
-    DIRECT_IO = int(lib.LLAMA_LOAD_MODE_DIRECT_IO)
+    AUTO = -1  # LLAMA_LOAD_MODE_AUTO
+    NONE = 0  # LLAMA_LOAD_MODE_NONE
+    MMAP = 1  # LLAMA_LOAD_MODE_MMAP
+    MLOCK = 2  # LLAMA_LOAD_MODE_MLOCK
+    MMAP_MLOCK = 3  # LLAMA_LOAD_MODE_MMAP_MLOCK
+    DIRECT_IO = 4  # LLAMA_LOAD_MODE_DIRECT_IO
 
 
 class SplitMode(enum.IntEnum):
     """How a model is split across several GPUs (``llama_split_mode``)."""
 
-    NONE = int(lib.LLAMA_SPLIT_MODE_NONE)
-    LAYER = int(lib.LLAMA_SPLIT_MODE_LAYER)
-    ROW = int(lib.LLAMA_SPLIT_MODE_ROW)
-    TENSOR = int(lib.LLAMA_SPLIT_MODE_TENSOR)
+    NONE = 0  # LLAMA_SPLIT_MODE_NONE
+    LAYER = 1  # LLAMA_SPLIT_MODE_LAYER
+    ROW = 2  # LLAMA_SPLIT_MODE_ROW
+    TENSOR = 3  # LLAMA_SPLIT_MODE_TENSOR
 
 
 class FlashAttn(enum.IntEnum):
     """Flash attention: let llama.cpp decide, force off, or force on."""
 
-    AUTO = int(lib.LLAMA_FLASH_ATTN_TYPE_AUTO)
-    OFF = int(lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
-    ON = int(lib.LLAMA_FLASH_ATTN_TYPE_ENABLED)
+    AUTO = -1  # LLAMA_FLASH_ATTN_TYPE_AUTO
+    OFF = 0  # LLAMA_FLASH_ATTN_TYPE_DISABLED
+    ON = 1  # LLAMA_FLASH_ATTN_TYPE_ENABLED
 
 
 class PoolingType(enum.IntEnum):
     """How token embeddings are pooled per sequence (``llama_pooling_type``)."""
 
-    UNSPECIFIED = int(lib.LLAMA_POOLING_TYPE_UNSPECIFIED)
-    NONE = int(lib.LLAMA_POOLING_TYPE_NONE)
-    MEAN = int(lib.LLAMA_POOLING_TYPE_MEAN)
-    CLS = int(lib.LLAMA_POOLING_TYPE_CLS)
-    LAST = int(lib.LLAMA_POOLING_TYPE_LAST)
-    RANK = int(lib.LLAMA_POOLING_TYPE_RANK)
+    UNSPECIFIED = -1  # LLAMA_POOLING_TYPE_UNSPECIFIED
+    NONE = 0  # LLAMA_POOLING_TYPE_NONE
+    MEAN = 1  # LLAMA_POOLING_TYPE_MEAN
+    CLS = 2  # LLAMA_POOLING_TYPE_CLS
+    LAST = 3  # LLAMA_POOLING_TYPE_LAST
+    RANK = 4  # LLAMA_POOLING_TYPE_RANK
 
 
 class RopeScaling(enum.IntEnum):
     """How RoPE positions are scaled (``llama_rope_scaling_type``);
     ``UNSPECIFIED`` takes the model's own choice."""
 
-    UNSPECIFIED = int(lib.LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED)
-    NONE = int(lib.LLAMA_ROPE_SCALING_TYPE_NONE)
-    LINEAR = int(lib.LLAMA_ROPE_SCALING_TYPE_LINEAR)
-    YARN = int(lib.LLAMA_ROPE_SCALING_TYPE_YARN)
-    LONGROPE = int(lib.LLAMA_ROPE_SCALING_TYPE_LONGROPE)
+    UNSPECIFIED = -1  # LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED
+    NONE = 0  # LLAMA_ROPE_SCALING_TYPE_NONE
+    LINEAR = 1  # LLAMA_ROPE_SCALING_TYPE_LINEAR
+    YARN = 2  # LLAMA_ROPE_SCALING_TYPE_YARN
+    LONGROPE = 3  # LLAMA_ROPE_SCALING_TYPE_LONGROPE
 
 
 class KVType(enum.IntEnum):
@@ -87,15 +98,15 @@ class KVType(enum.IntEnum):
     takes the number and knows no names).
     """
 
-    F32 = int(lib.GGML_TYPE_F32)
-    F16 = int(lib.GGML_TYPE_F16)
-    BF16 = int(lib.GGML_TYPE_BF16)
-    Q8_0 = int(lib.GGML_TYPE_Q8_0)
-    Q5_1 = int(lib.GGML_TYPE_Q5_1)
-    Q5_0 = int(lib.GGML_TYPE_Q5_0)
-    Q4_1 = int(lib.GGML_TYPE_Q4_1)
-    Q4_0 = int(lib.GGML_TYPE_Q4_0)
-    IQ4_NL = int(lib.GGML_TYPE_IQ4_NL)
+    F32 = 0  # GGML_TYPE_F32
+    F16 = 1  # GGML_TYPE_F16
+    BF16 = 30  # GGML_TYPE_BF16
+    Q8_0 = 8  # GGML_TYPE_Q8_0
+    Q5_1 = 7  # GGML_TYPE_Q5_1
+    Q5_0 = 6  # GGML_TYPE_Q5_0
+    Q4_1 = 3  # GGML_TYPE_Q4_1
+    Q4_0 = 2  # GGML_TYPE_Q4_0
+    IQ4_NL = 20  # GGML_TYPE_IQ4_NL
 
     @property
     def quantized(self) -> bool:
@@ -184,11 +195,10 @@ class ModelOptions:
         )
         split = tuple(self.tensor_split)
         object.__setattr__(self, "tensor_split", split)
-        max_devices = int(lib.llama_max_devices())
         _require(
-            len(split) <= max_devices,
+            len(split) <= MAX_DEVICES,
             "tensor_split",
-            f"at most {max_devices} entries (llama_max_devices)",
+            f"at most {MAX_DEVICES} entries (llama_max_devices)",
         )
         _require(
             all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in split),
@@ -250,8 +260,11 @@ class ContextOptions:
         _require(self.n_ctx >= 1, "n_ctx", "must be >= 1")
         _require(self.n_batch >= 1, "n_batch", "must be >= 1")
         _require(1 <= self.n_ubatch <= self.n_batch, "n_ubatch", "must be in [1, n_batch]")
-        max_seq = int(lib.llama_max_parallel_sequences())
-        _require(1 <= self.n_seq_max <= max_seq, "n_seq_max", f"must be in [1, {max_seq}]")
+        _require(
+            1 <= self.n_seq_max <= MAX_PARALLEL_SEQUENCES,
+            "n_seq_max",
+            f"must be in [1, {MAX_PARALLEL_SEQUENCES}]",
+        )
         _require(
             self.n_ctx >= self.n_seq_max,
             "n_ctx",

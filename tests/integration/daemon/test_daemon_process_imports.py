@@ -15,6 +15,7 @@ counted too) and fail if an eager import pulls a heavy package in.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +32,11 @@ def _dump():
     path = os.path.join(os.environ["IMPORTS_DUMP_DIR"], f"{os.getpid()}.txt")
     with open(path, "w") as f:
         f.write("\\0".join(sys.argv) + "\\n" + "\\n".join(sorted(sys.modules)) + "\\n")
+    with open("/proc/self/maps") as m:
+        fields = [line.split(None, 5) for line in m]
+    mapped = sorted({f[5].strip() for f in fields if len(f) == 6 and f[5].startswith("/")})
+    with open(path[:-4] + ".maps", "w") as f:
+        f.write("\\n".join(mapped) + "\\n")
 
 if os.environ.get("IMPORTS_DUMP_DIR"):
     atexit.register(_dump)
@@ -57,8 +63,9 @@ NOT_IN_CACHE_META = NOT_IN_A_SUPERVISOR - {"llamad.cache", "psutil", "crc32c"}
 
 
 @pytest.fixture(scope="module")
-def imports_by_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, set[str]]]:
-    """``{child id: modules}`` of every supervised process of a daemon that served one request."""
+def dumps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """What every supervised process of a daemon that served one request
+    wrote at exit: its ``sys.modules`` and the files it had mapped."""
     site = tmp_path_factory.mktemp("site")
     (site / "sitecustomize.py").write_text(_SITECUSTOMIZE)
     dumps = tmp_path_factory.mktemp("imports")
@@ -78,18 +85,33 @@ def imports_by_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dic
             else:
                 os.environ[key] = value
         d.cleanup()
-    yield _read(dumps)
+    yield dumps
 
 
-def _read(dumps: Path) -> dict[str, set[str]]:
+@pytest.fixture(scope="module")
+def imports_by_process(dumps: Path) -> dict[str, set[str]]:
+    """``{child id: modules}`` of every supervised process."""
+    return _read(dumps, "txt")
+
+
+@pytest.fixture(scope="module")
+def mapped_by_process(dumps: Path) -> dict[str, set[str]]:
+    """``{child id: paths of the files it had mapped}`` of every supervised process."""
+    return _read(dumps, "maps")
+
+
+def _read(dumps: Path, kind: str) -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
     for path in dumps.glob("*.txt"):
         argv_line, _, rest = path.read_text().partition("\n")
+        if kind == "maps":
+            rest = path.with_suffix(".maps").read_text()
         argv = argv_line.split("\0")
+        items = set(rest.split("\n") if kind == "maps" else rest.split()) - {""}
         if "--id" in argv[:-1]:
-            found[argv[argv.index("--id") + 1]] = set(rest.split())
+            found[argv[argv.index("--id") + 1]] = items
         elif argv[0].endswith("/llamad/daemon/__main__.py"):
-            found["root"] = set(rest.split())
+            found["root"] = items
     return found
 
 
@@ -102,6 +124,33 @@ def test_the_daemon_runs_the_root_cache_meta_the_front_the_gateway_and_a_worker_
 ) -> None:
     # cache_sup and model_sup are threads of the root: no interpreter of their own.
     assert set(imports_by_process) == {"root", "cache-meta", "front", "gateway", "model.m"}
+
+
+#: The shared libraries of llama.cpp: libllama, libggml and its backends.
+LLAMA_CPP_LIBRARY = re.compile(r"/lib(llama|ggml)[\w.-]*\.so")
+
+
+def test_only_the_worker_maps_llama_cpp(mapped_by_process: dict[str, set[str]]) -> None:
+    # The root, the front, cache-meta and the gateway read GGUF headers and
+    # build options in Python and never load a model: llama.cpp's libraries
+    # and the binding would cost each several MB resident (SPEC P9).
+    assert set(mapped_by_process) == {"root", "cache-meta", "front", "gateway", "model.m"}
+    libs = {
+        p: sorted(Path(f).name for f in files if LLAMA_CPP_LIBRARY.search(f))
+        for p, files in mapped_by_process.items()
+    }
+    assert any(name.startswith("libllama") for name in libs.pop("model.m")), mapped_by_process
+    assert libs == {p: [] for p in libs}
+
+
+def test_no_process_but_the_worker_imports_the_binding(
+    imports_by_process: dict[str, set[str]],
+) -> None:
+    binding = {"llamad.llama_ffi._llama", "llamad.llama_ffi.native", "_cffi_backend"}
+    others = sorted(set(imports_by_process) - {"model.m"})
+    loaded = {p: sorted(imports_by_process[p] & binding) for p in others}
+    assert loaded == {p: [] for p in others}
+    assert binding <= imports_by_process["model.m"]
 
 
 #: The HTTP gateway is a client of the daemon: what a client program loads

@@ -161,3 +161,30 @@ def test_importing_the_config_never_loads_libllama() -> None:
         "assert set(loaded) <= {'llamad.llama_ffi.errors'}, loaded\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.model
+def test_loading_a_config_and_building_its_workers_specs_never_loads_libllama(
+    tmp_path: Path,
+) -> None:
+    # The root loads the config (checking every model file's GGUF header and
+    # building each worker's context and load options) and never loads a
+    # model: libllama would cost it several MB resident for good (SPEC P9).
+    code = (
+        "import sys\n"
+        "from llamad.config import load_config\n"
+        "env = {'HOME': sys.argv[1], 'LLAMAD_RUNTIME_DIR': sys.argv[1] + '/run'}\n"
+        "config = load_config(None, env=env)\n"
+        "spec = config.worker_spec('smollm2')\n"
+        "assert spec.context.n_seq_max >= 1 and spec.model_path\n"
+        "print(sorted(m for m in sys.modules\n"
+        "      if m in ('llamad.llama_ffi._llama', 'llamad.llama_ffi.native', '_cffi_backend')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert out.stdout.strip() == "[]"
