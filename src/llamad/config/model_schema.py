@@ -59,8 +59,10 @@ evicts from them; the remote tier is only restored from (and written behind)."""
 
 
 def _binding_names(enum_name: str) -> Callable[[], tuple[str, ...]]:
-    """The lower-case member names of a binding enum, read when first needed
-    (importing the schema must not load libllama)."""
+    """The lower-case member names of a binding enum, read when first needed.
+    (It once kept libllama out of every process that imports the schema; the
+    enums are literals now, and the lazy read stays as the schema's one way
+    to name them.)"""
 
     def names() -> tuple[str, ...]:
         options = importlib.import_module("llamad.llama_ffi.options")
