@@ -337,9 +337,9 @@ def completion_call(body: Mapping[str, Any]) -> TextCall:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, list):
-        # type(t) is int: no bool (an int subclass); JSON gives no other subclass.
-        # (isinstance twice per id took ~0.3 ms of a 2,048-id prompt's first token.)
-        if not prompt or not all(type(t) is int for t in prompt):
+        # Exactly int: no bool (an int subclass; JSON gives no other). In C:
+        # isinstance twice per id took ~0.1 ms of a 2,048-id prompt's first token.
+        if set(map(type, prompt)) != {int}:
             raise _bad("prompt", "one prompt per request: a string or a list of token ids")
     elif not isinstance(prompt, str):
         raise _bad("prompt", "give a string or a list of token ids")
