@@ -365,6 +365,12 @@ class AsyncStreamCall(OpenStream[AsyncActorClient]):
             raise StopAsyncIteration
         return event
 
+    def buffered(self) -> int:
+        """The answers here already (events, and the terminal): taking them
+        does not wait. 0 once the stream is over."""
+        slot = None if self.finished else self._client._slots.get(self.cid)
+        return 0 if slot is None else len(slot.arrivals)
+
     def _event(self, arrival: Arrival) -> Any:
         assert arrival.body is not None
         return decode(arrival.body, self._event_type)

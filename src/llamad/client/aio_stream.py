@@ -75,6 +75,12 @@ class AsyncStream(StreamBase):
             pass
         return self._outcome()
 
+    def buffered(self) -> int:
+        """How many of the next events (the ``done`` one included) have arrived
+        already: that many ``anext`` calls return without waiting. A consumer
+        that forwards events (the HTTP gateway) writes those together."""
+        return 0 if self.finished else self._call.buffered()
+
     async def cancel(self) -> bool:
         """Ask the worker to stop; keep iterating for the ``done`` event
         (``finish_reason`` ``cancelled``). False when it had already ended."""

@@ -247,6 +247,12 @@ def _tokens(tokens: Sequence[int], field: str) -> list[int]:
             details={"field": field},
         )
     out = list(tokens)
+    if set(map(type, out)) <= {int}:
+        # Plain ints only (a bool's type is bool): the common case, in C. The
+        # loop below, with its two isinstance per id, took ~0.1 ms of every
+        # 2,048-token prompt's first token; it stays for the rest (int
+        # subclasses pass, bools and others are named).
+        return out
     for i, t in enumerate(out):
         if isinstance(t, bool) or not isinstance(t, int):
             raise BadRequest(

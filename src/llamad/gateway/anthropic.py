@@ -625,19 +625,27 @@ def routes(gate: Gate) -> list[BaseRoute]:
         encoder = StreamEncoder(message_id, call.model, call.max_tokens, tools)
 
         async def events() -> AsyncIterator[bytes]:
-            for name, data in encoder.start():
-                yield _sse(name, data)
+            # The frames of what is here leave in one write (message_start
+            # with the first token's block, a last token with message_stop),
+            # none waiting for an event still to come (openai._sse says more).
+            frames = [_sse(name, data) for name, data in encoder.start()]
             try:
+                if not opened.ready():  # a late first token: begin while it prefills
+                    out, frames = b"".join(frames), []
+                    yield out
                 async for event in opened.events():
                     if isinstance(event, DoneEvent):
-                        out = encoder.done(event.result)
+                        sse = encoder.done(event.result)
                     else:
-                        out = encoder.event(event)
-                    for name, data in out:
-                        yield _sse(name, data)
+                        sse = encoder.event(event)
+                    frames += [_sse(name, data) for name, data in sse]
+                    if frames and not isinstance(event, DoneEvent) and not opened.ready():
+                        out, frames = b"".join(frames), []
+                        yield out
             except LlamadError as exc:
-                for name, data in encoder.error(exc):
-                    yield _sse(name, data)
+                frames += [_sse(name, data) for name, data in encoder.error(exc)]
+            if frames:
+                yield b"".join(frames)
 
         return EventStream(events(), ping_s=opened.keepalive_s)
 

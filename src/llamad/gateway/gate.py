@@ -42,6 +42,7 @@ from llamad.model.results import Completion, DoneEvent, Event
 
 if TYPE_CHECKING:
     from llamad.client.aio import AsyncClient
+    from llamad.client.aio_stream import AsyncStream
     from llamad.config.sections import HttpSection
     from llamad.front.wire import MetricsSnapshot, ModelInfo
 
@@ -121,6 +122,16 @@ class OpenStream:
     _close: Callable[[], Awaitable[None]]
     pending: asyncio.Future[tuple[AsyncIterator[Event], Event]] | None = None
     keepalive_s: float | None = None
+    _buffered: Callable[[], int] | None = None
+    _gave_first: bool = False
+
+    def ready(self) -> bool:
+        """Whether :meth:`events`' next event is here already (taking it does
+        not wait): a protocol gathers the chunks of the events that are into
+        one write, and writes what it has before one that is not."""
+        if not self._gave_first:
+            return self.pending is None or self.pending.done()
+        return self._buffered is not None and self._buffered() > 0
 
     async def events(self) -> AsyncIterator[Event]:
         try:
@@ -129,6 +140,7 @@ class OpenStream:
                 # is sent): the protocol's guard renders it as an error event.
                 self.rest, self.first = await self.pending
             assert self.first is not None and self.rest is not None
+            self._gave_first = True
             yield self.first
             if not isinstance(self.first, DoneEvent):
                 async for event in self.rest:
@@ -251,7 +263,7 @@ class Gate:
         """
         kwargs = self._salted(caller, kwargs)
         release = self._take_slot(caller)
-        opened: list[Any] = []  # the stream once sent, to close if what follows fails
+        opened: list[AsyncStream] = []  # the stream once sent, to close if what follows fails
         commit = self.http.keepalive_s if keepalive else None
 
         async def start() -> tuple[AsyncIterator[Event], Event]:
@@ -270,6 +282,9 @@ class Gate:
             for stream in opened:
                 await stream.aclose()
 
+        def buffered() -> int:
+            return opened[0].buffered() if opened else 0
+
         # One watch over the send and the first event (each watch is two tasks).
         starting = asyncio.ensure_future(start())
         gone = asyncio.ensure_future(wait_disconnect(request.receive))
@@ -287,7 +302,15 @@ class Gate:
                 log.info("gateway.client_gone", path=request.url.path)
                 raise ClientGone
             else:
-                return OpenStream(None, None, release, close, pending=starting, keepalive_s=commit)
+                return OpenStream(
+                    None,
+                    None,
+                    release,
+                    close,
+                    pending=starting,
+                    keepalive_s=commit,
+                    _buffered=buffered,
+                )
         except BaseException:
             if not starting.done():
                 starting.cancel()
@@ -296,7 +319,7 @@ class Gate:
             await close()
             release()
             raise
-        return OpenStream(first, events, release, close, keepalive_s=commit)
+        return OpenStream(first, events, release, close, keepalive_s=commit, _buffered=buffered)
 
     async def embed(
         self, request: Request, caller: Caller, model: str, inputs: Sequence[Any]

@@ -337,7 +337,9 @@ def completion_call(body: Mapping[str, Any]) -> TextCall:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, list):
-        if not prompt or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        # Exactly int: no bool (an int subclass; JSON gives no other). In C:
+        # isinstance twice per id took ~0.1 ms of a 2,048-id prompt's first token.
+        if set(map(type, prompt)) != {int}:
             raise _bad("prompt", "one prompt per request: a string or a list of token ids")
     elif not isinstance(prompt, str):
         raise _bad("prompt", "give a string or a list of token ids")
@@ -570,21 +572,25 @@ async def _token_texts(gate: Gate, model: str, entries: Sequence[TokenLogprob]) 
     return dict(zip(ids, texts, strict=True))
 
 
-def _sse(events: AsyncIterator[dict[str, Any]], ping_s: float | None) -> EventStream:
+def _sse(events: AsyncIterator[dict[str, Any] | None], ping_s: float | None) -> EventStream:
+    """``events``' chunks as ``data:`` lines, gathered up to each ``None`` (the
+    next event has not arrived: write now) into one write, ``[DONE]`` with the
+    last ones. So what arrived together leaves together (a chat's role chunk
+    with its first token's; a last token with the finish and usage chunks),
+    and no chunk waits for an event still to come (a completion's first token
+    once waited for the second, or for the finish save the worker runs after
+    it: HTTP's cost to the first token, ``docs/internals/gateway.md``)."""
+
     async def data() -> AsyncIterator[bytes]:
-        # The first two chunks (a chat's role, then the first event, which is
-        # there already) leave in one write.
-        held, first = b"", True
+        lines: list[bytes] = []
         async for chunk in events:
-            line = b"data: " + msgspec.json.encode(chunk) + b"\n\n"
-            if held:
-                yield held + line
-                held = b""
-            elif first:
-                held, first = line, False
-            else:
-                yield line
-        yield held + b"data: [DONE]\n\n"
+            if chunk is not None:
+                lines.append(b"data: " + msgspec.json.encode(chunk) + b"\n\n")
+            elif lines:
+                out, lines = b"".join(lines), []
+                yield out
+        lines.append(b"data: [DONE]\n\n")
+        yield b"".join(lines)
 
     return EventStream(data(), ping_s=ping_s)
 
@@ -623,7 +629,7 @@ def routes(gate: Gate) -> list[BaseRoute]:
         opened = await gate.stream(request, caller, call.model, keepalive=True, **kwargs)
         held = ToolStream(call.tools)
 
-        async def chunks() -> AsyncIterator[dict[str, Any]]:
+        async def chunks() -> AsyncIterator[dict[str, Any] | None]:
             def chunk(delta: dict[str, Any] | None, **kw: Any) -> dict[str, Any]:
                 return chat_chunk(
                     response_id,
@@ -635,6 +641,8 @@ def routes(gate: Gate) -> list[BaseRoute]:
                 )
 
             yield chunk({"role": "assistant", "content": ""})
+            if not opened.ready():
+                yield None  # a late first token: the stream begins while it prefills
             async for event in _guarded_events(opened.events(), render_stream_error):
                 if isinstance(event, dict):  # an error after the first event
                     yield event
@@ -642,6 +650,7 @@ def routes(gate: Gate) -> list[BaseRoute]:
                 if isinstance(event, TokenEvent):
                     logprobs = None
                     if call.logprobs and event.logprob is not None:
+                        yield None  # what is gathered leaves before the round trip
                         texts = await _token_texts(gate, call.model, [event.logprob])
                         logprobs = chat_logprobs([event.logprob], texts)
                     text = held.feed(event.text)
@@ -660,6 +669,8 @@ def routes(gate: Gate) -> list[BaseRoute]:
                     yield chunk({}, finish=finish_reason(parsed, _finish(event.result)))
                     if call.include_usage:
                         yield chunk(None, usage_of=event.result)
+                if not isinstance(event, DoneEvent) and not opened.ready():
+                    yield None
 
         return _sse(chunks(), opened.keepalive_s)
 
@@ -680,7 +691,7 @@ def routes(gate: Gate) -> list[BaseRoute]:
             request, caller, call.model, call.prompt, keepalive=True, **kwargs
         )
 
-        async def chunks() -> AsyncIterator[dict[str, Any]]:
+        async def chunks() -> AsyncIterator[dict[str, Any] | None]:
             def chunk(text: str | None, **kw: Any) -> dict[str, Any]:
                 return text_chunk(
                     response_id, call.model, created, text, include_usage=call.include_usage, **kw
@@ -693,6 +704,7 @@ def routes(gate: Gate) -> list[BaseRoute]:
                 if isinstance(event, TokenEvent):
                     logprobs = None
                     if call.logprobs is not None and event.logprob is not None:
+                        yield None  # what is gathered leaves before the round trip
                         texts = await _token_texts(gate, call.model, [event.logprob])
                         logprobs = text_logprobs([event.logprob], texts)
                     if event.text or logprobs is not None:
@@ -701,6 +713,8 @@ def routes(gate: Gate) -> list[BaseRoute]:
                     yield chunk("", finish=_finish(event.result))
                     if call.include_usage:
                         yield chunk(None, usage_of=event.result)
+                if not isinstance(event, DoneEvent) and not opened.ready():
+                    yield None
 
         return _sse(chunks(), opened.keepalive_s)
 

@@ -55,6 +55,23 @@ def test_token_prompts_travel_as_a_list_of_ints() -> None:
     assert info.value.details["field"] == "prompt"
 
 
+@pytest.mark.parametrize("bad", [True, 2.0, None, "2"])
+def test_a_token_prompt_names_the_id_that_is_no_int(bad: object) -> None:
+    with pytest.raises(BadRequest) as info:
+        _infer([1, 2, bad, 4])
+    assert info.value.details["field"] == "prompt"
+    assert info.value.message.startswith("prompt[2]: a token id must be an int")
+
+
+def test_int_subclasses_other_than_bool_are_token_ids() -> None:
+    import enum  # noqa: PLC0415
+
+    class Tok(enum.IntEnum):
+        A = 7
+
+    assert _infer([1, Tok.A]).prompt == [1, 7]
+
+
 @pytest.mark.parametrize("prompt", [b"caf\xc3\xa9", bytearray(b"hi"), memoryview(b"hi")])
 def test_a_bytes_prompt_is_refused_not_read_as_token_ids(prompt: object) -> None:
     # b"hi" is a sequence of ints (104, 105): it used to go out as two token ids.

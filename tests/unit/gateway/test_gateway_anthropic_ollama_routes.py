@@ -49,15 +49,21 @@ class _Stream:
     def __init__(self, events: list[Any], error: Exception | None) -> None:
         self.events = events
         self.error = error
+        self.taken = 0
 
     def __aiter__(self) -> AsyncIterator[Any]:
         return self._gen()
 
     async def _gen(self) -> AsyncIterator[Any]:
         for e in self.events:
+            self.taken += 1
             yield e
         if self.error is not None:
             raise self.error
+
+    def buffered(self) -> int:
+        """Every event is there at once (as an AsyncStream's that arrived together)."""
+        return len(self.events) - self.taken
 
     async def aclose(self) -> None:
         pass

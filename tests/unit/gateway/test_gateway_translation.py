@@ -67,6 +67,7 @@ class _Stream:
     def __init__(self, events: list[Any], error: Exception | None = None) -> None:
         self.events = events
         self.error = error
+        self.taken = 0
         self.closed = False
 
     def __aiter__(self) -> AsyncIterator[Any]:
@@ -74,9 +75,14 @@ class _Stream:
 
     async def _gen(self) -> AsyncIterator[Any]:
         for e in self.events:
+            self.taken += 1
             yield e
         if self.error is not None:
             raise self.error
+
+    def buffered(self) -> int:
+        """Every event is there at once (as an AsyncStream's that arrived together)."""
+        return len(self.events) - self.taken
 
     async def aclose(self) -> None:
         self.closed = True
@@ -368,6 +374,20 @@ def test_bad_chat_fields_are_400_naming_the_field(
     err = r.json()["error"]
     assert err["param"] == param
     assert err["type"] == "invalid_request_error"
+    assert fake.calls == []
+
+
+@pytest.mark.parametrize(
+    "prompt", [[1, True, 3], [1, 2.0], [1, "2"], [], [[1], [2]], [1, None], {"a": 1}]
+)
+def test_a_completions_prompt_is_a_string_or_token_ids_only(
+    app: TestClient, fake: FakeClient, prompt: Any
+) -> None:
+    """Token ids are ints: a bool (an int to Python), a float, a string among
+    them, an empty list or a batch of several is refused naming ``prompt``."""
+    r = app.post("/v1/completions", json={"model": "m", "prompt": prompt})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "prompt"
     assert fake.calls == []
 
 
