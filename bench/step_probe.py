@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,21 +61,44 @@ def _spec(root: str, threads: int) -> WorkerSpec:
     )
 
 
-def _time_parts(proc: Any, out: Path) -> None:
-    """Wrap the loop's parts in perf_counter accumulators (a few hundred ns
-    each), written to ``out`` at every idle tick."""
+def _time_parts(proc: Any, out: Path, clock: Callable[[], float] = time.perf_counter) -> None:
+    """Wrap the loop's parts in ``clock`` accumulators (a few hundred ns
+    each), written to ``out`` at every idle tick. ``time.thread_time``: the
+    loop thread's CPU time, which the other processes of a loaded machine do
+    not inflate (a part preempted reads as what it ran, not what it waited)."""
     totals: dict[str, list[float]] = {}
 
     def wrap(obj: Any, name: str, label: str) -> None:
-        inner = getattr(obj, name)
+        inner = getattr(obj, name, None)
+        if inner is None:
+            return  # a part this tree does not have
         acc = totals.setdefault(label, [0.0, 0])
 
         def timed(*a: Any, **k: Any) -> Any:
-            t = time.perf_counter()
+            t = clock()
             try:
                 return inner(*a, **k)
             finally:
-                acc[0] += time.perf_counter() - t
+                acc[0] += clock() - t
+                acc[1] += 1
+
+        setattr(obj, name, timed)
+
+    def wrap_poll(obj: Any, name: str) -> None:
+        """As ``wrap``, with the polls that may block (a ``timeout`` other
+        than 0: the loop had no work) apart, as ``actor.poll(wait)``: the
+        wait for the client's next request is not loop time."""
+        inner = getattr(obj, name)
+        busy = totals.setdefault("actor.poll", [0.0, 0])
+        wait = totals.setdefault("actor.poll(wait)", [0.0, 0])
+
+        def timed(timeout: float | None = 0.0) -> Any:
+            acc = busy if timeout == 0 else wait
+            t = clock()
+            try:
+                return inner(timeout)
+            finally:
+                acc[0] += clock() - t
                 acc[1] += 1
 
         setattr(obj, name, timed)
@@ -83,9 +107,15 @@ def _time_parts(proc: Any, out: Path) -> None:
     wrap(backend.ctx, "decode", "llama_decode")
     wrap(backend, "decode", "backend.decode")
     wrap(proc.core, "step", "core.step")
+    wrap(proc.core, "_plan", "core._plan")
+    wrap(proc.backend, "sample", "sample")
     wrap(proc, "_deliver", "deliver")
     wrap(proc, "_publish", "publish")
-    wrap(proc.actor, "poll", "actor.poll")
+    wrap(proc, "snapshot", "snapshot")
+    if proc.parts.threads is not None:
+        wrap(proc.parts.threads, "threads_for", "governor.threads_for")
+        wrap(proc.parts.threads, "record", "governor.record")
+    wrap_poll(proc.actor, "poll")
     wrap(proc.ops, "settle", "ops.settle")
     wrap(proc, "step", "loop.step")
     step = proc.step
@@ -99,14 +129,17 @@ def _time_parts(proc: Any, out: Path) -> None:
     proc.step = dump_when_idle
 
 
-def child(root: str, threads: int, profile: str | None, timing: bool = False) -> None:
+def child(
+    root: str, threads: int, profile: str | None, timing: bool = False, cpu: bool = False
+) -> None:
     """The worker, serving until SIGTERM."""
     from llamad.model.worker_proc import WorkerProcess  # noqa: PLC0415
 
     proc = WorkerProcess(_spec(root, threads))
     ready = Path(root) / "ready"
     if timing:
-        _time_parts(proc, Path(root) / "timing.json")
+        clock = time.thread_time if cpu else time.perf_counter
+        _time_parts(proc, Path(root) / "timing.json", clock)
     if profile is None:
         proc.serve(ready=ready.touch)
         return
@@ -175,7 +208,10 @@ def _print_timing(label: str, now: dict[str, list[float]], before: dict[str, lis
     parts = {k: (v[0] - before.get(k, [0.0, 0])[0]) * 1e6 / max(1, steps) for k, v in now.items()}
     parts["core.step - backend.decode"] = parts["core.step"] - parts["backend.decode"]
     parts["backend.decode - llama_decode"] = parts["backend.decode"] - parts["llama_decode"]
-    parts["loop.step - llama_decode"] = parts["loop.step"] - parts["llama_decode"]
+    # The loop's own time: its steps less the decodes and the waits for work.
+    parts["loop.step - llama_decode"] = (
+        parts["loop.step"] - parts["llama_decode"] - parts.get("actor.poll(wait)", 0.0)
+    )
     print(label, f"{steps} steps, us/step:", {k: round(v, 1) for k, v in parts.items()})
 
 
@@ -185,10 +221,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--profile", default=None)
     ap.add_argument("--timing", action="store_true", help="time the loop's parts")
+    ap.add_argument(
+        "--cpu", action="store_true", help="with --timing: the loop thread's CPU time, not wall"
+    )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child is not None:
-        child(args.child, args.threads, args.profile, args.timing)
+        child(args.child, args.threads, args.profile, args.timing, args.cpu)
         return
     root = tempfile.mkdtemp(prefix="llamad-probe-", dir="/tmp")
     cmd = [
@@ -204,6 +243,8 @@ def main() -> None:
         cmd += ["--profile", args.profile]
     if args.timing:
         cmd += ["--timing"]
+    if args.cpu:
+        cmd += ["--cpu"]
     worker = subprocess.Popen(cmd, env=os.environ.copy())
     try:
         deadline = time.monotonic() + 120

@@ -21,10 +21,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from llamad.errors import LlamadError
-from llamad.model.strategies import Allocation, BatchStrategy, Work
+from llamad.model.strategies import (
+    Allocation,
+    Balanced,
+    BatchStrategy,
+    DecodeMaximal,
+    PrefillPriority,
+    Work,
+)
 
 __all__ = ["BatchPlan", "Row", "SeqState", "Span", "plan_tick"]
 
@@ -132,6 +139,15 @@ def plan_tick(
     free_cells: int,
 ) -> BatchPlan:
     """This tick's batch for ``states`` (empty when nothing fits or nothing waits)."""
+    budget = min(n_batch, max(free_cells, 0))
+    if 0 < len(states) <= budget and type(strategy) in _DECODES_ALL_FIT:
+        # Every generation step: each sequence decodes its one token. Every
+        # built-in strategy gives each decode its row, oldest first, when
+        # all fit and no prefill competes, so the plan is known without
+        # offering it (a few tens of microseconds of every step).
+        plan = _decodes_only(states)
+        if plan is not None:
+            return plan
     decodes: list[Work] = []
     prefills: list[Work] = []
     by_seq: dict[int, SeqState] = {}
@@ -142,7 +158,6 @@ def plan_tick(
         found = _work(state, chunk)
         if found is not None:
             (decodes if found[0] else prefills).append(found[1])
-    budget = min(n_batch, max(free_cells, 0))
     if budget == 0 or not (decodes or prefills):
         return BatchPlan(())
     allocations = strategy.allocate(decodes, prefills, budget)
@@ -153,6 +168,24 @@ def plan_tick(
         decode = state.wants_logits and len(state.feed) == 1
         spans.append(Span(state.seq, state.pos, tuple(state.feed[:n]), decode))
     return BatchPlan(tuple(spans))
+
+
+_DECODES_ALL_FIT: Final = frozenset({DecodeMaximal, PrefillPriority, Balanced})
+"""Strategies known to give every decode its row when the budget holds them
+all and nothing else is offered (a custom one is always asked)."""
+
+
+def _decodes_only(states: Sequence[SeqState]) -> BatchPlan | None:
+    """The plan of a tick whose every state is a one-token decode (``None``
+    when one is not): what :func:`plan_tick` builds through the strategy."""
+    for state in states:
+        if not state.wants_logits or len(state.feed) != 1:
+            return None
+    if len(states) > 1:
+        states = sorted(states, key=lambda s: s.order)
+        if len({state.seq for state in states}) != len(states):
+            return None  # the full path refuses it
+    return BatchPlan(tuple(Span(s.seq, s.pos, (s.feed[0],), True) for s in states))
 
 
 def _check(

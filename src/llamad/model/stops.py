@@ -55,6 +55,8 @@ class StopMatcher:
         """Text now safe to release; after a match, the text before the stop."""
         if self.matched is not None:
             return ""
+        if not self.stops:
+            return text  # nothing can match, nothing is held (every token of most requests)
         buf = self._held + text
         best: tuple[int, int, str] | None = None
         for stop in self.stops:
@@ -118,6 +120,10 @@ class MarkerSplitter:
             out.append(Segment(self._section, text))
 
     def feed(self, text: str) -> list[Segment]:
+        if not self._opens:
+            # No markers: the text stays in the reply and nothing is held
+            # (every token of a model without thinking or tool-call markers).
+            return [Segment(Section.REPLY, text)] if text else []
         out: list[Segment] = []
         buf = self._held + text
         self._held = ""

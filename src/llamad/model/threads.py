@@ -309,7 +309,8 @@ class ThreadGovernor:
         self._explorations = 0
         self._explorations_kept = 0
         self._last: _Collapse | None = None
-        self._snapshot: ThreadStatus | None = self._build_snapshot()
+        self._snapshot: ThreadStatus | None = None
+        self._snapshot_of: tuple[float, ...] = ()
 
     # -- the two calls around a decode ------------------------------------------
 
@@ -344,7 +345,6 @@ class ThreadGovernor:
             self._since_switch = 0
         self._pending = threads
         self._threads = threads
-        self._snapshot = None  # built when status() asks (a step asks twice, status once)
         return threads
 
     def record(self, rows: int, seconds: float, kv_cells: int = 0) -> None:
@@ -377,7 +377,6 @@ class ThreadGovernor:
                 # threads starting) would make it look slower than it is.
                 self._samples(threads, shape).append(float(seconds))
         self._since_switch += 1
-        self._snapshot = None
 
     def abandon(self) -> None:
         """The step :meth:`threads_for` was asked about ended without a time to
@@ -399,10 +398,17 @@ class ThreadGovernor:
 
     def status(self) -> ThreadStatus:
         """A snapshot for the worker's ``status`` (ages computed now)."""
+        # The worker publishes before every decode step and the counts
+        # rarely change between two: the snapshot is built again only when
+        # one of the values it shows did.
+        shown = self._shown()
         snap = self._snapshot
-        if snap is None:
+        if snap is None or shown != self._snapshot_of:
             snap = self._snapshot = self._build_snapshot()
+            self._snapshot_of = shown
         last = self._last
+        if last is None and self._retry_at is None:
+            return snap  # built with no collapse and no probe due
         now = self._clock()
         report = (
             None
@@ -553,6 +559,22 @@ class ThreadGovernor:
             kept=kept,
             ratio=round(statistics.median(ratios), 3) if ratios else None,
             cooldown_s=self._cooldown,
+        )
+
+    def _shown(self) -> tuple[float, ...]:
+        """Every value :meth:`_build_snapshot` reads that may change."""
+        return (
+            self._threads,
+            self._busy,
+            self._budget,
+            self._ceiling,
+            self._fallbacks,
+            self._collapses,
+            self._probes,
+            self._probes_kept,
+            self._explorations,
+            self._explorations_kept,
+            self._cooldown,
         )
 
     def _build_snapshot(self) -> ThreadStatus:

@@ -31,6 +31,7 @@ from llamad.actors import Registry
 from llamad.cache.key import FingerprintMode, Namespace
 from llamad.cache.lookup import Lookup, RowRef
 from llamad.errors import ConfigError
+from llamad.llama_ffi.errors import Closed
 from llamad.model import identity
 from llamad.model.backend import Backend, PackedState
 from llamad.model.cache_view_protocol import CacheView, RowRead
@@ -289,13 +290,22 @@ class NoCache:
 
     def __init__(self, ctx: identity.LiveContext | None = None) -> None:
         self._ctx = ctx
+        self._shared: Namespace | None = None
+        self._adapters: tuple[tuple[bytes, float], ...] = ()
 
     def namespace(self, salt: bytes | None) -> Namespace:
-        if self._ctx is None:
+        """As ClientCacheView's: recomputed only when the adapters change (the
+        status publish asks before every decode step)."""
+        ctx = self._ctx
+        if ctx is None:
             return identity.salted(self._NS, salt)
-        return identity.namespace(
-            self._ctx, FingerprintMode.FAST_UNSAFE, supplied=bytes(32), salt=salt
-        )
+        if ctx.closed:
+            raise Closed("context is closed")
+        adapters = tuple((adapter.sha256, scale) for adapter, scale in ctx.adapters)
+        if self._shared is None or adapters != self._adapters:
+            self._shared = identity.namespace(ctx, FingerprintMode.FAST_UNSAFE, supplied=bytes(32))
+            self._adapters = adapters
+        return identity.salted(self._shared, salt)
 
     def resolve(
         self,

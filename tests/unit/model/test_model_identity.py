@@ -326,3 +326,33 @@ def test_a_namespace_asked_again_is_not_hashed_again_and_any_change_is(
     ctx.n_ctx = 2048
     assert namespace(ctx).ctx_hash != first.ctx_hash
     assert len(calls) == 4
+
+
+def test_a_cacheless_workers_namespace_follows_its_adapters_and_salt(
+    fake_model: FakeModel,
+) -> None:
+    """NoCache keeps its namespace between calls (the status publish asks
+    before every decode step) but computes it again once an adapter is
+    attached, rescaled or detached: live KV of other adapters is not reused."""
+    from llamad.model.worker_parts import NoCache  # noqa: PLC0415
+
+    a = FakeAdapter("a")
+    ctx = FakeContext(fake_model, _opts())
+    cache = NoCache(ctx)  # type: ignore[arg-type]
+
+    def fresh(salt: bytes | None = None) -> Any:
+        return _namespace(ctx, FingerprintMode.FAST_UNSAFE, supplied=bytes(32), salt=salt)
+
+    plain = cache.namespace(None)
+    assert plain == fresh() and cache.namespace(None) is plain
+    ctx.adapters = ((a, 1.0),)
+    styled = cache.namespace(None)
+    assert styled == fresh() != plain
+    ctx.adapters = ((a, 0.5),)
+    assert cache.namespace(None) == fresh() != styled
+    assert cache.namespace(b"tenant") == fresh(b"tenant") != fresh()
+    ctx.adapters = ()
+    assert cache.namespace(None) == plain
+    ctx.closed = True
+    with pytest.raises(Closed):
+        cache.namespace(None)

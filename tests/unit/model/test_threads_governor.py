@@ -693,3 +693,19 @@ def test_a_step_builds_no_status_and_status_shows_the_last_step(
     assert (status.threads, status.busy_workers, status.budget) == (2, 1, 2)
     assert gov.status() == status
     assert built == [1]
+
+
+def test_status_shows_every_change_since_it_was_last_asked() -> None:
+    """status() reuses its last snapshot while nothing it shows has changed
+    (the worker asks before every decode step); a count that moves alone,
+    as a collapse at one thread does (nothing to fall back to), still shows."""
+    clock = Clock()
+    gov = governor(clock, max_threads=1, cores=1)
+    warm(gov, clock, 10 * MS)
+    first = gov.status()
+    step(gov, clock, 10 * MS)
+    assert gov.status() is first  # nothing it shows changed
+    step(gov, clock, 2.0)
+    after = gov.status()
+    assert after.collapses == 1 and after.fallbacks == 0
+    assert after.last_collapse is not None and after.last_collapse.threads == 1

@@ -247,3 +247,39 @@ def test_a_plan_is_empty_only_when_nothing_fits_or_nothing_waits(
 def test_strategy_classes_are_registered_by_their_names() -> None:
     for cls in (DecodeMaximal, PrefillPriority, Balanced):
         assert isinstance(strategy_named(cls.name), cls)
+
+
+class Asked:
+    """A built-in strategy behind a class the planner does not know: every
+    plan goes through the strategy (no shortcut for decode-only ticks)."""
+
+    def __init__(self, inner: str) -> None:
+        self.inner = strategy_named(inner)
+        self.name = self.inner.name
+        self.asked = 0
+
+    def allocate(
+        self, decodes: Sequence[Work], prefills: Sequence[Work], budget: int
+    ) -> list[Allocation]:
+        self.asked += 1
+        return self.inner.allocate(decodes, prefills, budget)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(0, 1000), min_size=1, max_size=12),
+    st.integers(1, 16),
+    st.integers(0, 20),
+    st.sampled_from(sorted(STRATEGIES)),
+)
+def test_a_decode_only_tick_plans_as_its_strategy_would(
+    orders: list[int], n_batch: int, free: int, name: str
+) -> None:
+    """Generation steps skip the strategy when every decode fits: the plan
+    must be the one the strategy gives (rows, order, logits), whatever fits."""
+    states = [SeqState(seq, order, 7 + seq, [200 + seq], True) for seq, order in enumerate(orders)]
+    asked = Asked(name)
+    expected = plan_tick(states, asked, n_batch=n_batch, chunk=4, free_cells=free)
+    got = plan_tick(states, strategy_named(name), n_batch=n_batch, chunk=4, free_cells=free)
+    assert got == expected
+    assert asked.asked == (1 if min(n_batch, free) > 0 else 0)
