@@ -184,8 +184,13 @@ def main() -> int:
                 view.checkin(got.row.pin)
 
         backend = LlamaBackend(ctx, governor=ThreadGovernor(ThreadPolicy(max_threads=2)))
+        # No idle entries: with them every hit after the first would keep the
+        # previous hit's KV in place (a live hit), never reading the row; and
+        # the cases above unpack into sequence 1 behind the core's back.
         core = WorkerCore(
-            WorkerConfig(n_ctx=ctx.n_ctx, n_batch=512, n_seq_max=N_SEQ), backend, view
+            WorkerConfig(n_ctx=ctx.n_ctx, n_batch=512, n_seq_max=N_SEQ, live_reuse=False),
+            backend,
+            view,
         )
         hits = iter(range(1 << 30))
         core_stats: dict[str, list[float]] = {"restore_ms": [], "prefill_ms": []}
