@@ -1,49 +1,23 @@
-"""A GGUF file's metadata read in Python, for Ollama's ``/api/show`` (no I/O but the read).
+"""A GGUF file's metadata, for Ollama's ``/api/show``.
 
-The gateway never loads libllama (its imports are a client's and the HTTP
-stack's), so this reads the header itself: the key/value section (scalars
-kept, arrays skipped) and the tensor table, whose element counts sum to the
-model's parameter count, as llama.cpp's ``llama_model_n_params`` does. The
-file is mapped, not read: only the header's pages are touched (a few MB for
-a vocabulary of tens of thousands of tokens), and unmapped at once.
-
-Format: ``GGUF``, version (u32, 2 or 3), tensor count (u64), key/value count
-(u64); each key/value a string key (u64 length + UTF-8), a type (u32) and its
-value; each tensor a string name, its dimension count (u32) and dimensions
-(u64 each), its type (u32) and offset (u64). Little-endian throughout.
+The header is read by :func:`llamad.llama_ffi.gguf_reader.read_gguf`, the
+pure-Python reader that checks model files with ggml's own rules (it loads
+no libllama: the gateway never does): the key/value section's scalars
+(arrays, such as the vocabulary, left out) and the tensor table, whose
+element counts sum to the model's parameter count, as llama.cpp's
+``llama_model_n_params`` does.
 """
 
 from __future__ import annotations
 
 import math
-import mmap
 import os
-import struct
 from dataclasses import dataclass
 from typing import Final
 
+from llamad.llama_ffi.gguf_reader import GGUFCorrupt, Scalar, read_gguf
+
 __all__ = ["FTYPE_NAMES", "GGUFMeta", "human_number", "read_gguf_meta"]
-
-Scalar = int | float | bool | str
-
-_SCALARS: Final[dict[int, struct.Struct]] = {
-    0: struct.Struct("<B"),
-    1: struct.Struct("<b"),
-    2: struct.Struct("<H"),
-    3: struct.Struct("<h"),
-    4: struct.Struct("<I"),
-    5: struct.Struct("<i"),
-    6: struct.Struct("<f"),
-    7: struct.Struct("<?"),
-    10: struct.Struct("<Q"),
-    11: struct.Struct("<q"),
-    12: struct.Struct("<d"),
-}
-_STRING: Final = 8
-_ARRAY: Final = 9
-_U32: Final = struct.Struct("<I")
-_U64: Final = struct.Struct("<Q")
-_HEAD: Final = struct.Struct("<4sIQQ")
 
 FTYPE_NAMES: Final[dict[int, str]] = {
     0: "F32",
@@ -126,86 +100,14 @@ def human_number(n: int) -> str:
     return f"{n / 1e3:.0f}K" if n >= 1000 else str(n)
 
 
-class _Reader:
-    def __init__(self, view: mmap.mmap) -> None:
-        self.view = view
-        self.at = 0
-
-    def unpack(self, form: struct.Struct) -> tuple[object, ...]:
-        out = form.unpack_from(self.view, self.at)
-        self.at += form.size
-        return out
-
-    def u32(self) -> int:
-        (value,) = _U32.unpack_from(self.view, self.at)
-        self.at += 4
-        return int(value)
-
-    def u64(self) -> int:
-        (value,) = _U64.unpack_from(self.view, self.at)
-        self.at += 8
-        return int(value)
-
-    def string(self) -> str:
-        n = self.u64()
-        if self.at + n > len(self.view):
-            raise ValueError("truncated string")
-        raw = self.view[self.at : self.at + n]
-        self.at += n
-        return raw.decode("utf-8", errors="replace")
-
-    def skip_string(self) -> None:
-        n = self.u64()  # (not `self.at += self.u64()`: that adds to the old offset)
-        self.at += n
-
-    def value(self, kind: int) -> Scalar | None:
-        """A value of ``kind`` (None: an array, skipped)."""
-        form = _SCALARS.get(kind)
-        if form is not None:
-            (value,) = self.unpack(form)
-            return value  # type: ignore[return-value]
-        if kind == _STRING:
-            return self.string()
-        if kind == _ARRAY:
-            item, n = self.u32(), self.u64()
-            if item == _STRING:
-                for _ in range(n):
-                    self.skip_string()
-            elif item in _SCALARS:
-                self.at += _SCALARS[item].size * n
-            else:  # arrays of arrays: none in llama.cpp's files, read them all the same
-                for _ in range(n):
-                    self.value(item)
-            return None
-        raise ValueError(f"unknown GGUF value type {kind}")
-
-
 def read_gguf_meta(path: str | os.PathLike[str]) -> GGUFMeta:
     """The metadata of the GGUF file at ``path`` (``ValueError``: not a GGUF
-    file, or its header is cut short; ``OSError``: not readable)."""
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
+    file ggml would read, or its header is cut short; ``OSError``: not readable)."""
+    with open(path, "rb") as f:
         try:
-            return _read(_Reader(view))
-        except struct.error as exc:
-            raise ValueError(f"{path}: the GGUF header is cut short") from exc
-
-
-def _read(r: _Reader) -> GGUFMeta:
-    magic, version, n_tensors, n_kv = r.unpack(_HEAD)
-    if magic != b"GGUF" or version not in (2, 3):
-        raise ValueError("not a GGUF file (of version 2 or 3)")
-    values: dict[str, Scalar] = {}
-    for _ in range(int(n_kv)):  # type: ignore[call-overload]
-        key = r.string()
-        value = r.value(r.u32())
-        if value is not None:
-            values[key] = value
-    count = 0
-    for _ in range(int(n_tensors)):  # type: ignore[call-overload]
-        r.skip_string()
-        dims = [r.u64() for _ in range(r.u32())]
-        r.at += 4 + 8  # its type and offset
-        count += math.prod(dims)
-    if r.at > len(r.view):  # (skipped bytes are not read: check they were there)
-        raise ValueError("the GGUF header is cut short")
-    return GGUFMeta(values, count)
+            layout = read_gguf(f.fileno(), os.fstat(f.fileno()).st_size, tensors=True, values=True)
+        except GGUFCorrupt as exc:
+            raise ValueError(f"{path}: not a GGUF file ggml would read: {exc}") from None
+    assert layout.values is not None and layout.tensors is not None
+    count = sum(math.prod(t.dims) for t in layout.tensors)
+    return GGUFMeta(dict(layout.values), count)

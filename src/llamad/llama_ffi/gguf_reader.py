@@ -35,6 +35,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Final
 
+Scalar = int | float | bool | str
+
 __all__ = [
     "DEFAULT_ALIGNMENT",
     "GGML_TYPE_COUNT",
@@ -44,6 +46,7 @@ __all__ = [
     "GGUFCorrupt",
     "GGUFLayout",
     "GGUFType",
+    "Scalar",
     "TensorInfo",
     "read_gguf",
 ]
@@ -159,6 +162,19 @@ GGML_TYPE_TRAITS: Final[tuple[tuple[int, int], ...]] = (
 """``(ggml_blck_size, ggml_type_size)`` of each ``ggml_type``: elements per
 block and bytes per block (0, 0 for a number whose type was removed)."""
 
+_SCALAR_FORMS: Final[Mapping[int, struct.Struct]] = {
+    GGUFType.UINT8: struct.Struct("<B"),
+    GGUFType.INT8: struct.Struct("<b"),
+    GGUFType.UINT16: struct.Struct("<H"),
+    GGUFType.INT16: struct.Struct("<h"),
+    GGUFType.UINT32: struct.Struct("<I"),
+    GGUFType.INT32: struct.Struct("<i"),
+    GGUFType.FLOAT32: struct.Struct("<f"),
+    GGUFType.BOOL: struct.Struct("<?"),
+    GGUFType.UINT64: struct.Struct("<Q"),
+    GGUFType.INT64: struct.Struct("<q"),
+    GGUFType.FLOAT64: struct.Struct("<d"),
+}
 _U32: Final = struct.Struct("<I")
 _I32: Final = struct.Struct("<i")
 _U64: Final = struct.Struct("<Q")
@@ -189,7 +205,9 @@ class GGUFLayout:
     ``key_types``: each key asked for, its ``gguf_type`` (``ARRAY`` for an
     array; -1 when absent), found as ``gguf_find_key`` finds it.
     ``data_end``: where the last tensor's bytes end (the data offset when
-    there are none). ``tensors``: the table, when asked for.
+    there are none). ``tensors``: the table, when asked for. ``values``: every
+    scalar key's value (arrays left out; keys and strings decoded as UTF-8,
+    bad bytes replaced), when asked for.
     """
 
     version: int
@@ -200,6 +218,7 @@ class GGUFLayout:
     data_end: int
     key_types: Mapping[bytes, int]
     tensors: tuple[TensorInfo, ...] | None
+    values: Mapping[str, Scalar] | None = None
 
 
 class _Source:
@@ -240,9 +259,12 @@ class _Source:
         return start
 
     def unpack(self, form: struct.Struct, what: str) -> int:
+        return int(self.scalar(form, what))
+
+    def scalar(self, form: struct.Struct, what: str) -> Scalar:
         start = self._view(form.size, what)
         (value,) = form.unpack_from(self._window, start)
-        return int(value)
+        return value  # type: ignore[no-any-return]
 
     def take(self, n: int, what: str) -> bytes:
         start = self._view(n, what)
@@ -277,8 +299,11 @@ def _pad(x: int, n: int) -> int:
     return (x + n - 1) & ~(n - 1)
 
 
-def _read_kv(src: _Source, n_kv: int, wanted: Collection[bytes]) -> tuple[dict[bytes, int], int]:
-    """The key/value section: the type of each wanted key, and the alignment."""
+def _read_kv(
+    src: _Source, n_kv: int, wanted: Collection[bytes], values: dict[str, Scalar] | None
+) -> tuple[dict[bytes, int], int]:
+    """The key/value section: the type of each wanted key, and the alignment;
+    every scalar key's value into ``values`` when it is given."""
     seen: set[bytes] = set()
     found: dict[bytes, int] = {}
     alignment: tuple[int, int] | None = None  # (type, value) of the first general.alignment
@@ -307,6 +332,9 @@ def _read_kv(src: _Source, n_kv: int, wanted: Collection[bytes]) -> tuple[dict[b
                 if count > MAX_ARRAY_ELEMENTS or count * 8 > src.remain():
                     raise GGUFCorrupt(f"{what}: {count} strings cannot fit")
                 src.skip_strings(count, what)
+            elif values is not None:
+                text = src.take(src.string_length(what), what)
+                values[key.decode("utf-8", "replace")] = text.decode("utf-8", "replace")
             else:
                 src.skip(src.string_length(what), what)
         elif size is None:
@@ -315,6 +343,11 @@ def _read_kv(src: _Source, n_kv: int, wanted: Collection[bytes]) -> tuple[dict[b
             if count > MAX_ARRAY_ELEMENTS or count * size > src.remain():
                 raise GGUFCorrupt(f"{what}: {count} elements cannot fit")
             src.skip(count * size, what)
+        elif values is not None:
+            scalar = src.scalar(_SCALAR_FORMS[kind], what)
+            values[key.decode("utf-8", "replace")] = scalar
+            if kind == GGUFType.UINT32:
+                value = int(scalar)
         elif kind == GGUFType.UINT32:
             value = src.unpack(_U32, what)
         else:
@@ -394,15 +427,21 @@ def _read_tensor(src: _Source, i: int, names: set[bytes]) -> TensorInfo:
 
 
 def read_gguf(
-    fd: int, size: int, *, keys: Collection[bytes] = (), tensors: bool = False
+    fd: int,
+    size: int,
+    *,
+    keys: Collection[bytes] = (),
+    tensors: bool = False,
+    values: bool = False,
 ) -> GGUFLayout:
     """Read the GGUF header of the file open at ``fd`` (``size`` bytes long;
     its magic is checked here too); raise :class:`GGUFCorrupt` where ggml's
     reader would refuse it.
 
     ``keys``: metadata keys (no NUL) whose types to report. ``tensors``:
-    keep the tensor table (a checker needs only its extent). ``OSError``
-    from reading the file is the caller's.
+    keep the tensor table (a checker needs only its extent). ``values``:
+    keep the scalar keys' values. ``OSError`` from reading the file is the
+    caller's.
     """
     src = _Source(fd, size, 0)
     magic = src.take(4, "the magic")
@@ -423,7 +462,8 @@ def read_gguf(
             f"{n_kv} key/values and {n_tensors} tensors need at least {least} bytes, "
             f"the file has {src.remain()} left"
         )
-    key_types, alignment = _read_kv(src, n_kv, frozenset(keys))
+    found: dict[str, Scalar] | None = {} if values else None
+    key_types, alignment = _read_kv(src, n_kv, frozenset(keys), found)
     names: set[bytes] = set()
     table: list[TensorInfo] = []
     size_so_far = 0  # the data section's size, padded, as ggml sums it
@@ -463,4 +503,5 @@ def read_gguf(
         data_end=data_offset + data_end_rel,
         key_types={key: key_types.get(key, -1) for key in keys},
         tensors=tuple(table) if tensors else None,
+        values=found,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import struct
 from pathlib import Path
 
@@ -19,9 +20,12 @@ def _string(text: str) -> bytes:
 
 def _gguf(kvs: list[bytes], tensors: list[tuple[str, list[int]]]) -> bytes:
     out = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kvs)) + b"".join(kvs)
+    offset = 0  # each tensor's data follows the one before (Q4_0: 32 values in 18 bytes)
     for name, dims in tensors:
         out += _string(name) + struct.pack("<I", len(dims))
-        out += b"".join(struct.pack("<Q", d) for d in dims) + struct.pack("<IQ", 2, 0)
+        out += b"".join(struct.pack("<Q", d) for d in dims) + struct.pack("<IQ", 2, offset)
+        nbytes = dims[0] // 32 * 18 * math.prod(dims[1:])
+        offset += -(-nbytes // 32) * 32
     return out
 
 
