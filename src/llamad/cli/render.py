@@ -195,7 +195,8 @@ def model_status_text(model: ModelStatus) -> str:
         s = model.worker.status
         out.append(
             f"kv cells in use {s.kv_cells_used}, live hits {s.live_hits}, "
-            f"first tokens from stored logits {s.stored_logits_hits}\n"
+            f"first tokens from stored logits {s.stored_logits_hits}, "
+            f"idle entries released {s.idle_released}\n"
         )
         out.append("\nidle entries\n")
         out.append(idle_entries_text([model]))

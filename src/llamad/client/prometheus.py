@@ -239,6 +239,13 @@ def _model(b: _Builder, m: ModelMetrics) -> None:
         status.idle_count,
     )
     b.add(
+        "llamad_idle_entries_released_total",
+        "counter",
+        "Idle entries cleared because a tier holds their rows (release_saved_idle).",
+        model,
+        status.idle_released,
+    )
+    b.add(
         "llamad_decode_steps_total",
         "counter",
         "llama_decode steps since the worker started.",

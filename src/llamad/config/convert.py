@@ -368,6 +368,7 @@ def worker_config(
             tool_call=tool_call,
             miss_window=m.miss_window,
             live_reuse=m.live_reuse,
+            release_saved_idle=m.release_saved_idle,
         ),
         _under(_model_key(model_id)),
     )

@@ -354,6 +354,17 @@ class ModelConfig(Table, frozen=True, kw_only=True):
             Boolean(),
         ),
     ] = True
+    release_saved_idle: Annotated[
+        bool,
+        Key(
+            "When a request starts, clear the idle entries whose KV is exactly a row the "
+            "cache has published (but any the request reuses): in a unified KV every decode "
+            "attends over idle entries' cells, and the next request for such a prompt "
+            "restores its row instead (a few ms). Entries never saved stay; false keeps "
+            "every idle entry live.",
+            Boolean(),
+        ),
+    ] = True
     deterministic: Annotated[
         bool,
         Key(

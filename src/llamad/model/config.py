@@ -70,6 +70,10 @@ class WorkerConfig:
     request's KV stays in its sequence as an idle entry that the next request
     sharing a prefix reuses in place or shares (SPEC M18); off, a sequence is
     cleared when its request ends and only sessions keep KV.
+    ``release_saved_idle``: when a request starts, the idle entries whose KV
+    is exactly a row a tier has published are cleared (but any the request
+    reuses), so that the decodes beside them do not attend over their
+    cells; off, idle entries stay until a sequence or cells are needed.
     """
 
     n_ctx: int
@@ -83,6 +87,7 @@ class WorkerConfig:
     tool_call: MarkerPair | None = None
     miss_window: int = 16
     live_reuse: bool = True
+    release_saved_idle: bool = True
 
     def __post_init__(self) -> None:
         _positive("n_ctx", self.n_ctx)
@@ -112,10 +117,9 @@ class WorkerConfig:
                 f"unknown batch strategy {self.strategy!r} (known: {known})",
                 details={"field": "strategy"},
             )
-        if not isinstance(self.live_reuse, bool):
-            raise ConfigError(
-                "worker live_reuse must be a boolean", details={"field": "live_reuse"}
-            )
+        for flag in ("live_reuse", "release_saved_idle"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError(f"worker {flag} must be a boolean", details={"field": flag})
         if not isinstance(self.policy, CachePolicy):
             raise ConfigError("worker policy must be a CachePolicy", details={"field": "policy"})
         for name in ("thinking", "tool_call"):

@@ -13,7 +13,10 @@ One :meth:`~WorkerCore.step` is one tick:
 1. requests cancelled since the last tick end (``done``, ``cancelled``);
 2. queued requests take free sequences, oldest first (an empty one, else
    the least recently used idle entry's; the least recently used idle
-   session is parked, after an evict save, when none is free);
+   session is parked, after an evict save, when none is free); when some
+   request is about to resolve, the idle entries whose rows a tier has
+   published are released, but those it would reuse
+   (``release_saved_idle``);
 3. newly admitted requests resolve (:mod:`llamad.model.restore`): live KV
    first (an idle entry kept in place, or another sequence's prefix shared),
    then the cache; one that shares a prefix another running request is
@@ -67,7 +70,7 @@ from llamad.model.slots import SequenceTable, Slot
 from llamad.model.stops import TextStream
 from llamad.model.strategies import BatchStrategy, strategy_named
 
-__all__ = ["FOLLOW_MIN_TOKENS", "TickReport", "WorkerCore"]
+__all__ = ["FOLLOW_MIN_TOKENS", "RELEASE_KEEP_MIN_TOKENS", "TickReport", "WorkerCore"]
 
 log = structlog.get_logger("llamad.model")
 
@@ -75,6 +78,13 @@ FOLLOW_MIN_TOKENS = 32
 """A request waits for another's prefill only when it would share at least this
 many more tokens than it can get now: below it, computing them costs less
 than the ticks spent waiting."""
+
+RELEASE_KEEP_MIN_TOKENS = 32
+"""A starting request keeps a saved idle entry it would reuse from being
+released only when it reuses all of it or at least this many tokens: every
+prompt in a chat template shares its first few tokens with every entry, and
+keeping 2,000 cells attended at every step to save prefilling a handful of
+tokens is the wrong trade."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,7 +331,14 @@ class WorkerCore:
                 self._finish(req, FinishReason.CANCELLED, now)
         self._admit_from_queue(now)
         self._sampled_stored = False
-        for req in sorted(self.requests.values(), key=lambda r: r.order):
+        starting = [
+            r
+            for r in sorted(self.requests.values(), key=lambda r: r.order)
+            if r.phase in (Phase.ADMITTED, Phase.WAITING)
+        ]
+        if starting and self.config.release_saved_idle:
+            self._release_saved_idle(starting)
+        for req in starting:
             if req.phase in (Phase.ADMITTED, Phase.WAITING):
                 self._resolve(req, now)
         if self._sampled_stored:
@@ -441,6 +458,33 @@ class WorkerCore:
         elif req.remaining == 0:
             # prefill_only on a target the cache already held whole.
             self._finish(req, FinishReason.LENGTH, self.clock())
+
+    def _release_saved_idle(self, starting: Sequence[ActiveRequest]) -> None:
+        """Before ``starting`` resolve, release the idle entries a tier holds
+        the rows of, but those any of them would reuse live.
+
+        It runs before resolution, not after: a request restored from a row
+        unpacks it during resolution, and llama.cpp gives a sequence the
+        first free cells, so the entries must be gone first for its cells
+        (and a cold prefill's, at the decode) to land low and shrink the
+        span every decode attends over. What each request would reuse is
+        what resolution will choose from (:func:`best_live`: the entry it
+        continues, repeats or shares a prefix of, its ``parent_key``'s
+        turn; see :data:`RELEASE_KEEP_MIN_TOKENS`); its own sequence is
+        held, never an idle entry.
+        """
+        if not any(s.saved_key is not None for s in self.seqs.idle_entries()):
+            return
+        keep: set[Slot] = set()
+        for req in starting:
+            assert req.seq is not None
+            live = best_live(self.seqs, req, self.slots[req.seq])
+            if live is None:
+                continue
+            source = self.slots[live.seq]
+            if live.common >= min(len(source.kv), RELEASE_KEEP_MIN_TOKENS):
+                keep.add(source)
+        self.seqs.release_saved(keep)
 
     def _drop_unresolved_kv(self) -> bool:
         """Clear the idle entry a request took with its sequence but has not

@@ -60,6 +60,7 @@ def status_of(core: WorkerCore) -> WorkerStatus:
         idle_entries=idle,
         idle_count=len(entries),
         live_hits=core.live_hits,
+        idle_released=core.seqs.released,
         read_buffer=core.cache.read_buffer(),
         namespace=_namespace_header(core),
     )

@@ -344,6 +344,9 @@ class WorkerStatus(msgspec.Struct, frozen=True):
     """Idle entries in all."""
     live_hits: int = 0
     """Requests since start that kept or shared live KV of another request."""
+    idle_released: int = 0
+    """Idle entries released since start because a tier holds their rows
+    (``release_saved_idle``)."""
     read_buffer: ReadBufferStats | None = None
     """The cache view's read buffer (``None``: no cache, or a stand-in)."""
     namespace: bytes | None = None

@@ -7,7 +7,10 @@ the only part that holds up other sequences), builds the
 :class:`~llamad.model.cache_view_protocol.CacheView`, which writes synchronously
 (evict, shutdown) or through the writer pool. It keeps the keys of finish
 saves not yet reported published, so a next turn naming one as its
-``parent_key`` waits for it instead of missing it. A save by a request that
+``parent_key`` waits for it instead of missing it, and the keys of rows
+reported published, so an idle entry holding exactly one of them may be
+released (:meth:`SequenceTable.release_saved
+<llamad.model.slots.SequenceTable.release_saved>`). A save by a request that
 kept its target's last logits (:attr:`ActiveRequest.prompt_logits`) carries
 them when its tokens reach that position.
 """
@@ -73,6 +76,9 @@ class Saver:
         self.recent: OrderedDict[bytes, float] = OrderedDict()
         """Rows this worker saved, or has a save of in flight (key → when),
         the most recent last."""
+        self.published: OrderedDict[bytes, None] = OrderedDict()
+        """Rows reported published (the most recent last): an idle entry
+        holding exactly one of them can be restored from its tier instead."""
         self.skipped = 0
         """Saves not taken because the row was just written (status, tests)."""
 
@@ -133,6 +139,8 @@ class Saver:
             self.recent.popitem(last=False)
         if reason is SaveReason.FINISH:
             self.inflight_finish[job.key] = job.n_tokens
+        if job.sync:
+            self._published(job.key)  # a synchronous save answered "published"
         return True
 
     def _just_written(self, key: bytes) -> bool:
@@ -147,6 +155,18 @@ class Saver:
     def forget_written(self, key: bytes) -> None:
         """``key``'s row turned out missing or damaged: save it again next time."""
         self.recent.pop(key, None)
+        self.published.pop(key, None)
+
+    def holds_published(self, key: bytes) -> bool:
+        """Whether ``key``'s row was reported published and no save of it is in
+        flight: the KV it holds can be read back from its tier."""
+        return key in self.published and key not in self.inflight_finish
+
+    def _published(self, key: bytes) -> None:
+        self.published[key] = None
+        self.published.move_to_end(key)
+        if len(self.published) > RECENT_KEYS:
+            self.published.popitem(last=False)
 
     def _saved(self, slot: Slot, req: ActiveRequest | None, key: bytes, n_tokens: int) -> None:
         """The row of ``slot``'s first ``n_tokens`` tokens exists (or is being written)."""
@@ -208,8 +228,11 @@ class Saver:
     def done(self, key: bytes, published: bool) -> None:
         """An asynchronous save ended; a failed one no longer counts as a session's row."""
         self.inflight_finish.pop(key, None)
-        if not published:
+        if published:
+            self._published(key)
+        else:
             self.recent.pop(key, None)
+            self.published.pop(key, None)
             for session in self.sessions.values():
                 if session.saved_key == key:
                     session.saved_key, session.saved_len = None, 0

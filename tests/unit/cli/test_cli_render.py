@@ -174,6 +174,7 @@ def test_status_lists_each_models_idle_entries() -> None:
         idle_entries=(IdleEntry(0, 647, 600, 75.0, True), IdleEntry(2, 53, 53, 2.5)),
         idle_count=2,
         live_hits=3,
+        idle_released=2,
     )
     snap = WorkerSnapshot("smol", 7, "i", 1, 0.0, worker)
     model = ModelStatus(info, worker=snap)
@@ -184,6 +185,7 @@ def test_status_lists_each_models_idle_entries() -> None:
     assert "smol   2    53      53         2.5s      no" in text
     one = model_status_text(model)
     assert "kv cells in use 700, live hits 3" in one
+    assert "idle entries released 2" in one
     assert "smol   0    647" in one
     empty = WorkerStatus(WorkerPhase.IDLE, 0, 0, 0, 4, 0, 0, 0)
     assert "(none)" in idle_entries_text(

@@ -166,6 +166,7 @@ prefill_chunk_size = 128
 strategy = "balanced"
 miss_window = 4
 live_reuse = false
+release_saved_idle = false
 decode_timeout_ms = "10s"
 liveness_s = 3
 load_timeout_s = "1m"
@@ -305,6 +306,7 @@ def test_the_worker_spec_carries_every_model_key(full: LlamadConfig) -> None:
         tool_call=MarkerPair(open="<tool_call>", close="</tool_call>"),
         miss_window=4,
         live_reuse=False,
+        release_saved_idle=False,
     )
     assert (spec.decode_timeout_ms, spec.liveness_s, spec.load_timeout_s) == (10_000, 3.0, 60.0)
     assert spec.model_id == "smol"

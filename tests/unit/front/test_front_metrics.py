@@ -55,6 +55,7 @@ def _board(model_id: str, pid: int, metrics: RequestMetrics) -> WorkerSnapshot:
         ticks=77,
         idle_entries=(IdleEntry(0, 10, 10, 1.0),),
         idle_count=1,
+        idle_released=3,
     )
     threads = ThreadStatus(1, 2, 2, 1, 2, 1, True, 4, 6, 0, 0, 0, 0, 1.0, None, None)
     return WorkerSnapshot(
@@ -142,6 +143,7 @@ def test_a_model_reads_under_llamad_and_vllm_names() -> None:
     assert ("llamad_cache_hits_total", (("kind", "cold"), ("model_name", "b"))) not in s
     assert _get(s, "vllm:generation_tokens_total", **b) == 2
     assert _get(s, "llamad_worker_restarts_total", **b) == 2
+    assert _get(s, "llamad_idle_entries_released_total", **b) == 3
     assert _get(s, "llamad_thread_fallbacks_total", **b) == 4
     assert _get(s, "llamad_thread_collapses_total", **b) == 6
     assert _get(s, "llamad_model_state", state="ready", **b) == 1

@@ -185,6 +185,7 @@ def test_the_fullest_snapshot_fits_the_status_board() -> None:
         idle_entries=tuple(IdleEntry(big, big, big, 1e300, True) for _ in range(64)),
         idle_count=big,
         live_hits=big,
+        idle_released=big,
     )
     collapse = CollapseReport(big, big, 1e300, 1e300, 1e300, big)
     threads = ThreadStatus(big, big, big, big, big, big, True, big, big, big, big, big, big,
