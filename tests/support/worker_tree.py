@@ -67,6 +67,7 @@ class WorkerTree:
         n_threads: int | None = 1,
         threads: ThreadPolicy | None = None,
         live_reuse: bool = True,
+        release_saved_idle: bool = True,
         deterministic: bool = False,
     ) -> None:
         self.settings = scratch_settings(
@@ -84,6 +85,7 @@ class WorkerTree:
             "n_threads": n_threads,
             "threads": threads,
             "live_reuse": live_reuse,
+            "release_saved_idle": release_saved_idle,
             "deterministic": deterministic,
         }
         self.spec = self._worker_spec(model_id, **shape)
@@ -121,6 +123,7 @@ class WorkerTree:
         n_threads: int | None,
         threads: ThreadPolicy | None,
         live_reuse: bool,
+        release_saved_idle: bool,
         deterministic: bool,
     ) -> WorkerSpec:
         sizes = {"n_ctx": n_ctx, "n_batch": n_batch, "n_seq_max": n_seq_max}
@@ -144,6 +147,7 @@ class WorkerTree:
                 prefill_chunk_size=prefill_chunk_size,
                 policy=policy,
                 live_reuse=live_reuse,
+                release_saved_idle=release_saved_idle,
             ),
             cache=self.settings,
             decode_timeout_ms=decode_timeout_ms,

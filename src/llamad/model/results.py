@@ -294,7 +294,9 @@ class IdleEntry(msgspec.Struct, frozen=True, array_like=True):
 
     ``tokens``: positions it holds; ``cells``: KV cells clearing it would free
     (its own, not those it shares with other sequences); ``age_s``: seconds
-    since its request ended; ``logits``: it keeps its prompt's last logits.
+    since its request ended; ``logits``: it keeps its prompt's last logits;
+    ``saved``: a tier has published a row of exactly its KV (the next request
+    that starts releases it, ``release_saved_idle``).
     """
 
     seq: int
@@ -302,6 +304,7 @@ class IdleEntry(msgspec.Struct, frozen=True, array_like=True):
     cells: int
     age_s: float
     logits: bool = False
+    saved: bool = False
 
 
 class ReadBufferStats(msgspec.Struct, frozen=True):

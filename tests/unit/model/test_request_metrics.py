@@ -182,7 +182,7 @@ def test_the_fullest_snapshot_fits_the_status_board() -> None:
         ticks=big,
         last_cache_hit=CacheHitKind.CONTINUATION,
         stored_logits_hits=big,
-        idle_entries=tuple(IdleEntry(big, big, big, 1e300, True) for _ in range(64)),
+        idle_entries=tuple(IdleEntry(big, big, big, 1e300, True, True) for _ in range(64)),
         idle_count=big,
         live_hits=big,
         idle_released=big,

@@ -59,6 +59,7 @@ def test_an_entry_whose_row_is_published_is_released_when_another_request_starts
     h = deferred()
     first = saved(h, "a", A, max_tokens=4)
     assert held(h) == {0: first.committed_tokens}
+    assert [e.saved for e in h.core.status().idle_entries] == [True]
     h.submit("b", B, max_tokens=4)
     h.step()
     # Released before "b" placed a cell: only "b"'s own KV is in use.
@@ -79,6 +80,7 @@ def test_an_entry_whose_save_is_in_flight_stays_until_the_next_start_after_it_la
     h = make(n_seq_max=3, cache=MemoryCache(defer_async=True))
     first = h.complete("a", A, max_tokens=4)
     assert h.cache.pending, "the finish save is still being written"
+    assert [e.saved for e in h.core.status().idle_entries] == [False]
     h.complete("b", B, max_tokens=4)
     assert held(h)[0] == first.committed_tokens
     assert h.core.status().idle_released == 0
