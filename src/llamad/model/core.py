@@ -129,7 +129,13 @@ class WorkerCore:
             config.n_seq_max, backend, self.sessions, self.saver, keep_idle=config.live_reuse
         )
         self.restorer = Restorer(
-            config, backend, cache, clock, self.seqs, on_bad_row=self.saver.forget_written
+            config,
+            backend,
+            cache,
+            clock,
+            self.seqs,
+            on_bad_row=self.saver.forget_written,
+            on_row_read=self.saver.row_read,
         )
         self.endings = Endings(self.seqs, self.saver, backend)
         self.ticks = 0

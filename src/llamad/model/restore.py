@@ -112,9 +112,12 @@ class Restorer:
         seqs: SequenceTable,
         *,
         on_bad_row: Callable[[bytes], None] = lambda key: None,
+        on_row_read: Callable[[bytes], None] = lambda key: None,
     ) -> None:
         self.on_bad_row = on_bad_row
         """Told the key of a row that could not be read (missing, damaged)."""
+        self.on_row_read = on_row_read
+        """Told the key of a row that was read and unpacked (it is published)."""
         self.config = config
         self.backend = backend
         self.cache = cache
@@ -232,6 +235,7 @@ class Restorer:
             return False, None
         finally:
             req.load_ms += (self.clock() - started) * 1000.0
+        self.on_row_read(row.key)
         # Past `covered`, a diverging row holds tokens that are not the
         # target's: they are cut below, never read as the target's.
         tail = [-1] * max(0, row.n_tokens - covered)

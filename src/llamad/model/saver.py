@@ -157,6 +157,11 @@ class Saver:
         self.recent.pop(key, None)
         self.published.pop(key, None)
 
+    def row_read(self, key: bytes) -> None:
+        """``key``'s row was just restored: the cache has it published, whoever
+        wrote it (an idle entry left holding exactly it may be released)."""
+        self._published(key)
+
     def holds_published(self, key: bytes) -> bool:
         """Whether ``key``'s row was reported published and no save of it is in
         flight: the KV it holds can be read back from its tier."""

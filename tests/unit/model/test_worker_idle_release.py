@@ -157,6 +157,19 @@ def test_an_entry_that_shares_only_a_few_first_tokens_is_released() -> None:
     assert other.cache_delta.sources.live == 0
 
 
+def test_an_entry_restored_from_a_row_another_worker_wrote_is_released() -> None:
+    # One token each: the entry holds exactly the prompt, the row restored.
+    cache = MemoryCache()
+    make(n_seq_max=2, cache=cache).complete("a", A, max_tokens=1)
+    h = make(n_seq_max=2, cache=cache)
+    restored = h.complete("a", A, max_tokens=1)
+    assert restored.cache_hit_kind is CacheHitKind.EXACT and h.cache.reads == 1
+    assert h.cache.saves[-1].n_tokens == len(A), "nothing but the first row was written"
+    assert [e.saved for e in h.core.status().idle_entries] == [True]
+    h.complete("b", B, max_tokens=4)
+    assert 0 not in held(h) and h.core.status().idle_released == 1
+
+
 def test_a_sessions_kv_is_never_released() -> None:
     h = deferred()
     first = saved(h, "a", A, max_tokens=4, session_id="s")
