@@ -13,6 +13,7 @@ test publishes them and tells the core, as the writer's completions do.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -39,7 +40,7 @@ def published(h: Harness) -> None:
         h.core.save_done(key, published=True)
 
 
-def saved(h: Harness, rid: str, tokens: Sequence[int], **params: object) -> Completion:
+def saved(h: Harness, rid: str, tokens: Sequence[int], **params: Any) -> Completion:
     """A request whose finish row is published by the time it returns."""
     done = h.complete(rid, tokens, **params)
     assert done.finish_key is not None, "its finish save was taken"
@@ -47,8 +48,8 @@ def saved(h: Harness, rid: str, tokens: Sequence[int], **params: object) -> Comp
     return done
 
 
-def deferred(**config: object) -> Harness:
-    return make(n_seq_max=2, cache=MemoryCache(defer_async=True), **config)  # type: ignore[arg-type]
+def deferred(**config: Any) -> Harness:
+    return make(n_seq_max=2, cache=MemoryCache(defer_async=True), **config)
 
 
 A = prompt(40)
@@ -221,9 +222,25 @@ def test_the_entries_are_released_before_a_restore_places_its_cells() -> None:
     assert kind == "unpack" and before[1] == 0, '"b"\'s entry was still there'
 
 
+def test_a_saved_entry_continued_in_place_by_a_request_whose_saves_were_refused_stays() -> None:
+    h = deferred()
+    first = h.complete("a", A, max_tokens=4)
+    h.complete("blocker", B, max_tokens=4)  # sequence 1 holds an idle entry, newer
+    published(h)
+    h.cache.refuse_async = True  # the writer pool is saturated: no row of what follows
+    turn2 = first.context_tokens + prompt(8, start=77)
+    second = h.complete("b", turn2, max_tokens=4)
+    # "b" took "a"'s sequence (the least recently used) and kept its KV in
+    # place; its start released the blocker's saved entry.
+    assert second.cache_delta.sources.live == first.committed_tokens and not h.backend.copies
+    assert second.finish_key is None and h.core.status().idle_released == 1
+    h.complete("c", prompt(30, start=33), max_tokens=4)
+    # "b"'s KV grew past "a"'s row: it is the only copy of it.
+    assert held(h)[0] == second.committed_tokens
+    assert h.core.status().idle_released == 1
+
+
 def test_a_saved_entry_that_grew_is_no_longer_that_row() -> None:
-    backend = StubBackend(n_ctx=64, n_batch=16, n_seq_max=1)
     slot = Slot(0, kv=[1, 2, 3], cells=CellRuns(), saved_key=b"k")
-    h = make(backend=backend, n_ctx=64, n_batch=16, n_seq_max=1)
-    h.core.seqs.extend(slot, [4])
+    make(n_seq_max=1).core.seqs.extend(slot, [4])
     assert slot.saved_key is None
