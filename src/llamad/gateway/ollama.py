@@ -660,10 +660,22 @@ def _json(body: Any, status: int = 200) -> Response:
     return Response(msgspec.json.encode(body), status, media_type="application/json")
 
 
-def _ndjson(lines: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
+def _ndjson(lines: AsyncIterator[dict[str, Any] | None]) -> StreamingResponse:
+    """``lines`` as NDJSON, gathered up to each ``None`` (the next event has
+    not arrived: write now) into one write: what arrived together leaves
+    together, and no line waits for an event still to come (as the OpenAI
+    and Anthropic streams, ``docs/internals/gateway.md``)."""
+
     async def encoded() -> AsyncIterator[bytes]:
+        out: list[bytes] = []
         async for line in lines:
-            yield msgspec.json.encode(line) + b"\n"
+            if line is not None:
+                out.append(msgspec.json.encode(line) + b"\n")
+            elif out:
+                joined, out = b"".join(out), []
+                yield joined
+        if out:
+            yield b"".join(out)
 
     # EventStream cancels the stream the moment the client leaves, even while
     # nothing is sent (text held as a possible tool call).
@@ -753,7 +765,7 @@ def routes(gate: Gate) -> list[BaseRoute]:
             return _json(generate_done(result, call.model, total, streamed=False))
         opened = await gate.stream(request, caller, model, prompt, **kwargs)
 
-        async def lines() -> AsyncIterator[dict[str, Any]]:
+        async def lines() -> AsyncIterator[dict[str, Any] | None]:
             hold = CallHold() if tools else None
             event_calls: list[str] = []
             try:
@@ -784,6 +796,8 @@ def routes(gate: Gate) -> list[BaseRoute]:
                                 if chat
                                 else generate_chunk(call.model, response=text)
                             )
+                    if not isinstance(event, DoneEvent) and not opened.ready():
+                        yield None  # what is gathered leaves before the next event
             except LlamadError as exc:
                 # The status line is sent: the error is the last line, which
                 # Ollama's clients raise.

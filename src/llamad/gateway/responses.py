@@ -405,6 +405,25 @@ async def response_events(
     """The streamed response's events (the module's doc) for the llamad
     ``events`` of its request. ``on_done(result, response)`` runs before the
     last event is yielded (the store's put)."""
+    async for e in _gathered_events(
+        call, events, response_id=response_id, created=created, on_done=on_done, ready=None
+    ):
+        if e is not None:
+            yield e
+
+
+async def _gathered_events(
+    call: ResponsesCall,
+    events: AsyncIterator[Event],
+    *,
+    response_id: str,
+    created: float,
+    on_done: Callable[[Completion, dict[str, Any]], None],
+    ready: Callable[[], bool] | None,
+) -> AsyncIterator[dict[str, Any] | None]:
+    """:func:`response_events`, with a ``None`` wherever the next llamad
+    event has not arrived (``ready()`` is false): the stream writes what it
+    gathered there (:func:`_sse`)."""
     seq = itertools.count()
 
     def event(kind: str, **fields: Any) -> dict[str, Any]:
@@ -420,6 +439,8 @@ async def response_events(
     }
     yield event("response.created", response=opening)
     yield event("response.in_progress", response=opening)
+    if ready is not None and not ready():
+        yield None  # a late first token: the stream begins while it prefills
     held = ToolStream(call.tools)
     message_id = f"msg_{secrets.token_hex(24)}"
     where = {"item_id": message_id, "output_index": 0, "content_index": 0}
@@ -477,6 +498,8 @@ async def response_events(
                     yield event("response.output_item.done", output_index=index, item=item)
                 on_done(ev.result, answer)
                 yield event(f"response.{answer['status']}", response=answer)
+            if ready is not None and not isinstance(ev, DoneEvent) and not ready():
+                yield None  # what is gathered leaves before the next event
     except LlamadError as exc:
         code, message = exc.code, exc.message
         yield event("error", code=code, message=message, param=param_of(exc))
@@ -488,10 +511,23 @@ async def response_events(
         yield event("response.failed", response=failed)
 
 
-def _sse(events: AsyncIterator[dict[str, Any]], ping_s: float | None) -> EventStream:
+def _sse(events: AsyncIterator[dict[str, Any] | None], ping_s: float | None) -> EventStream:
+    """``events`` as SSE frames, gathered up to each ``None`` into one write:
+    what arrived together leaves together, and no frame waits for an event
+    still to come (as the chat completions stream, ``docs/internals/gateway.md``)."""
+
     async def frames() -> AsyncIterator[bytes]:
+        out: list[bytes] = []
         async for e in events:
-            yield b"event: " + e["type"].encode() + b"\ndata: " + msgspec.json.encode(e) + b"\n\n"
+            if e is not None:
+                out.append(
+                    b"event: " + e["type"].encode() + b"\ndata: " + msgspec.json.encode(e) + b"\n\n"
+                )
+            elif out:
+                joined, out = b"".join(out), []
+                yield joined
+        if out:
+            yield b"".join(out)
 
     return EventStream(frames(), ping_s=ping_s)
 
@@ -630,8 +666,13 @@ def routes(gate: Gate, store: ResponseStore | None = None) -> list[BaseRoute]:
                 request, caller, call.model, prompt, keepalive=True, **kwargs
             )
             return _sse(
-                response_events(
-                    call, opened.events(), response_id=response_id, created=created, on_done=keep
+                _gathered_events(
+                    call,
+                    opened.events(),
+                    response_id=response_id,
+                    created=created,
+                    on_done=keep,
+                    ready=opened.ready,
                 ),
                 opened.keepalive_s,
             )

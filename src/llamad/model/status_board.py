@@ -11,8 +11,10 @@ when: ``busy_since``).
 
 The loop publishes just before each decode, so a reader sees the batch
 being decoded now (``phase``, ``pending_len``) rather than the state before
-its requests were admitted, and after every tick that no decode follows at
-once (a tick that decoded while more work waits leaves its snapshot to the
+its requests were admitted (while generation steps over the same sequences
+follow one another, only every ``PUBLISH_EVERY_S``: they differ in counts
+alone, :mod:`llamad.model.worker_proc`), and after every tick that no decode
+follows at once (a tick that decoded while more work waits leaves its snapshot to the
 next tick's pre-decode one, or to the end of the next tick if that one does
 not decode).
 

@@ -300,3 +300,76 @@ def test_an_anthropic_stream_gathers_what_is_here_and_waits_for_nothing() -> Non
         assert ex.writes()[3:] == [b""]
 
     asyncio.run(run())
+
+
+def _lines(write: bytes) -> list[dict[str, Any]]:
+    """The NDJSON lines of one write of an Ollama stream."""
+    assert write.endswith(b"\n"), write
+    return [msgspec.json.decode(line) for line in write.split(b"\n") if line]
+
+
+def test_an_ollama_stream_gathers_what_is_here_and_waits_for_nothing() -> None:
+    """Ollama's NDJSON once went out one line per write; now as the OpenAI
+    stream: what arrived together leaves in one write, nothing waits."""
+    body = {"model": "m", "prompt": "hi", "stream": True}
+
+    async def run() -> None:
+        feed = _Feed()
+        feed.put(TokenEvent("Hel", 5))
+        ex = _Exchange(feed, "/api/generate", body)
+        task = ex.start()
+        await ex.until("the first token written alone", lambda: len(ex.writes()) >= 1)
+        assert [line["response"] for line in _lines(ex.writes()[0])] == ["Hel"]
+        feed.put(TokenEvent("lo", 7), TokenEvent("!", 8), DoneEvent(_completion("Hello!")))
+        await asyncio.wait_for(task, DEADLINE_S)
+        last, end = ex.writes()[1:]
+        lines = _lines(last)  # two tokens and the done line: one write
+        assert [line["response"] for line in lines] == ["lo", "!", ""]
+        assert [line["done"] for line in lines] == [False, False, True]
+        assert end == b""
+
+    asyncio.run(run())
+
+
+def _named(write: bytes) -> list[str]:
+    """The event types of one write of a Responses stream."""
+    return [
+        e["type"]
+        for e in (
+            msgspec.json.decode(f.partition(b"\ndata: ")[2]) for f in write.split(b"\n\n") if f
+        )
+    ]
+
+
+def test_a_responses_stream_gathers_what_is_here_and_waits_for_nothing() -> None:
+    body = {"model": "m", "input": "hi", "stream": True, "store": False}
+
+    async def run() -> None:
+        feed = _Feed()
+        feed.put(TokenEvent("Hel", 5))
+        ex = _Exchange(feed, "/v1/responses", body)
+        task = ex.start()
+        await ex.until("the opening and first token written", lambda: len(ex.writes()) >= 1)
+        assert _named(ex.writes()[0]) == [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+            "response.output_text.delta",
+        ]
+        feed.put(TokenEvent("lo", 7))
+        await ex.until("the second token written", lambda: len(ex.writes()) >= 2)
+        assert _named(ex.writes()[1]) == ["response.output_text.delta"]
+        feed.put(TokenEvent("!", 8), DoneEvent(_completion("Hello!")))
+        await asyncio.wait_for(task, DEADLINE_S)
+        last, end = ex.writes()[2:]
+        assert _named(last) == [
+            "response.output_text.delta",
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.incomplete",  # max_tokens reached (finish_reason length)
+        ]
+        assert end == b""
+
+    asyncio.run(run())

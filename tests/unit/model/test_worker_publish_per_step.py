@@ -1,5 +1,7 @@
-"""How often the worker's loop publishes its status (SPEC M10): once per decode
-step while decodes follow one another, and always a last snapshot once they stop.
+"""How often the worker's loop publishes its status (SPEC M10): before every
+decode step that changes what a reader sees, at most every PUBLISH_EVERY_S
+while generation steps follow one another unchanged, and always a last
+snapshot once they stop.
 
 The loop is stepped by hand over the stub parts; the board records what it is given.
 """
@@ -14,6 +16,7 @@ import pytest
 
 from llamad.cache.policy import CachePolicy
 from llamad.llama_ffi import ContextOptions
+from llamad.model import worker_proc
 from llamad.model.config import WorkerConfig
 from llamad.model.requests import RequestParams
 from llamad.model.results import WorkerPhase
@@ -35,10 +38,9 @@ class RecordingBoard:
         pass
 
 
-@pytest.fixture
-def proc() -> Iterator[WorkerProcess]:
+def _spec() -> WorkerSpec:
     root = Path(tempfile.mkdtemp(prefix="lwp-", dir="/tmp"))
-    spec = WorkerSpec(
+    return WorkerSpec(
         model_id="stub",
         model_path="/nonexistent/stub.gguf",
         context=ContextOptions(
@@ -50,7 +52,11 @@ def proc() -> Iterator[WorkerProcess]:
         registry_root=str(root),
         parts="stub_worker_parts:stub_parts",
     )
-    p = WorkerProcess(spec)
+
+
+@pytest.fixture
+def proc() -> Iterator[WorkerProcess]:
+    p = WorkerProcess(_spec())
     p.actor.start()
     try:
         yield p
@@ -59,9 +65,13 @@ def proc() -> Iterator[WorkerProcess]:
         p.parts.close()
 
 
-def test_back_to_back_decode_steps_publish_once_each_and_the_last_state_is_published(
-    proc: WorkerProcess,
+def test_a_step_that_changes_what_readers_see_publishes_before_it_decodes(
+    proc: WorkerProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """With the cadence off, every decode step publishes once (the tick's own
+    snapshot is left to the next tick's while work remains), and the last
+    state is published."""
+    monkeypatch.setattr(worker_proc, "PUBLISH_EVERY_S", 0.0)
     board = RecordingBoard()
     proc.board = board  # type: ignore[assignment]
     proc.core.submit("r", [1, 2, 3, 4, 5], RequestParams(max_tokens=6, temperature=0.0))
@@ -80,6 +90,76 @@ def test_back_to_back_decode_steps_publish_once_each_and_the_last_state_is_publi
     assert last.status.phase is WorkerPhase.IDLE
     assert last.busy_since is None
     assert last.status.pending_len == 0
+
+
+def test_back_to_back_generation_steps_publish_at_most_every_publish_every_s() -> None:
+    """One generation step after another over the same sequences shows readers
+    nothing new but counts: the first publishes, the next ones only once
+    PUBLISH_EVERY_S has passed; a step that changes what they see (a second
+    request arriving) publishes at once, and the last state always goes out."""
+    clock = ManualClock()
+    proc = WorkerProcess(_spec(), clock=clock)
+    proc.actor.start()
+    try:
+        board = RecordingBoard()
+        proc.board = board  # type: ignore[assignment]
+        proc.core.submit("r", [1, 2, 3, 4, 5], RequestParams(max_tokens=40, temperature=0.0))
+        published: list[int] = []  # snapshots each step published
+        for _ in range(12):
+            before = len(board.snapshots)
+            report = proc.step(0.0)
+            assert report.batch and proc.core.has_work()
+            published.append(len(board.snapshots) - before)
+        # Every step up to the first that shows the request generating
+        # publishes (the prefill, and its prompt's last row); the clock stood
+        # still, so the generation steps after it leave the board as it was.
+        phases = [s.status.phase for s in board.snapshots]
+        assert phases[-1] is WorkerPhase.GENERATING
+        assert WorkerPhase.GENERATING not in phases[:-1]
+        first = len(board.snapshots) - 1
+        assert published[:first] == [1] * first and published[first] == 1
+        assert len(published[first + 1 :]) >= 8 and set(published[first + 1 :]) == {0}
+        assert board.snapshots[-1].busy_since is not None
+
+        clock.now += worker_proc.PUBLISH_EVERY_S
+        before = len(board.snapshots)
+        proc.step(0.0)
+        assert len(board.snapshots) - before == 1  # its time had come
+        before = len(board.snapshots)
+        proc.step(0.0)
+        assert len(board.snapshots) == before  # and the next waits again
+
+        # A message handled by the poll may have changed what a snapshot
+        # shows (a session opened, say): the next decode publishes.
+        real_poll = proc.actor.poll
+        proc.actor.poll = lambda timeout=0.0: 1  # type: ignore[method-assign]
+        try:
+            before = len(board.snapshots)
+            proc.step(0.0)
+            assert len(board.snapshots) - before == 1
+        finally:
+            proc.actor.poll = real_poll  # type: ignore[method-assign]
+        before = len(board.snapshots)
+        proc.step(0.0)
+        assert len(board.snapshots) == before
+
+        # A second request: the step that admits it publishes before it
+        # decodes, showing both, however recent the last snapshot.
+        proc.core.submit("s", [1, 2, 3, 4, 6], RequestParams(max_tokens=3, temperature=0.0))
+        before = len(board.snapshots)
+        proc.step(0.0)
+        assert len(board.snapshots) - before == 1
+        assert board.snapshots[-1].status.pending_len == 2
+
+        while proc.core.requests:
+            proc.step(0.0)
+        last = board.snapshots[-1]
+        assert last.status.phase is WorkerPhase.IDLE
+        assert last.busy_since is None
+        assert last.status.pending_len == 0
+    finally:
+        proc.actor.close()
+        proc.parts.close()
 
 
 def test_a_snapshot_left_to_the_next_tick_is_published_even_if_that_tick_is_idle(
@@ -114,13 +194,17 @@ class ManualClock:
         return self.now
 
 
-def test_token_counts_go_out_on_a_cadence_mid_decode_and_fresh_once_it_stops() -> None:
+def test_token_counts_go_out_on_a_cadence_mid_decode_and_fresh_once_it_stops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Mid-decode, a token's counts (generation_tokens, TTFT and inter-token
     histograms) ride along with the last ones taken until METRICS_EVERY_S has
     passed; a request's outcome goes out at once, and the publish after the
     last decode carries every count (what /metrics and counters() read)."""
     from llamad.model.worker_proc import METRICS_EVERY_S  # noqa: PLC0415
 
+    # Every decode step publishes (the snapshot's own cadence is another test's).
+    monkeypatch.setattr(worker_proc, "PUBLISH_EVERY_S", 0.0)
     root = Path(tempfile.mkdtemp(prefix="lwp-", dir="/tmp"))
     spec = WorkerSpec(
         model_id="stub",
