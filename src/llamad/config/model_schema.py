@@ -358,7 +358,8 @@ class ModelConfig(Table, frozen=True, kw_only=True):
         bool,
         Key(
             "When a request starts, clear the idle entries whose KV is exactly a row the "
-            "cache has published (but any the request reuses): in a unified KV every decode "
+            "cache has published or is writing (but any the request reuses): in a unified KV "
+            "every decode "
             "attends over idle entries' cells, and the next request for such a prompt "
             "restores its row instead (a few ms). Entries never saved stay; false keeps "
             "every idle entry live.",

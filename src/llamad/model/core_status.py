@@ -43,7 +43,7 @@ def status_of(core: WorkerCore) -> WorkerStatus:
             cells=core.seqs.cells_only_in(slot),
             age_s=round(max(0.0, now - slot.idle_since), 3),
             logits=slot.logits is not None,
-            saved=slot.saved_key is not None and core.saver.holds_published(slot.saved_key),
+            saved=slot.saved_key is not None and core.saver.holds_row(slot.saved_key),
         )
         for slot in entries[:IDLE_SHOWN]
     )

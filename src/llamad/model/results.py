@@ -295,8 +295,8 @@ class IdleEntry(msgspec.Struct, frozen=True, array_like=True):
     ``tokens``: positions it holds; ``cells``: KV cells clearing it would free
     (its own, not those it shares with other sequences); ``age_s``: seconds
     since its request ended; ``logits``: it keeps its prompt's last logits;
-    ``saved``: a tier has published a row of exactly its KV (the next request
-    that starts releases it, ``release_saved_idle``).
+    ``saved``: a tier has published a row of exactly its KV, or its save is in
+    flight (the next request that starts releases it, ``release_saved_idle``).
     """
 
     seq: int

@@ -162,10 +162,13 @@ class Saver:
         wrote it (an idle entry left holding exactly it may be released)."""
         self._published(key)
 
-    def holds_published(self, key: bytes) -> bool:
-        """Whether ``key``'s row was reported published and no save of it is in
-        flight: the KV it holds can be read back from its tier."""
-        return key in self.published and key not in self.inflight_finish
+    def holds_row(self, key: bytes) -> bool:
+        """Whether ``key``'s row was reported published or its finish save is in
+        flight: the KV it holds can be read back from its tier. A save in flight
+        has packed its copy already, and a lookup that matches it waits for it
+        rather than run cold (SPEC M18); only a save that fails afterwards
+        (quota, disk) costs that prompt's next request its reuse."""
+        return key in self.published or key in self.inflight_finish
 
     def _published(self, key: bytes) -> None:
         self.published[key] = None

@@ -212,19 +212,23 @@ class SequenceTable:
 
     def release_saved(self, keep: Collection[Slot]) -> int:
         """Clear every idle entry (but those in ``keep``) whose KV is exactly a
-        row a tier has published; returns how many.
+        row a tier has published or is writing; returns how many.
 
         In a unified KV every decode attends over the cells up to the highest
         used one, an idle entry's included (~9 % slower beside 2,000 cells:
         docs/internals/model-worker.md, "What idle entries cost"). An entry
-        whose row is published costs the next request that wants it only a
-        restore (~7 ms for 2,048 tokens from ``ram``), so it goes. One never
-        saved, or whose save is in flight or failed, is the only copy of its
-        KV and stays."""
+        whose row is published, or whose finish save is in flight (its copy
+        packed already: the next lookup waits for it), costs the next request
+        that wants it only a restore (~7 ms for 2,048 tokens from ``ram``), so
+        it goes. Waiting for the save to land would keep the entry's cells
+        for the whole of the starting request: the cells it places go above
+        them, and freeing those below later does not lower the span every
+        decode attends over. One never saved, or whose save failed, is the
+        only copy of its KV and stays."""
         released = 0
         for slot in self.idle_entries():
             key = slot.saved_key
-            if slot in keep or key is None or not self.saver.holds_published(key):
+            if slot in keep or key is None or not self.saver.holds_row(key):
                 continue
             log.debug("model.idle_entry_released", seq=slot.seq, tokens=len(slot.kv), key=key.hex())
             self.clear(slot)

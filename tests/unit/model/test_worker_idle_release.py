@@ -2,9 +2,10 @@
 
 In a unified KV every decode attends over every used cell, an idle entry's
 too, so when a request starts, the idle entries whose KV is exactly a row a
-tier has published are cleared: the next request for that prompt restores
-the row. An entry that is the only copy of its KV (never saved, its save in
-flight or failed) stays, and so does one the starting request reuses.
+tier has published or is writing are cleared: the next request for that prompt restores
+the row (one whose save is in flight too: its copy is packed, and a repeat
+waits for it). An entry that is the only copy of its KV (never saved, or its
+save failed) stays, and so does one the starting request reuses.
 
 The in-memory cache holds asynchronous saves back (``defer_async``) until a
 test publishes them and tells the core, as the writer's completions do.
@@ -77,20 +78,32 @@ def test_an_entry_whose_row_is_published_is_released_when_another_request_starts
     assert h.core.cells_used == h.backend.cells_used
 
 
-def test_an_entry_whose_save_is_in_flight_stays_until_the_next_start_after_it_lands() -> None:
+def test_an_entry_whose_save_is_in_flight_is_released_and_its_repeat_waits_for_the_row() -> None:
+    """The save in flight has its copy packed: the entry goes at the next
+    start (waiting for the row to land would leave the starting request's
+    cells above it), and a repeat of its prompt waits for the row and
+    restores it exactly, never cold (SPEC M18)."""
     h = make(n_seq_max=3, cache=MemoryCache(defer_async=True))
     first = h.complete("a", A, max_tokens=4)
     assert h.cache.pending, "the finish save is still being written"
-    assert [e.saved for e in h.core.status().idle_entries] == [False]
-    h.complete("b", B, max_tokens=4)
-    assert held(h)[0] == first.committed_tokens
-    assert h.core.status().idle_released == 0
+    assert [e.saved for e in h.core.status().idle_entries] == [True]
+    h.submit("b", B, max_tokens=4)
+    h.step()
+    assert 0 not in held(h), "released while its save is in flight"
+    assert h.core.status().idle_released == 1
+    assert h.core.cells_used == h.backend.cells_used == len(h.backend.tokens[1])
+    h.run()
+    assert h.cache.pending, "a's row has not landed yet"
+    h.submit("a2", A, max_tokens=4)
+    for _ in range(3):
+        h.step()
+    assert "a2" in h.core.requests, "the repeat waits for the row in flight"
     published(h)
-    assert held(h)[0] == first.committed_tokens, "nothing started since"
-    last = h.complete("c", prompt(30, start=33), max_tokens=4)
-    # "c" took the empty sequence 2; "a"'s and "b"'s rows had both landed.
-    assert held(h) == {2: last.committed_tokens}
-    assert h.core.status().idle_released == 2
+    h.run()
+    again = h.result("a2")
+    assert again.cache_hit_kind is CacheHitKind.EXACT
+    assert again.cache_delta.sources.live == 0 and h.cache.reads == 1
+    assert again.generated == first.generated
 
 
 def test_an_entry_whose_save_failed_stays() -> None:
@@ -224,8 +237,12 @@ def test_the_entries_are_released_before_a_restore_places_its_cells() -> None:
 
 def test_a_saved_entry_continued_in_place_by_a_request_whose_saves_were_refused_stays() -> None:
     h = deferred()
-    first = h.complete("a", A, max_tokens=4)
-    h.complete("blocker", B, max_tokens=4)  # sequence 1 holds an idle entry, newer
+    # Started together (nothing idle to release yet), "a" ends first: sequence
+    # 1 then holds the blocker's idle entry, newer than "a"'s.
+    h.submit("a", A, max_tokens=4)
+    h.submit("blocker", B, max_tokens=6)
+    h.run()
+    first = h.result("a")
     published(h)
     h.cache.refuse_async = True  # the writer pool is saturated: no row of what follows
     turn2 = first.context_tokens + prompt(8, start=77)

@@ -5,6 +5,11 @@ Every test sends its requests back to back, the way users do: nothing waits
 for a save. The in-memory cache holds its asynchronous saves back
 (``defer_async``) wherever a test must show that the live KV, not a row, was
 what the request reused.
+
+The tests that keep an idle entry across another request's start turn
+``release_saved_idle`` off (``KEEP``): their entries' finish saves count as
+rows, and with it on the other request's start would clear them (that
+release is tested in ``test_worker_idle_release.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ from llamad.model.stub_cache import MemoryCache
 from worker_harness import Harness, make, prompt
 
 pytestmark = pytest.mark.timeout(60)
+
+KEEP = {"release_saved_idle": False}
+"""Idle entries stay across other requests' starts, saved or not."""
 
 
 def prompt_rows(h: Harness) -> int:
@@ -94,7 +102,7 @@ def test_a_short_stateless_chat_reuses_everything_but_the_new_message() -> None:
 
 
 def test_a_repeat_on_another_sequence_shares_the_idle_entrys_cells() -> None:
-    h = make(n_seq_max=2, cache=MemoryCache(defer_async=True))
+    h = make(n_seq_max=2, cache=MemoryCache(defer_async=True), **KEEP)
     p = prompt(40)
     cold = h.complete("cold", p, max_tokens=4)
     before = prompt_rows(h)
@@ -169,7 +177,7 @@ def test_a_follower_stops_waiting_when_its_leader_is_cancelled() -> None:
 
 
 def test_status_shows_idle_entries_with_their_tokens_age_and_cells() -> None:
-    h = make(n_seq_max=2)
+    h = make(n_seq_max=2, **KEEP)
     first = h.complete("a", prompt(20), max_tokens=3)
     h.clock.advance(2.0)
     h.complete("b", prompt(12, start=77), max_tokens=2)
@@ -181,7 +189,7 @@ def test_status_shows_idle_entries_with_their_tokens_age_and_cells() -> None:
 
 
 def test_a_new_request_takes_an_empty_sequence_before_an_idle_entrys() -> None:
-    h = make(n_seq_max=2)
+    h = make(n_seq_max=2, **KEEP)
     h.complete("a", prompt(20), max_tokens=2)
     h.complete("b", prompt(20, start=50), max_tokens=2)
     # "b" took the empty sequence 1 and kept "a"'s entry; a third unrelated
@@ -326,7 +334,7 @@ def test_a_row_written_long_ago_is_saved_again() -> None:
 def test_the_idle_entries_are_reported_to_the_cache_when_they_change() -> None:
     # cache-meta publishes them as KV events (medium "live", issue 20).
     cache = MemoryCache()
-    h = make(n_seq_max=2, cache=cache)
+    h = make(n_seq_max=2, cache=cache, **KEEP)
     p = prompt(40)
     done = h.complete("a", p, max_tokens=4)
     assert cache.live_reports, "the idle entry was never reported"
