@@ -3,7 +3,7 @@
 A real supervisor starts cache-meta and the worker (default model, one
 thread, rows from 16 tokens). In llama.cpp's unified KV every decode attends
 over every used cell, so when a request starts, an idle entry whose KV is
-exactly a row the cache has published is cleared: the cells are free for
+exactly a row the cache has published (or is writing) is cleared: the cells are free for
 the new request, and the next request for that prompt restores the row from
 ``ram``, with the reply the live entry would have given (SPEC M19).
 
@@ -34,8 +34,9 @@ TREE: dict[str, Any] = dict(
 
 
 def saved_entry(worker: WorkerClient, tokens: int) -> WorkerStatus:
-    """The worker's status once it has heard that the row of its idle entry of
-    ``tokens`` tokens was published (the writer saves off the loop)."""
+    """The worker's status once its idle entry of ``tokens`` tokens holds a
+    row: published, or its finish save in flight (the writer saves off the
+    loop)."""
 
     def heard() -> WorkerStatus | None:
         status = worker.status_from_loop().status
@@ -82,3 +83,27 @@ def test_an_unsaved_entry_stays_live(worker: WorkerClient) -> None:
     assert any(e.tokens == short.committed_tokens for e in status.idle_entries)
     again = worker.complete("A brief note", max_tokens=2, **GREEDY)
     assert again.cache_delta.sources.live == short.stats.prompt_tokens
+
+
+def test_a_repeat_sent_at_once_after_another_request_is_never_cold(
+    worker: WorkerClient,
+) -> None:
+    """Back to back, the way users send them: a long prompt, another request
+    the moment it ends, the long prompt again the moment that one ends.
+    Whether the long entry's finish save was still in flight when the other
+    request released it or had landed, the repeat is a hit with the first
+    reply, never a cold prefill (SPEC M18: a lookup that matches a save in
+    flight waits for it)."""
+    long_prompt = prompt_text(4, words=700)
+    params: dict[str, Any] = {"prompt": long_prompt, "max_tokens": 8, "logprobs": 2, **GREEDY}
+    first = worker.complete(**params)
+    assert first.cache_hit_kind is CacheHitKind.COLD and first.finish_key is not None
+    before = worker.status_from_loop().status.idle_released
+    worker.complete(prompt_text(5, words=20), max_tokens=4, **GREEDY)
+    assert worker.status_from_loop().status.idle_released == before + 1
+    again = worker.complete(**params)
+    assert again.cache_hit_kind is CacheHitKind.EXACT
+    assert again.cache_delta.sources.computed <= 1
+    assert again.generated == first.generated
+    if tolerances.exact():
+        assert again.logprobs == first.logprobs
