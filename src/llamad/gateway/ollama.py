@@ -44,7 +44,7 @@ from llamad.gateway.calls import Call, CallHold, split_calls
 from llamad.gateway.decode import convert_body, decode_body
 from llamad.gateway.errors import HttpError, status_of
 from llamad.gateway.gguf_meta import GGUFMeta, read_gguf_meta
-from llamad.gateway.sse import EventStream
+from llamad.gateway.sse import EventStream, gathered
 from llamad.gateway.tools import tool_use
 from llamad.model.requests import MAX_TOKENS_LIMIT
 from llamad.model.results import (
@@ -661,25 +661,15 @@ def _json(body: Any, status: int = 200) -> Response:
 
 
 def _ndjson(lines: AsyncIterator[dict[str, Any] | None]) -> StreamingResponse:
-    """``lines`` as NDJSON, gathered up to each ``None`` (the next event has
-    not arrived: write now) into one write: what arrived together leaves
-    together, and no line waits for an event still to come (as the OpenAI
-    and Anthropic streams, ``docs/internals/gateway.md``)."""
+    """``lines`` as NDJSON, a ``None`` ending a write (:func:`gathered`)."""
 
-    async def encoded() -> AsyncIterator[bytes]:
-        out: list[bytes] = []
+    async def encoded() -> AsyncIterator[bytes | None]:
         async for line in lines:
-            if line is not None:
-                out.append(msgspec.json.encode(line) + b"\n")
-            elif out:
-                joined, out = b"".join(out), []
-                yield joined
-        if out:
-            yield b"".join(out)
+            yield None if line is None else msgspec.json.encode(line) + b"\n"
 
     # EventStream cancels the stream the moment the client leaves, even while
     # nothing is sent (text held as a possible tool call).
-    return EventStream(encoded(), media_type="application/x-ndjson")
+    return EventStream(gathered(encoded()), media_type="application/x-ndjson")
 
 
 # -- routes ---------------------------------------------------------------------------------

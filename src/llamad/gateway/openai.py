@@ -39,7 +39,7 @@ from llamad.errors import LlamadError
 from llamad.front.wire import ModelInfo
 from llamad.gateway.errors import HttpError, param_of, status_of
 from llamad.gateway.gate import Gate
-from llamad.gateway.sse import EventStream
+from llamad.gateway.sse import EventStream, gathered
 from llamad.gateway.tools import (
     ToolStream,
     ToolUse,
@@ -581,18 +581,11 @@ def _sse(events: AsyncIterator[dict[str, Any] | None], ping_s: float | None) -> 
     once waited for the second, or for the finish save the worker runs after
     it: HTTP's cost to the first token, ``docs/internals/gateway.md``)."""
 
-    async def data() -> AsyncIterator[bytes]:
-        lines: list[bytes] = []
+    async def data() -> AsyncIterator[bytes | None]:
         async for chunk in events:
-            if chunk is not None:
-                lines.append(b"data: " + msgspec.json.encode(chunk) + b"\n\n")
-            elif lines:
-                out, lines = b"".join(lines), []
-                yield out
-        lines.append(b"data: [DONE]\n\n")
-        yield b"".join(lines)
+            yield None if chunk is None else b"data: " + msgspec.json.encode(chunk) + b"\n\n"
 
-    return EventStream(data(), ping_s=ping_s)
+    return EventStream(gathered(data(), last=b"data: [DONE]\n\n"), ping_s=ping_s)
 
 
 def routes(gate: Gate) -> list[BaseRoute]:

@@ -71,7 +71,7 @@ from llamad.gateway.response_store import (
     new_response_id,
     valid_id,
 )
-from llamad.gateway.sse import EventStream
+from llamad.gateway.sse import EventStream, gathered
 from llamad.gateway.tools import ToolStream, ToolUse, reply_text, tool_use, with_calls
 from llamad.llama_ffi.tool_calls import ParsedReply
 from llamad.model.results import (
@@ -512,24 +512,21 @@ async def _gathered_events(
 
 
 def _sse(events: AsyncIterator[dict[str, Any] | None], ping_s: float | None) -> EventStream:
-    """``events`` as SSE frames, gathered up to each ``None`` into one write:
-    what arrived together leaves together, and no frame waits for an event
-    still to come (as the chat completions stream, ``docs/internals/gateway.md``)."""
+    """``events`` as SSE frames, a ``None`` ending a write (:func:`gathered`)."""
 
-    async def frames() -> AsyncIterator[bytes]:
-        out: list[bytes] = []
+    async def frames() -> AsyncIterator[bytes | None]:
         async for e in events:
-            if e is not None:
-                out.append(
-                    b"event: " + e["type"].encode() + b"\ndata: " + msgspec.json.encode(e) + b"\n\n"
-                )
-            elif out:
-                joined, out = b"".join(out), []
-                yield joined
-        if out:
-            yield b"".join(out)
+            yield (
+                None
+                if e is None
+                else b"event: "
+                + e["type"].encode()
+                + b"\ndata: "
+                + msgspec.json.encode(e)
+                + b"\n\n"
+            )
 
-    return EventStream(frames(), ping_s=ping_s)
+    return EventStream(gathered(frames()), ping_s=ping_s)
 
 
 def stored(

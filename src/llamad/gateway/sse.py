@@ -29,10 +29,29 @@ from collections.abc import AsyncIterator, Mapping
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-__all__ = ["PING", "EventStream", "wait_disconnect"]
+__all__ = ["PING", "EventStream", "gathered", "wait_disconnect"]
 
 PING = b": ping\n\n"
 """An SSE comment line: ignored by SSE readers, seen as traffic by proxies."""
+
+
+async def gathered(frames: AsyncIterator[bytes | None], last: bytes = b"") -> AsyncIterator[bytes]:
+    """``frames`` joined into writes, one ending at each ``None`` (the next
+    event has not arrived: write what is here now), ``last`` with the final
+    one. So what arrived together leaves together, and no frame waits for an
+    event still to come (a protocol yields ``None`` when its stream's
+    ``OpenStream.ready()`` says so; ``docs/internals/gateway.md``)."""
+    out: list[bytes] = []
+    async for frame in frames:
+        if frame is not None:
+            out.append(frame)
+        elif out:
+            joined, out = b"".join(out), []
+            yield joined
+    if last:
+        out.append(last)
+    if out:
+        yield b"".join(out)
 
 
 async def wait_disconnect(receive: Receive) -> None:

@@ -71,7 +71,7 @@ class WorkerConfig:
     sharing a prefix reuses in place or shares (SPEC M18); off, a sequence is
     cleared when its request ends and only sessions keep KV.
     ``release_saved_idle``: when a request starts, the idle entries whose KV
-    is exactly a row a tier has published are cleared (but any the request
+    is exactly a row a tier has published or is writing are cleared (but any the request
     reuses), so that the decodes beside them do not attend over their
     cells; off, idle entries stay until a sequence or cells are needed.
     """

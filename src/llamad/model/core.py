@@ -15,7 +15,7 @@ One :meth:`~WorkerCore.step` is one tick:
    the least recently used idle entry's; the least recently used idle
    session is parked, after an evict save, when none is free); when some
    request is about to resolve, the idle entries whose rows a tier has
-   published are released, but those it would reuse
+   published or is writing are released, but those it would reuse
    (``release_saved_idle``);
 3. newly admitted requests resolve (:mod:`llamad.model.restore`): live KV
    first (an idle entry kept in place, or another sequence's prefix shared),

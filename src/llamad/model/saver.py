@@ -8,8 +8,8 @@ the only part that holds up other sequences), builds the
 (evict, shutdown) or through the writer pool. It keeps the keys of finish
 saves not yet reported published, so a next turn naming one as its
 ``parent_key`` waits for it instead of missing it, and the keys of rows
-reported published, so an idle entry holding exactly one of them may be
-released (:meth:`SequenceTable.release_saved
+reported published, so an idle entry holding exactly one of them (or a row
+whose finish save is in flight) may be released (:meth:`SequenceTable.release_saved
 <llamad.model.slots.SequenceTable.release_saved>`). A save by a request that
 kept its target's last logits (:attr:`ActiveRequest.prompt_logits`) carries
 them when its tokens reach that position.
