@@ -44,6 +44,8 @@ def test_every_named_strategy_is_accepted() -> None:
         ("policy", {"policy": {"min_tokens": 1}}),
         ("miss_window", {"miss_window": -1}),
         ("n_ctx", {"n_ctx": True}),
+        ("live_reuse", {"live_reuse": 1}),
+        ("release_saved_idle", {"release_saved_idle": "yes"}),
         (
             "tool_call",
             {"thinking": MarkerPair("<x>", "</x>"), "tool_call": MarkerPair("<x>", "</y>")},
