@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import queue
 import subprocess
 import sys
 
 import crc32c as package
 import pytest
 
-from llamad.cache.checksum import HARDWARE_BASED, crc32c
+from llamad.cache import checksum
+from llamad.cache.checksum import (
+    HARDWARE_BASED,
+    SPLIT_MIN_BYTES,
+    crc32c,
+    crc32c_combine,
+    crc32c_split,
+)
 
 
 @pytest.mark.parametrize("data", [b"", b"123456789", bytes(range(256)) * 300])
@@ -34,3 +43,57 @@ def test_loading_it_reads_no_package_metadata() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "['crc32c._crc32c']"
+
+
+# -- combining, and the split check -------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 64, 4097, 1 << 20, 3_000_001])
+def test_two_parts_crcs_combine_into_the_wholes(n: int) -> None:
+    data = os.urandom(n)
+    for cut in {0, 1, n // 3, n // 2, n - 1, n}:
+        if 0 <= cut <= n:
+            head, tail = data[:cut], data[cut:]
+            assert crc32c_combine(crc32c(head), crc32c(tail), len(tail)) == crc32c(data)
+
+
+def test_a_combine_of_a_negative_length_is_refused() -> None:
+    with pytest.raises(ValueError, match="length"):
+        crc32c_combine(0, 0, -1)
+
+
+@pytest.mark.parametrize(
+    "n", [0, 1, SPLIT_MIN_BYTES - 1, SPLIT_MIN_BYTES, SPLIT_MIN_BYTES + 1, 3 * SPLIT_MIN_BYTES + 7]
+)
+def test_a_split_check_is_the_crc_of_the_whole(n: int) -> None:
+    data = os.urandom(n)
+    assert crc32c_split(data) == crc32c(data)
+    assert crc32c_split(memoryview(data)) == crc32c(data)
+
+
+def test_a_split_check_sees_one_flipped_bit_in_either_half() -> None:
+    data = bytearray(os.urandom(2 * SPLIT_MIN_BYTES))
+    good = crc32c(data)
+    for at in (0, SPLIT_MIN_BYTES - 1, SPLIT_MIN_BYTES, len(data) - 1):
+        data[at] ^= 0x10
+        assert crc32c_split(data) != good
+        data[at] ^= 0x10
+    assert crc32c_split(data) == good
+
+
+def test_a_helper_that_never_comes_leaves_the_caller_both_halves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # No helper is started and the halves go to a queue nobody reads (a
+    # helper already running waits on the old one): the caller takes the
+    # second half back once its own is done, and the answer is the same.
+    monkeypatch.setattr(checksum, "_ensure_helper", lambda: None)
+    monkeypatch.setattr(checksum, "_halves", queue.SimpleQueue())
+    data = os.urandom(2 * SPLIT_MIN_BYTES + 3)
+    assert crc32c_split(data) == crc32c(data)
+
+
+def test_a_split_check_keeps_no_export_of_the_buffer() -> None:
+    data = bytearray(os.urandom(SPLIT_MIN_BYTES + 1))
+    crc32c_split(data)
+    data.extend(b"x")  # a bytearray with a live export cannot resize (BufferError)
