@@ -25,13 +25,22 @@ import os
 import queue
 import sys
 import threading
+from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Final, Protocol, cast
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-__all__ = ["HARDWARE_BASED", "SPLIT_MIN_BYTES", "crc32c", "crc32c_combine", "crc32c_split"]
+__all__ = [
+    "HARDWARE_BASED",
+    "SPLIT_MIN_BYTES",
+    "PartCrc",
+    "crc32c",
+    "crc32c_combine",
+    "crc32c_halves",
+    "crc32c_split",
+]
 
 _EXTENSION: Final = "crc32c._crc32c"
 
@@ -129,13 +138,20 @@ to the helper (a queue put and a wake-up, ~20-50 us) and combining (~30 us)
 cost more than half of a 4 MB CRC (~0.25 ms) saves on a busy machine."""
 
 
+PartCrc = Callable[[memoryview, int], int]
+"""``crc_of(part, start)``: the CRC32C of ``part``, the bytes of a buffer
+from ``start`` on, which the function may first fill (a file's read)."""
+
+
 class _Half:
     """The second half of a split CRC: whoever takes it first computes it."""
 
-    __slots__ = ("data", "done", "error", "lock", "taken", "value")
+    __slots__ = ("crc_of", "data", "done", "error", "lock", "start", "taken", "value")
 
-    def __init__(self, data: memoryview) -> None:
+    def __init__(self, crc_of: PartCrc, data: memoryview, start: int) -> None:
+        self.crc_of = crc_of
         self.data = data
+        self.start = start
         self.lock = threading.Lock()
         self.taken = False
         self.done = threading.Event()
@@ -151,7 +167,7 @@ class _Half:
 
     def run(self) -> None:
         try:
-            self.value = crc32c(self.data)
+            self.value = self.crc_of(self.data, self.start)
         except BaseException as exc:  # handed to the caller, which raises it
             self.error = exc
         finally:
@@ -188,32 +204,48 @@ def _ensure_helper() -> None:
             _helper.start()
 
 
+def _whole(part: memoryview, start: int) -> int:
+    return crc32c(part)
+
+
 def crc32c_split(data: Buffer) -> int:
-    """``crc32c(data)``, the second half computed on a helper thread while
-    this one computes the first (each releases the GIL), for a buffer of at
-    least :data:`SPLIT_MIN_BYTES`.
+    """``crc32c(data)``, on two threads for a buffer of at least
+    :data:`SPLIT_MIN_BYTES` (:func:`crc32c_halves`)."""
+    with memoryview(data) as raw, raw.cast("B") as view:
+        return crc32c_halves(view, _whole)
+
+
+def crc32c_halves(view: memoryview, crc_of: PartCrc) -> int:
+    """The CRC32C of ``view`` from ``crc_of`` (:data:`PartCrc`) run on its two
+    halves, the second on a helper thread while this one runs the first
+    (the work must release the GIL: the C CRC, ``preadv``), combined; one
+    call on the whole below :data:`SPLIT_MIN_BYTES`.
 
     A helper that has not started its half by the time this thread is done
     with its own (a busy machine left it no core) loses it: this thread then
-    computes it too, so a split CRC never takes much longer than one on
-    this thread alone. Nothing of ``data`` is kept after it returns."""
-    view = memoryview(data).cast("B")
-    try:
-        n = len(view)
-        if n < SPLIT_MIN_BYTES:
-            return crc32c(view)
-        _ensure_helper()
-        cut = n - n // 2
-        with view[:cut] as head, view[cut:] as tail:
-            half = _Half(tail)
-            _halves.put(half)
-            first = crc32c(head)
+    runs it too, so a split never takes much longer than one pass on this
+    thread alone. It returns, or raises what either half raised, only once
+    neither half runs any more: nothing of ``view`` is used after it."""
+    n = len(view)
+    if n < SPLIT_MIN_BYTES:
+        return crc_of(view, 0)
+    _ensure_helper()
+    cut = n - n // 2
+    with view[:cut] as head, view[cut:] as tail:
+        half = _Half(crc_of, tail, cut)
+        _halves.put(half)
+        try:
+            try:
+                first = crc_of(head, 0)
+            except BaseException:
+                if not half.take():  # the helper runs it: until it no longer reads the view
+                    half.done.wait()
+                raise
             if half.take():
                 half.run()
             half.done.wait()
-            half.data = memoryview(b"")
-            if half.error is not None:
-                raise half.error
-            return crc32c_combine(first, half.value, n - cut)
-    finally:
-        view.release()
+        finally:
+            half.data = memoryview(b"")  # the queue's reference must not pin the buffer
+        if half.error is not None:
+            raise half.error
+        return crc32c_combine(first, half.value, n - cut)

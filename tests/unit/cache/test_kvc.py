@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from llamad.cache.checksum import SPLIT_MIN_BYTES
 from llamad.cache.errors import InvalidCacheValue, KvcCorrupt
 from llamad.cache.key import FingerprintMode, Namespace, ctx_params_hash, tokens_to_bytes
 from llamad.cache.kvc import (
@@ -168,7 +169,8 @@ def test_read_payload_into_fills_the_buffer_and_checks_the_crc(tmp_path: Path) -
         assert bytes(buf[: len(payload)]) == payload
         with pytest.raises(InvalidCacheValue):
             read_payload_into(fd, meta, bytearray(10))
-        os.pwrite(fd, b"\xff", meta.payload_offset + 12345)
+        # Flipped, not overwritten: the random byte may already be 0xff.
+        os.pwrite(fd, bytes([payload[12345] ^ 0xFF]), meta.payload_offset + 12345)
         with pytest.raises(KvcCorrupt) as err:
             read_payload_into(fd, meta, buf)
         assert err.value.reason == "payload_crc"
@@ -176,6 +178,37 @@ def test_read_payload_into_fills_the_buffer_and_checks_the_crc(tmp_path: Path) -
         with pytest.raises(KvcCorrupt) as err:
             read_payload_into(fd, meta, buf)
         assert err.value.reason == "truncated"
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("where", ["first half", "second half"])
+def test_a_payload_read_in_two_halves_finds_damage_in_either_and_leaves_nothing(
+    tmp_path: Path, where: str
+) -> None:
+    # Above SPLIT_MIN_BYTES the two halves are read at once (crc32c_halves).
+    payload = os.urandom(2 * SPLIT_MIN_BYTES + 12345)
+    at = 1000 if where == "first half" else len(payload) - 1000
+    path = tmp_path / "x.kvc"
+    path.write_bytes(encode_kvc(small_spec(), payload))
+    buf = bytearray(len(payload))
+    fd = os.open(path, os.O_RDWR)
+    try:
+        meta = read_meta(fd, expected_key=small_spec().key)
+        assert read_payload_into(fd, meta, buf) == len(payload)
+        assert bytes(buf) == payload
+        os.pwrite(fd, bytes([payload[at] ^ 0x40]), meta.payload_offset + at)
+        with pytest.raises(KvcCorrupt) as err:
+            read_payload_into(fd, meta, buf)
+        assert err.value.reason == "payload_crc"
+        assert buf == bytes(len(buf))  # zeroed: nothing of the row is left
+        os.pwrite(fd, bytes([payload[at]]), meta.payload_offset + at)
+        os.ftruncate(fd, meta.payload_offset + at)
+        buf[:] = payload
+        with pytest.raises(KvcCorrupt) as err:
+            read_payload_into(fd, meta, buf)
+        assert err.value.reason == "truncated"
+        assert buf == bytes(len(buf))
     finally:
         os.close(fd)
 
