@@ -18,6 +18,7 @@ from llamad.cache.kvc import (
     PAYLOAD_ALIGN,
     KvcSpec,
     SaveReason,
+    copy_payload_into,
     encode_kvc,
     file_name,
     parse,
@@ -211,6 +212,23 @@ def test_a_payload_read_in_two_halves_finds_damage_in_either_and_leaves_nothing(
         assert buf == bytes(len(buf))
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("where", ["first half", "second half"])
+def test_a_mapped_payload_copied_in_two_halves_finds_damage_in_either(where: str) -> None:
+    payload = os.urandom(2 * SPLIT_MIN_BYTES + 777)
+    data = bytearray(encode_kvc(small_spec(), payload))
+    meta, _ = parse(bytes(data), expected_key=small_spec().key)
+    buf = bytearray(len(payload))
+    assert copy_payload_into(data, meta, buf) == len(payload)
+    assert bytes(buf) == payload
+    at = meta.payload_offset + (1000 if where == "first half" else len(payload) - 1000)
+    data[at] ^= 0x08
+    with pytest.raises(KvcCorrupt) as err:
+        copy_payload_into(data, meta, buf)
+    assert err.value.reason == "payload_crc"
+    assert buf == bytes(len(buf))
+    data.extend(b"x")  # no view of it outlived the copies (BufferError)
 
 
 def test_update_stats_persists_hits_and_keeps_the_file_valid(tmp_path: Path) -> None:
