@@ -78,8 +78,10 @@ from llamad.model.wire import CollapseReport, ThreadStatus
 
 __all__ = [
     "EXPLORE_MAX_ROWS",
+    "QUIET_SLACK_CORES",
     "BusyBoard",
     "CollapseReport",
+    "LoadGauge",
     "SoloBoard",
     "ThreadGovernor",
     "ThreadPolicy",
@@ -149,6 +151,21 @@ class BusyBoard(Protocol):
     def busy_workers(self, now: float) -> int:
         """Workers busy at ``now``, this one included if it marked itself."""
         ...
+
+
+class LoadGauge(Protocol):
+    """Cores other processes keep busy (:class:`~llamad.model.cpu_load.OthersGauge`)."""
+
+    def sample(self, now: float) -> float | None:
+        """Their busy cores over a recent interval; None when not known."""
+        ...
+
+
+QUIET_SLACK_CORES: Final = 0.5
+"""A quiet probe goes ahead while other processes keep at most the cores the
+higher count leaves free plus this: the client's reading thread, the
+daemon's other processes and the machine's odd task take a fraction of a
+core; a CPU hog takes a whole one."""
 
 
 class SoloBoard:
@@ -282,10 +299,16 @@ class ThreadGovernor:
         *,
         board: BusyBoard | None = None,
         clock: Clock = time.monotonic,
+        gauge: LoadGauge | None = None,
     ) -> None:
         self.policy = policy
         self._board: BusyBoard = board if board is not None else SoloBoard()
         self._clock = clock
+        self._gauge = gauge
+        self._quiet_probes = 0
+        # When the ceiling last fell or a probe was last judged: a quiet
+        # probe waits the base cool-down after either.
+        self._settled_at = -math.inf
         self._history: dict[tuple[int, _Shape], deque[float]] = {}
         self._ceiling = policy.max_threads
         self._cooldown = policy.cooldown_s
@@ -336,6 +359,7 @@ class ThreadGovernor:
             self._probe = probe = None
             self._retry_at = now + self._cooldown
         if probe is None:
+            self._probe_early_when_quiet(now)
             probe = self._probe = self._maybe_probe(now, limit, shape, rows)
         # An exploration skips large steps (module doc): they run on the limit.
         probing = probe is not None and (probe.up or rows <= EXPLORE_MAX_ROWS)
@@ -511,9 +535,38 @@ class ThreadGovernor:
         self._ceiling = ceiling
         self._fallbacks += 1
         self._retry_at = now + self._cooldown
+        self._settled_at = now
+
+    def _probe_early_when_quiet(self, now: float) -> None:
+        """Bring a probe up that a long cool-down still holds back, once the
+        other work that caused the fallback has gone (``cpu_load``): the
+        other processes leave the higher count its cores, and the base
+        cool-down has passed since the ceiling fell or the last probe ended.
+        A failed quiet probe doubles the cool-down as any other does."""
+        retry = self._retry_at
+        if self._gauge is None or retry is None or now >= retry or self._ceiling >= self._budget:
+            return
+        if now - self._settled_at < self.policy.cooldown_s:
+            return
+        others = self._gauge.sample(now)
+        if others is None:
+            return
+        wanted = min(self._ceiling * 2, self._budget)
+        if others > self.policy.cores - wanted + QUIET_SLACK_CORES:
+            return
+        self._retry_at = now
+        self._quiet_probes += 1
+        log.info(
+            "threads.quiet",
+            others=round(others, 2),
+            threads=wanted,
+            cooldown_s=self._cooldown,
+            cut_s=round(retry - now, 3),
+        )
 
     def _judge_probe(self, probe: _Probe, now: float) -> None:
         self._probe = None
+        self._settled_at = now
         ratios = []
         collapsed = False
         for shape, seconds in probe.samples:
@@ -574,6 +627,7 @@ class ThreadGovernor:
             self._probes_kept,
             self._explorations,
             self._explorations_kept,
+            self._quiet_probes,
             self._cooldown,
         )
 
@@ -593,6 +647,7 @@ class ThreadGovernor:
             probes_kept=self._probes_kept,
             explorations=self._explorations,
             explorations_kept=self._explorations_kept,
+            quiet_probes=self._quiet_probes,
             cooldown_s=self._cooldown,
             next_probe_s=None,
             last_collapse=None,

@@ -111,7 +111,8 @@ class ThreadStatus(msgspec.Struct, frozen=True):
     up and how many held; ``explorations``/``explorations_kept``: tries of
     fewer threads without a collapse, and how many were faster (each kept one
     is also a fallback). ``next_probe_s``: seconds until the next probe up
-    while falling back.
+    while falling back. ``quiet_probes``: probes up made before their
+    cool-down ended, the other processes having left the cores free.
     """
 
     threads: int
@@ -130,6 +131,8 @@ class ThreadStatus(msgspec.Struct, frozen=True):
     cooldown_s: float
     next_probe_s: float | None
     last_collapse: CollapseReport | None
+    quiet_probes: int = 0
+    """Probes brought forward because the other work had gone (``cpu_load``)."""
 
 
 class LatencyCounts(msgspec.Struct, frozen=True, array_like=True):

@@ -35,6 +35,7 @@ from llamad.llama_ffi.errors import Closed
 from llamad.model import identity
 from llamad.model.backend import Backend, PackedState
 from llamad.model.cache_view_protocol import CacheView, RowRead
+from llamad.model.cpu_load import OthersGauge
 from llamad.model.results import ReadBufferStats, TokenSources
 from llamad.model.savepoints import SaveJob
 from llamad.model.status_board import LoadProgressWriter, load_progress_path
@@ -218,7 +219,9 @@ def llama_parts(spec: WorkerSpec) -> WorkerParts:
             ctx.attach_threadpool(pool)
         board = ThreadBoard(thread_board_path(Registry(spec.registry).root))
         closers.append(board.close)
-        governor = ThreadGovernor(policy, board=board)
+        # The gauge lets a fallback end as soon as the other work has gone
+        # (cpu_load), not only when its cool-down runs out.
+        governor = ThreadGovernor(policy, board=board, gauge=OthersGauge())
         log.info(
             "model.threads",
             board=str(board.path),

@@ -709,3 +709,87 @@ def test_status_shows_every_change_since_it_was_last_asked() -> None:
     after = gov.status()
     assert after.collapses == 1 and after.fallbacks == 0
     assert after.last_collapse is not None and after.last_collapse.threads == 1
+
+
+# -- the quiet probe: a fallback ends once the other work has gone ----------------------
+
+
+class Gauge:
+    """Other processes' busy cores, as the test sets them (cpu_load.OthersGauge)."""
+
+    def __init__(self, others: float | None) -> None:
+        self.others = others
+        self.asked = 0
+
+    def sample(self, now: float) -> float | None:
+        self.asked += 1
+        return self.others
+
+
+def long_cooldown(clock: Clock, gauge: Gauge) -> ThreadGovernor:
+    """A governor fallen back to 1 thread whose cool-down has doubled to 32 s
+    (probes failed while the hogs ran), 2 s after its last probe."""
+    gov = ThreadGovernor(
+        policy(cooldown_s=2.0, cooldown_max_s=60.0, probe_steps=2), clock=clock, gauge=gauge
+    )
+    collapse(gov, clock)
+    warm(gov, clock, 25 * MS)
+    for wait in (2.0, 4.0, 8.0, 16.0):  # each probe collapses against 1 thread
+        clock.advance(wait)
+        assert step(gov, clock, 90 * MS) == 2
+    status = gov.status()
+    assert (status.fallback, status.probes, status.probes_kept) == (True, 4, 0)
+    assert status.cooldown_s == 32.0
+    clock.advance(2.0)
+    return gov
+
+
+def test_a_fallback_probes_at_once_when_the_other_work_has_gone() -> None:
+    clock, gauge = Clock(), Gauge(others=0.2)
+    gov = long_cooldown(clock, gauge)
+    assert [step(gov, clock, 11 * MS) for _ in range(2)] == [2, 2]  # 30 s early
+    status = gov.status()
+    assert (status.quiet_probes, status.probes, status.probes_kept) == (1, 5, 1)
+    assert not status.fallback and status.ceiling == 2
+
+
+def test_no_quiet_probe_while_other_processes_hold_the_cores() -> None:
+    clock, gauge = Clock(), Gauge(others=1.9)  # a CPU hog per core, less a little
+    gov = long_cooldown(clock, gauge)
+    for _ in range(20):
+        assert step(gov, clock, 25 * MS) == 1
+    assert gauge.asked > 0
+    assert gov.status().quiet_probes == 0
+    gauge.others = 0.4
+    assert step(gov, clock, 11 * MS) == 2
+    assert gov.status().quiet_probes == 1
+
+
+def test_an_unknown_load_waits_out_the_cooldown() -> None:
+    clock, gauge = Clock(), Gauge(others=None)
+    gov = long_cooldown(clock, gauge)
+    assert step(gov, clock, 25 * MS) == 1
+    clock.advance(30.0)  # 32 s after the last probe
+    assert step(gov, clock, 11 * MS) == 2
+    assert gov.status().quiet_probes == 0
+
+
+def test_a_quiet_probe_waits_the_base_cooldown_after_the_last_probe() -> None:
+    # Quiet other processes do not turn the fallback into a probe every
+    # step: the base cool-down still separates a probe from the last one.
+    clock, gauge = Clock(), Gauge(others=0.1)
+    gov = long_cooldown(clock, gauge)
+    assert step(gov, clock, 90 * MS) == 2  # the quiet probe, collapsing again
+    assert gov.status().quiet_probes == 1
+    clock.advance(1.9)
+    assert step(gov, clock, 25 * MS) == 1
+    clock.advance(0.2)
+    assert step(gov, clock, 11 * MS) == 2
+    assert gov.status().quiet_probes == 2
+
+
+def test_no_gauge_is_read_while_decoding_on_every_thread() -> None:
+    clock, gauge = Clock(), Gauge(others=0.0)
+    gov = ThreadGovernor(policy(), clock=clock, gauge=gauge)
+    warm(gov, clock, 10 * MS, n=20)
+    assert gauge.asked == 0
