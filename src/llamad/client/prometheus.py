@@ -289,6 +289,14 @@ def _model(b: _Builder, m: ModelMetrics) -> None:
             model,
             threads.collapses,
         )
+        b.add(
+            "llamad_thread_quiet_probes_total",
+            "counter",
+            "Probes back up made before their cool-down ended, other processes "
+            "having left the cores free.",
+            model,
+            threads.quiet_probes,
+        )
     counts = m.counts
     if counts is None:
         return

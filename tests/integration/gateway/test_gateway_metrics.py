@@ -99,6 +99,7 @@ def test_a_scrape_moves_with_each_request_and_a_warm_repeat_moves_the_hits(
     assert before("llamad_worker_threads") == 1
     assert before("llamad_thread_fallbacks_total") >= 0
     assert before("llamad_thread_collapses_total") >= 0
+    assert before("llamad_thread_quiet_probes_total") == 0  # one thread: no fallback to end
 
     prompt = prompt_text(301)
     cold = client.complete(m, prompt, max_tokens=4, **GREEDY)

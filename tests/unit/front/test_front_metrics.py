@@ -57,7 +57,7 @@ def _board(model_id: str, pid: int, metrics: RequestMetrics) -> WorkerSnapshot:
         idle_count=1,
         idle_released=3,
     )
-    threads = ThreadStatus(1, 2, 2, 1, 2, 1, True, 4, 6, 0, 0, 0, 0, 1.0, None, None)
+    threads = ThreadStatus(1, 2, 2, 1, 2, 1, True, 4, 6, 0, 0, 0, 0, 1.0, None, None, 3)
     return WorkerSnapshot(
         model_id=model_id,
         pid=pid,
@@ -146,6 +146,7 @@ def test_a_model_reads_under_llamad_and_vllm_names() -> None:
     assert _get(s, "llamad_idle_entries_released_total", **b) == 3
     assert _get(s, "llamad_thread_fallbacks_total", **b) == 4
     assert _get(s, "llamad_thread_collapses_total", **b) == 6
+    assert _get(s, "llamad_thread_quiet_probes_total", **b) == 3
     assert _get(s, "llamad_model_state", state="ready", **b) == 1
     assert _get(s, "llamad_model_state", state="failed", **b) == 0
     # A model with no worker: its state, no worker numbers.
