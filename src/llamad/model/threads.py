@@ -466,7 +466,7 @@ class ThreadGovernor:
         retry = self._retry_at
         if self._ceiling < self._budget and retry is not None and now >= retry:
             self._probes += 1
-            probe = _Probe(threads=min(self._ceiling * 2, self._budget), against=self._ceiling)
+            probe = _Probe(threads=self._up_count(), against=self._ceiling)
         elif (
             limit > 1
             and rows <= EXPLORE_MAX_ROWS
@@ -537,6 +537,10 @@ class ThreadGovernor:
         self._retry_at = now + self._cooldown
         self._settled_at = now
 
+    def _up_count(self) -> int:
+        """The thread count a probe up tries: twice the ceiling, within the budget."""
+        return min(self._ceiling * 2, self._budget)
+
     def _probe_early_when_quiet(self, now: float) -> None:
         """Bring a probe up that a long cool-down still holds back, once the
         other work that caused the fallback has gone (``cpu_load``): the
@@ -551,7 +555,7 @@ class ThreadGovernor:
         others = self._gauge.sample(now)
         if others is None:
             return
-        wanted = min(self._ceiling * 2, self._budget)
+        wanted = self._up_count()
         if others > self.policy.cores - wanted + QUIET_SLACK_CORES:
             return
         self._retry_at = now
