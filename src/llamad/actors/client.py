@@ -20,8 +20,12 @@ pidfd every :data:`CRASH_CHECK_S` (0.1 s): a caller blocked in
 with that error. Waiting in a plain blocking ``recv`` rather than a
 ``zmq_poll`` over socket and pidfd is what keeps the round trip close to
 ZeroMQ's own (the poll costs several syscalls and a Python-level item list
-per wait). For a remote actor (or ``watch="connection"``) a ZeroMQ socket
-monitor's disconnect event is polled with the socket instead.
+per wait). A wait still empty after that first tick goes on in one
+``zmq_poll`` over both, for as long as it may last: an idle subscriber
+(the front's supervisor watch) then sleeps until something comes or the
+actor dies, instead of waking ten times a second. For a remote actor (or
+``watch="connection"``) a ZeroMQ socket monitor's disconnect event is polled
+with the socket instead.
 
 **Security.** A client of a ``tcp://`` endpoint served with CURVE passes
 ``curve`` (its keypair and the server's public key,
@@ -541,7 +545,9 @@ class Client(Connection):
 
     def _recv_one(self, timeout: float | None) -> None:
         """Block in ``recv`` for one message and route it; after ``timeout`` or
-        :data:`CRASH_CHECK_S` without one, check whether the actor still lives."""
+        :data:`CRASH_CHECK_S` without one, check whether the actor still lives,
+        and wait out the rest of a longer ``timeout`` in one poll over the
+        socket and the actor's pidfd (no wakeup per tick while nothing comes)."""
         sock = self._sock
         assert sock is not None
         ms = self._tick_ms
@@ -556,6 +562,13 @@ class Client(Connection):
         except zmq.Again:
             if self._watch.exited():
                 self._server_down("process exited")
+            elif self._watch.fds() and (timeout is None or timeout * 1000 > ms):
+                # Quiet for a whole tick: the rest of a long wait (a
+                # subscription, a call held on purpose) blocks in one poll
+                # over the socket and the actor's pidfd instead of waking
+                # every tick to look (the front's supervisor watch woke 10
+                # times a second, each wakeup a core taken from a decode).
+                self._poll_monitored(None if timeout is None else timeout - ms / 1000, None)
             return
         # A small header is cheaper to copy out than to view.
         header = frame.bytes

@@ -64,9 +64,10 @@ log = structlog.get_logger("llamad.cache.meta_proc")
 # waits behind a long flush.
 _STATS_BATCH: Final = 256
 _OWNER_SWEEP_S: Final = 30.0
-# Housekeeping runs when something is due, after any op not listed here (they
-# may add a deadline or release a waiter), and at least this often.
-_MAINTAIN_EVERY_S: Final = 0.05
+# Housekeeping runs when something is due and after any op not listed here
+# (they may add a deadline or release a waiter); nothing else wakes an idle
+# cache-meta (a 50 ms floor once woke it 20 times a second, each wakeup taking
+# a core from a decode beside it).
 _QUIET_OPS: Final = frozenset(
     {
         "lookup_exact",
@@ -296,7 +297,7 @@ class MetaServer:
         return max(0.0, self._due - time.monotonic())
 
     def _next_due(self, now: float) -> float:
-        due = [self._next_flush, self._next_sweep, now + _MAINTAIN_EVERY_S]
+        due = [self._next_flush, self._next_sweep]
         for candidate in (self.meta.next_deadline(), self.pressure.next_due()):
             if candidate is not None:
                 due.append(candidate)

@@ -43,6 +43,39 @@ def test_call_cast_and_stream_between_processes(toy: ToyProcess) -> None:
             timer.join()
 
 
+def _switch_ins() -> int:
+    """How many times this thread has been put on a CPU (schedstat's third field)."""
+    stat = Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").read_text()
+    return int(stat.split()[2])
+
+
+def test_a_long_wait_sleeps_until_its_answer_instead_of_waking_every_tick(
+    tmp_path: Path,
+) -> None:
+    """A call the actor holds for 1.5 s: the waiting thread is put on a CPU a
+    few times (the first tick's recv, then one poll over the socket and the
+    actor's pidfd), not once per ``CRASH_CHECK_S`` (15 times). What a held
+    wait costs a machine decoding beside it (the front's supervisor watch
+    woke 10 times a second); the actor's death still ends such a wait at
+    once (tests/faults/actors/test_actor_crashes.py kills it 0.3 s in)."""
+    with (
+        spawn_toy("--endpoint", f"ipc://{tmp_path}/toy.sock", "--no-register") as toy,
+        Client(toy.endpoint, timeout=30) as c,
+        Client(toy.endpoint, timeout=30) as other,
+    ):
+        c.connect()
+        other.connect()
+        timer = threading.Timer(1.5, other.cast, ("publish", {"key": "k", "value": "v"}))
+        before = _switch_ins()
+        timer.start()
+        try:
+            assert c.call("wait", {"key": "k", "timeout": 30}) == {"hit": True, "value": "v"}
+            woken = _switch_ins() - before
+        finally:
+            timer.join()
+    assert woken <= 6, f"the waiting thread ran {woken} times in 1.5 s"
+
+
 def test_large_blobs_cross_intact(toy: ToyProcess) -> None:
     payload = os.urandom(8 << 20)
     with Client(toy.endpoint, timeout=60) as c:

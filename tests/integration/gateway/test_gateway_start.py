@@ -7,14 +7,16 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
+from llamad.actors import Registry
 from llamad.daemon.main import EXIT_CONFIG, EXIT_IN_USE
 from llamad.errors import ModelNotFound
 from llamad.paths import HTTP_ADDRESS_FILE, http_address
-from llamad.testing import EVENTUALLY, Launcher, daemon_command, scrubbed_env
+from llamad.testing import EVENTUALLY, Launcher, daemon_command, scrubbed_env, wait_until
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(120)]
 
@@ -95,3 +97,55 @@ enabled = false
         assert d.stop() == 0
     finally:
         d.close()
+
+
+def _switch_ins(pid: int) -> int:
+    """How many times ``pid``'s threads have been put on a CPU (schedstat's third field)."""
+    tasks = Path(f"/proc/{pid}/task")
+    return sum(int((t / "schedstat").read_text().split()[2]) for t in tasks.iterdir())
+
+
+def test_an_idle_daemon_leaves_the_cores_alone() -> None:
+    """An idle daemon's gateway, cache-meta and front are put on a CPU a few
+    times a second at most: each wakeup takes a core from a decode beside
+    them (ggml's threads wait for each other), and an idle service should
+    cost nothing. Before: the gateway woke 10 times a second (uvicorn's
+    tick), cache-meta 20 (a floor on its housekeeping), the front 13 (its
+    supervisor watch's crash-check ticks). Counted over 3 s, once every
+    child has served (heartbeats, the front's keep-alive look and its
+    watch's re-subscription each second remain)."""
+    d = Launcher(prefix="lgw-")
+    try:
+        d.write_config(
+            f"""
+[daemon]
+runtime_dir = "{d.runtime}"
+state_dir = "{d.state}"
+serve_default_model = false
+[cache]
+instance = "{d.instance}"
+[http]
+port = 0
+"""
+        )
+        d.start()
+        with pytest.raises(ModelNotFound):  # the front serves
+            d.route("none", timeout=EVENTUALLY)
+        address = wait_until(lambda: http_address(d.runtime), "the gateway serving")
+        registry = Registry(d.registry_root)
+        pids = {"gateway": address["pid"]}
+        for role, name in (("cache-meta", "cache-meta"), ("front", "llamad.front")):
+            entry = registry.lookup(name)
+            assert entry is not None, name
+            pids[role] = entry.pid
+        time.sleep(1.0)
+        before = {role: _switch_ins(pid) for role, pid in pids.items()}
+        time.sleep(3.0)
+        per_s = {role: (_switch_ins(pid) - before[role]) / 3.0 for role, pid in pids.items()}
+        assert d.stop() == 0
+    finally:
+        d.close()
+    print(per_s)
+    assert per_s["gateway"] <= 4, per_s
+    assert per_s["cache-meta"] <= 4, per_s
+    assert per_s["front"] <= 12, per_s
