@@ -76,6 +76,25 @@ class Served:
         """The worker's published status (read without asking it)."""
         return read_status(status_path(self.registry.root, f"model.{model_id or self.model_id}"))
 
+    def settled_board(self, model_id: str | None = None, quiet_s: float = 0.3) -> WorkerSnapshot:
+        """The worker's status once it has published nothing new for ``quiet_s``.
+
+        The worker answers a request before it publishes the snapshot that
+        counts it (its loop publishes after handling its messages), so a read
+        right after an answer can still show the count before it; an idle
+        worker publishes nothing more, so a snapshot that stands for
+        ``quiet_s`` counts everything answered before the call."""
+
+        def standing() -> WorkerSnapshot | None:
+            first = self.board(model_id)
+            time.sleep(quiet_s)
+            second = self.board(model_id)
+            if first is None or second is None or second.seq != first.seq:
+                return None
+            return second
+
+        return wait_until(standing, "the worker's status to settle", EVENTUALLY)
+
     def wait_idle(self, model_id: str | None = None, timeout: float = EVENTUALLY) -> WorkerSnapshot:
         """Until the worker holds no request (every sequence free, none queued)."""
 
