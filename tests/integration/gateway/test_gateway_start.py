@@ -145,7 +145,6 @@ port = 0
         assert d.stop() == 0
     finally:
         d.close()
-    print(per_s)
     assert per_s["gateway"] <= 4, per_s
     assert per_s["cache-meta"] <= 4, per_s
     assert per_s["front"] <= 12, per_s
