@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from llamad.cache.key import Namespace
+from llamad.cache.key import Namespace, tokens_to_bytes
 from llamad.cache.kvc import KvcLogits
 from llamad.model.backend import Sampled, SamplerHandle
 from llamad.model.planner import SeqState
@@ -129,9 +129,20 @@ class ActiveRequest:
     finished_at: float | None = None
     metrics: RequestMetrics | None = None
     """Its worker's counts, told of every token it samples (the core sets it)."""
+    _packed_target: bytes | None = field(default=None, repr=False)
     _reply: list[str] = field(default_factory=list)
     _thinking: list[str] = field(default_factory=list)
     _tool_calls: list[str] = field(default_factory=list)
+
+    @property
+    def packed_target(self) -> bytes:
+        """``target`` as u32 bytes, packed at the first call (the target never
+        changes): what live sequences are compared with
+        (:func:`~llamad.model.resolution.shared_prefix`)."""
+        packed = self._packed_target
+        if packed is None:
+            packed = self._packed_target = tokens_to_bytes(self.target)
+        return packed
 
     @property
     def continuation(self) -> bool:

@@ -55,7 +55,7 @@ from llamad.model.endings import Endings
 from llamad.model.planner import BatchPlan, plan_tick
 from llamad.model.request_metrics import RequestMetrics
 from llamad.model.requests import RequestParams, checked_tokens, target_tokens
-from llamad.model.resolution import common_prefix
+from llamad.model.resolution import shared_prefix
 from llamad.model.restore import Restorer, best_live
 from llamad.model.results import (
     CacheHitKind,
@@ -542,7 +542,7 @@ class WorkerCore:
                 continue
             # It will hold its whole target once it has prefilled and decoded
             # its last token; wait for no more than it will hold while prefilling.
-            reach = min(common_prefix(other.target, req.target), len(other.target) - 1)
+            reach = min(shared_prefix(other.target, req.packed_target), len(other.target) - 1)
             held = len(self.slots[other.seq].kv)
             if reach - max(held, have) >= FOLLOW_MIN_TOKENS and (best is None or reach > best[0]):
                 best = (reach, other)

@@ -41,7 +41,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from llamad.cache.key import tokens_to_bytes
+from llamad.cache.key import TOKEN_BYTES, tokens_to_bytes
 from llamad.cache.lookup import Lookup, RowRef
 from llamad.cache.prefix import common_prefix_len
 from llamad.model.results import CacheHitKind, CacheMiss
@@ -113,7 +113,22 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     if n == 0:
         return 0
-    return common_prefix_len(tokens_to_bytes(a[:n]), tokens_to_bytes(b[:n])) // 4
+    return common_prefix_len(tokens_to_bytes(a[:n]), tokens_to_bytes(b[:n])) // TOKEN_BYTES
+
+
+def shared_prefix(tokens: Sequence[int], packed: bytes) -> int:
+    """:func:`common_prefix` of ``tokens`` and the tokens ``packed`` holds
+    (:func:`~llamad.cache.key.tokens_to_bytes`), packed once by their owner.
+
+    A request's target is compared with every live sequence, by up to three
+    lookups a tick (releasing idle entries, following a prefill, resolving):
+    packing both sides each time took a quarter of a worker's time on a
+    2,048-token back-to-back repeat (py-spy), packing the target once halves it."""
+    n = min(len(tokens), len(packed) // TOKEN_BYTES)
+    if n == 0 or tokens[0] != int.from_bytes(packed[:TOKEN_BYTES], "little"):
+        return 0
+    mine = tokens_to_bytes(tokens[:n] if len(tokens) > n else tokens)
+    return common_prefix_len(mine, packed) // TOKEN_BYTES
 
 
 def _held_back(keep: int, target_len: int, wants_logits: bool) -> int:

@@ -31,12 +31,12 @@ from llamad.model.config import WorkerConfig
 from llamad.model.resolution import (
     LiveSource,
     Resolution,
-    common_prefix,
     decide_continue,
     decide_fresh,
     decide_sticky,
     explain_miss,
     keeps_target_logits,
+    shared_prefix,
     sticky_needs_lookup,
     with_stored_logits,
 )
@@ -83,7 +83,7 @@ def best_live(seqs: SequenceTable, req: ActiveRequest, own: Slot) -> LiveSource 
             continue
         if slot is not own and slot.owner is not None and slot.owner.resolution is None:
             continue  # admitted, not resolved: its KV is about to change
-        common = common_prefix(slot.kv, req.target)
+        common = shared_prefix(slot.kv, req.packed_target)
         if common == 0:
             continue
         rank = (common, slot is own, slot.idle)
@@ -151,7 +151,7 @@ class Restorer:
                 lookup = self._lookup(req, hint, may_wait)
             res = decide_continue(held, n, lookup, wants_logits=wants)
         elif req.session_kv and slot.kv:
-            common = common_prefix(slot.kv, req.target)
+            common = shared_prefix(slot.kv, req.packed_target)
             if sticky_needs_lookup(common, n, wants_logits=wants):
                 lookup = self._lookup(req, hint, may_wait)
             res = decide_sticky(common, n, lookup, wants_logits=wants)

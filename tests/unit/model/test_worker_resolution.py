@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
 import pytest
 
+from llamad.cache.key import tokens_to_bytes
 from llamad.cache.lookup import HitKind, Lookup, RowRef
 from llamad.cache.tier_kind import TierKind
 from llamad.errors import WorkerCrashed
@@ -17,6 +19,7 @@ from llamad.model.resolution import (
     decide_sticky,
     explain_miss,
     keeps_target_logits,
+    shared_prefix,
     with_stored_logits,
 )
 from llamad.model.results import CacheHitKind
@@ -101,6 +104,33 @@ def test_common_prefix_counts_shared_leading_tokens() -> None:
     assert common_prefix([], [1]) == 0
     long = list(range(5000))
     assert common_prefix(long, [*long[:4321], 7]) == 4321
+
+
+def test_shared_prefix_against_a_packed_side_agrees_with_common_prefix() -> None:
+    # Resolution compares live sequences with a request's target packed once
+    # (ActiveRequest.packed_target): the answer must be common_prefix's for
+    # every pair: either side longer, a first token that differs, a mismatch
+    # at every byte of a token (ids that share low bytes), empty sides.
+    rng = random.Random(7)
+    cases = [([], [1]), ([1], []), ([5, 6], [6, 6]), ([1, 2, 3, 4], [1, 2, 9])]
+    for _ in range(400):
+        base = [rng.choice([rng.randrange(49_152), 0x01020304, 0x01020305]) for _ in range(300)]
+        a = base[: rng.randrange(301)]
+        b = base[: rng.randrange(301)]
+        if b and rng.random() < 0.7:
+            b[rng.randrange(len(b))] ^= 1 << (8 * rng.randrange(4))
+        cases.append((a, b))
+    for a, b in cases:
+        assert shared_prefix(a, tokens_to_bytes(b)) == common_prefix(a, b), (a, b)
+
+
+def test_a_requests_packed_target_is_its_target_packed_once() -> None:
+    h = make(n_seq_max=1)
+    h.submit("r", prompt(40), max_tokens=1)
+    req = h.core.requests["r"]
+    packed = req.packed_target
+    assert packed == tokens_to_bytes(req.target)
+    assert req.packed_target is packed
 
 
 def test_a_miss_names_the_nearest_row_and_where_the_prompt_left_it() -> None:
