@@ -195,7 +195,11 @@ def build_rig(args: argparse.Namespace, res: Results, work: Path) -> scenarios.R
             "carrying a choice parsed; at the largest size: cold, back-to-back repeat, the "
             "P1 fillers, the repeat (llamad: from a tier; llama-server: its host-RAM "
             "cache); llamad through the Client the same way in the same round, the two "
-            "ways in alternating which goes first; decode: 1 and 4 streams through each",
+            "ways in alternating which goes first; then HTTP's own cost to the first "
+            "token: 8 back-to-back repeats of the live prompt through one way, 8 through "
+            "the other, each run's median (the first repeat after a cold reply lands on "
+            "that reply's finish save being written, and is shown apart); decode: 1 and 4 "
+            "streams through each",
             "after a restart (P2)": "every system is stopped and started again; llamad: "
             "SIGTERM (its clean stop), a new daemon over the same runtime, state and "
             "ram_file directories, default configuration, then each size's prompt: its "

@@ -17,6 +17,16 @@ streamed; its docstring says what is timed).
   reused prompt tokens as the system reports them (``http-cached``); for
   llamad's Client path also the live ones (``http-live``: a repeat from a
   tier that was served live displaced nothing).
+- **Back-to-back runs** (``http-run/llamad/<via>/<n>``): HTTP's own cost to
+  the first token. After both ways' TTFT paths, the last prompt (live again:
+  its repeat from a tier left an idle entry) is sent :data:`RUN_REPEATS`
+  times back to back through one way, then as many through the other (the
+  round's order), each the moment the previous reply ended; the median of
+  each run is recorded. The single ``repeat`` above lands while the cold
+  reply's finish save (47 MB at 2,048 tokens) is still being written beside
+  it, at a different moment for each way in, which swung HTTP - Client from
+  -1.4 to +6.8 ms between rounds; a run of repeats of a live prompt, each
+  way after its own kind, measures the hop itself.
 - **Decode** (``http-decode/<system>/<via>/<streams>``): one stream, and 4
   streams released together, greedy on counting prompts, the aggregate rate
   while all decode (:func:`bench.worker_bench_report.steady_rate`).
@@ -24,6 +34,7 @@ streamed; its docstring says what is timed).
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Sequence
 
 from bench.peers import workload
@@ -33,6 +44,8 @@ from bench.peers_report import CLIENT_VIA, HTTP_VIA, LLAMAD, SERVER, Results
 from bench.worker_bench_report import steady_rate
 
 SERVER_MODEL = "default"  # llama-server serves its one model under any name
+RUN_REPEATS = 8
+"""Back-to-back repeats per way in and round for HTTP's cost to the first token."""
 
 
 def http_round(rig: Rig, res: Results, rnd: int, order: Sequence[str]) -> None:
@@ -47,6 +60,7 @@ def http_round(rig: Rig, res: Results, rnd: int, order: Sequence[str]) -> None:
             for via in vias:
                 prompt = workload.exact_tokens(rig.tokenize, f"http{rnd}-{via}", n)
                 _llamad_ttft(rig, res, via, prompt, fillers)
+            _llamad_runs(rig, res, vias, prompt)
         elif system == SERVER and rig.server is not None:
             prompt = workload.exact_tokens(rig.tokenize, f"http{rnd}-server", n)
             _server_ttft(rig, res, n, prompt, fillers[0])
@@ -97,6 +111,22 @@ def _llamad_ttft(
     finally:
         if via == HTTP_VIA:
             http.close()
+
+
+def _llamad_runs(rig: Rig, res: Results, vias: Sequence[str], prompt: list[int]) -> None:
+    """:data:`RUN_REPEATS` back-to-back repeats of ``prompt`` through each way
+    in, one way's run after the other's; each run's median TTFT."""
+    d = rig.llamad
+    n = len(prompt)
+    with SseClient(d.http_url()) as http:
+        for via in vias:
+            times = []
+            for _ in range(RUN_REPEATS):
+                if via == CLIENT_VIA:
+                    times.append(d.first_token(MAIN, prompt)[0])
+                else:
+                    times.append(http.complete(MAIN, prompt, 1).ttft_ms)
+            res.add(statistics.median(times), "http-run", LLAMAD, via, n)
 
 
 def _server_ttft(rig: Rig, res: Results, n: int, prompt: list[int], filler: list[int]) -> None:

@@ -317,3 +317,26 @@ def test_each_part_of_the_warm_path_is_set_against_the_floor_round_by_round() ->
     del r.breakdown[rep.LOAD]
     assert rep.against_floor(r) == {}
     assert "| against" not in render.report(r, plots=[])
+
+
+def test_https_first_token_bar_is_judged_on_the_back_to_back_runs() -> None:
+    # The runs of repeats (each way after its own kind) judge HTTP's cost to
+    # the first token; the single first repeat after the cold reply, which
+    # lands on the cold reply's finish save being written, is shown as
+    # information beside it.
+    r = results(
+        **{
+            "http-run__llamad__http__2048": [1.4, 1.5, 1.3],
+            "http-run__llamad__client__2048": [0.8, 0.9, 0.8],
+            "http-ttft__llamad__http__repeat__2048": [3.0, 9.0, 1.0],
+            "http-ttft__llamad__client__repeat__2048": [2.0, 2.0, 2.4],
+        }
+    )
+    judged = by_id(r, "HTTP", "back-to-back repeats")
+    assert judged.verdict == "met"
+    assert judged.measured.startswith("0.6")
+    first = by_id(r, "HTTP", "first repeat after the cold reply")
+    assert first.verdict == rep.INFO
+    assert first.measured.startswith("1 (-1.4")
+    r.series["http-run/llamad/http/2048"] = [1.4, 2.5, 1.3]
+    assert by_id(r, "HTTP", "back-to-back repeats").verdict == "within noise"
