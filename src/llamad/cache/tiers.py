@@ -50,6 +50,7 @@ from llamad.cache.kvc import (
     read_payload_into,
     update_stats,
 )
+from llamad.cache.populate import populate_read
 from llamad.cache.reservation import Adopted
 from llamad.cache.tier_kind import TierKind, check_tier
 
@@ -561,9 +562,10 @@ class SegmentMaps:
         try:
             st = os.fstat(fd)
             meta = read_meta(fd, expected_key=key)
-            mapped = mmap.mmap(
-                fd, meta.file_size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ
-            )
+            # Not MAP_POPULATE: CPython makes that mmap call holding the GIL,
+            # and the writer thread warming a saved row stalled the loop.
+            mapped = mmap.mmap(fd, meta.file_size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+            populate_read(mapped)
         finally:
             os.close(fd)
         return _Segment(st.st_ino, st.st_dev, meta.file_size, meta, memoryview(mapped))
