@@ -102,7 +102,9 @@ def test_p11_is_the_four_stream_rate_through_http_against_llama_servers() -> Non
 def test_http_overhead_is_the_first_token_difference_and_the_decode_ratio_per_round() -> None:
     r = results(
         **{
-            "http-ttft__llamad__http__repeat__2048": [5.5, 6.9],
+            "http-run__llamad__http__2048": [5.5, 6.9],
+            "http-run__llamad__client__2048": [5.0, 5.0],
+            "http-ttft__llamad__http__repeat__2048": [5.2, 5.3],
             "http-ttft__llamad__client__repeat__2048": [5.0, 5.0],
             "http-decode__llamad__http__1": [95.0, 100.0],
             "http-decode__llamad__client__1": [100.0, 100.0],
@@ -110,15 +112,19 @@ def test_http_overhead_is_the_first_token_difference_and_the_decode_ratio_per_ro
             "http-decode__llamad__client__4": [300.0, 300.0],
         }
     )
-    first = bar(r, "HTTP", "first token, back-to-back")
+    # Judged on the runs of back-to-back repeats (run medians), not on the
+    # first repeat after the cold reply, which is information.
+    first = bar(r, "HTTP", "first token, back-to-back repeats")
     assert (first.bar, first.verdict) == ("<= 1 ms", "within noise")  # +0.5 and +1.9 ms
     assert first.measured == "1.2 (0.5-1.9)"
+    after_cold = bar(r, "HTTP", "first repeat after the cold reply")
+    assert (after_cold.bar, after_cold.verdict) == ("-", "information")
     assert bar(r, "HTTP", "1 stream").verdict == "met"  # 0.95, 1.0
     assert bar(r, "HTTP", "4 stream").verdict == "within noise"  # 0.93, 0.97
     r.series["http-decode/llamad/http/4"] = [280.0, 282.0]
     assert bar(r, "HTTP", "4 stream").verdict == "BELOW BAR"  # 0.93, 0.94
-    r.series["http-ttft/llamad/http/repeat/2048"] = [5.5, 5.9]
-    assert bar(r, "HTTP", "first token, back-to-back").verdict == "met"
+    r.series["http-run/llamad/http/2048"] = [5.5, 5.9]
+    assert bar(r, "HTTP", "first token, back-to-back repeats").verdict == "met"
     # The tier path's difference is information: its restore varies more than 1 ms.
     r.series["http-ttft/llamad/http/ram/2048"] = [9.0, 30.0]
     r.series["http-ttft/llamad/client/ram/2048"] = [8.0, 8.0]
@@ -349,13 +355,22 @@ def test_a_round_sends_each_way_in_the_same_requests_and_alternates_which_goes_f
     http_round.http_round(rig, res, rnd, [LLAMAD, SERVER, "llama-cpp-python"])
     ttft = [(way, n) for way, _, n, m in log.sent if m == 1]
     second = "http-llamad" if first == "client" else "client"
-    # cold, repeat, n_seq_max fillers, the repeat: per way in; llama-server: one filler
+    # cold, repeat, n_seq_max fillers, the repeat: per way in; then a run of
+    # back-to-back repeats of the last prompt through each way, in the same
+    # order; llama-server: one filler
     per_way = [512, 512, 64, 64, 64, 64, 512]
+    runs = http_round.RUN_REPEATS
     assert ttft == [
         *((first, n) for n in per_way),
         *((second, n) for n in per_way),
+        *[(first, 512)] * runs,
+        *[(second, 512)] * runs,
         *(("http-server", n) for n in (512, 512, 64, 512)),
     ]
+    last_prompt = [ids for way, _, ids, m in log.sent if way == second and m == 1][-1]
+    assert last_prompt == 512
+    assert res.get("http-run", LLAMAD, "client", 512) == [5.0]
+    assert res.get("http-run", LLAMAD, "http", 512) == [6.0]
     decode = [(way, m) for way, _, _, m in log.sent if m > 1]
     assert decode == [(first, 32)] * 5 + [(second, 32)] * 5 + [("http-server", 32)] * 5
     assert {model for way, model, _, _ in log.sent if way != "http-server"} == {"main"}
