@@ -72,4 +72,3 @@ def test_without_madvise_the_pages_are_read_in(
     finally:
         if not m.closed:
             m.close()
-
