@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -21,6 +20,7 @@ from llamad.cache.tier_kind import TierKind
 from llamad.cache.tiers import Tier
 from llamad.errors import BadRequest
 from llamad.testing import MetaProcess, discard_scratch, scratch_settings
+from wakeups import voluntary_switches
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -157,27 +157,22 @@ def test_a_location_outside_the_tiers_is_refused(cache_settings: CacheSettings) 
             cache.mark_published(s.key, token, "/etc/passwd")
 
 
-def _switch_ins(pid: int) -> int:
-    """How many times ``pid``'s threads have been put on a CPU (schedstat's third field)."""
-    tasks = Path(f"/proc/{pid}/task")
-    return sum(int((t / "schedstat").read_text().split()[2]) for t in tasks.iterdir())
-
-
 def test_an_idle_cache_meta_sleeps_until_something_is_due() -> None:
     """With nothing due (hit counts written back every 10 s, the default; no
-    reservation, waiter or pressure check), an idle cache-meta is put on a
-    CPU a few times in 2 s, not 20 times a second (a floor on its
-    housekeeping woke it so, each time a core taken from a decode beside it).
-    A request still gets its housekeeping at once (the other tests here)."""
+    reservation, waiter or pressure check), an idle cache-meta's threads
+    wake a few times in 2 s (voluntary context switches), not 20 times a
+    second (a floor on its housekeeping woke it so, each time a core taken
+    from a decode beside it). A request still gets its housekeeping at once
+    (the other tests here)."""
     settings = scratch_settings(prefix="lci")
     try:
         with MetaProcess(settings) as meta, CacheClient.from_settings(settings) as cache:
             key = publish(cache, tier(settings, "ram"), spec(BASE[:64]), payload(4096)).key
             assert cache.lookup_exact(key) is not None
             time.sleep(0.5)  # the publish's and the lookup's housekeeping
-            before = _switch_ins(meta.pid)
+            before = voluntary_switches(meta.pid)
             time.sleep(2.0)
-            woken = _switch_ins(meta.pid) - before
+            woken = voluntary_switches(meta.pid) - before
     finally:
         discard_scratch(settings)
-    assert woken <= 8, f"cache-meta's threads ran {woken} times in 2 s idle"
+    assert woken <= 8, f"cache-meta's threads woke {woken} times in 2 s idle"
