@@ -2,15 +2,15 @@
 
 ``mmap.mmap(..., MAP_POPULATE)`` builds the page tables of the whole mapping
 inside the ``mmap`` call, and CPython makes that call holding the GIL: a
-47 MB ``ram`` row took ~4 ms. A model worker maps a row right after its
-writer thread saved it (``Tier.warm``), so its loop, which had just answered
-the request, could not take its next one for those milliseconds (a
-back-to-back repeat's ``queue_ms`` went from 0.3 to 2.5-4.7 ms in one try of
-three). :func:`populate_read` maps nothing: given a mapping made without
+47 MB ``ram`` row took ~4 ms, and a probe thread mapping one stopped another
+thread of its process for 6.7 ms. A model worker maps a row right after its
+writer thread saved it (``Tier.warm``), so its loop could not run for those
+milliseconds (``py-spy --gil`` found the writer holding the GIL there).
+:func:`populate_read` maps nothing: given a mapping made without
 ``MAP_POPULATE``, it asks the kernel to fault its pages in
 (``madvise(MADV_POPULATE_READ)``, Linux 5.14) through a cffi call, which
-releases the GIL. On an older kernel it reads one byte of every page through
-the CRC32C C function, which releases the GIL too.
+releases the GIL (the probe's stall: 0.2 ms). On an older kernel it reads the
+whole mapping through the CRC32C C function, which releases the GIL too.
 """
 
 from __future__ import annotations
