@@ -75,28 +75,35 @@ def http_round(rig: Rig, res: Results, rnd: int, order: Sequence[str]) -> None:
             _decode(res, SERVER, HTTP_VIA, _http_stream(url, SERVER_MODEL, m), prompts)
 
 
-def _llamad_ttft(
-    rig: Rig, res: Results, via: str, prompt: list[int], fillers: list[list[int]]
-) -> None:
-    n = len(prompt)
+Sent = tuple[float, int, int]
+"""A first-token request's TTFT ms, reused prompt tokens and live ones (-1: not said)."""
+
+
+def _sender(rig: Rig, via: str, http: SseClient) -> Callable[[list[int]], Sent]:
+    """One first-token request of a prompt to llamad through ``via``."""
     d = rig.llamad
     if via == CLIENT_VIA:
 
-        def send(ids: list[int]) -> tuple[float, int, int]:
+        def send(ids: list[int]) -> Sent:
             ms, c = d.first_token(MAIN, ids)
             src = c.cache_delta.sources
             return ms, src.reused, src.live
 
-        timed = send
-    else:
-        http = SseClient(d.http_url())
+        return send
 
-        def over_http(ids: list[int]) -> tuple[float, int, int]:
-            r = http.complete(MAIN, ids, 1)
-            return r.ttft_ms, r.cached or 0, -1
+    def over_http(ids: list[int]) -> Sent:
+        r = http.complete(MAIN, ids, 1)
+        return r.ttft_ms, r.cached or 0, -1
 
-        timed = over_http
-    try:
+    return over_http
+
+
+def _llamad_ttft(
+    rig: Rig, res: Results, via: str, prompt: list[int], fillers: list[list[int]]
+) -> None:
+    n = len(prompt)
+    with SseClient(rig.llamad.http_url()) as http:
+        timed = _sender(rig, via, http)
         for path in ("cold", "repeat"):
             ms, reused, _ = timed(prompt)
             res.add(ms, "http-ttft", LLAMAD, via, path, n)
@@ -108,25 +115,16 @@ def _llamad_ttft(
         res.add(float(reused), "http-cached", LLAMAD, via, "ram", n)
         if live >= 0:
             res.add(float(live), "http-live", LLAMAD, via, "ram", n)
-    finally:
-        if via == HTTP_VIA:
-            http.close()
 
 
 def _llamad_runs(rig: Rig, res: Results, vias: Sequence[str], prompt: list[int]) -> None:
     """:data:`RUN_REPEATS` back-to-back repeats of ``prompt`` through each way
     in, one way's run after the other's; each run's median TTFT."""
-    d = rig.llamad
-    n = len(prompt)
-    with SseClient(d.http_url()) as http:
+    with SseClient(rig.llamad.http_url()) as http:
         for via in vias:
-            times = []
-            for _ in range(RUN_REPEATS):
-                if via == CLIENT_VIA:
-                    times.append(d.first_token(MAIN, prompt)[0])
-                else:
-                    times.append(http.complete(MAIN, prompt, 1).ttft_ms)
-            res.add(statistics.median(times), "http-run", LLAMAD, via, n)
+            timed = _sender(rig, via, http)
+            times = [timed(prompt)[0] for _ in range(RUN_REPEATS)]
+            res.add(statistics.median(times), "http-run", LLAMAD, via, len(prompt))
 
 
 def _server_ttft(rig: Rig, res: Results, n: int, prompt: list[int], filler: list[int]) -> None:

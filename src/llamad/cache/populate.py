@@ -47,8 +47,6 @@ def populate_read(mapped: mmap.mmap) -> bool:
     False when it read the pages instead (an older kernel, or no libc
     ``madvise``)."""
     size = len(mapped)
-    if size == 0:
-        return True
     found = _madvise()
     if found is not None:
         ffi, libc = found

@@ -110,10 +110,7 @@ class Resolution:
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """Number of leading tokens ``a`` and ``b`` share (memcmp speed on long runs)."""
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    return common_prefix_len(tokens_to_bytes(a[:n]), tokens_to_bytes(b[:n])) // TOKEN_BYTES
+    return shared_prefix(a, tokens_to_bytes(b[: len(a)]))
 
 
 def shared_prefix(tokens: Sequence[int], packed: bytes) -> int:

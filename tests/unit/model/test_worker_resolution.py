@@ -106,11 +106,22 @@ def test_common_prefix_counts_shared_leading_tokens() -> None:
     assert common_prefix(long, [*long[:4321], 7]) == 4321
 
 
+def _shared(a: list[int], b: list[int]) -> int:
+    """The leading tokens ``a`` and ``b`` share, one by one (the reference)."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def test_shared_prefix_against_a_packed_side_agrees_with_common_prefix() -> None:
     # Resolution compares live sequences with a request's target packed once
-    # (ActiveRequest.packed_target): the answer must be common_prefix's for
-    # every pair: either side longer, a first token that differs, a mismatch
-    # at every byte of a token (ids that share low bytes), empty sides.
+    # (ActiveRequest.packed_target): the answer, and common_prefix's, must be
+    # the tokens shared one by one for every pair: either side longer, a
+    # first token that differs, a mismatch at every byte of a token (ids
+    # that share low bytes), empty sides.
     rng = random.Random(7)
     cases = [([], [1]), ([1], []), ([5, 6], [6, 6]), ([1, 2, 3, 4], [1, 2, 9])]
     for _ in range(400):
@@ -121,7 +132,8 @@ def test_shared_prefix_against_a_packed_side_agrees_with_common_prefix() -> None
             b[rng.randrange(len(b))] ^= 1 << (8 * rng.randrange(4))
         cases.append((a, b))
     for a, b in cases:
-        assert shared_prefix(a, tokens_to_bytes(b)) == common_prefix(a, b), (a, b)
+        assert shared_prefix(a, tokens_to_bytes(b)) == _shared(a, b), (a, b)
+        assert common_prefix(a, b) == _shared(a, b), (a, b)
 
 
 def test_a_requests_packed_target_is_its_target_packed_once() -> None:
