@@ -1,7 +1,7 @@
 """Token path probe (issue 21, P4/P3): the CPU each streamed token costs outside the decode.
 
     PYTHONPATH=src python -m bench.token_path_probe [--tokens 256] [--rounds 3]
-        [--threads N] [--streams 1,4] [--no-daemon-threads]
+        [--threads N] [--streams 1,4] [--http]
 
 Starts a real daemon (:class:`bench.peers.llamad_sys.LlamadDaemon`: the
 default GGUF, ``--threads`` threads, default all cores, as the peers bench
@@ -24,6 +24,11 @@ token:
 - ``tok_s``: tokens over the streams' steady window (from the last first
   token to the first last token, as the peers bench's ``steady_rate``).
 
+With ``--http`` the streams are read through the daemon's HTTP gateway
+instead (``POST /v1/completions``, streamed, one plain ``http.client``
+reader per stream: the peers bench's :class:`bench.peers.http_sse.SseClient`),
+and the ``gateway_*`` rows are the gateway's cost per token.
+
 A front that still carried tokens would show its ZeroMQ threads' CPU
 growing with the tokens streamed; ``front_*`` near zero says tokens go
 straight from the worker to the client.
@@ -43,6 +48,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bench.peers.http_sse import SseClient
 from bench.peers.llamad_sys import LlamadDaemon, ModelTable
 
 if TYPE_CHECKING:
@@ -102,12 +108,17 @@ def _snapshot(daemon: LlamadDaemon) -> dict[str, int]:
     return out
 
 
-def _stream(client: Client, prompt: list[int], n: int) -> tuple[list[float], float]:
-    """Arrival times of one greedy stream, and the reading thread's CPU seconds."""
+def _stream(client: Client | str, prompt: list[int], n: int) -> tuple[list[float], float]:
+    """Arrival times of one greedy stream, and the reading thread's CPU
+    seconds; ``client`` a gateway's base URL: through HTTP."""
     from llamad.model.results import TokenEvent  # noqa: PLC0415
 
-    times: list[float] = []
     cpu = time.thread_time()
+    if isinstance(client, str):
+        with SseClient(client) as sse:
+            arrivals = sse.complete(MODEL, prompt, n).arrivals
+        return arrivals, time.thread_time() - cpu
+    times: list[float] = []
     for event in client.infer(MODEL, prompt, max_tokens=n, temperature=0.0):
         if isinstance(event, TokenEvent) and event.token is not None:
             times.append(time.perf_counter())
@@ -125,7 +136,7 @@ class Readers:
     """``k`` reading threads that live across rounds (a thread's sockets and
     ZeroMQ context live as long as it does, as in a long-running client)."""
 
-    def __init__(self, client: Client, prompts: list[list[int]], k: int, n: int) -> None:
+    def __init__(self, client: Client | str, prompts: list[list[int]], k: int, n: int) -> None:
         self.out: list[tuple[list[float], float]] = [([], 0.0)] * k
         self.go = threading.Barrier(k + 1)
         self.done = threading.Barrier(k + 1)
@@ -139,7 +150,7 @@ class Readers:
             t.start()
         self.round()  # a first stream each: the route, the sockets
 
-    def _run(self, client: Client, prompt: list[int], i: int, n: int) -> None:
+    def _run(self, client: Client | str, prompt: list[int], i: int, n: int) -> None:
         try:
             while True:
                 self.go.wait()
@@ -199,6 +210,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--streams", default="1,4")
+    ap.add_argument("--http", action="store_true", help="read through the HTTP gateway")
     args = ap.parse_args()
     counts = [int(s) for s in args.streams.split(",")]
     table = ModelTable(MODEL, n_ctx=4096, n_seq_max=max(counts), threads=args.threads)
@@ -208,7 +220,8 @@ def main() -> None:
         # Counting prompts: the model goes on counting, so no stream ends early.
         texts = [", ".join(str(100 * i + 7 + j) for j in range(30)) + ", " for i in range(4)]
         prompts = [client.tokenize(MODEL, t) for t in texts]
-        readers = {k: Readers(client, prompts, k, args.tokens) for k in counts}
+        way: Client | str = daemon.http_url() if args.http else client
+        readers = {k: Readers(way, prompts, k, args.tokens) for k in counts}
         for r in range(args.rounds):
             for k in counts:
                 row = _round(daemon, readers[k])
