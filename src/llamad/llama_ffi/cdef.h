@@ -369,6 +369,8 @@ void llama_memory_seq_add(llama_memory_t mem, llama_seq_id seq_id, llama_pos p0,
                           llama_pos delta);
 llama_pos llama_memory_seq_pos_min(llama_memory_t mem, llama_seq_id seq_id);
 llama_pos llama_memory_seq_pos_max(llama_memory_t mem, llama_seq_id seq_id);
+/* llamad's patch 0004: one past the highest cell holding seq_id (-1: any) */
+int32_t llama_memory_seq_cell_end(llama_memory_t mem, llama_seq_id seq_id);
 bool llama_memory_can_shift(llama_memory_t mem);
 
 /* --- state of one sequence ------------------------------------------------- */

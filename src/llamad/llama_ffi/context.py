@@ -563,6 +563,19 @@ class Context:
             self._check_seq(seq_id)
             return int(lib.llama_memory_seq_pos_min(self._mem, seq_id))
 
+    def seq_cell_end(self, seq_id: int = -1) -> int:
+        """One past the highest KV cell holding ``seq_id`` (0: none), or with
+        ``-1`` one past the highest cell in use of any sequence: what every
+        decode attends over (before llama.cpp pads it). A sequence left in
+        cells above freed ones keeps that span wide for every decode beside
+        it; :meth:`pack_seq`, :meth:`seq_remove` and :meth:`unpack_seq` move
+        it to the lowest free cells. ``-1`` from a memory without cells
+        (llamad's patch 0004 to llama.cpp)."""
+        with self._lock:
+            self._ptr()
+            self._check_seq(seq_id, allow_any=True)
+            return int(lib.llama_memory_seq_cell_end(self._mem, seq_id))
+
     def seq_remove(self, seq_id: int, p0: int = 0, p1: int | None = None) -> bool:
         """Drop positions ``[p0, p1)`` of ``seq_id`` (-1: every sequence).
         Returns False if llama.cpp cannot remove a partial range (recurrent models)."""

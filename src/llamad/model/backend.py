@@ -118,6 +118,12 @@ class Backend(Protocol):
         """``seq``'s whole state, packed."""
         ...
 
+    def cell_end(self, seq: int) -> int:
+        """One past the highest KV cell ``seq`` holds (0: none); ``-1``: one
+        past the highest cell any sequence holds, the span every decode
+        attends over. A result of ``-1`` says the backend cannot tell."""
+        ...
+
     def unpack(self, seq: int, payload: memoryview) -> None:
         """Replace ``seq``'s state with a packed one."""
         ...

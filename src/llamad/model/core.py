@@ -344,6 +344,9 @@ class WorkerCore:
         ]
         if starting and self.config.release_saved_idle:
             self._release_saved_idle(starting)
+        if starting:
+            # After any release: the cells it freed are where entries move to.
+            self.seqs.compact_idle()
         for req in starting:
             if req.phase in (Phase.ADMITTED, Phase.WAITING):
                 self._resolve(req, now)

@@ -55,6 +55,7 @@ def status_of(core: WorkerCore) -> WorkerStatus:
         free_sequences=len(core.pool),
         sessions=len(core.sessions),
         kv_cells_used=core.cells_used,
+        kv_cells_end=_cells_end(core),
         ticks=core.ticks,
         last_cache_hit=core.last_cache_hit,
         stored_logits_hits=core.stored_logits_hits,
@@ -62,9 +63,17 @@ def status_of(core: WorkerCore) -> WorkerStatus:
         idle_count=len(entries),
         live_hits=core.live_hits,
         idle_released=core.seqs.released,
+        idle_moved=core.seqs.compacted,
         read_buffer=core.cache.read_buffer(),
         namespace=_namespace_header(core),
     )
+
+
+def _cells_end(core: WorkerCore) -> int:
+    try:
+        return core.backend.cell_end(-1)
+    except LlamadError:
+        return -1  # a closed context (the worker is stopping)
 
 
 def _namespace_header(core: WorkerCore) -> bytes | None:

@@ -268,6 +268,9 @@ class LlamaBackend:
     def unpack(self, seq: int, payload: memoryview) -> None:
         self.ctx.unpack_seq(seq, payload)
 
+    def cell_end(self, seq: int) -> int:
+        return self.ctx.seq_cell_end(seq)
+
     # -- lifetime -------------------------------------------------------------------------------
 
     def close(self) -> None:

@@ -350,6 +350,14 @@ class WorkerStatus(msgspec.Struct, frozen=True):
     idle_released: int = 0
     """Idle entries released since start because a tier holds their rows
     (``release_saved_idle``)."""
+    idle_moved: int = 0
+    """Idle entries moved since start from above freed cells down to the
+    lowest free ones, their KV unchanged (``SequenceTable.compact_idle``)."""
+    kv_cells_end: int = 0
+    """One past the highest KV cell in use: the span every decode attends
+    over (llama.cpp pads it to a multiple of 256). Above ``kv_cells_used``
+    by the free cells below the highest one; ``-1`` when the backend cannot
+    tell."""
     read_buffer: ReadBufferStats | None = None
     """The cache view's read buffer (``None``: no cache, or a stand-in)."""
     namespace: bytes | None = None

@@ -118,8 +118,15 @@ class StubBackend:
         self._chains: dict[int, list[bytes]] = {s: [] for s in range(n_seq_max)}
         # The KV cell of each position of each sequence: seq_copy shares cells,
         # as llama.cpp's unified KV does, so the pool counts a shared cell once.
+        # A new position takes the lowest free cell above its sequence's
+        # highest one, else the lowest free cell (llamad's patch 0001 to
+        # llama.cpp), so cells freed below a sequence stay holes and
+        # cell_end shows what a real pool would.
         self._cells: dict[int, list[int]] = {s: [] for s in range(n_seq_max)}
-        self._next_cell = 0
+        self._top: dict[int, int] = {s: 0 for s in range(n_seq_max)}
+        """One past each sequence's highest cell."""
+        self._refs: dict[int, int] = {}
+        """Each cell in use: how many sequences hold it."""
         self.copies: list[tuple[int, int, int]] = []
         """Every seq_copy: (src, dst, positions shared)."""
         self._outputs: dict[int, tuple[int, bytes]] = {}
@@ -207,14 +214,37 @@ class StubBackend:
     @property
     def cells_used(self) -> int:
         """KV cells held by any sequence (a shared cell once)."""
-        return len({c for cells in self._cells.values() for c in cells})
+        return len(self._refs)
+
+    def cell_end(self, seq: int) -> int:
+        if seq == -1:
+            return max(self._top.values(), default=0)
+        return self._top[seq]
+
+    def _set_cells(self, seq: int, cells: list[int]) -> None:
+        refs = self._refs
+        for c in self._cells[seq]:
+            refs[c] -= 1
+            if not refs[c]:
+                del refs[c]
+        for c in cells:
+            refs[c] = refs.get(c, 0) + 1
+        self._cells[seq] = cells
+        self._top[seq] = max(cells, default=-1) + 1
 
     def _append(self, seq: int, token: int) -> None:
         chain = self._chains[seq]
         chain.append(_link(chain[-1] if chain else b"", token))
         self.tokens[seq].append(token)
-        self._cells[seq].append(self._next_cell)
-        self._next_cell += 1
+        refs = self._refs
+        cell = self._top[seq]
+        while cell in refs:
+            cell += 1
+        if cell >= self.n_ctx:  # nothing free above: the lowest free cell
+            cell = next(c for c in range(self.n_ctx) if c not in refs)
+        refs[cell] = 1
+        self._cells[seq].append(cell)
+        self._top[seq] = max(self._top[seq], cell + 1)
 
     def _candidates(self, digest: bytes) -> list[tuple[int, float]]:
         seen: dict[int, float] = {}
@@ -285,7 +315,7 @@ class StubBackend:
             raise InvalidSequence(f"cannot keep {keep} tokens")
         del self.tokens[seq][keep:]
         del self._chains[seq][keep:]
-        del self._cells[seq][keep:]
+        self._set_cells(seq, self._cells[seq][:keep])
 
     def seq_copy(self, src: int, dst: int, n: int | None = None) -> None:
         if self.tokens[dst]:
@@ -296,7 +326,7 @@ class StubBackend:
             raise InvalidSequence(f"sequence {src} holds {held} positions, not {n}")
         self.tokens[dst] = self.tokens[src][:n]
         self._chains[dst] = self._chains[src][:n]
-        self._cells[dst] = self._cells[src][:n]
+        self._set_cells(dst, self._cells[src][:n])
         self.copies.append((src, dst, n))
 
     def pack(self, seq: int) -> StubPacked:
@@ -313,7 +343,7 @@ class StubBackend:
         self.unpacks += 1
         self.tokens[seq] = []
         self._chains[seq] = []
-        self._cells[seq] = []
+        self._set_cells(seq, [])
         for t in tokens:
             self._append(seq, t)
 

@@ -18,7 +18,8 @@ from collections.abc import Callable, Sequence
 import pytest
 
 import tolerances
-from llamad.llama_ffi import Batch, Context, Model
+from ffi_decode import decode_rows
+from llamad.llama_ffi import Context, Model
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -26,18 +27,6 @@ HEAD = "In a quiet harbour town of grey stone houses, this is a short story abou
 FIRST = HEAD + "old lighthouse keeper who loved the winter storms."
 SECOND = HEAD + "young baker who feared the long dark nights."
 OTHER = "<|im_start|>user\nIs the sky green? Answer yes or no.<|im_end|>\n<|im_start|>assistant\n"
-
-
-def _decode(ctx: Context, seq: int, tokens: Sequence[int], pos: int) -> list[float]:
-    """Decode ``tokens`` into ``seq`` from ``pos`` in chunks of 15 (under 64 rows);
-    the last token's logits."""
-    batch = Batch(64)
-    for start in range(0, len(tokens), 15):
-        chunk = tokens[start : start + 15]
-        batch.clear()
-        batch.add_tokens(chunk, seq, pos + start, logits_last=True)
-        ctx.decode(batch)
-    return list(ctx.logits(batch.n_tokens - 1))
 
 
 @pytest.fixture
@@ -65,25 +54,25 @@ def test_a_shared_prefix_continued_after_cells_below_were_freed_is_the_cold_run(
 ) -> None:
     second, first, other = _tokens(model, SECOND), _tokens(model, FIRST), _tokens(model, OTHER)
     shared = _shared(first, second)
-    cold = _decode(unified, 0, second, 0)
+    cold = decode_rows(unified, 0, second, 0)
     unified.clear()
-    _decode(unified, 0, other, 0)  # sequence 0 takes the lowest cells...
-    _decode(unified, 3, first, 0)  # ... sequence 3 the ones above
+    decode_rows(unified, 0, other, 0)  # sequence 0 takes the lowest cells...
+    decode_rows(unified, 3, first, 0)  # ... sequence 3 the ones above
     unified.seq_remove(0)  # cells freed below sequence 3's
     unified.seq_copy(3, 0, 0, shared)  # sequence 0 shares 3's prefix
-    _check(_decode(unified, 0, second[shared:], shared), cold)
+    _check(decode_rows(unified, 0, second[shared:], shared), cold)
 
 
 def test_a_sequence_decoding_beside_a_finished_one_is_the_cold_run(
     model: Model, unified: Context
 ) -> None:
     first, second = _tokens(model, FIRST), _tokens(model, SECOND)
-    cold = _decode(unified, 1, second, 0)
+    cold = decode_rows(unified, 1, second, 0)
     unified.clear()
     # Sequence 0 prefills below sequence 1's first half, then ends; sequence 1
     # goes on past the cells it left.
     half = len(second) // 2
-    _decode(unified, 0, first, 0)
-    _decode(unified, 1, second[:half], 0)
+    decode_rows(unified, 0, first, 0)
+    decode_rows(unified, 1, second[:half], 0)
     unified.seq_remove(0)
-    _check(_decode(unified, 1, second[half:], half), cold)
+    _check(decode_rows(unified, 1, second[half:], half), cold)

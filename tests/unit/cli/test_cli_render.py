@@ -175,6 +175,8 @@ def test_status_lists_each_models_idle_entries() -> None:
         idle_count=2,
         live_hits=3,
         idle_released=2,
+        idle_moved=1,
+        kv_cells_end=760,
     )
     snap = WorkerSnapshot("smol", 7, "i", 1, 0.0, worker)
     model = ModelStatus(info, worker=snap)
@@ -184,8 +186,8 @@ def test_status_lists_each_models_idle_entries() -> None:
     assert "smol   0    647     600        1m 15s    yes" in text
     assert "smol   2    53      53         2.5s      no" in text
     one = model_status_text(model)
-    assert "kv cells in use 700, live hits 3" in one
-    assert "idle entries released 2" in one
+    assert "kv cells in use 700 (up to cell 760), live hits 3" in one
+    assert "idle entries released 2, moved down 1" in one
     assert "smol   0    647" in one
     empty = WorkerStatus(WorkerPhase.IDLE, 0, 0, 0, 4, 0, 0, 0)
     assert "(none)" in idle_entries_text(

@@ -56,6 +56,8 @@ def _board(model_id: str, pid: int, metrics: RequestMetrics) -> WorkerSnapshot:
         idle_entries=(IdleEntry(0, 10, 10, 1.0),),
         idle_count=1,
         idle_released=3,
+        idle_moved=2,
+        kv_cells_end=300,
     )
     threads = ThreadStatus(1, 2, 2, 1, 2, 1, True, 4, 6, 0, 0, 0, 0, 1.0, None, None, 3)
     return WorkerSnapshot(
@@ -144,6 +146,8 @@ def test_a_model_reads_under_llamad_and_vllm_names() -> None:
     assert _get(s, "vllm:generation_tokens_total", **b) == 2
     assert _get(s, "llamad_worker_restarts_total", **b) == 2
     assert _get(s, "llamad_idle_entries_released_total", **b) == 3
+    assert _get(s, "llamad_idle_entries_moved_total", **b) == 2
+    assert _get(s, "llamad_kv_cells_end", **b) == 300
     assert _get(s, "llamad_thread_fallbacks_total", **b) == 4
     assert _get(s, "llamad_thread_collapses_total", **b) == 6
     assert _get(s, "llamad_thread_quiet_probes_total", **b) == 3
