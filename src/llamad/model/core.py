@@ -345,11 +345,16 @@ class WorkerCore:
         if starting and self.config.release_saved_idle:
             self._release_saved_idle(starting)
         if starting:
-            # After any release: the cells it freed are where entries move to.
+            # After any release (the cells it freed are where entries move
+            # to), and again once the requests resolved: one that took an
+            # idle entry's sequence kept its KV in place until then, and an
+            # entry sharing cells with it could not move.
             self.seqs.compact_idle()
         for req in starting:
             if req.phase in (Phase.ADMITTED, Phase.WAITING):
                 self._resolve(req, now)
+        if starting:
+            self.seqs.compact_idle()
         if self._sampled_stored:
             # A first token sampled from stored logits goes out before any
             # decode: the decode would put a whole step into its TTFT. The

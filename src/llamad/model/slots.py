@@ -256,52 +256,83 @@ class SequenceTable:
         (it ran beside it) stays up there once the long one is released or
         ends, and every later decode pays for the freed cells below it: a
         512-token prefill beside a 3,000-cell span ran at 427 tok/s against
-        478 over its own cells (docs/internals/model-worker.md, "What idle
-        entries cost"). While the cells in use end :data:`COMPACT_GAP_CELLS`
+        478 over its own cells (docs/internals/model-worker.md, "Moving idle
+        entries down"). While the cells in use end :data:`COMPACT_GAP_CELLS`
         or more above their count, the entry holding the highest cell is
         packed, cleared and unpacked (llama.cpp gives an unpacked state the
-        lowest free cells, in position order), as long as it is an idle
-        entry whose cells are all its own (one sharing a prefix with another
-        sequence would lose the sharing). The KV's values and their order
-        are the same before and after, and so is everything the table keeps
-        of the entry. An entry that fails to unpack is dropped: it was an
-        idle entry, never the only thing a request holds."""
+        lowest free cells, in position order), with the idle entries that
+        share its cells (a chat's earlier turns: each a prefix of it, shared
+        by ``seq_cp``), which share them again from the moved copy. Nothing
+        moves while a running request or a session holds the highest cell or
+        shares the entry's cells, or while an entry sharing them holds cells
+        of its own: moving would not lower the span, or would undo sharing.
+        The KV's values and their order are the same before and after, and
+        so is everything the table keeps of the entries. Entries that fail
+        to come back are dropped: they were idle, never what a request holds."""
         backend = self.backend
         moved = 0
         while True:
             end = backend.cell_end(-1)
             if end < 0 or end - self.cells_used < COMPACT_GAP_CELLS:
                 return moved
-            top = next((s for s in self.slots if s.kv and backend.cell_end(s.seq) == end), None)
-            if top is None or not top.idle or self.cells_only_in(top) != len(top.kv):
-                return moved  # a running request, a session or shared cells hold the top
-            if not self._relocate(top) or backend.cell_end(-1) >= end:
+            holders = [s for s in self.slots if s.kv and backend.cell_end(s.seq) == end]
+            top = max(holders, key=lambda s: len(s.kv), default=None)
+            group = None if top is None else self._sharers(top)
+            if top is None or group is None:
                 return moved
-            moved += 1
-            self.compacted += 1
+            if not self._relocate(top, group) or backend.cell_end(-1) >= end:
+                return moved
+            moved += 1 + len(group)
+            self.compacted += 1 + len(group)
 
-    def _relocate(self, slot: Slot) -> bool:
-        """Pack, clear and unpack ``slot``'s sequence; False (the entry
-        dropped) when that failed."""
+    def _sharers(self, top: Slot) -> list[Slot] | None:
+        """The other sequences sharing ``top``'s cells, if ``top`` and all of
+        them are idle entries and each holds only cells of ``top``'s (its KV
+        a prefix of ``top``'s); else None."""
+        if not top.idle:
+            return None
+        ends = {id(block): end for block, end in top.cells.runs}
+        group: list[Slot] = []
+        for slot in self.slots:
+            runs = slot.cells.runs
+            if slot is top or not any(id(block) in ends for block, _ in runs):
+                continue
+            inside = all(end <= ends.get(id(block), -1) for block, end in runs)
+            if not slot.idle or not inside or slot.kv != top.kv[: len(slot.kv)]:
+                return None
+            group.append(slot)
+        return group
+
+    def _relocate(self, top: Slot, group: Sequence[Slot]) -> bool:
+        """Pack ``top``'s sequence, clear it and ``group``'s, unpack it, and
+        let ``group`` share its prefixes again; False (the entries dropped)
+        when that failed."""
         backend = self.backend
         try:
-            state = backend.pack(slot.seq)
+            state = backend.pack(top.seq)
         except LlamadError as exc:
-            log.warning("model.idle_entry_not_moved", seq=slot.seq, error=repr(exc))
+            log.warning("model.idle_entry_not_moved", seq=top.seq, error=repr(exc))
             return False
         payload = state.view()
         try:
-            backend.seq_truncate(slot.seq, 0)
-            backend.unpack(slot.seq, payload)
+            for slot in group:
+                backend.seq_truncate(slot.seq, 0)
+            backend.seq_truncate(top.seq, 0)
+            backend.unpack(top.seq, payload)
+            top.cells.replace(len(top.kv))
+            for slot in group:
+                backend.seq_copy(top.seq, slot.seq, len(slot.kv))
+                slot.cells = top.cells.shared(len(slot.kv))
         except LlamadError as exc:
-            log.warning("model.idle_entry_lost", seq=slot.seq, error=repr(exc))
-            self.forget(slot)
-            slot.namespace = None
+            log.warning("model.idle_entry_lost", seq=top.seq, error=repr(exc))
+            for slot in (top, *group):
+                self.forget(slot)
+                slot.namespace = None
             return False
         finally:
             payload.release()
             state.release()
-        log.debug("model.idle_entry_moved", seq=slot.seq, tokens=len(slot.kv))
+        log.debug("model.idle_entry_moved", seq=top.seq, tokens=len(top.kv), sharers=len(group))
         return True
 
     def bind(self, req: ActiveRequest, seq: int) -> None:

@@ -82,3 +82,47 @@ def test_a_short_entry_left_above_a_released_one_moves_down_and_replies_the_same
     assert again.generated == short.generated
     if tolerances.exact():
         assert again.logprobs == short.logprobs
+
+
+def test_a_chat_turn_and_the_turn_it_extends_move_down_together(worker: WorkerClient) -> None:
+    """Turn 2 shares turn 1's cells (``seq_cp``) and adds its own, both while
+    a long prompt generates: the two move as one, still sharing, and each
+    replies as it did."""
+    turn1 = [504, 2837, 1217, 284, 260]
+    with worker.infer(prompt=prompt_text(3, words=700), max_tokens=40, **GREEDY) as stream:
+        events = iter(stream)
+        next(e for e in events if isinstance(e, TokenEvent))
+        first = worker.complete(turn1, max_tokens=3, logprobs=2, **GREEDY)
+        kv = [*turn1, *first.generated][: first.committed_tokens]
+        turn2 = [*kv, 1978, 314, 2343]
+        second = worker.complete(turn2, max_tokens=3, logprobs=2, **GREEDY)
+        for _ in events:
+            pass
+        long = stream.result
+    assert long is not None and long.finish_key is not None
+    assert first.finish_key is None and second.finish_key is None, "neither is saved"
+    assert second.cache_delta.sources.live == len(kv), "turn 2 shares turn 1's cells"
+
+    def long_saved() -> WorkerStatus | None:
+        s = status(worker)
+        return (
+            s
+            if any(e.tokens == long.committed_tokens and e.saved for e in s.idle_entries)
+            else None
+        )
+
+    before = wait_until(long_saved, "the long entry's row to be saved")
+
+    worker.complete(prompt_text(4, words=20), max_tokens=4, **GREEDY)
+    after = status(worker)
+    assert after.idle_moved == before.idle_moved + 2
+    assert after.kv_cells_end - after.kv_cells_used < COMPACT_GAP_CELLS
+
+    for tokens, done in ((turn1, first), (turn2, second)):
+        again = worker.complete(tokens, max_tokens=3, logprobs=2, **GREEDY)
+        # From either entry: one that keeps no logits at the prompt's last
+        # position (turn 2's, for turn 1's prompt) has that token decoded again.
+        assert again.cache_delta.sources.live >= len(tokens) - 1
+        assert again.generated == done.generated
+        if tolerances.exact():
+            assert again.logprobs == done.logprobs

@@ -36,8 +36,10 @@ SHORT = prompt(24, start=60)
 OTHER = prompt(20, start=130)
 
 
-def harness(**config: Any) -> Harness:
-    return make(n_ctx=2048, n_batch=512, n_seq_max=3, policy=POLICY, cache=MemoryCache(), **config)
+def harness(n_seq_max: int = 3, **config: Any) -> Harness:
+    return make(
+        n_ctx=2048, n_batch=512, n_seq_max=n_seq_max, policy=POLICY, cache=MemoryCache(), **config
+    )
 
 
 def short_beside_long(h: Harness) -> Completion:
@@ -50,6 +52,14 @@ def short_beside_long(h: Harness) -> Completion:
     h.run()
     assert h.result("long").finish_key is not None, "the long one's row was saved"
     return short
+
+
+def finish(h: Harness, rid: str, tokens: Sequence[int], **params: Any) -> Completion:
+    """Run ``rid`` to its end, stepping whatever else runs beside it."""
+    h.submit(rid, tokens, **params)
+    while rid in h.core.requests:
+        h.step()
+    return h.result(rid)
 
 
 def idle_tokens(h: Harness) -> dict[int, int]:
@@ -172,3 +182,72 @@ def test_a_moved_entry_continues_as_it_would_have_in_place() -> None:
     tail = [*SHORT, 3, 5, 7]
     assert generated(moved, "t", tail) == generated(kept, "t", tail)
     assert moved.core.status().idle_moved == 1
+
+
+def chat_beside_long(h: Harness) -> tuple[Completion, Completion, list[int]]:
+    """Turn 1 of a chat, then turn 2 (its KV and more: it shares turn 1's
+    cells by ``seq_cp`` and adds its own), both while ``LONG`` generates:
+    their cells sit above the long one's; then ``LONG`` ends, saved."""
+    h.submit("long", LONG, max_tokens=60)
+    while len(h.backend.tokens[0]) <= len(LONG):
+        h.step()
+    first = finish(h, "turn1", SHORT, max_tokens=4)
+    turn2 = [*h.backend.tokens[1], *prompt(10, start=200)]
+    second = finish(h, "turn2", turn2, max_tokens=4)
+    assert second.cache_delta.sources.live == len(turn2) - 10, "turn 2 shares turn 1's cells"
+    h.run()
+    assert h.result("long").finish_key is not None
+    return first, second, turn2
+
+
+def test_a_chat_turn_and_the_turn_it_extends_move_down_together_still_sharing() -> None:
+    """Both entries sit above the long one. They move as one: turn 2 is
+    unpacked low and turn 1 shares its prefix again, so no cell is copied
+    twice."""
+    h = harness(n_seq_max=4)
+    first, second, turn2 = chat_beside_long(h)
+    turn1_kv = list(h.backend.tokens[1])
+    shared_cells = h.backend.cells_used - len(h.backend.tokens[0])
+    h.submit("other", OTHER, max_tokens=4)  # on the empty sequence
+    h.step()
+    assert h.core.status().idle_moved == 2
+    assert h.backend.tokens[1] == turn1_kv
+    # Sharing kept: the two entries hold as many cells as before, all low.
+    assert h.backend.cells_used == shared_cells + len(h.backend.tokens[3])
+    assert h.backend.cell_end(-1) == h.backend.cells_used == h.core.cells_used
+    h.run()
+    for rid, tokens, done in (("again1", SHORT, first), ("again2", turn2, second)):
+        again = h.complete(rid, tokens, max_tokens=4)
+        assert again.cache_delta.sources.live == len(tokens)
+        assert again.generated == done.generated
+
+
+def test_an_entry_moves_once_the_request_that_took_its_sharers_sequence_resolved() -> None:
+    """With no empty sequence the new request takes the least recently used
+    idle entry's (turn 1's), whose KV stays until it resolves: turn 2 shares
+    it and cannot move before; after, turn 1's KV is gone and turn 2 moves."""
+    h = harness()
+    _, second, turn2 = chat_beside_long(h)
+    h.submit("other", OTHER, max_tokens=4)
+    h.step()
+    assert h.core.status().idle_moved == 1
+    assert h.backend.cell_end(-1) == h.backend.cells_used == h.core.cells_used
+    h.run()
+    again = h.complete("again2", turn2, max_tokens=4)
+    assert again.cache_delta.sources.live == len(turn2)
+    assert again.generated == second.generated
+
+
+def test_an_entry_a_session_shares_stays() -> None:
+    h = harness()
+    h.submit("long", LONG, max_tokens=60)
+    while len(h.backend.tokens[0]) <= len(LONG):
+        h.step()
+    finish(h, "turn1", SHORT, max_tokens=4)
+    turn1_kv = list(h.backend.tokens[1])
+    # A session continues turn 1: it shares the entry's cells and is never moved.
+    finish(h, "s", [*turn1_kv, 9, 9], max_tokens=2, session_id="s1")
+    h.run()
+    h.submit("other", OTHER, max_tokens=4)
+    h.step()
+    assert h.core.status().idle_moved == 0
