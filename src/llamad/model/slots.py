@@ -305,8 +305,8 @@ class SequenceTable:
 
     def _relocate(self, top: Slot, group: Sequence[Slot]) -> bool:
         """Pack ``top``'s sequence, clear it and ``group``'s, unpack it, and
-        let ``group`` share its prefixes again; False (the entries dropped)
-        when that failed."""
+        let ``group`` share its prefixes again. False when that failed:
+        nothing changed if the pack failed, else the entries are dropped."""
         backend = self.backend
         try:
             state = backend.pack(top.seq)
