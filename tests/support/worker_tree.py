@@ -25,6 +25,7 @@ from llamad.cache.policy import CachePolicy
 from llamad.cache.sup import meta_child_spec
 from llamad.llama_ffi import ContextOptions
 from llamad.model.config import WorkerConfig
+from llamad.model.results import WorkerStatus
 from llamad.model.status_board import WorkerSnapshot, read_status, status_path
 from llamad.model.threads import ThreadPolicy
 from llamad.model.worker_client import WorkerClient
@@ -248,3 +249,16 @@ def process_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def saved_entry(worker: WorkerClient, tokens: int) -> WorkerStatus:
+    """The worker's status once its idle entry of ``tokens`` tokens holds a
+    row: published, or its finish save in flight (the writer saves off the
+    loop)."""
+
+    def heard() -> WorkerStatus | None:
+        status = worker.status_from_loop().status
+        entries = [e for e in status.idle_entries if e.tokens == tokens]
+        return status if entries and all(e.saved for e in entries) else None
+
+    return wait_until(heard, "the idle entry's row to be published")

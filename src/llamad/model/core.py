@@ -342,9 +342,9 @@ class WorkerCore:
             for r in sorted(self.requests.values(), key=lambda r: r.order)
             if r.phase in (Phase.ADMITTED, Phase.WAITING)
         ]
-        if starting and self.config.release_saved_idle:
-            self._release_saved_idle(starting)
         if starting:
+            if self.config.release_saved_idle:
+                self._release_saved_idle(starting)
             # After any release (the cells it freed are where entries move
             # to), and again once the requests resolved: one that took an
             # idle entry's sequence kept its KV in place until then, and an

@@ -246,9 +246,9 @@ class SequenceTable:
         self.released += released
         return released
 
-    def compact_idle(self) -> int:
+    def compact_idle(self) -> None:
         """Move idle entries left above freed cells down to the lowest free
-        ones; returns how many moved.
+        ones (:attr:`compacted` counts them).
 
         In a unified KV every decode attends over the cells up to the
         highest one in use, whichever sequences hold the cells below it. A
@@ -270,19 +270,17 @@ class SequenceTable:
         so is everything the table keeps of the entries. Entries that fail
         to come back are dropped: they were idle, never what a request holds."""
         backend = self.backend
-        moved = 0
         while True:
             end = backend.cell_end(-1)
             if end < 0 or end - self.cells_used < COMPACT_GAP_CELLS:
-                return moved
+                return
             holders = [s for s in self.slots if s.kv and backend.cell_end(s.seq) == end]
             top = max(holders, key=lambda s: len(s.kv), default=None)
             group = None if top is None else self._sharers(top)
             if top is None or group is None:
-                return moved
+                return
             if not self._relocate(top, group) or backend.cell_end(-1) >= end:
-                return moved
-            moved += 1 + len(group)
+                return
             self.compacted += 1 + len(group)
 
     def _sharers(self, top: Slot) -> list[Slot] | None:

@@ -25,7 +25,7 @@ import tolerances
 from llamad.model.results import CacheHitKind, TokenEvent, WorkerStatus
 from llamad.model.slots import COMPACT_GAP_CELLS
 from llamad.model.worker_client import WorkerClient
-from worker_tree import prompt_text, wait_until
+from worker_tree import prompt_text, saved_entry
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -58,12 +58,7 @@ def test_a_short_entry_left_above_a_released_one_moves_down_and_replies_the_same
     assert long is not None and long.finish_key is not None
     assert short.finish_key is None, "the short one is never saved"
 
-    def long_saved() -> WorkerStatus | None:
-        s = status(worker)
-        entries = [e for e in s.idle_entries if e.tokens == long.committed_tokens]
-        return s if entries and entries[0].saved else None
-
-    before = wait_until(long_saved, "the long entry's row to be saved")
+    before = saved_entry(worker, long.committed_tokens)
     assert before.kv_cells_end >= long.committed_tokens + short.committed_tokens
 
     other = worker.complete(prompt_text(2, words=20), max_tokens=4, **GREEDY)
@@ -103,15 +98,7 @@ def test_a_chat_turn_and_the_turn_it_extends_move_down_together(worker: WorkerCl
     assert first.finish_key is None and second.finish_key is None, "neither is saved"
     assert second.cache_delta.sources.live == len(kv), "turn 2 shares turn 1's cells"
 
-    def long_saved() -> WorkerStatus | None:
-        s = status(worker)
-        return (
-            s
-            if any(e.tokens == long.committed_tokens and e.saved for e in s.idle_entries)
-            else None
-        )
-
-    before = wait_until(long_saved, "the long entry's row to be saved")
+    before = saved_entry(worker, long.committed_tokens)
 
     worker.complete(prompt_text(4, words=20), max_tokens=4, **GREEDY)
     after = status(worker)

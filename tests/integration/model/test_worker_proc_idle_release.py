@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 import tolerances
-from llamad.model.results import CacheHitKind, WorkerStatus
+from llamad.model.results import CacheHitKind
 from llamad.model.worker_client import WorkerClient
-from worker_tree import prompt_text, wait_until
+from worker_tree import prompt_text, saved_entry
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -31,19 +31,6 @@ GREEDY: dict[str, Any] = {"temperature": 0.0}
 TREE: dict[str, Any] = dict(
     n_ctx=2048, n_batch=64, n_seq_max=4, prefill_chunk_size=15, prefix="lwir"
 )
-
-
-def saved_entry(worker: WorkerClient, tokens: int) -> WorkerStatus:
-    """The worker's status once its idle entry of ``tokens`` tokens holds a
-    row: published, or its finish save in flight (the writer saves off the
-    loop)."""
-
-    def heard() -> WorkerStatus | None:
-        status = worker.status_from_loop().status
-        entries = [e for e in status.idle_entries if e.tokens == tokens]
-        return status if entries and all(e.saved for e in entries) else None
-
-    return wait_until(heard, "the idle entry's row to be published")
 
 
 def test_a_saved_entry_is_released_when_another_request_starts_and_restored_from_ram(

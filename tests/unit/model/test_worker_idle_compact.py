@@ -178,7 +178,7 @@ def test_a_moved_entry_continues_as_it_would_have_in_place() -> None:
     moved, kept = harness(), harness()
     for h in (moved, kept):
         short_beside_long(h)
-    kept.core.seqs.compact_idle = lambda: 0  # type: ignore[method-assign]
+    kept.core.seqs.compact_idle = lambda: None  # type: ignore[method-assign]
     tail = [*SHORT, 3, 5, 7]
     assert generated(moved, "t", tail) == generated(kept, "t", tail)
     assert moved.core.status().idle_moved == 1
