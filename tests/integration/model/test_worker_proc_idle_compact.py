@@ -11,6 +11,11 @@ down instead: the cells in use end where their count does, and the moved
 entry replies as it did (SPEC M19: its KV's values and their order are
 unchanged).
 
+The tests wait for the long entry's row before the next request (a stated
+choice): whether a save still in flight or one published releases the
+entry is the release's business (test_worker_proc_idle_release.py); here
+the release must happen, so that the move is what is tested.
+
 Every tick stays under 64 rows (``prefill_chunk_size=15``): replies are
 compared token for token and log-probability for log-probability.
 """
