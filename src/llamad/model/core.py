@@ -343,13 +343,15 @@ class WorkerCore:
             if r.phase in (Phase.ADMITTED, Phase.WAITING)
         ]
         if starting:
+            reused = self._reused_live(starting)
             if self.config.release_saved_idle:
-                self._release_saved_idle(starting)
+                self._release_saved_idle(reused)
             # After any release (the cells it freed are where entries move
             # to), and again once the requests resolved: one that took an
             # idle entry's sequence kept its KV in place until then, and an
-            # entry sharing cells with it could not move.
-            self.seqs.compact_idle()
+            # entry sharing cells with it could not move. The entries they
+            # are about to reuse stay put (SequenceTable.compact_idle).
+            self.seqs.compact_idle(keep=reused)
         for req in starting:
             if req.phase in (Phase.ADMITTED, Phase.WAITING):
                 self._resolve(req, now)
@@ -473,23 +475,16 @@ class WorkerCore:
             # prefill_only on a target the cache already held whole.
             self._finish(req, FinishReason.LENGTH, self.clock())
 
-    def _release_saved_idle(self, starting: Sequence[ActiveRequest]) -> None:
-        """Before ``starting`` resolve, release the idle entries a tier holds
-        the rows of, but those any of them would reuse live.
-
-        It runs before resolution, not after: a request restored from a row
-        unpacks it during resolution, and llama.cpp gives a sequence the
-        first free cells, so the entries must be gone first for its cells
-        (and a cold prefill's, at the decode) to land low and shrink the
-        span every decode attends over. What each request would reuse is
-        what resolution will choose from (:func:`best_live`: the entry it
-        continues, repeats or shares a prefix of, its ``parent_key``'s
-        turn; see :data:`RELEASE_KEEP_MIN_TOKENS`); its own sequence is
-        held, never an idle entry.
-        """
-        if not any(s.saved_key is not None for s in self.seqs.idle_entries()):
-            return
-        keep: set[Slot] = set()
+    def _reused_live(self, starting: Sequence[ActiveRequest]) -> set[Slot]:
+        """The idle entries ``starting`` would reuse live once they resolve:
+        what resolution will choose from (:func:`best_live`: the entry a
+        request continues, repeats or shares a prefix of, its
+        ``parent_key``'s turn), when it reuses all of it or at least
+        :data:`RELEASE_KEEP_MIN_TOKENS`. A request's own sequence is held,
+        never an idle entry."""
+        reused: set[Slot] = set()
+        if not any(s.idle for s in self.seqs.slots):
+            return reused
         for req in starting:
             assert req.seq is not None
             live = best_live(self.seqs, req, self.slots[req.seq])
@@ -497,8 +492,22 @@ class WorkerCore:
                 continue
             source = self.slots[live.seq]
             if live.common >= min(len(source.kv), RELEASE_KEEP_MIN_TOKENS):
-                keep.add(source)
-        self.seqs.release_saved(keep)
+                reused.add(source)
+        return reused
+
+    def _release_saved_idle(self, reused: set[Slot]) -> None:
+        """Before the starting requests resolve, release the idle entries a
+        tier holds the rows of, but those any of them would reuse live
+        (``reused``: :meth:`_reused_live`).
+
+        It runs before resolution, not after: a request restored from a row
+        unpacks it during resolution, and llama.cpp gives a sequence the
+        first free cells, so the entries must be gone first for its cells
+        (and a cold prefill's, at the decode) to land low and shrink the
+        span every decode attends over.
+        """
+        if any(s.saved_key is not None for s in self.seqs.idle_entries()):
+            self.seqs.release_saved(reused)
 
     def _drop_unresolved_kv(self) -> bool:
         """Clear the idle entry a request took with its sequence but has not

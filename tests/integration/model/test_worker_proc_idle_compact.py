@@ -118,3 +118,36 @@ def test_a_chat_turn_and_the_turn_it_extends_move_down_together(worker: WorkerCl
         assert again.generated == done.generated
         if tolerances.exact():
             assert again.logprobs == done.logprobs
+
+
+def test_an_entry_a_request_repeats_stays_where_it_is(worker: WorkerClient) -> None:
+    """A back-to-back repeat reuses its entry where it sits: moving it first
+    (a pack and an unpack) would land in the repeat's first token."""
+    mid: dict[str, Any] = {
+        "prompt": prompt_text(5, words=40),
+        "max_tokens": 3,
+        "logprobs": 2,
+        **GREEDY,
+    }
+    with worker.infer(prompt=prompt_text(6, words=700), max_tokens=40, **GREEDY) as stream:
+        events = iter(stream)
+        next(e for e in events if isinstance(e, TokenEvent))
+        done = worker.complete(**mid)
+        for _ in events:
+            pass
+        long = stream.result
+    assert long is not None and long.finish_key is not None
+    assert done.stats.prompt_tokens > 32, "over RELEASE_KEEP_MIN_TOKENS: the repeat keeps it"
+
+    before = saved_entry(worker, long.committed_tokens)
+    assert before.kv_cells_end >= long.committed_tokens + done.committed_tokens, "it sits above"
+
+    again = worker.complete(**mid)
+    after = status(worker)
+    assert after.idle_released == before.idle_released + 1, "the long entry's cells were freed"
+    assert after.idle_moved == before.idle_moved
+    assert again.cache_hit_kind is CacheHitKind.EXACT
+    assert again.cache_delta.sources.live == done.stats.prompt_tokens
+    assert again.generated == done.generated
+    if tolerances.exact():
+        assert again.logprobs == done.logprobs

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from llamad.model.core import RELEASE_KEEP_MIN_TOKENS
 from llamad.model.results import CacheHitKind, Completion
 from llamad.model.slots import COMPACT_GAP_CELLS
 from llamad.model.stub_cache import MemoryCache
@@ -42,13 +43,13 @@ def harness(n_seq_max: int = 3, **config: Any) -> Harness:
     )
 
 
-def short_beside_long(h: Harness) -> Completion:
-    """``SHORT`` runs to its end while ``LONG`` generates beside it (so its
-    cells sit above ``LONG``'s), then ``LONG`` ends and is saved."""
+def short_beside_long(h: Harness, short_prompt: Sequence[int] = SHORT) -> Completion:
+    """``short_prompt`` runs to its end while ``LONG`` generates beside it (so
+    its cells sit above ``LONG``'s), then ``LONG`` ends and is saved."""
     h.submit("long", LONG, max_tokens=40)
     while len(h.backend.tokens[0]) <= len(LONG):  # LONG prefilled and generating
         h.step()
-    short = h.complete("short", SHORT, max_tokens=4)
+    short = h.complete("short", short_prompt, max_tokens=4)
     h.run()
     assert h.result("long").finish_key is not None, "the long one's row was saved"
     return short
@@ -87,6 +88,27 @@ def test_a_short_entry_left_above_a_released_one_moves_down_when_a_request_start
     assert again.cache_hit_kind is CacheHitKind.EXACT
     assert again.cache_delta.sources.live == len(SHORT)
     assert again.generated == short.generated
+
+
+def test_an_entry_a_starting_request_repeats_stays_where_it_is() -> None:
+    """The entry a starting request is about to reuse is not moved first: the
+    move's pack and unpack would land in that request's first token (a
+    back-to-back repeat of 1,024 tokens waited 4-9 ms for it), and once the
+    request holds the entry it runs where it is."""
+    h = harness()
+    # Over RELEASE_KEEP_MIN_TOKENS: a repeat of fewer reuses too little of
+    # an entry that also holds its reply for the entry to be kept in place.
+    repeated = prompt(RELEASE_KEEP_MIN_TOKENS + 8, start=60)
+    short = short_beside_long(h, repeated)
+    assert h.backend.cell_end(1) > len(LONG), "the short entry sits above the long one"
+    unpacks = h.backend.unpacks
+    again = finish(h, "short-again", repeated, max_tokens=4)
+    assert h.core.status().idle_released == 1, "the long entry's cells were freed below it"
+    assert again.cache_hit_kind is CacheHitKind.EXACT
+    assert again.cache_delta.sources.live == len(repeated)
+    assert again.generated == short.generated
+    assert h.core.status().idle_moved == 0
+    assert h.backend.unpacks == unpacks, "nothing was packed and unpacked"
 
 
 def test_nothing_moves_while_the_gap_is_under_a_padding_unit() -> None:
@@ -178,7 +200,7 @@ def test_a_moved_entry_continues_as_it_would_have_in_place() -> None:
     moved, kept = harness(), harness()
     for h in (moved, kept):
         short_beside_long(h)
-    kept.core.seqs.compact_idle = lambda: None  # type: ignore[method-assign]
+    kept.core.seqs.compact_idle = lambda keep=(): None  # type: ignore[method-assign]
     tail = [*SHORT, 3, 5, 7]
     assert generated(moved, "t", tail) == generated(kept, "t", tail)
     assert moved.core.status().idle_moved == 1
