@@ -343,15 +343,26 @@ class WorkerCore:
             if r.phase in (Phase.ADMITTED, Phase.WAITING)
         ]
         if starting:
-            reused = self._reused_live(starting)
-            if self.config.release_saved_idle:
-                self._release_saved_idle(reused)
+            # What they would reuse, worked out only when a release or a move
+            # can happen (a follower is a starting request at every tick).
+            reused: set[Slot] | None = None
+            # The release runs before resolution, not after: a request
+            # restored from a row unpacks it during resolution, and llama.cpp
+            # gives a sequence the first free cells, so the entries must be
+            # gone first for its cells (and a cold prefill's, at the decode)
+            # to land low and shrink the span every decode attends over.
+            if self.config.release_saved_idle and self.seqs.any_saved_idle():
+                reused = self._reused_live(starting)
+                self.seqs.release_saved(reused)
             # After any release (the cells it freed are where entries move
             # to), and again once the requests resolved: one that took an
             # idle entry's sequence kept its KV in place until then, and an
             # entry sharing cells with it could not move. The entries they
             # are about to reuse stay put (SequenceTable.compact_idle).
-            self.seqs.compact_idle(keep=reused)
+            if self.seqs.gapped():
+                if reused is None:
+                    reused = self._reused_live(starting)
+                self.seqs.compact_idle(keep=reused)
         for req in starting:
             if req.phase in (Phase.ADMITTED, Phase.WAITING):
                 self._resolve(req, now)
@@ -494,20 +505,6 @@ class WorkerCore:
             if live.common >= min(len(source.kv), RELEASE_KEEP_MIN_TOKENS):
                 reused.add(source)
         return reused
-
-    def _release_saved_idle(self, reused: set[Slot]) -> None:
-        """Before the starting requests resolve, release the idle entries a
-        tier holds the rows of, but those any of them would reuse live
-        (``reused``: :meth:`_reused_live`).
-
-        It runs before resolution, not after: a request restored from a row
-        unpacks it during resolution, and llama.cpp gives a sequence the
-        first free cells, so the entries must be gone first for its cells
-        (and a cold prefill's, at the decode) to land low and shrink the
-        span every decode attends over.
-        """
-        if any(s.saved_key is not None for s in self.seqs.idle_entries()):
-            self.seqs.release_saved(reused)
 
     def _drop_unresolved_kv(self) -> bool:
         """Clear the idle entry a request took with its sequence but has not

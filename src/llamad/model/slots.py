@@ -127,6 +127,12 @@ class SequenceTable:
     def cells_used(self) -> int:
         return cells_used(self.slots)
 
+    def gapped(self) -> bool:
+        """Whether the cells in use end :data:`COMPACT_GAP_CELLS` or more above
+        their count (what :meth:`compact_idle` would lower)."""
+        end = self.backend.cell_end(-1)
+        return end >= 0 and end - self.cells_used >= COMPACT_GAP_CELLS
+
     def cells_only_in(self, slot: Slot) -> int:
         """Cells that clearing ``slot`` would free (those no other sequence shares)."""
         return cells_only_in(slot.cells, (s.cells for s in self.slots if s is not slot))
@@ -219,6 +225,11 @@ class SequenceTable:
                 return True
         return False
 
+    def any_saved_idle(self) -> bool:
+        """Whether an idle entry's KV was saved as a row (what
+        :meth:`release_saved` may release)."""
+        return any(s.idle and s.saved_key is not None for s in self.slots)
+
     def release_saved(self, keep: Collection[Slot]) -> int:
         """Clear every idle entry (but those in ``keep``) whose KV is exactly a
         row a tier has published or is writing; returns how many.
@@ -277,10 +288,8 @@ class SequenceTable:
         entry it runs where it is (a back-to-back repeat of 1,024 tokens
         waited 4-9 ms for its own entry's move)."""
         backend = self.backend
-        while True:
+        while self.gapped():
             end = backend.cell_end(-1)
-            if end < 0 or end - self.cells_used < COMPACT_GAP_CELLS:
-                return
             holders = [s for s in self.slots if s.kv and backend.cell_end(s.seq) == end]
             top = max(holders, key=lambda s: len(s.kv), default=None)
             group = None if top is None else self._sharers(top)
