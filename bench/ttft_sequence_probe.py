@@ -17,10 +17,19 @@ Written for a finding left open (issue 21's note of 2026-11-28): on a quiet
 machine, the second pass's cold prompts often run on 1 thread, at about half
 their rate. A one-row step took 23-42 ms against a median of 6, the governor
 judged a collapse, and its ceiling stayed at 1 through every cold prompt that
-followed (16 s). The likely cause is the worker's own save beside that step
-(its writer threads run the row's CRC on both cores). Run it on a quiet
-machine; ``--runs`` repeats the whole sequence with a fresh daemon each time.
-Not a recorded bench: it writes no result file.
+followed (16 s). Run it on a quiet machine; ``--runs`` repeats the whole
+sequence with a fresh daemon each time. Not a recorded bench: it writes no
+result file.
+
+What it found (issue 21's note of 2026-11-29; the causes, sampled per thread
+from ``/proc/*/task/*/schedstat`` around each collapse): the one-row step that
+"collapsed" ran beside cache-meta's mover copying the 2,048-token row to disk
+(20-70 ms of a core), or beside the worker's own save; a probe back up then
+failed on one-row steps, which run as fast on 1 thread as on 2, and the
+cool-down doubled; and an exploration of 1 thread "won" on the noise of four
+one-row steps on a quiet machine. With the governor's fixes for all three
+(``llamad.model.threads``): 30 of 30 cold prompts over 5 runs on 2 threads,
+where 9 of 20 had run on 1.
 """
 
 from __future__ import annotations
@@ -43,7 +52,9 @@ def _threads(client: Any) -> str:
         return "threads: not governed"
     return (
         f"threads {t.threads} ceiling {t.ceiling} fallback {t.fallback} "
-        f"fallbacks {t.fallbacks} collapses {t.collapses} last {t.last_collapse}"
+        f"fallbacks {t.fallbacks} collapses {t.collapses} bursts {t.bursts} "
+        f"beside saves {t.beside_own_work} explorations {t.explorations_kept}/{t.explorations} "
+        f"last {t.last_collapse}"
     )
 
 

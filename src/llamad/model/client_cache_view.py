@@ -758,6 +758,11 @@ class ClientCacheView:
         with self._unposted_lock:
             return self._unposted
 
+    def quiet_epoch(self) -> int | None:
+        """The writer pool's :meth:`~llamad.cache.writer.WriterPool.quiet_epoch`:
+        whether a save ran in this process (the thread governor's ``own_work``)."""
+        return self._writer.quiet_epoch()
+
     def _count_unposted(self, delta: int) -> None:
         with self._unposted_lock:
             self._unposted += delta

@@ -5,7 +5,8 @@ token). When the kernel cannot run all of a decode's threads at once, because
 another worker or another process holds the cores, every barrier waits for a
 descheduled thread and the step collapses (measured on 2 cores with two CPU
 hogs: ~230x slower at 2 threads, never at 1; ``docs/internals/threads.md``).
-The governor keeps a worker out of that state three ways:
+The governor keeps a worker out of that state, and out of needless
+fallbacks, these ways:
 
 * **A daemon-wide budget.** Every worker marks itself busy on a shared
   :class:`BusyBoard` before each decode; a worker decodes with at most
@@ -20,9 +21,11 @@ The governor keeps a worker out of that state three ways:
   count changes are judged but not learnt from. A step ``collapse_factor`` times slower (and
   ``collapse_min_s`` slower in absolute terms) is a collapse: the worker
   halves its thread ceiling (down to 1) for a cool-down, then *probes*:
-  ``probe_steps`` steps at the higher count, kept only if they beat the
-  fallback count's recent median by ``probe_gain`` (a probe step that
-  collapses against that median ends the probe at once). A failed probe doubles the
+  ``probe_steps`` steps at the higher count, kept if they beat the
+  fallback count's recent median by ``probe_gain``, or if they are no
+  slower than it by the same margin (``1 / probe_gain``) without collapsing
+  against the higher count's own median (a probe step that collapses
+  against the fallback's median ends the probe at once). A failed probe doubles the
   cool-down (up to ``cooldown_max_s``); a kept probe re-baselines the higher
   count with the probe's own steps, so a machine that is busier than when the
   baseline was learnt does not fall back again at once.
@@ -39,6 +42,32 @@ The governor keeps a worker out of that state three ways:
   exploration runs on the full count and is judged as usual. A shape on
   which half the threads already measured slower than the full count runs
   now is not explored again until the full count slows to that level.
+  With a ``gauge`` (``cpu_load``) it explores only while other processes
+  are seen holding cores: with nothing competing fewer threads cannot win,
+  and a win on the noise of a few one-row steps lowered the ceiling for the
+  prefill chunks after it too.
+* **Its own work is not the machine's load.** A step that overlapped work
+  the worker itself runs beside its loop (``own_work``: the writer pool's
+  saves, whose CRC and copy take both cores for tens of ms) is neither
+  judged nor learnt from: it reads slow while nothing outside is busy, and
+  judging it fell back to 1 thread after a 2,048-token row's save, halving
+  every cold prompt of the next 16 s (``bench/ttft_sequence_probe.py``).
+* **A short step that collapses alone is a burst.** Another process that
+  takes a core for 20-70 ms (the daemon's own cache-meta copying a row to
+  disk, a client waking) makes the one short step under way collapse, and
+  nothing after it: a collapse of a step of at most
+  :data:`EXPLORE_MAX_ROWS` rows falls back only when the next step judged
+  collapses too (a few ms more on a real collapse). A longer step falls
+  back at once: a burst cannot make a prefill chunk 3x slower, and another
+  collapsed chunk would cost seconds.
+
+Why a probe up need not be faster: on short steps (a one-row decode of a
+small model) 2 threads are no faster than 1, and probes run on whatever
+steps come. A probe that had to be faster there never went back up after a
+burst, while the prefill chunks that run twice as fast on 2 threads ran on
+1 for minutes (cool-downs doubling to 16 s and more). An exploration down
+still needs fewer threads faster by ``probe_gain``: one margin, tested from
+both sides.
 
 The backend calls it around every decode (``docs/internals/threads.md``)::
 
@@ -82,6 +111,7 @@ __all__ = [
     "BusyBoard",
     "CollapseReport",
     "LoadGauge",
+    "OwnWork",
     "SoloBoard",
     "ThreadGovernor",
     "ThreadPolicy",
@@ -159,6 +189,16 @@ class LoadGauge(Protocol):
     def sample(self, now: float) -> float | None:
         """Their busy cores over a recent interval; None when not known."""
         ...
+
+
+OwnWork = Callable[[], int | None]
+"""Work the worker itself runs beside its loop (module doc): None while some
+runs, otherwise a count that moves each time some starts or ends
+(:meth:`llamad.cache.writer.WriterPool.quiet_epoch`)."""
+
+
+def _no_own_work() -> int:
+    return 0
 
 
 QUIET_SLACK_CORES: Final = 0.5
@@ -290,7 +330,8 @@ class ThreadGovernor:
     """Chooses each decode's thread count and learns from its time (module docstring).
 
     Used by one thread (the worker's loop); :meth:`status` may be called from
-    any thread.
+    any thread. ``own_work`` (module doc) may also be set after construction,
+    between steps: the worker builds its writer pool after the backend.
     """
 
     def __init__(
@@ -300,8 +341,16 @@ class ThreadGovernor:
         board: BusyBoard | None = None,
         clock: Clock = time.monotonic,
         gauge: LoadGauge | None = None,
+        own_work: OwnWork | None = None,
     ) -> None:
         self.policy = policy
+        self.own_work: OwnWork = own_work if own_work is not None else _no_own_work
+        self._work_before: int | None = 0  # own_work() as the step under way began
+        self._beside_own_work = 0
+        # A short step that collapsed, waiting for the next judged step to
+        # confirm it (module doc); bursts: those the next step did not.
+        self._suspect: _Collapse | None = None
+        self._bursts = 0
         self._board: BusyBoard = board if board is not None else SoloBoard()
         self._clock = clock
         self._gauge = gauge
@@ -369,6 +418,7 @@ class ThreadGovernor:
             self._since_switch = 0
         self._pending = threads
         self._threads = threads
+        self._work_before = self.own_work()
         return threads
 
     def record(self, rows: int, seconds: float, kv_cells: int = 0) -> None:
@@ -384,7 +434,12 @@ class ThreadGovernor:
         self._marked = True
         shape = step_shape(rows, kv_cells)
         probe = self._probe
-        if probe is not None and probing and threads == probe.threads:
+        before, after = self._work_before, self.own_work()
+        if before is None or after is None or before != after:
+            # The worker's own work ran beside the step (module doc): its time
+            # says nothing about the machine; a probe waits for other steps.
+            self._beside_own_work += 1
+        elif probe is not None and probing and threads == probe.threads:
             probe.samples.append((shape, float(seconds)))
             # A step that collapses against the count it is compared with
             # settles the probe at once: more such steps would only cost.
@@ -395,11 +450,20 @@ class ThreadGovernor:
         else:
             median = self._median(threads, shape)
             if median is not None and self._collapsed(float(seconds), median):
-                self._on_collapse(_Collapse(threads, rows, kv_cells, float(seconds), median, now))
-            elif self._since_switch >= self.policy.settle_steps:
-                # The first steps at a new count (a new context's page faults,
-                # threads starting) would make it look slower than it is.
-                self._samples(threads, shape).append(float(seconds))
+                collapse = _Collapse(threads, rows, kv_cells, float(seconds), median, now)
+                if threads > 1 and rows <= EXPLORE_MAX_ROWS and self._suspect is None:
+                    self._suspect = collapse  # a burst unless the next step confirms it
+                else:
+                    self._suspect = None
+                    self._on_collapse(collapse)
+            else:
+                if median is not None and self._suspect is not None:
+                    self._suspect = None  # the next step ran as usual: a burst
+                    self._bursts += 1
+                if self._since_switch >= self.policy.settle_steps:
+                    # The first steps at a new count (a new context's page
+                    # faults, threads starting) would make it look slower than it is.
+                    self._samples(threads, shape).append(float(seconds))
         self._since_switch += 1
 
     def abandon(self) -> None:
@@ -472,6 +536,7 @@ class ThreadGovernor:
             and rows <= EXPLORE_MAX_ROWS
             and now >= self._explore_at
             and self._worth_exploring(limit, shape)
+            and self._others_compete(now, limit)
         ):
             self._explorations += 1
             probe = _Probe(threads=limit // 2, against=limit)
@@ -479,6 +544,26 @@ class ThreadGovernor:
             return None
         log.info("threads.probe", threads=probe.threads, against=probe.against)
         return probe
+
+    def _quiet_for(self, others: float, threads: int) -> bool:
+        """Whether other processes' ``others`` busy cores leave ``threads``
+        their cores (:data:`QUIET_SLACK_CORES`)."""
+        return others <= self.policy.cores - threads + QUIET_SLACK_CORES
+
+    def _others_compete(self, now: float, threads: int) -> bool:
+        """Whether an exploration of fewer than ``threads`` may win: other
+        processes hold some of their cores (``cpu_load``). Without a gauge,
+        assumed. With one, only on a reading that says so: an unknown load
+        (the gauge's first reading after a pause answers None) waits for the
+        next one, a quarter second on. With nothing competing fewer threads
+        cannot win, and an exploration that "won" on the noise of four
+        one-row steps (which run as fast on 1 thread as on 2) lowered the
+        ceiling for every step: the next prefill chunks ran on 1 thread, at
+        half speed, until a probe went back up."""
+        if self._gauge is None:
+            return True
+        others = self._gauge.sample(now)
+        return others is not None and not self._quiet_for(others, threads)
 
     def _worth_exploring(self, limit: int, shape: _Shape) -> bool:
         """Whether half the threads might beat ``limit`` on ``shape``: a baseline
@@ -553,10 +638,8 @@ class ThreadGovernor:
         if now - self._settled_at < self.policy.cooldown_s:
             return
         others = self._gauge.sample(now)
-        if others is None:
-            return
         wanted = self._up_count()
-        if others > self.policy.cores - wanted + QUIET_SLACK_CORES:
+        if others is None or not self._quiet_for(others, wanted):
             return
         self._retry_at = now
         self._quiet_probes += 1
@@ -579,8 +662,12 @@ class ThreadGovernor:
                 ratios.append(seconds / base)
             own = self._median(probe.threads, shape)
             collapsed = collapsed or (own is not None and self._collapsed(seconds, own))
+        gain = self.policy.probe_gain
         if ratios:
-            kept = statistics.median(ratios) <= self.policy.probe_gain
+            ratio = statistics.median(ratios)
+            # Up: faster by the gain, or (module doc) no slower by the same
+            # margin while not collapsing against the higher count's own median.
+            kept = ratio <= gain or (probe.up and not collapsed and ratio <= 1 / gain)
         else:  # nothing to compare with: going up is fine unless it collapsed
             kept = probe.up and not collapsed
         # A kept probe's steps are the new baseline of its count (the old one
@@ -633,6 +720,8 @@ class ThreadGovernor:
             self._explorations_kept,
             self._quiet_probes,
             self._cooldown,
+            self._beside_own_work,
+            self._bursts,
         )
 
     def _build_snapshot(self) -> ThreadStatus:
@@ -652,6 +741,8 @@ class ThreadGovernor:
             explorations=self._explorations,
             explorations_kept=self._explorations_kept,
             quiet_probes=self._quiet_probes,
+            beside_own_work=self._beside_own_work,
+            bursts=self._bursts,
             cooldown_s=self._cooldown,
             next_probe_s=None,
             last_collapse=None,

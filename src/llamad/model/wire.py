@@ -133,6 +133,12 @@ class ThreadStatus(msgspec.Struct, frozen=True):
     last_collapse: CollapseReport | None
     quiet_probes: int = 0
     """Probes brought forward because the other work had gone (``cpu_load``)."""
+    beside_own_work: int = 0
+    """Steps neither judged nor learnt from because the worker's own saves ran
+    beside them (``ThreadGovernor``'s ``own_work``)."""
+    bursts: int = 0
+    """Short steps that collapsed alone: the next step ran as usual, so the
+    ceiling stayed (another process's burst, not a collapse)."""
 
 
 class LatencyCounts(msgspec.Struct, frozen=True, array_like=True):

@@ -254,6 +254,9 @@ def llama_parts(spec: WorkerSpec) -> WorkerParts:
             )
             closers.append(_closer(view.close))
             cache, completions = view, view.completions
+            # The pool's saves run beside the loop on the same cores: steps
+            # they overlap are no sign of the machine's load (threads.py).
+            governor.own_work = view.quiet_epoch
         else:
             cache = NoCache(ctx)
         parts = WorkerParts(

@@ -92,6 +92,42 @@ def test_async_save_returns_before_the_write_and_publishes(tmp_path: Path) -> No
     rig.pool.close()
 
 
+def test_quiet_epoch_is_none_while_a_save_runs_and_moves_past_it(tmp_path: Path) -> None:
+    """What the thread governor reads around a decode step: equal readings
+    only when no save ran in between, the mapping after the publish included."""
+    gate = threading.Event()
+    warmed = threading.Event()
+
+    def hold_after_write(stage: PublishStage, key: bytes) -> None:
+        if stage is PublishStage.WRITTEN:
+            assert gate.wait(20)
+
+    rig = Rig(tmp_path, on_stage=hold_after_write)
+    try:
+        before = rig.pool.quiet_epoch()
+        assert before is not None
+        assert rig.pool.quiet_epoch() == before  # nothing ran: equal
+        real_warm = rig.tier.warm
+
+        def slow_warm(location: object) -> bool:
+            assert rig.pool.quiet_epoch() is None  # still the save's work
+            warmed.set()
+            return real_warm(location)  # type: ignore[arg-type]
+
+        rig.tier.warm = slow_warm  # type: ignore[method-assign]
+        future = rig.pool.save_async(spec_for([7, 8]), TierKind.DISK, PAYLOAD)
+        assert future is not None
+        wait_until(lambda: rig.pool.quiet_epoch() is None, "the save running", 20)
+        gate.set()
+        future.result(20)
+        assert warmed.is_set()
+        wait_until(lambda: rig.pool.quiet_epoch() is not None, "the save ended", 20)
+        after = rig.pool.quiet_epoch()
+        assert after is not None and after != before
+    finally:
+        rig.pool.close()
+
+
 def test_save_without_a_free_permit_is_dropped_and_counted(rig: Rig) -> None:
     held = [rig.permits.try_acquire(), rig.permits.try_acquire()]
     assert rig.permits.try_acquire() is None

@@ -142,8 +142,9 @@ def test_a_snapshot_with_thread_status_and_spin_round_trips_through_the_board(
     for _ in range(8):  # a baseline at 2 threads...
         governor.threads_for(1)
         governor.record(1, 0.010)
-    governor.threads_for(1)
-    governor.record(1, 0.500)  # ...and a collapse
+    for _ in range(2):  # ...and a collapse (a short step's, confirmed by the next)
+        governor.threads_for(1)
+        governor.record(1, 0.500)
     status = governor.status()
     assert status.fallback and status.last_collapse is not None
     snap = WorkerSnapshot(
