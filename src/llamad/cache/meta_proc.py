@@ -39,6 +39,7 @@ from llamad.actors.monitor import ProcessRef, ProcessWatch
 from llamad.actors.registry import Registry
 from llamad.actors.wire import Limits
 from llamad.cache import meta_wire as wire
+from llamad.cache.activity import CopyActivity
 from llamad.cache.counters import Counters
 from llamad.cache.kv_publish import KvEventPublisher
 from llamad.cache.kvc import SaveReason
@@ -124,7 +125,12 @@ class MetaServer:
             self.pressure = PressureScheduler(settings.pressure, source, self.meta.evict_bytes)
             registry = Registry(settings.registry_root)
             self.actor = Actor(settings.actor_name, registry=registry, limits=_LIMITS)
-            self.mover = Mover(self.tiers, counters=self.counters, hook=mover_hook)
+            # Where the model workers see this process's copies (activity.py).
+            self.copies = CopyActivity.create(settings.copies_file())
+            undo.callback(self.copies.close)
+            self.mover = Mover(
+                self.tiers, counters=self.counters, hook=mover_hook, activity=self.copies
+            )
             undo.callback(self.mover.close)
             # Bound before the rebuild, so the rows it finds are announced.
             self.kv_events: KvEventPublisher | None = None
@@ -239,6 +245,7 @@ class MetaServer:
                 # The poller lets go of the eventfd's number before it is closed.
                 self.actor.remove_reader(self.mover.fileno())
                 self.mover.close()
+                self.copies.close()
                 if self.kv_events is not None:
                     if (fd := self.kv_events.replay_fd()) is not None:
                         self.actor.remove_reader(fd)

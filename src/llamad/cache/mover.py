@@ -58,6 +58,7 @@ from typing import Final
 
 import structlog
 
+from llamad.cache.activity import CopyActivity
 from llamad.cache.checksum import crc32c
 from llamad.cache.counters import CounterAdd
 from llamad.cache.errors import KvcCorrupt, TierError, TierFull
@@ -93,6 +94,10 @@ class _Stopped(Exception):
     pass
 
 
+def _nothing() -> None:
+    pass
+
+
 def _noop(stage: MoveStage, job: MoveJob) -> None:
     return None
 
@@ -110,11 +115,15 @@ def move_file(
     counters: CounterAdd | None = None,
     hook: MoveHook | None = None,
     stopping: Callable[[], bool] = lambda: False,
+    on_chunk: Callable[[], None] = lambda: None,
 ) -> MoveResult:
-    """Make ``job``'s copy in ``dst`` (see the module doc); never raises for I/O."""
+    """Make ``job``'s copy in ``dst`` (see the module doc); never raises for I/O.
+    ``on_chunk`` is called before each chunk a copy reads (the copy is alive)."""
     hook = hook or _noop
     try:
-        return _move(src, dst, job, counters=counters, hook=hook, stopping=stopping)
+        return _move(
+            src, dst, job, counters=counters, hook=hook, stopping=stopping, on_chunk=on_chunk
+        )
     except _Stopped:
         return MoveResult(job.id, None, error="stopped")
     except (OSError, TierError) as exc:
@@ -129,6 +138,7 @@ def _move(
     counters: CounterAdd | None,
     hook: MoveHook,
     stopping: Callable[[], bool],
+    on_chunk: Callable[[], None],
 ) -> MoveResult:
     if src.key_of(job.src_location) != job.key:
         return MoveResult(job.id, None, error="the source is not this key's file")
@@ -153,7 +163,7 @@ def _move(
             linked = _link_final(source, final, dst, job)
         if not linked:
             try:
-                tmp = _write_tmp(fd, dst, job, meta, stopping)
+                tmp = _write_tmp(fd, dst, job, meta, stopping=stopping, on_chunk=on_chunk)
             except KvcCorrupt as exc:
                 log.warning(
                     "cache.corrupt_file", tier=src.name, path=str(source), reason=exc.reason
@@ -222,7 +232,13 @@ def _link_final(
 
 
 def _write_tmp(
-    fd: int, dst: Tier, job: MoveJob, meta: KvcMeta, stopping: Callable[[], bool]
+    fd: int,
+    dst: Tier,
+    job: MoveJob,
+    meta: KvcMeta,
+    *,
+    stopping: Callable[[], bool],
+    on_chunk: Callable[[], None],
 ) -> Path:
     """The copy as ``<key>.kvc.<writer>.tmp`` in ``dst``: whole, fdatasync'ed.
 
@@ -239,6 +255,7 @@ def _write_tmp(
         while done < size:
             if stopping():
                 raise _Stopped
+            on_chunk()
             n = os.preadv(fd, [view[: min(_CHUNK, size - done)]], done)
             if n <= 0:
                 raise KvcCorrupt("truncated", f"{job.src_location} ended at {done} of {size}")
@@ -276,10 +293,12 @@ class Mover:
         *,
         counters: CounterAdd | None = None,
         hook: MoveHook | None = None,
+        activity: CopyActivity | None = None,
     ) -> None:
         self.tiers = dict(tiers)
         self.counters = counters
         self.hook = hook
+        self.activity = activity
         self._fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._lock = threading.Lock()
         self._queues: dict[bool, deque[MoveJob]] = {True: deque(), False: deque()}
@@ -332,6 +351,11 @@ class Mover:
                 if self._stop.is_set():
                     return
                 job = queue.popleft()
+            # Copies (not links) are marked on the activity board: a model
+            # worker decoding on every core halves its short steps meanwhile.
+            activity = None if lane else self.activity
+            if activity is not None:
+                activity.begin()
             try:
                 result = move_file(
                     self.tiers[job.src_tier],
@@ -340,10 +364,14 @@ class Mover:
                     counters=self.counters,
                     hook=self.hook,
                     stopping=self._stop.is_set,
+                    on_chunk=_nothing if activity is None else activity.touch,
                 )
             except Exception as exc:  # a bug must not lose the job: report it failed
                 log.exception("cache.mover_failed", key=job.key.hex())
                 result = MoveResult(job.id, None, error=repr(exc))
+            finally:
+                if activity is not None:
+                    activity.end()
             with self._lock:
                 self._finish(result)
 

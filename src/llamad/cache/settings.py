@@ -183,6 +183,12 @@ class CacheSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         assert self.permits_path is not None  # resolved in __post_init__
         return self.permits_path
 
+    def copies_file(self) -> Path:
+        """cache-meta's copy-activity board (:mod:`llamad.cache.activity`),
+        beside the writer permits: ``<permits>.copies``."""
+        permits = self.permits_file()
+        return permits.with_name(f"{permits.name}.copies")
+
     def create_permits(self) -> PermitSet:
         """Create the writer-permits file; cache-meta does this whenever it starts.
 

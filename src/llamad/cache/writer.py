@@ -200,8 +200,9 @@ class WriterPool:
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kvc-writer")
         self._lock = threading.Lock()
         self._in_flight = 0
-        # Saves running in a writer thread (or save_sync) right now, and a
-        # count bumped as each starts and ends: quiet_epoch's two readings.
+        # Saves accepted and not ended yet (their mapping after the publish
+        # included), and a count bumped as each is accepted and as it ends:
+        # quiet_epoch's two readings.
         self._running = 0
         self._epoch = 0
         self._closed = False
@@ -258,9 +259,9 @@ class WriterPool:
             return self._in_flight
 
     def quiet_epoch(self) -> int | None:
-        """None while a save runs in this process (its CRC, copy and the
-        mapping after it); otherwise a count that moves each time one starts
-        or ends. Two equal readings mean no save ran between them.
+        """None from a save's acceptance until it has ended (its CRC, copy
+        and the mapping after it); otherwise a count that moves each time one
+        is accepted or ends. Two equal readings mean no save ran between them.
 
         The thread governor reads it around each decode step: a save's
         threads take the very cores the step's threads wait for at every
@@ -272,9 +273,9 @@ class WriterPool:
             return None if self._running else self._epoch
 
     def _began(self) -> None:
-        with self._lock:
-            self._running += 1
-            self._epoch += 1
+        # Under self._lock.
+        self._running += 1
+        self._epoch += 1
 
     def _ended(self) -> None:
         with self._lock:
@@ -305,12 +306,14 @@ class WriterPool:
                 self._dropped(spec, tier, "no_permit")
                 return None
             self._in_flight += 1
+            self._began()
         try:
             future = self._executor.submit(self._run, permit, target, spec, payload)
         except BaseException:
             permit.release()
             with self._lock:
                 self._in_flight -= 1
+            self._ended()
             raise
         future.add_done_callback(lambda f: self._never_ran(f, permit))
         if on_done is not None:
@@ -323,6 +326,7 @@ class WriterPool:
             permit.release()
             with self._lock:
                 self._in_flight -= 1
+            self._ended()
 
     def save_sync(
         self,
@@ -348,6 +352,7 @@ class WriterPool:
             )
         with self._lock:
             self._in_flight += 1
+            self._began()
         return self._run(permit, target, spec, payload)
 
     def _run(
@@ -357,7 +362,6 @@ class WriterPool:
         spec: KvcSpec,
         payload: Buffer,
     ) -> PublishResult:
-        self._began()
         try:
             try:
                 result = publish(self._meta(), tier, spec, payload, on_stage=self._on_stage)

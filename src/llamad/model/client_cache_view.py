@@ -58,6 +58,7 @@ import msgspec
 import structlog
 
 from llamad.actors.client import HANDSHAKE_TIMEOUT
+from llamad.cache.activity import CopyActivity
 from llamad.cache.client import CacheClient
 from llamad.cache.counters import Counters, CountersUnavailable
 from llamad.cache.key import Namespace, tokens_to_bytes
@@ -214,6 +215,8 @@ class ClientCacheView:
         self.namespace(None)
         self._client = client
         self._writer = writer
+        # cache-meta's copy-activity board, attached by from_settings.
+        self._copies: CopyActivity | None = None
         self._counters = counters
         self._clock = clock
         self.stats = ViewStats()
@@ -317,6 +320,10 @@ class ClientCacheView:
             view._owned.append(remote.close)
         if counters is not None:
             view._owned.append(counters.close)
+        # cache-meta created it before it served (None: an older file, or none).
+        view._copies = CopyActivity.attach(settings.copies_file())
+        if view._copies is not None:
+            view._owned.append(view._copies.close)
         return view
 
     # -- accounting --------------------------------------------------------------------
@@ -759,9 +766,17 @@ class ClientCacheView:
             return self._unposted
 
     def quiet_epoch(self) -> int | None:
-        """The writer pool's :meth:`~llamad.cache.writer.WriterPool.quiet_epoch`:
-        whether a save ran in this process (the thread governor's ``own_work``)."""
-        return self._writer.quiet_epoch()
+        """The daemon's own background work, for the thread governor's
+        ``own_work``: None while this process's writer pool saves
+        (:meth:`~llamad.cache.writer.WriterPool.quiet_epoch`) or cache-meta
+        copies a row (:class:`~llamad.cache.activity.CopyActivity`); otherwise
+        the sum of both epochs, which moves whenever either does."""
+        own = self._writer.quiet_epoch()
+        copies = self._copies
+        if own is None or copies is None:
+            return own
+        theirs = copies.quiet_epoch()
+        return None if theirs is None else own + theirs
 
     def _count_unposted(self, delta: int) -> None:
         with self._unposted_lock:

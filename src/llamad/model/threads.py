@@ -52,6 +52,13 @@ fallbacks, these ways:
   judged nor learnt from: it reads slow while nothing outside is busy, and
   judging it fell back to 1 thread after a 2,048-token row's save, halving
   every cold prompt of the next 16 s (``bench/ttft_sequence_probe.py``).
+  A short step (at most :data:`EXPLORE_MAX_ROWS` rows) that starts while
+  such work runs takes half the threads: on every thread it waited at its
+  barriers for the cores the save held (p99 inter-token latency 61.7 ms
+  with continued saves against 12.0 without, P8), and a decode step costs
+  little more on fewer. A longer step keeps its threads: a prefill chunk
+  (~1 s) outlasts a save (tens of ms), and on half the threads would take
+  twice as long.
 * **A short step that collapses alone is a burst.** Another process that
   takes a core for 20-70 ms (the daemon's own cache-meta copying a row to
   disk, a client waking) makes the one short step under way collapse, and
@@ -347,6 +354,7 @@ class ThreadGovernor:
         self.own_work: OwnWork = own_work if own_work is not None else _no_own_work
         self._work_before: int | None = 0  # own_work() as the step under way began
         self._beside_own_work = 0
+        self._halved_beside_own_work = 0
         # A short step that collapsed, waiting for the next judged step to
         # confirm it (module doc); bursts: those the next step did not.
         self._suspect: _Collapse | None = None
@@ -414,11 +422,16 @@ class ThreadGovernor:
         probing = probe is not None and (probe.up or rows <= EXPLORE_MAX_ROWS)
         self._pending_probe = probing
         threads = probe.threads if probe is not None and probing else limit
+        work = self._work_before = self.own_work()
+        if work is None and rows <= EXPLORE_MAX_ROWS and threads > 1:
+            # The worker's own save holds cores now (module doc): a short
+            # step on every thread would wait at its barriers for them.
+            threads //= 2
+            self._halved_beside_own_work += 1
         if threads != self._threads:
             self._since_switch = 0
         self._pending = threads
         self._threads = threads
-        self._work_before = self.own_work()
         return threads
 
     def record(self, rows: int, seconds: float, kv_cells: int = 0) -> None:
@@ -721,6 +734,7 @@ class ThreadGovernor:
             self._quiet_probes,
             self._cooldown,
             self._beside_own_work,
+            self._halved_beside_own_work,
             self._bursts,
         )
 
@@ -742,6 +756,7 @@ class ThreadGovernor:
             explorations_kept=self._explorations_kept,
             quiet_probes=self._quiet_probes,
             beside_own_work=self._beside_own_work,
+            halved_beside_own_work=self._halved_beside_own_work,
             bursts=self._bursts,
             cooldown_s=self._cooldown,
             next_probe_s=None,

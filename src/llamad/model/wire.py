@@ -136,6 +136,9 @@ class ThreadStatus(msgspec.Struct, frozen=True):
     beside_own_work: int = 0
     """Steps neither judged nor learnt from because the worker's own saves ran
     beside them (``ThreadGovernor``'s ``own_work``)."""
+    halved_beside_own_work: int = 0
+    """Short steps run on half the threads because the worker's own saves
+    held cores as they started."""
     bursts: int = 0
     """Short steps that collapsed alone: the next step ran as usual, so the
     ceiling stayed (another process's burst, not a collapse)."""

@@ -13,6 +13,7 @@ import select
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import msgspec
 import pytest
@@ -27,6 +28,7 @@ from cache_view_support import (
     settle_saves,
     stub_config,
 )
+from llamad.cache.activity import CopyActivity
 from llamad.cache.client import CacheClient
 from llamad.cache.kvc import SaveReason
 from llamad.cache.lookup import LookupPolicy
@@ -198,6 +200,45 @@ def test_a_save_stays_in_flight_until_its_completion_is_posted(
     wait_until(lambda: view.in_flight() == 0, "the save posted", 20)
     assert view.completions.pending() == 1
     assert view.completions.drain() == [(j.key, True)]
+
+
+def test_quiet_epoch_sees_this_workers_saves_and_cache_metas_copies(
+    settings: CacheSettings, view: ClientCacheView
+) -> None:
+    """The thread governor's own_work: None while the writer pool saves or
+    while cache-meta (which created the board the view attached) copies a row."""
+    before = view.quiet_epoch()
+    assert before is not None and view.quiet_epoch() == before
+    # cache-meta's copy lane, as a second handle on the board it made.
+    lane = CopyActivity.create(settings.copies_file())
+    try:
+        lane.begin()
+        assert view.quiet_epoch() is None
+        lane.end()
+        after_copy = view.quiet_epoch()
+        assert after_copy is not None and after_copy != before
+    finally:
+        lane.close()
+    # The save held in its last part (mapping the row it wrote), whichever
+    # tier cache-meta chose.
+    gate, held = threading.Event(), threading.Event()
+    for tier in view._writer.tiers.values():
+
+        def held_warm(location: object, real: Any = tier.warm) -> bool:
+            held.set()
+            assert gate.wait(20)
+            return bool(real(location))
+
+        tier.warm = held_warm  # type: ignore[method-assign,assignment]
+    try:
+        tokens = prompt(40, start=9100)
+        assert view.save(job(view, tokens, SaveReason.COLD), packed(tokens))
+        assert held.wait(20), "the save never reached its mapping"
+        assert view.quiet_epoch() is None
+    finally:
+        gate.set()
+    wait_until(lambda: view.quiet_epoch() is not None, "the save ended", 20)
+    assert view.quiet_epoch() != after_copy
 
 
 def test_an_already_cached_row_counts_as_written(view: ClientCacheView) -> None:

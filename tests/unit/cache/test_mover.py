@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from llamad.cache.activity import CopyActivity
 from llamad.cache.counters import DictCounters
 from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
 from llamad.cache.kvc import HEADER_LEN, KvcSpec, SaveReason, encode_kvc
@@ -194,6 +195,37 @@ def test_the_mover_runs_jobs_on_its_threads_and_reports_through_its_fd(
         assert late.error == "stopped"
     finally:
         mover.close()
+
+
+def test_a_copy_is_marked_on_the_activity_board_and_a_link_is_not(
+    tiers: dict[TierKind, Tier], tmp_path: Path
+) -> None:
+    """What a model worker's governor reads: a copy takes a core for tens of
+    ms (its short steps take half the threads meanwhile); a link is instant."""
+    ram = tiers[TierKind.RAM]
+    board = CopyActivity.create(tmp_path / "copies")
+    reader = CopyActivity.attach(tmp_path / "copies")
+    assert reader is not None
+    seen: dict[TierKind, int | None] = {}
+
+    def hook(stage: MoveStage, j: MoveJob) -> None:
+        if stage is MoveStage.VALIDATED:
+            seen[j.dst_tier] = reader.quiet_epoch()
+
+    mover = Mover(tiers, hook=hook, activity=board)
+    try:
+        before = reader.quiet_epoch()
+        for i, dst in enumerate((TierKind.RAM_FILE, TierKind.DISK)):
+            mover.submit(job(ram, tiers[dst], put(ram, 40 + i), n=i + 1))
+            assert mover.wait(30), "the mover never reported"
+            assert all(r.ok for r in mover.drain())
+        assert seen[TierKind.RAM_FILE] == before  # the link lane marks nothing
+        assert seen[TierKind.DISK] is None  # during the copy
+        assert reader.quiet_epoch() == (before or 0) + 2  # begun and ended
+    finally:
+        mover.close()
+        reader.close()
+        board.close()
 
 
 def test_purge_ram_links_leftover_segments_into_ram_file_first() -> None:
