@@ -81,7 +81,7 @@ def discard_scratch(settings: CacheSettings) -> None:
     """Remove everything a :func:`scratch_settings` cache created.
 
     Only for scratch caches: it deletes the tiers' directories, the registry,
-    the counters file and the writer permits.
+    the counters file, the writer permits and the copy-activity board.
     """
     purge_ram(settings)
     dirs = [cfg.root for cfg in settings.tiers if cfg.kind is not TierKind.RAM]
@@ -91,6 +91,7 @@ def discard_scratch(settings: CacheSettings) -> None:
         shutil.rmtree(path, ignore_errors=True)
     settings.counters_path.unlink(missing_ok=True)
     settings.permits_file().unlink(missing_ok=True)
+    settings.copies_file().unlink(missing_ok=True)
     for parent in {path.parent for path in dirs}:
         with contextlib.suppress(OSError):
             parent.rmdir()  # the scratch base, once empty; never a non-empty dir
