@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from llamad.cache.policy import CachePolicy
 from llamad.llama_ffi.spin import SpinSetting
 from llamad.model.thread_board import ThreadBoard
 from llamad.model.threads import ThreadPolicy, ThreadStatus
@@ -58,6 +59,10 @@ TREE: dict[str, Any] = dict(
     prefix="lmt",
     n_threads=2,
     threads=POLICY,
+    # Nothing is saved (prompts stay under n_ctx): a short step that starts
+    # beside the daemon's own save or copy runs on half the threads
+    # (threads.py), and these tests read the count of steps that run alone.
+    policy=CachePolicy(min_tokens=4096, cold_min_tokens=4096),
     siblings={OTHER: {}},
 )
 
