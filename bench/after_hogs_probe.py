@@ -1,0 +1,90 @@
+"""After-hogs probe (issue 21, open): does the first cold prompt after CPU hogs
+leave run on every thread?
+
+    PYTHONPATH=src python -m bench.after_hogs_probe [--rounds 2]
+
+Starts a real daemon (:class:`bench.peers.llamad_sys.LlamadDaemon`: the
+default GGUF, 2 threads, the cache's default configuration) and, each round,
+streams a counting prompt for 12 s beside one busy-loop process per core (as
+P14 does), kills the hogs, waits 1 s, then sends three fresh 512-token
+prompts back to back. For each it prints the worker's prefill rate
+(``stats.prefill_tokens`` over ``stats.prefill_ms``) and the governor's
+:class:`~llamad.model.wire.ThreadStatus`.
+
+Written for a finding left open (issue 21's note of 2026-11-29): in the
+peers run at f0a8ef6, two rounds' first cold 512-token prompt took 1.22 s
+against llama-server's 1.08 (P5 0.946, within noise). Measured with this
+probe: the first prompt after the hogs prefilled at 248 tok/s (1 thread)
+and the next ones at 450-475. The governor is still falling back (its
+cool-down doubled while probes failed beside the hogs), and its quiet probe
+never fires (``quiet_probes`` 0): the load gauge answers None on its first
+reading after a pause (``OthersGauge``, ``max_age_s``), and a one-chunk
+prompt is one step, so no second reading comes before the chunk runs.
+Not a recorded bench: it writes no result file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import time
+from typing import Any
+
+from bench.peers import workload
+from bench.peers.llamad_sys import LlamadDaemon, ModelTable
+
+MODEL = "main"
+HOGS_S = 12.0
+
+
+def _threads(client: Any) -> str:
+    t = client.status(MODEL).worker.threads
+    if t is None:
+        return "threads: not governed"
+    return (
+        f"threads {t.threads} ceiling {t.ceiling} fallbacks {t.fallbacks} "
+        f"collapses {t.collapses} probes {t.probes_kept}/{t.probes} quiet {t.quiet_probes} "
+        f"cooldown {t.cooldown_s} next {t.next_probe_s} "
+        f"explorations {t.explorations_kept}/{t.explorations}"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    daemon = LlamadDaemon("afterhogs", [ModelTable(MODEL, n_ctx=8192, n_seq_max=4, threads=2)], 2)
+    try:
+        client = daemon.start()
+
+        def tokenize(text: str) -> list[int]:
+            return list(client.tokenize(MODEL, text))
+
+        for rnd in range(args.rounds):
+            ids = workload.counting_tokens(tokenize, 100 + rnd, 12)
+            hogs = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(2)]
+            try:
+                time.sleep(0.3)
+                started, events = time.monotonic(), 0
+                for _ in client.infer(MODEL, ids, max_tokens=4000, temperature=0.0):
+                    events += 1
+                    if time.monotonic() - started > HOGS_S:
+                        break
+            finally:
+                for hog in hogs:
+                    hog.kill()
+                    hog.wait()
+            print(f"round {rnd + 1}: {events} events beside the hogs; {_threads(client)}")
+            time.sleep(1.0)
+            for k in range(3):
+                prompt = workload.exact_tokens(tokenize, f"afterhogs{rnd}-{k}", 512)
+                _, cold = daemon.first_token(MODEL, prompt)
+                s = cold.stats
+                rate = s.prefill_tokens / (s.prefill_ms / 1e3) if s.prefill_ms > 0 else 0.0
+                print(f"  cold 512 #{k + 1}: {rate:.0f} tok/s; {_threads(client)}", flush=True)
+    finally:
+        daemon.remove()
+
+
+if __name__ == "__main__":
+    main()
