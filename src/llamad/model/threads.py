@@ -46,19 +46,21 @@ fallbacks, these ways:
   are seen holding cores: with nothing competing fewer threads cannot win,
   and a win on the noise of a few one-row steps lowered the ceiling for the
   prefill chunks after it too.
-* **Its own work is not the machine's load.** A step that overlapped work
-  the worker itself runs beside its loop (``own_work``: the writer pool's
-  saves, whose CRC and copy take both cores for tens of ms) is neither
-  judged nor learnt from: it reads slow while nothing outside is busy, and
-  judging it fell back to 1 thread after a 2,048-token row's save, halving
-  every cold prompt of the next 16 s (``bench/ttft_sequence_probe.py``).
-  A short step (at most :data:`EXPLORE_MAX_ROWS` rows) that starts while
-  such work runs takes half the threads: on every thread it waited at its
-  barriers for the cores the save held (p99 inter-token latency 61.7 ms
-  with continued saves against 12.0 without, P8), and a decode step costs
-  little more on fewer. A longer step keeps its threads: a prefill chunk
-  (~1 s) outlasts a save (tens of ms), and on half the threads would take
-  twice as long.
+* **The daemon's own work is not the machine's load.** A step that
+  overlapped work the daemon itself runs beside the loop (``own_work``: the
+  worker's writer pool saving, whose CRC and copy take both cores for tens
+  of ms, and cache-meta's mover copying a row to disk) is neither judged
+  nor learnt from: it reads slow while nothing outside is busy, and judging
+  it fell back to 1 thread, halving every cold prompt of the next 16 s
+  (``bench/ttft_sequence_probe.py``). A short step (at most
+  :data:`EXPLORE_MAX_ROWS` rows) that starts while such work runs takes half
+  the threads when the busy workers' threads and that work together ask
+  for more than the cores (:data:`OWN_WORK_CORES`): on every thread it
+  waited at its barriers for the cores the save or copy held (p99
+  inter-token latency 61.7 ms with continued saves against 12.0 without,
+  P8), and a decode step costs little more on fewer. A longer step keeps
+  its threads: a prefill chunk (~1 s) outlasts a save (tens of ms), and on
+  half the threads would take twice as long.
 * **A short step that collapses alone is a burst.** Another process that
   takes a core for 20-70 ms (the daemon's own cache-meta copying a row to
   disk, a client waking) makes the one short step under way collapse, and
@@ -114,6 +116,7 @@ from llamad.model.wire import CollapseReport, ThreadStatus
 
 __all__ = [
     "EXPLORE_MAX_ROWS",
+    "OWN_WORK_CORES",
     "QUIET_SLACK_CORES",
     "BusyBoard",
     "CollapseReport",
@@ -199,9 +202,14 @@ class LoadGauge(Protocol):
 
 
 OwnWork = Callable[[], int | None]
-"""Work the worker itself runs beside its loop (module doc): None while some
-runs, otherwise a count that moves each time some starts or ends
-(:meth:`llamad.cache.writer.WriterPool.quiet_epoch`)."""
+"""Work the daemon itself runs beside the worker's loop (module doc): None
+while some runs, otherwise a count that moves each time some starts or ends
+(:meth:`llamad.model.client_cache_view.ClientCacheView.quiet_epoch`: the
+writer pool's saves and cache-meta's copies)."""
+
+OWN_WORK_CORES: Final = 2
+"""The most cores the daemon's own work takes at once: a save's CRC runs on
+two threads (``crc32c_split``); a copy takes one."""
 
 
 def _no_own_work() -> int:
@@ -423,9 +431,10 @@ class ThreadGovernor:
         self._pending_probe = probing
         threads = probe.threads if probe is not None and probing else limit
         work = self._work_before = self.own_work()
-        if work is None and rows <= EXPLORE_MAX_ROWS and threads > 1:
-            # The worker's own save holds cores now (module doc): a short
-            # step on every thread would wait at its barriers for them.
+        crowded = threads * self._busy + OWN_WORK_CORES > self.policy.cores
+        if work is None and rows <= EXPLORE_MAX_ROWS and threads > 1 and crowded:
+            # A save or a copy holds cores now (module doc): a short step on
+            # every thread would wait at its barriers for them.
             threads //= 2
             self._halved_beside_own_work += 1
         if threads != self._threads:

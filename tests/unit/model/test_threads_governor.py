@@ -702,6 +702,16 @@ def test_a_short_step_started_beside_the_workers_own_save_takes_half_the_threads
     assert (status.fallbacks, status.ceiling) == (0, 4)
 
 
+def test_with_cores_to_spare_a_short_step_beside_a_save_keeps_its_threads() -> None:
+    # 4 threads of 16 cores: the save's two threads find cores of their own.
+    clock, saves = Clock(), Saves()
+    gov = ThreadGovernor(policy(max_threads=4, cores=16), clock=clock, own_work=saves)
+    warm(gov, clock, 10 * MS)
+    saves.running = True
+    assert [step(gov, clock, 12 * MS) for _ in range(3)] == [4, 4, 4]
+    assert gov.status().halved_beside_own_work == 0
+
+
 def test_the_own_work_probe_can_be_set_after_construction() -> None:
     clock, saves = Clock(), Saves()
     gov = governor(clock)
