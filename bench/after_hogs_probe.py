@@ -1,4 +1,4 @@
-"""After-hogs probe (issue 21, open): does the first cold prompt after CPU hogs
+"""After-hogs probe (issue 21): does the first cold prompt after CPU hogs
 leave run on every thread?
 
     PYTHONPATH=src python -m bench.after_hogs_probe [--rounds 2]
@@ -20,7 +20,11 @@ cool-down doubled while probes failed beside the hogs), and its quiet probe
 never fires (``quiet_probes`` 0): the load gauge answers None on its first
 reading after a pause (``OthersGauge``, ``max_age_s``), and a one-chunk
 prompt is one step, so no second reading comes before the chunk runs.
-Not a recorded bench: it writes no result file.
+Since then the governor reads the gauge as the worker goes idle while
+falling back, and the worker's gauge averages over an idle gap of up to 30 s:
+2 rounds, the first cold prompt after the hogs at 479-483 tok/s (the quiet
+probe fired), the next ones at 459-481. Not a recorded bench: it writes no
+result file.
 """
 
 from __future__ import annotations

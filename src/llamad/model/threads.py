@@ -505,6 +505,14 @@ class ThreadGovernor:
         if self._marked:
             self._marked = False
             self._board.mark_busy(-math.inf)
+        if self._gauge is not None and self._retry_at is not None and self._ceiling < self._budget:
+            # Falling back: a load reading as the worker goes idle, so that the
+            # next request's first step can tell whether the other work went
+            # meanwhile (the load over the idle gap). Without it the gauge's
+            # first reading after the gap answered None, and a one-chunk cold
+            # prompt (one step) ran on the fallback's threads: 248 tok/s
+            # against 450-475 after P14's hogs (bench/after_hogs_probe.py).
+            self._gauge.sample(self._clock())
 
     def status(self) -> ThreadStatus:
         """A snapshot for the worker's ``status`` (ages computed now)."""

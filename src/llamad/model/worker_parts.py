@@ -220,8 +220,11 @@ def llama_parts(spec: WorkerSpec) -> WorkerParts:
         board = ThreadBoard(thread_board_path(Registry(spec.registry).root))
         closers.append(board.close)
         # The gauge lets a fallback end as soon as the other work has gone
-        # (cpu_load), not only when its cool-down runs out.
-        governor = ThreadGovernor(policy, board=board, gauge=OthersGauge())
+        # (cpu_load), not only when its cool-down runs out. It averages over
+        # an idle gap of up to 30 s (the governor reads it as the worker goes
+        # idle while falling back): whether the other work went while the
+        # worker waited for its next request.
+        governor = ThreadGovernor(policy, board=board, gauge=OthersGauge(max_age_s=30.0))
         log.info(
             "model.threads",
             board=str(board.path),

@@ -954,6 +954,28 @@ def test_without_a_gauge_a_worker_explores_as_before() -> None:
     assert gov.status().explorations == 1
 
 
+def test_a_worker_falling_back_reads_the_gauge_as_it_goes_idle() -> None:
+    """The load over the idle gap tells the next request's first step whether
+    the other work went meanwhile (a one-chunk cold prompt is one step)."""
+    clock, gauge = Clock(), Gauge(others=1.9)
+    gov = long_cooldown(clock, gauge)
+    asked = gauge.asked
+    gov.idle()
+    assert gauge.asked == asked + 1
+    clock.advance(1.0)
+    gauge.others = 0.1  # the hogs went while the worker waited
+    assert step(gov, clock, 1.0, rows=512) == 2  # the quiet probe, at once
+    assert gov.status().quiet_probes == 1
+
+
+def test_an_idle_worker_on_every_thread_reads_no_gauge() -> None:
+    clock, gauge = Clock(), Gauge(others=0.0)
+    gov = ThreadGovernor(policy(), clock=clock, gauge=gauge)
+    warm(gov, clock, 10 * MS)
+    gov.idle()
+    assert gauge.asked == 0
+
+
 def test_no_gauge_is_read_while_decoding_on_every_thread() -> None:
     clock, gauge = Clock(), Gauge(others=0.0)
     gov = ThreadGovernor(policy(), clock=clock, gauge=gauge)
