@@ -115,7 +115,7 @@ def move_file(
     counters: CounterAdd | None = None,
     hook: MoveHook | None = None,
     stopping: Callable[[], bool] = lambda: False,
-    on_chunk: Callable[[], None] = lambda: None,
+    on_chunk: Callable[[], None] = _nothing,
 ) -> MoveResult:
     """Make ``job``'s copy in ``dst`` (see the module doc); never raises for I/O.
     ``on_chunk`` is called before each chunk a copy reads (the copy is alive)."""
