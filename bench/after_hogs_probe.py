@@ -30,10 +30,10 @@ result file.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import time
 from typing import Any
 
+from bench.hogs import Hogs
 from bench.peers import workload
 from bench.peers.llamad_sys import LlamadDaemon, ModelTable
 
@@ -66,18 +66,13 @@ def main() -> None:
 
         for rnd in range(args.rounds):
             ids = workload.counting_tokens(tokenize, 100 + rnd, 12)
-            hogs = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(2)]
-            try:
+            with Hogs(2):
                 time.sleep(0.3)
                 started, events = time.monotonic(), 0
                 for _ in client.infer(MODEL, ids, max_tokens=4000, temperature=0.0):
                     events += 1
                     if time.monotonic() - started > HOGS_S:
                         break
-            finally:
-                for hog in hogs:
-                    hog.kill()
-                    hog.wait()
             print(f"round {rnd + 1}: {events} events beside the hogs; {_threads(client)}")
             time.sleep(1.0)
             for k in range(3):

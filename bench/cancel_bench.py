@@ -17,7 +17,8 @@ cancel lands anywhere in a chunk), then ``Client.cancel`` from a second
 connection. Measured: from the cancel call to the ``done`` event at the
 stream (``cancelled``), and the prompt tokens the request had committed
 (``prefill_tokens``). With ``--hogs N``, N busy-loop processes run the whole
-time (killed in ``finally``; they end on their own after 10 minutes).
+time (``bench.hogs``: killed in ``finally``, and each ends on its own once
+this process is gone).
 
 Run it against another tree for the "before" figures: ``PYTHONPATH=<tree>/src
 python -m bench.cancel_bench --only cancel`` (the daemon runs that tree's
@@ -31,31 +32,17 @@ import argparse
 import os
 import random
 import statistics
-import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from bench.common import median, record, show, table
+from bench.hogs import Hogs
 
 RENDER = "bench.cancel_bench:render"
 MODEL = "m"
 PROMPT_TOKENS = 1500
-
-
-@contextmanager
-def hogs(n: int) -> Iterator[None]:
-    procs = [
-        subprocess.Popen(["timeout", "600", "sh", "-c", "while :; do :; done"]) for _ in range(n)
-    ]
-    try:
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
 
 
 def loadavg() -> float:
@@ -305,7 +292,7 @@ def main() -> int:
         "load_start": loadavg(),
     }
     data: dict[str, Any] = {}
-    with hogs(args.hogs):
+    with Hogs(args.hogs):
         if args.only in (None, "steps"):
             data["steps"] = steps(args.rounds)
         if args.only in (None, "cancel"):

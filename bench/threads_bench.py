@@ -18,7 +18,7 @@ figure is decoded tokens per second. Each loop runs in one of two modes:
 
 Scenarios, for each mode, in every round (order alternating between rounds):
 ``quiet``, one loop alone; ``hogs_first``, one loop started while a CPU hog
-(``while True: pass``) already runs on every core (the issue's repro: ggml's
+(``bench.hogs``) already runs on every core (the issue's repro: ggml's
 threads are placed on busy cores); ``hogs_later``, the hogs start once the
 loop is warm; ``pair``, two loops at once. Per round and mode the ratios are
 each hog scenario's tok/s over ``quiet`` (bar >= 0.25) and ``pair``'s total
@@ -57,6 +57,7 @@ from tempfile import TemporaryDirectory
 from typing import Any
 
 from bench.common import median, record, show, table
+from bench.hogs import Hogs
 from llamad import paths
 from llamad.llama_ffi import Batch, ContextOptions, Model, Sampler, SamplerParams, default_threads
 from llamad.llama_ffi.spin import spin_setting
@@ -221,10 +222,6 @@ def _child_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def _hogs(n: int) -> list[subprocess.Popen[bytes]]:
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
-
-
 def _stop(procs: list[subprocess.Popen[Any]]) -> None:
     for p in procs:
         if p.poll() is None:
@@ -252,10 +249,10 @@ def run_loops(
     from before the loops start (``hogs_first``) or from the go."""
     line = json.dumps(cfg)
     loops: list[subprocess.Popen[str]] = []
-    hog_procs: list[subprocess.Popen[bytes]] = []
+    hog_procs = Hogs(hogs)
     try:
         if hogs and hogs_first:
-            hog_procs = _hogs(hogs)
+            hog_procs.start()
         for _ in range(n_loops):
             loops.append(
                 subprocess.Popen(
@@ -274,7 +271,7 @@ def run_loops(
             else:
                 raise RuntimeError(f"a loop ({line}) exited before it was ready")
         if hogs and not hogs_first:
-            hog_procs = _hogs(hogs)
+            hog_procs.start()
             time.sleep(0.2)  # let the hogs reach the run queues
         for p in loops:
             assert p.stdin is not None
@@ -289,7 +286,7 @@ def run_loops(
             results.append(json.loads(found[-1][len(_RESULT) :]))
         return results
     finally:
-        _stop(hog_procs)
+        hog_procs.stop()
         _stop(loops)
 
 
@@ -381,7 +378,7 @@ def render_matrix(params: dict[str, Any], data: dict[str, Any]) -> str:
     settings = (
         f"model `default`, {cores} cores, {params['rounds']} alternating rounds; per "
         f"configuration and round one loop quiet, then one started beside {cores} "
-        f"`while True: pass` hogs, each {params['seconds']:g} s of one-row greedy decode after "
+        f"busy-loop hogs (bench.hogs), each {params['seconds']:g} s of one-row greedy decode after "
         f"{params['warmup_steps']} warm-up steps quiet, {params['starting_steps']} beside hogs, "
         "no governor. ms/token: median (range) over rounds. Last column: the best quiet "
         "configuration's median speed against this one's beside hogs. Load average (1 min) "
@@ -531,7 +528,7 @@ def render(params: dict[str, Any], data: dict[str, Any]) -> str:
         f"{params['seconds']:g} s of one-row greedy decode per loop after "
         f"{params['warmup_steps']} warm-up steps (or {params['warmup_max_s']:g} s; "
         f"{params['starting_steps']} in `hogs_first`); "
-        f"hogs: {cores} `while True: pass` processes, started before the loop "
+        f"hogs: {cores} busy-loop processes (bench.hogs), started before the loop "
         "(`hogs_first`) or once it is warm (`hogs_later`). tok/s: median (range) over rounds of "
         "the cell's total (both loops in `pair`). Ratios are per round against the same "
         "mode's quiet loop; spread: their range. Verdict: met if the whole spread clears the "

@@ -62,17 +62,17 @@ import argparse
 import contextlib
 import os
 import random
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgspec
 
 from bench.common import record, show
+from bench.hogs import Hogs
 from bench.worker_bench_report import (
     SCENARIOS,
     SIZES,
@@ -312,33 +312,6 @@ def decode(tree: Tree, workers: Sequence[str], max_tokens: int, tag: str) -> Dec
 
 # A busy loop that also ends if the bench dies without reaching its finally
 # (every ~20 ms it checks that its parent is still the bench).
-HOG = """
-import os
-parent = os.getppid()
-while os.getppid() == parent:
-    for _ in range(1_000_000):
-        pass
-"""
-
-
-@contextlib.contextmanager
-def hogs(n: int) -> Iterator[None]:
-    """``n`` busy-loop processes, killed however the block ends."""
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        for _ in range(n):
-            procs.append(subprocess.Popen([sys.executable, "-c", HOG]))
-        time.sleep(0.3)  # let them reach the run queues
-        yield
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        for p in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=10)
-
-
 def ttft_round(tree: Tree, clients: dict[str, WorkerClient], i: int) -> dict[tuple[str, int], Ttft]:
     """Every TTFT path at every size; sizes, workers and the disk variants alternate."""
     got: dict[tuple[str, int], Ttft] = {}
@@ -374,7 +347,8 @@ def decode_round(tree: Tree, i: int, cores: int, max_tokens: int) -> dict[str, D
     }
 
     def beside_hogs() -> Decode:
-        with hogs(cores):
+        with Hogs(cores):
+            time.sleep(0.3)  # let them reach the run queues
             return decode(tree, ["ram"], max_tokens, "hogs")
 
     runs["hogs"] = beside_hogs

@@ -33,18 +33,14 @@ and on Ctrl-C too), and each exits by itself once its parent is gone
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from types import TracebackType
 from typing import TYPE_CHECKING
 
+from bench.hogs import Hogs
 from bench.peers import workload
 from bench.peers.llamad_sys import LlamadDaemon, ModelTable
 from bench.peers.server_sys import LlamaServer, _piece
@@ -53,17 +49,6 @@ from bench.peers_report import LLAMAD, SERVER, Results
 if TYPE_CHECKING:
     from bench.peers.scenarios import Rig
 
-# A busy loop that checks, every few milliseconds of spinning, that the
-# process that started it (its first argument: a parent that died before the
-# hog's interpreter came up must not be missed) is still its parent;
-# reparented (the bench died without killing it), it ends.
-HOG_CODE = (
-    "import os, sys\n"
-    "parent = int(sys.argv[1])\n"
-    "while os.getppid() == parent:\n"
-    "    for _ in range(100_000):\n"
-    "        pass\n"
-)
 HOG_SETTLE_S = 0.3  # the hogs' interpreters started and spinning before a stream
 IDLE_WAIT_S = 30.0  # a cut llama-server generation must stop within this
 DEFAULT, ONE = "default", "1"  # thread configurations
@@ -75,62 +60,6 @@ CONFIGS: tuple[tuple[str, str], ...] = (
     (SERVER, ONE),
 )
 MAX_TOKENS = 2048  # half of n_ctx: a stream that decodes this fast ends on its own
-
-
-class Hogs:
-    """``n`` busy-loop child processes, one per core, as a context manager:
-    started on entry, killed and reaped on exit however the block ends."""
-
-    def __init__(self, n: int, *, code: str = HOG_CODE, python: str = sys.executable) -> None:
-        self.n = n
-        self.code = code
-        self.python = python
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    @property
-    def pids(self) -> list[int]:
-        return [p.pid for p in self.procs]
-
-    def start(self) -> None:
-        try:
-            for _ in range(self.n):
-                self.procs.append(
-                    subprocess.Popen(
-                        [self.python, "-S", "-c", self.code, str(os.getpid())],
-                        stdin=subprocess.DEVNULL,
-                        stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL,
-                    )
-                )
-        except BaseException:
-            self.stop()
-            raise
-
-    def running(self) -> bool:
-        return bool(self.procs) and all(p.poll() is None for p in self.procs)
-
-    def stop(self) -> None:
-        """Kill every hog and reap it (idempotent)."""
-        procs, self.procs = self.procs, []
-        for p in procs:
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    p.kill()
-        for p in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=10)
-
-    def __enter__(self) -> Hogs:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 # -- what one stream measured (pure) -----------------------------------------------------

@@ -12,10 +12,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -26,8 +22,6 @@ from typing import Any
 
 import pytest
 from bench.common import show
-
-from llamad.testing.launcher import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -185,51 +179,6 @@ def test_the_plot_lines_are_each_streams_windows_beside_the_hogs_only() -> None:
     }
     lines = plots.contention_lines(r)
     assert lines == {(LLAMAD, "default", 0): ([0.0, 1.0, 2.0, 2.5], [2.0, 1.0, 0.0, 0.0])}
-
-
-# -- the hogs -------------------------------------------------------------------------------
-
-
-def test_the_hogs_are_killed_when_the_block_raises() -> None:
-    hogs = contention.Hogs(2)
-    with pytest.raises(RuntimeError, match="boom"), hogs:
-        pids = hogs.pids
-        assert len(pids) == 2 and hogs.running()
-        raise RuntimeError("boom")
-    assert all(gone(p) for p in pids) and hogs.procs == []
-
-
-def test_the_hogs_are_killed_on_ctrl_c() -> None:
-    hogs = contention.Hogs(1)
-    with pytest.raises(KeyboardInterrupt), hogs:
-        pids = hogs.pids
-        raise KeyboardInterrupt
-    assert all(gone(p) for p in pids)
-
-
-def test_a_hog_ends_by_itself_when_the_bench_is_killed() -> None:
-    code = (
-        "import sys, time\n"
-        "from bench.peers.contention import Hogs\n"
-        "h = Hogs(1); h.start()\n"
-        "print(h.pids[0], flush=True)\n"
-        "time.sleep(60)\n"
-    )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src")])}
-    bench = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT
-    )
-    try:
-        assert bench.stdout is not None
-        hog = int(bench.stdout.readline())
-        assert not gone(hog)
-        bench.send_signal(signal.SIGKILL)  # no finally runs: the hog must notice
-        bench.wait(10)
-        wait_until(lambda: gone(hog), "the orphaned hog to exit", timeout=20)
-    finally:
-        if bench.poll() is None:
-            bench.kill()
-            bench.wait()
 
 
 # -- llama-server's stream, cut at its budget -----------------------------------------------
