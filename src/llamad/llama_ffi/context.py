@@ -270,7 +270,9 @@ class Context:
         while armed, and calls of the probe."""
         return int(self._abort.checks), int(self._abort.probes)
 
-    def decode(self, batch: Batch, *, deadline: float | None = None) -> None:
+    def decode(
+        self, batch: Batch, *, deadline: float | None = None, first_probe_s: float | None = None
+    ) -> None:
         """Run one ``llama_decode`` over every row of ``batch``.
 
         Raises :class:`BatchTooLarge` beyond ``n_batch`` rows, and
@@ -283,6 +285,8 @@ class Context:
         abort probe (:meth:`set_abort_probe`) answers true, or on
         :meth:`abort_now`; llama.cpp has then dropped the rows of the
         micro-batch it was computing (see :class:`DecodeAborted`).
+        ``first_probe_s``: the probe's first call once this decode has run
+        that long, instead of :meth:`set_abort_probe`'s ``first_s``.
         """
         with self._lock:
             ptr = self._ptr()
@@ -301,7 +305,8 @@ class Context:
             gate.reason = 0
             gate.deadline_ns = 0 if deadline is None else max(1, round(deadline * 1e9))
             gate.probing = int(self._abort_holder.probe is not None)
-            gate.next_probe_ns = lib.llamad_monotonic_ns() + self._abort_first_ns
+            first_ns = self._abort_first_ns if first_probe_s is None else round(first_probe_s * 1e9)
+            gate.next_probe_ns = lib.llamad_monotonic_ns() + first_ns
             gate.armed = 1
             try:
                 rc = int(lib.llama_decode(ptr, raw[0]))

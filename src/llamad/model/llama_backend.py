@@ -52,11 +52,17 @@ from llamad.model.sampler_factory import sampler_params
 from llamad.model.state_pool import StateLease, StatePool
 from llamad.model.threads import ThreadGovernor
 
-__all__ = ["LlamaBackend"]
+__all__ = ["GENERATION_FIRST_PROBE_S", "LlamaBackend"]
 
 log = structlog.get_logger("llamad.model")
 
 _PIECE_CACHE_MAX: Final = 1 << 16
+
+GENERATION_FIRST_PROBE_S: Final = 0.030
+"""A generation step's (one row per sequence) first probe for cancels, once it
+has run this long: past a 4-stream step here (~20 ms), within the 50 ms a
+cancel may take (issue 21). A slow step (a loaded machine) still probes from
+then on, every ``INTERRUPT_PROBE_S``."""
 
 
 def _internal(message: str, **details: object) -> LlamadError:
@@ -155,9 +161,16 @@ class LlamaBackend:
                 batch=list(batch.output_rows),
                 plan=list(expected),
             )
+        # A generation step (one row per sequence) probes for cancels only once
+        # it runs long: the ~20-35 us probes on the decoding thread, while the
+        # other threads wait at a barrier, cost a 4-stream step of ~20 ms here
+        # 120-140 us of CPU (bench/step_probe.py --timing --cpu), with the
+        # first probe at 10 ms. A prompt chunk probes from 10 ms on: a cancel
+        # mid-prefill must not wait for its chunk.
+        first = GENERATION_FIRST_PROBE_S if plan.n_rows == len(plan.spans) else None
         governor = self.governor
         if governor is None:
-            self.ctx.decode(batch, deadline=self.decode_deadline)
+            self.ctx.decode(batch, deadline=self.decode_deadline, first_probe_s=first)
             return
         rows = batch.n_tokens
         cells = self.attended_cells(plan)
@@ -169,7 +182,7 @@ class LlamaBackend:
                 self.ctx.set_threads(*threads)
                 self._threads = threads
             started = self._clock()
-            self.ctx.decode(batch, deadline=self.decode_deadline)
+            self.ctx.decode(batch, deadline=self.decode_deadline, first_probe_s=first)
         except BaseException:
             governor.abandon()  # the step's busy mark ends; nothing is learnt from it
             raise

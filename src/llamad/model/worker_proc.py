@@ -66,8 +66,10 @@ log = structlog.get_logger("llamad.model")
 INTERRUPT_PROBE_S: Final = 0.003
 """How often a decode under way looks for cancels (a zero-timeout poll of the
 actor's socket and fds from the abort check: ~20 us on this loaded 2-core
-machine), once it has run 10 ms (``Context.set_abort_probe``'s ``first_s``):
-a one-row generation step pays for none."""
+machine), once it has run 10 ms (``Context.set_abort_probe``'s ``first_s``),
+or 30 ms for a generation step
+(:data:`~llamad.model.llama_backend.GENERATION_FIRST_PROBE_S`): a generation
+step of a few streams pays for none."""
 
 METRICS_EVERY_S: Final = 0.25
 """Mid-decode, a token's counts (``generation_tokens``, the TTFT and
