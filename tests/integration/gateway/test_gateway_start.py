@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
 import time
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from llamad.actors import Registry
+from llamad.config.dirs import default_ram_file_root
 from llamad.daemon.main import EXIT_CONFIG, EXIT_IN_USE
 from llamad.errors import ModelNotFound
 from llamad.paths import HTTP_ADDRESS_FILE, http_address
@@ -26,6 +28,7 @@ def _run(
     tmp_path: Path, toml: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     config = tmp_path / "llamad.toml"
+    instance = f"g{tmp_path.name[-12:].replace('_', '')}"
     config.write_text(
         f"""
 [daemon]
@@ -33,18 +36,24 @@ runtime_dir = "{tmp_path / "run"}"
 state_dir = "{tmp_path / "state"}"
 log_format = "json"
 [cache]
-instance = "g{tmp_path.name[-12:].replace("_", "")}"
+instance = "{instance}"
 {toml}
 """
     )
-    return subprocess.run(
-        daemon_command(config),
-        capture_output=True,
-        text=True,
-        timeout=100,
-        env=scrubbed_env(env),
-        check=False,
-    )
+    try:
+        return subprocess.run(
+            daemon_command(config),
+            capture_output=True,
+            text=True,
+            timeout=100,
+            env=scrubbed_env(env),
+            check=False,
+        )
+    finally:
+        # A start refused after the claim leaves the instance's ram_file
+        # directory (on /dev/shm, outside tmp_path), as any stop does: a
+        # daemon's ram_file rows outlive it by design. This instance is the test's.
+        shutil.rmtree(default_ram_file_root(instance), ignore_errors=True)
 
 
 def test_a_non_loopback_bind_without_keys_is_refused_naming_http_keys(tmp_path: Path) -> None:
