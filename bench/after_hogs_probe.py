@@ -25,6 +25,14 @@ falling back, and the worker's gauge averages over an idle gap of up to 30 s:
 2 rounds, the first cold prompt after the hogs at 479-483 tok/s (the quiet
 probe fired), the next ones at 459-481. Not a recorded bench: it writes no
 result file.
+
+``--idle S`` keeps the hogs running S seconds after the stream with the
+daemon idle, and ``--gap`` sets the wait between the hogs and the prompts,
+as in the peers bench (the other systems' P14 streams follow llamad's, and
+the next round's first prompt follows the last stream at once). In the
+peers run at a0e44d6, llamad's first cold 512 of two rounds prefilled at
+426-431 tok/s against 478; ``--idle 60 --gap 0``, 2 rounds: 478-505 tok/s
+on 2 threads, so this sequence alone does not reproduce it.
 """
 
 from __future__ import annotations
@@ -56,6 +64,16 @@ def _threads(client: Any) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument(
+        "--idle",
+        type=float,
+        default=0.0,
+        help="seconds the hogs run on after the stream, the daemon idle (as in the peers "
+        "bench, where the other systems' P14 streams follow llamad's)",
+    )
+    ap.add_argument(
+        "--gap", type=float, default=1.0, help="seconds between the hogs and the prompts"
+    )
     args = ap.parse_args()
     daemon = LlamadDaemon("afterhogs", [ModelTable(MODEL, n_ctx=8192, n_seq_max=4, threads=2)], 2)
     try:
@@ -73,8 +91,9 @@ def main() -> None:
                     events += 1
                     if time.monotonic() - started > HOGS_S:
                         break
+                time.sleep(args.idle)
             print(f"round {rnd + 1}: {events} events beside the hogs; {_threads(client)}")
-            time.sleep(1.0)
+            time.sleep(args.gap)
             for k in range(3):
                 prompt = workload.exact_tokens(tokenize, f"afterhogs{rnd}-{k}", 512)
                 _, cold = daemon.first_token(MODEL, prompt)
