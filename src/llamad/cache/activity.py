@@ -46,6 +46,11 @@ _STATE: Final = struct.Struct("<Qd")
 _SIZE: Final = _HEADER.size + _STATE.size
 
 
+def _is_board(raw: bytes) -> bool:
+    """Whether a file's first bytes are a board of this version."""
+    return len(raw) >= _SIZE and _HEADER.unpack_from(raw) == (_MAGIC, _VERSION, 0)
+
+
 class CopyActivity:
     """The board of cache-meta's copies (module doc). :meth:`create` for the
     writer (cache-meta), :meth:`attach` for readers (model workers)."""
@@ -70,9 +75,7 @@ class CopyActivity:
         where = Path(path)
         fd = os.open(where, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            raw = os.pread(fd, _SIZE, 0)
-            fresh = len(raw) < _SIZE or _HEADER.unpack_from(raw) != (_MAGIC, _VERSION, 0)
-            if fresh:
+            if not _is_board(os.pread(fd, _SIZE, 0)):
                 os.pwrite(fd, _HEADER.pack(_MAGIC, _VERSION, 0) + _STATE.pack(0, -math.inf), 0)
             board = cls(where, fd, writable=True, clock=clock)
         except BaseException:
@@ -95,8 +98,7 @@ class CopyActivity:
         except FileNotFoundError:
             return None
         try:
-            raw = os.pread(fd, _SIZE, 0)
-            if len(raw) < _SIZE or _HEADER.unpack_from(raw) != (_MAGIC, _VERSION, 0):
+            if not _is_board(os.pread(fd, _SIZE, 0)):
                 os.close(fd)
                 return None
             return cls(where, fd, writable=False, clock=clock)

@@ -134,10 +134,11 @@ class ThreadStatus(msgspec.Struct, frozen=True):
     quiet_probes: int = 0
     """Probes brought forward because the other work had gone (``cpu_load``)."""
     beside_own_work: int = 0
-    """Steps neither judged nor learnt from because the worker's own saves ran
-    beside them (``ThreadGovernor``'s ``own_work``)."""
+    """Steps neither judged nor learnt from because the daemon's own work (the
+    worker's saves, cache-meta's copies) ran beside them (``ThreadGovernor``'s
+    ``own_work``)."""
     halved_beside_own_work: int = 0
-    """Short steps run on half the threads because the worker's own saves
+    """Short steps run on half the threads because the daemon's own work
     held cores as they started."""
     bursts: int = 0
     """Short steps that collapsed alone: the next step ran as usual, so the
