@@ -109,6 +109,7 @@ class ActorStats:
     replies: int = 0
     errors: int = 0
     events: int = 0
+    event_batches: int = 0  # EVENTS messages sent, each carrying 2 or more of the events
     rejected: dict[str, int] = field(default_factory=dict)
     handler_failures: int = 0
     send_dropped: int = 0
@@ -422,6 +423,14 @@ class Actor:
     def peers(self) -> list[Peer]:
         """Connected clients that completed the handshake."""
         return list(self._peers.values())
+
+    def batched(self) -> contextlib.AbstractContextManager[None]:
+        """A block whose stream events leave as one message per client, at its
+        end, to each client that reads batches (see
+        :meth:`~llamad.actors.outbox.SocketOutbox.batched`). For code on the
+        actor's thread that emits several events in one go: the model
+        worker's delivery of a tick."""
+        return self._outbox.batched()
 
     # -- the loop step -------------------------------------------------------
 
@@ -877,7 +886,7 @@ class Actor:
             return
         ref = ProcessRef(hello.pid, hello.start_ticks, hello.boot_id, hello.pidns)
         try:
-            peer = self._peer_table.admit(ident, ref, hello.name)
+            peer = self._peer_table.admit(ident, ref, hello.name, batches=hello.batches)
         except Unavailable as exc:  # too many peers
             self._refuse(ident, cid, Kind.HELLO, exc)
             return
@@ -947,6 +956,7 @@ class Actor:
                 "replies": s.replies,
                 "errors": s.errors,
                 "events": s.events,
+                "event_batches": s.event_batches,
                 "rejected": dict(s.rejected),
                 "handler_failures": s.handler_failures,
                 "send_dropped": s.send_dropped,

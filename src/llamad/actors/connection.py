@@ -108,10 +108,12 @@ BYE: Final = encode_envelope(Kind.BYE, 0, "", None)
 ERROR: Final = int(Kind.ERROR)
 EVENT: Final = int(Kind.EVENT)
 END: Final = int(Kind.END)
+_EVENTS: Final = int(Kind.EVENTS)
 _CAST: Final = int(Kind.CAST)
 
 _ANY: Final = msgspec.msgpack.Decoder()
 _WELCOME: Final = msgspec.msgpack.Decoder(Welcome)
+_BATCH: Final = msgspec.msgpack.Decoder(list[tuple[int, msgspec.Raw]])
 _DECODERS: dict[Any, msgspec.msgpack.Decoder[Any]] = {}
 
 
@@ -259,7 +261,7 @@ class Connection:
         """Open the handshake: its correlation id, the slot its answer lands in,
         and the HELLO frame (this process's identity, for the actor's watch)."""
         me = ProcessRef.current()
-        hello = Hello(me.pid, me.start_ticks, me.boot_id, me.pidns, self.client_name)
+        hello = Hello(me.pid, me.start_ticks, me.boot_id, me.pidns, self.client_name, batches=True)
         cid = self._cid()
         slot = self._slots[cid] = Slot()
         return cid, slot, encode_envelope(Kind.HELLO, cid, "", hello)
@@ -370,6 +372,9 @@ class Connection:
             if slot is not None and not slot.terminal:
                 slot.push(Arrival(ERROR, None, (), rej.error))
             return
+        if env.kind == _EVENTS:
+            self._route_batch(env.body)
+            return
         slot = self._slots.get(env.cid)
         if slot is None or slot.terminal:
             return  # a late answer to something we gave up on
@@ -377,6 +382,21 @@ class Connection:
             slot.push(Arrival(ERROR, None, (), wire_error(env.body)))
         else:
             slot.push(Arrival(env.kind, env.body, blobs))
+
+    def _route_batch(self, body: msgspec.Raw) -> None:
+        """Queue each event of an ``EVENTS`` message on its stream's slot, in order."""
+        try:
+            events = _BATCH.decode(body)
+        except DECODE_ERRORS as exc:
+            # No stream can be told which of its events this held; the actor
+            # never sends one (it encodes each body before it batches it).
+            self._log.warning("actor.client.bad_batch", target=self.target, error=str(exc))
+            return
+        slots = self._slots
+        for cid, raw in events:
+            slot = slots.get(cid)
+            if slot is not None and not slot.terminal:
+                slot.push(Arrival(EVENT, raw))
 
     # -- endings -------------------------------------------------------------
 

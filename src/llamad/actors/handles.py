@@ -59,7 +59,8 @@ class Peer:
     did not fit the peer's ZeroMQ queue, sent in order as it drains.
     ``heard`` is set by every message from the peer and ``seen`` is when the
     peer table last found it so, or found its connection there: the idle
-    check's state (:mod:`llamad.actors.peers`).
+    check's state (:mod:`llamad.actors.peers`). ``batches``: the client said in
+    its handshake that it reads ``EVENTS`` (:attr:`llamad.actors.wire.Hello.batches`).
     """
 
     routing_id: bytes
@@ -71,6 +72,7 @@ class Peer:
     backlog: deque[tuple[bytes, tuple[Blob, ...]]] = field(default_factory=deque)
     heard: bool = True
     seen: float = 0.0
+    batches: bool = False
 
 
 class _Open:

@@ -15,6 +15,12 @@ implementation, over its ROUTER socket:
   to the peer table through :attr:`SocketOutbox.lost`;
 - a ``PING`` asks whether a quiet peer's connection is still there
   (:meth:`SocketOutbox.probe`, for the peer table's idle check);
+- inside :meth:`SocketOutbox.batched` (the model worker's delivery of one
+  tick), the EVENTs for a peer that reads ``EVENTS`` are held and leave as
+  one message per peer when the block ends: a gateway with 16 streams on one
+  worker gets one message a tick, not 16 (one send and one wake-up of each
+  side's I/O thread, one receive, instead of one per stream). Anything else
+  for that peer sends its held events first, so its order is unchanged;
 - a body that cannot be encoded becomes an ``internal`` error to the peer
   (and ends the stream it was for).
 
@@ -24,7 +30,8 @@ Everything runs on the actor's thread.
 from __future__ import annotations
 
 import errno
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import msgspec
@@ -32,7 +39,14 @@ import structlog
 import zmq
 
 from llamad.actors.sockets import SNDMORE, SNDMORE_NOBLOCK, send_frame
-from llamad.actors.wire import Blob, Kind, Limits, encode_envelope, error_body
+from llamad.actors.wire import (
+    MAX_BATCH_EVENTS,
+    Blob,
+    Kind,
+    Limits,
+    encode_envelope,
+    error_body,
+)
 from llamad.errors import BadRequest, LlamadError
 
 if TYPE_CHECKING:
@@ -45,7 +59,9 @@ __all__ = ["Outbox", "SocketOutbox"]
 log = structlog.get_logger("llamad.actors")
 
 _EVENT: Final = int(Kind.EVENT)
+_EVENTS: Final = int(Kind.EVENTS)
 _PING: Final = encode_envelope(Kind.PING, 0, "", None)
+_BODY: Final = msgspec.msgpack.Encoder()
 
 
 class Outbox(Protocol):
@@ -77,6 +93,15 @@ class Outbox(Protocol):
         ...
 
 
+def _encoded(body: Any) -> msgspec.Raw | None:
+    """``body`` as msgpack, or ``None`` when it cannot be (the caller then takes
+    the path that reports it)."""
+    try:
+        return msgspec.Raw(_BODY.encode(body))
+    except (TypeError, ValueError, OverflowError, msgspec.EncodeError):
+        return None
+
+
 def _no_peer_table(peer: Peer, reason: str) -> None:
     raise RuntimeError("the outbox has no peer table")
 
@@ -90,7 +115,17 @@ class SocketOutbox:
     found unreachable or stuck; the peer table sets it.
     """
 
-    __slots__ = ("_limits", "_name", "_stats", "_timers", "backlogged", "lost", "sock")
+    __slots__ = (
+        "_held",
+        "_limits",
+        "_name",
+        "_pending",
+        "_stats",
+        "_timers",
+        "backlogged",
+        "lost",
+        "sock",
+    )
 
     def __init__(self, name: str, limits: Limits, stats: ActorStats, timers: Timers) -> None:
         self._name = name
@@ -100,6 +135,24 @@ class SocketOutbox:
         self.sock: zmq.Socket[bytes] | None = None
         self.backlogged: set[Peer] = set()
         self.lost: Callable[[Peer, str], None] = _no_peer_table
+        self._held = 0  # depth of batched() blocks
+        # Per peer, the events held in a batched() block: (cid, encoded body).
+        self._pending: dict[Peer, list[tuple[int, msgspec.Raw]]] = {}
+
+    @contextmanager
+    def batched(self) -> Iterator[None]:
+        """Hold the EVENTs sent in the block to peers that read ``EVENTS``;
+        when the outermost block ends, each such peer gets its held events in
+        one message (one event alone goes as a plain ``EVENT``). Events with
+        blobs, and peers that did not say they read batches, are not held."""
+        self._held += 1
+        try:
+            yield
+        finally:
+            self._held -= 1
+            if not self._held and self._pending:
+                for peer in list(self._pending):
+                    self._release(peer)
 
     # -- the handles' door (Outbox) ------------------------------------------
 
@@ -114,6 +167,13 @@ class SocketOutbox:
         op: str,
         stream: StreamSender | None = None,
     ) -> bool:
+        if self._held and kind == _EVENT and peer.batches and not blobs:
+            raw = _encoded(body)
+            if raw is not None:
+                return self._hold(peer, cid, raw)
+            # Not encodable: answered below, as outside a batch.
+        if self._pending and peer in self._pending:
+            self._release(peer)  # what was held for it goes first
         try:
             header = encode_envelope(kind, cid, "", body)
         # BadRequest: text that is not Unicode (encode_envelope refuses it).
@@ -131,20 +191,13 @@ class SocketOutbox:
             self._stats.events += 1
         else:
             self._stats.replies += 1
-        sock = self.sock
-        if not blobs and not peer.backlog and peer.connected and sock is not None:
-            # The common case in two sends; on any refusal the general path
-            # below tries again and handles it (nothing was queued).
-            try:
-                send_frame(sock, peer.routing_id, SNDMORE_NOBLOCK)
-            except zmq.ZMQError:
-                pass
-            else:
-                send_frame(sock, header, 0)
-                return True
+        if not blobs:
+            return self._send_header(peer, header)
         return self._send_or_queue(peer, header, blobs)
 
     def send_error(self, peer: Peer, cid: int, error: LlamadError) -> bool:
+        if self._pending and peer in self._pending:
+            self._release(peer)
         self._stats.errors += 1
         header = encode_envelope(Kind.ERROR, cid, "", error_body(error))
         return self._send_or_queue(peer, header, ())
@@ -171,6 +224,7 @@ class SocketOutbox:
         """Drop whatever ``peer`` still had queued (it is gone)."""
         peer.backlog.clear()
         self.backlogged.discard(peer)
+        self._pending.pop(peer, None)
 
     def send_raw(
         self, ident: bytes, header: bytes, blobs: Sequence[Blob], peer: Peer | None
@@ -215,6 +269,48 @@ class SocketOutbox:
         """Forget the socket and every backlog (the actor is closing)."""
         self.sock = None
         self.backlogged.clear()
+        self._pending.clear()
+
+    # -- batches -------------------------------------------------------------
+
+    def _hold(self, peer: Peer, cid: int, raw: msgspec.Raw) -> bool:
+        held = self._pending.get(peer)
+        if held is None:
+            held = self._pending[peer] = []
+        held.append((cid, raw))
+        self._stats.events += 1
+        if len(held) >= MAX_BATCH_EVENTS:
+            self._release(peer)
+        return True
+
+    def _release(self, peer: Peer) -> None:
+        """Send what is held for ``peer``: one ``EVENT``, or one ``EVENTS``."""
+        held = self._pending.pop(peer, None)
+        if not held:
+            return
+        if len(held) == 1:
+            cid, raw = held[0]
+            header = encode_envelope(_EVENT, cid, "", raw)
+        else:
+            header = encode_envelope(_EVENTS, 0, "", held)
+            self._stats.event_batches += 1
+        self._send_header(peer, header)
+
+    def _send_header(self, peer: Peer, header: bytes) -> bool:
+        """A message without blobs: in two sends when the peer's queue has room
+        and nothing waits ahead of it (the common case, on every token's path);
+        on any refusal the general path tries again and handles it (nothing
+        was queued)."""
+        sock = self.sock
+        if not peer.backlog and peer.connected and sock is not None:
+            try:
+                send_frame(sock, peer.routing_id, SNDMORE_NOBLOCK)
+            except zmq.ZMQError:
+                pass
+            else:
+                send_frame(sock, header, 0)
+                return True
+        return self._send_or_queue(peer, header, ())
 
     def _send_or_queue(self, peer: Peer, header: bytes, blobs: Sequence[Blob]) -> bool:
         if not peer.connected or self.sock is None:

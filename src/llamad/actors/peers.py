@@ -114,7 +114,9 @@ class PeerTable:
         self.on_down: list[Callable[[Peer, str], None]] = []
         outbox.lost = self.gone
 
-    def admit(self, ident: bytes, ref: ProcessRef, name: str) -> Peer | None:
+    def admit(
+        self, ident: bytes, ref: ProcessRef, name: str, *, batches: bool = False
+    ) -> Peer | None:
         """The peer for a handshake from ``ident`` by process ``ref``; ``None``
         if ``ref`` is local and no longer alive (nothing to watch). Raises
         :class:`~llamad.errors.Unavailable` when a new peer would pass
@@ -131,7 +133,7 @@ class PeerTable:
             return None
         if old is not None and old.process != ref:
             self.gone(old, "peer_closed")
-        peer = Peer(ident, ref, name, local)
+        peer = Peer(ident, ref, name, local, batches=batches)
         peer.seen = self._timers.clock()
         if old is not None and old.process == ref:
             peer.open = old.open

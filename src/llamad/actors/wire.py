@@ -41,6 +41,7 @@ __all__ = [
     "DECODE_ERRORS",
     "ENVELOPE_DECODER",
     "HANDSHAKE_REQUIRED",
+    "MAX_BATCH_EVENTS",
     "MAX_CID",
     "MAX_OP_LEN",
     "MAX_PEER_IDLE_S",
@@ -95,12 +96,19 @@ class Kind(IntEnum):
     CANCEL = 9  # the client gave up on an open CALL or STREAM (cid names it)
     BYE = 10  # the client is closing; the actor forgets it
     PING = 11  # the actor checks a quiet client's connection; cid 0, nothing answers it
+    EVENTS = 12  # several EVENTs in one message, in order: cid 0, body [[cid, body], ...]
 
 
 CLIENT_KINDS: Final = frozenset(
     {Kind.CALL, Kind.CAST, Kind.STREAM, Kind.HELLO, Kind.CANCEL, Kind.BYE}
 )
-SERVER_KINDS: Final = frozenset({Kind.REPLY, Kind.ERROR, Kind.EVENT, Kind.END, Kind.PING})
+SERVER_KINDS: Final = frozenset(
+    {Kind.REPLY, Kind.ERROR, Kind.EVENT, Kind.END, Kind.PING, Kind.EVENTS}
+)
+MAX_BATCH_EVENTS: Final = 256
+"""The most EVENTs an actor folds into one ``EVENTS`` message (it sends the
+rest in another): far above one event per stream per tick, small enough
+that a batch stays a few KB of header."""
 
 
 class Envelope(NamedTuple):
@@ -121,6 +129,11 @@ class Hello(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     boot_id: Annotated[str, msgspec.Meta(max_length=64)]
     pidns: Annotated[int, msgspec.Meta(ge=0)]
     name: Annotated[str, msgspec.Meta(max_length=128)] = ""
+    batches: bool = False
+    """The client reads ``EVENTS`` messages: an actor may then fold the events it
+    sends this client within one turn of its loop into one message (see
+    :meth:`llamad.actors.outbox.SocketOutbox.batched`). A client that does not
+    say so (an older one) gets every event in a message of its own."""
 
 
 class Welcome(msgspec.Struct, frozen=True, forbid_unknown_fields=False):

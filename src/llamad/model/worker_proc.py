@@ -33,6 +33,7 @@ for a tick that cannot be.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -407,17 +408,22 @@ class WorkerProcess:
 
     def _send_early(self, events: list[tuple[str, Event]]) -> None:
         """A tick's events so far, sent before a finish save packs (WorkerCore._finish)."""
-        for request_id, event in events:
-            if type(event) is TokenEvent and event.token is not None:
-                self._early_tokens += 1
-            self.deliveries.deliver(request_id, event)
+        with self.actor.batched() if len(events) > 1 else contextlib.nullcontext():
+            for request_id, event in events:
+                if type(event) is TokenEvent and event.token is not None:
+                    self._early_tokens += 1
+                self.deliveries.deliver(request_id, event)
 
     def _deliver(self, report: TickReport) -> None:
         generated, self._early_tokens = self._early_tokens, 0
-        for request_id, event in report.events:
-            if type(event) is TokenEvent and event.token is not None:
-                generated += 1
-            self.deliveries.deliver(request_id, event)
+        events = report.events
+        # One message per client for the tick's events (a gateway streaming
+        # several requests gets them together: SocketOutbox.batched).
+        with self.actor.batched() if len(events) > 1 else contextlib.nullcontext():
+            for request_id, event in events:
+                if type(event) is TokenEvent and event.token is not None:
+                    generated += 1
+                self.deliveries.deliver(request_id, event)
         if report.batch and self._tick_started is not None:
             self.throughput.add(self._tick_started, generated, report.batch.n_rows)
             self._tick_started = None

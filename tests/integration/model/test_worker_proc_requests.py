@@ -271,3 +271,58 @@ def test_concurrent_greedy_requests_reply_as_each_alone(
         assert [r.generated for r in together] == [s.generated for s in solo]
         assert [r.logprobs for r in together] == [s.logprobs for s in solo]
     assert len({tuple(s.generated) for s in solo}) == N_SEQ
+
+
+def test_streams_of_one_client_get_each_tick_in_one_message_with_their_own_tokens(
+    tree: WorkerTree, worker: WorkerClient
+) -> None:
+    """Three streams on one connection, as the HTTP gateway holds them: the
+    worker sends each tick's events to that client as one ``EVENTS`` message
+    (its actor's ``event_batches`` counter moves), and each stream still gets
+    every token of its own request, in order: the tokens of its solo run, and
+    its completion's ``generated``. Sessions keep every cell in place, as in
+    the test above, so the batched runs compare bit for bit."""
+    prompts = [
+        worker.apply_chat_template(user("Name three colours of the rainbow.")),
+        worker.apply_chat_template(user("Describe a quiet morning at the sea.")),
+        worker.tokenize("The old lighthouse keeper climbed the stairs and"),
+    ]
+    params: dict[str, Any] = {"max_tokens": 12, **GREEDY}
+    solo = []
+    for i, p in enumerate(prompts):
+        solo.append(
+            worker.complete(p, cache_salt=f"ev-solo-{i}", session_id=f"ev-solo-{i}", **params)
+        )
+        worker.end_session(f"ev-solo-{i}")
+    info = worker.actor.call("$info")["stats"]
+    try:
+        with tree.client() as c:
+            streams = [
+                c.infer(p, cache_salt=f"ev-together-{i}", session_id=f"ev-together-{i}", **params)
+                for i, p in enumerate(prompts)
+            ]
+            tokens: list[list[int]] = [[] for _ in prompts]
+            iters = [iter(s) for s in streams]
+            running = set(range(len(prompts)))
+            while running:  # read them in turn: one thread, one socket
+                for i in sorted(running):
+                    event = next(iters[i], None)
+                    if event is None:
+                        running.discard(i)
+                    elif isinstance(event, TokenEvent) and event.token is not None:
+                        tokens[i].append(event.token)
+            results = [s.result for s in streams]
+    finally:
+        for i in range(len(prompts)):
+            with contextlib.suppress(NoSession):
+                worker.end_session(f"ev-together-{i}")
+    after = worker.actor.call("$info")["stats"]
+    assert after["event_batches"] > info["event_batches"]
+    assert all(r is not None for r in results)
+    assert tokens == [r.generated for r in results if r is not None]
+    if tolerances.exact():
+        assert tokens == [s.generated for s in solo]
+    assert all(
+        len(t) == 12 or s.finish_reason is FinishReason.STOP
+        for t, s in zip(tokens, solo, strict=True)
+    )

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 import zmq
 
+from actor_thread import running
 from llamad.actors import Actor, Client, Registry
 from llamad.actors.aio_client import AsyncActorClient
 from llamad.actors.aio_link import AsyncLink
@@ -68,32 +68,8 @@ def keys() -> Keys:
 def serving(actor: Actor) -> Iterator[Actor]:
     """Serve the toy ops on ``actor`` from a thread that owns its sockets."""
     toy = build_toy(actor)
-    started = threading.Event()
-    errors: list[BaseException] = []
-
-    def loop() -> None:
-        try:
-            actor.start()
-            started.set()
-            while not actor.stop_requested:
-                actor.poll(0.01)
-                toy.tick()
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            started.set()
-            actor.close()
-
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
-    assert started.wait(20)
-    try:
+    with running(actor, toy.tick):
         yield actor
-    finally:
-        actor.request_stop()
-        thread.join(20)
-        assert not thread.is_alive()
-        assert not errors, errors
 
 
 @pytest.fixture

@@ -6,8 +6,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import msgspec
 import pytest
 import zmq
 
+from actor_thread import running
 from llamad.actors import Actor, Client, Limits, OpKind, OpSpec, Registry, Request
 from llamad.actors.errors import ActorConfigError, NameTaken
 from llamad.actors.handles import Peer
@@ -34,38 +34,6 @@ from llamad.testing.toy_actor import build_toy
 
 pytestmark = pytest.mark.timeout(60)
 ANY = msgspec.msgpack.Decoder()
-
-
-@contextmanager
-def running(actor: Actor, tick: Callable[[], object] | None = None) -> Iterator[Actor]:
-    """Serve ``actor`` on a thread that owns its sockets; stop it on exit."""
-    started = threading.Event()
-    errors: list[BaseException] = []
-
-    def loop() -> None:
-        try:
-            actor.start()
-            started.set()
-            while not actor.stop_requested:
-                actor.poll(0.01 if tick else 0.5)
-                if tick:
-                    tick()
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            started.set()
-            actor.close()
-
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
-    assert started.wait(20)
-    try:
-        yield actor
-    finally:
-        actor.request_stop()
-        thread.join(20)
-        assert not thread.is_alive()
-        assert not errors, errors
 
 
 @pytest.fixture
