@@ -1,6 +1,7 @@
 """Per-step overhead probe (issue 21 item 1): a real worker decoding 1 and 4 streams.
 
     python -m bench.step_probe [--tokens 200] [--threads 1] [--profile FILE]
+        [--timing [--cpu]]
 
 Starts one real model worker (the default GGUF, no cache: ``NoCache``, so no
 save competes with the decode) as a child process of this one, in the tree
@@ -11,6 +12,16 @@ connection each, as the peers bench's P3). It prints the decode rate the
 client sees (tokens over the window from the last first token to the first
 last token, as the peers bench's ``steady_rate``) and, from the worker's own
 counters, its time outside ``llama_decode`` per step.
+
+``--timing`` wraps the loop's parts and prints each one's microseconds per
+step (``--cpu``: the loop thread's CPU time instead of wall). Two things
+read high there. ``llama_decode`` is a mean over every decode of the phase,
+the prompt's included (~0.7 ms a step at 1 stream over 300 tokens). And
+each wrapper adds two clock reads and a Python call, so the parts, and
+``loop.step - llama_decode``, overstate the loop's own time: 300-370 us at 1
+stream, where a sampling profiler (``py-spy record --nonblocking``) found
+~180 us a token outside the decode. Compare two trees with it; do not read
+it as the cost.
 
 ``--profile FILE`` runs the worker's loop under cProfile and dumps the stats
 there on exit (the profiler's own cost inflates every Python figure: use it
