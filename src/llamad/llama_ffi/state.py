@@ -131,10 +131,11 @@ class StateBuffer:
             self._allocate_host(self._host, size)
             return
         flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20)
-        populate = getattr(mmap, "MAP_POPULATE", 0)
-        new = mmap.mmap(-1, size, flags=flags | populate)
-        # MAP_POPULATE maps pages readable; writing one byte per page also
-        # breaks the shared zero page so the first pack does not fault.
+        # Not MAP_POPULATE: CPython makes that mmap call holding the GIL (~20
+        # ms for 60 MB here), and the read buffer is prepared on a helper
+        # thread beside the worker's loop. llamad_prefault faults every page
+        # in writable (one madvise, then a write per page) with the GIL released.
+        new = mmap.mmap(-1, size, flags=flags)
         lib.llamad_prefault(ffi.from_buffer("uint8_t[]", new), size, PAGE_SIZE)
         self.close()
         self._map = new

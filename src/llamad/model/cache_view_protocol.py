@@ -108,3 +108,10 @@ class CacheView(Protocol):
         publishes them as KV events (docs/internals/kv-events.md); a cache
         that is down misses them, and serving goes on."""
         ...
+
+    def idle(self) -> None:
+        """The worker has nothing to decode or restore now: work the view
+        keeps off the request path (preparing the read buffer for the largest
+        row seen) may start. Called by the shell's loop, cheap when there is
+        nothing to do."""
+        ...

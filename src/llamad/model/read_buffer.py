@@ -6,11 +6,22 @@ that buffer on the restore's path cost ~12 ms for a 2,048-token row (47 MB)
 the first time a row that large was read after a start. So the buffer is
 sized *ahead* of the reads: every row the view sees (a lookup's answer, in
 any tier, since a ``ram`` row may be demoted and read by copy later; a save
-it makes) is :meth:`ReadBuffer.note`\\ d, and a buffer for the largest row
-seen is allocated and pre-faulted on a helper thread, off the loop. A read
-swaps the prepared buffer in (a pointer swap) and finds it large enough; only
-a row larger than any seen, or one read before the helper finished, grows
-the buffer on the read path, and :attr:`ReadBuffer.grows_on_read` counts it.
+it makes) is :meth:`ReadBuffer.note`\\ d, and once the worker is idle
+(:meth:`ReadBuffer.prepare`, from the shell's loop) a buffer for the largest
+row seen is allocated and pre-faulted on a helper thread, off the loop. A
+read swaps the prepared buffer in (a pointer swap) and finds it large enough;
+only a row larger than any seen, or one read before the worker was idle
+since it was seen, grows the buffer on the read path, and
+:attr:`ReadBuffer.grows_on_read` counts it.
+
+Not at the note itself: a lookup notes the row the restore right after it
+reads, and on two cores the helper's 60 MB of page faults ran beside that
+restore's checksum and unpack. After a restart (no buffer yet, rows the new
+worker had never seen), the first restore of a 2,048-token ``ram`` row took
+~25 ms with the buffer prepared beside it and ~9 ms without
+(``bench/restart_probe.py``: SIGTERM, start, the repeat; SPEC P2). A buffer
+prepared that early never served the read that followed anyway: that read
+came first.
 
 Memory, bounded: one buffer of the largest row seen, rounded up to a quarter
 power of two (:func:`~llamad.model.state_pool.size_class`), and never more
@@ -59,6 +70,7 @@ class ReadBuffer:
         self._lock = threading.Lock()
         self._largest = 0
         self._target = 0  # capacity the buffer in use or the one being prepared has
+        self._wanted = 0  # capacity noted since, to prepare when the worker is idle
         self._pending: list[Future[StateBuffer]] = []  # oldest first
         self._prepared = 0
         self._grows_on_read = 0
@@ -66,7 +78,8 @@ class ReadBuffer:
         self._closed = False
 
     def note(self, size: int) -> None:
-        """A row of ``size`` file bytes exists: have a buffer for it ready ahead of its read."""
+        """A row of ``size`` file bytes exists: have a buffer for it ready ahead
+        of its read, prepared at the next :meth:`prepare`."""
         with self._lock:
             if self._closed or size <= self._largest:
                 return
@@ -74,12 +87,22 @@ class ReadBuffer:
             want = size_class(size)
             if want <= self._target or want > self._max_ahead:
                 return
+            self._wanted = max(self._wanted, want)
+
+    def prepare(self) -> bool:
+        """Start preparing the buffer the notes since the last call asked for
+        (the loop thread, when the worker is idle); whether one was started."""
+        with self._lock:
+            want, self._wanted = self._wanted, 0
+            if self._closed or want <= self._target:
+                return False
             self._target = want
             if self._helper is None:
                 self._helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvc-readbuf")
-            # A later, larger note queues behind this one; the loop swaps in
+            # A later, larger one queues behind this one; the loop swaps in
             # the largest one done and frees the others.
             self._pending.append(self._helper.submit(self._allocate, want))
+            return True
 
     def _allocate(self, capacity: int) -> StateBuffer:
         return StateBuffer(capacity, host=self._host)
@@ -145,8 +168,10 @@ class ReadBuffer:
         )
 
     def wait_ready(self, timeout: float | None = None) -> bool:
-        """Whether every buffer asked for ahead is allocated and swapped in
-        within ``timeout`` (loop thread; tests and benches)."""
+        """Whether every buffer asked for ahead (prepared now if it was not
+        yet) is allocated and swapped in within ``timeout`` (loop thread;
+        tests and benches)."""
+        self.prepare()
         with self._lock:
             pending = list(self._pending)
         for ready in pending:

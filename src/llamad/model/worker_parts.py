@@ -345,3 +345,6 @@ class NoCache:
 
     def report_live(self, entries: Sequence[tuple[int, Namespace, Sequence[int]]]) -> None:
         pass
+
+    def idle(self) -> None:
+        pass

@@ -386,6 +386,10 @@ class WorkerProcess:
             self._publish()
         trim_at = self._trim_at
         idle = report.idle and not self.core.requests
+        if idle:
+            # Work kept off the request path (the read buffer for the
+            # largest row seen) starts now, with nothing beside it.
+            self.parts.cache.idle()
         if idle and trim_at is not None and self.clock() >= trim_at:
             self._trim_at = None
             self._release_heap()

@@ -95,3 +95,50 @@ def test_a_buffer_from_a_host_buffer_type_is_usable_and_grows_and_frees() -> Non
     assert buf.capacity == 0
     with pytest.raises(Closed):
         _ = buf.memory
+
+
+# -- pre-faulting without the GIL (issue 21) ---------------------------------------------------
+
+
+def _resident_bytes(address: int) -> int:
+    """Rss of the mapping holding ``address``, from /proc/self/smaps."""
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and head == "Rss:":
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def test_a_buffer_is_resident_in_full_when_made() -> None:
+    from llamad.llama_ffi.native import ffi  # noqa: PLC0415
+
+    with StateBuffer(64 * PAGE_SIZE) as buf:
+        address = int(ffi.cast("uintptr_t", ffi.from_buffer(buf.memory)))
+        assert _resident_bytes(address) >= buf.capacity
+
+
+def test_a_buffer_is_not_populated_by_mmap_which_holds_the_gil(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # CPython calls mmap(MAP_POPULATE) holding the GIL: 60 MB stalled every
+    # other thread of the worker ~20 ms (measured), while the read buffer is
+    # prepared on a helper thread beside the loop. llamad_prefault faults the
+    # pages in from a cffi call, which releases it.
+    import mmap  # noqa: PLC0415
+
+    flags_seen: list[int] = []
+    real = mmap.mmap
+
+    def recording(*args: object, **kwargs: object) -> mmap.mmap:
+        flags_seen.append(int(kwargs.get("flags", 0)))  # type: ignore[call-overload]
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(mmap, "mmap", recording)
+    with StateBuffer(8 * PAGE_SIZE) as buf:
+        assert buf.capacity == 8 * PAGE_SIZE
+    assert flags_seen and not any(f & getattr(mmap, "MAP_POPULATE", 0) for f in flags_seen)

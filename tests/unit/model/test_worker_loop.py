@@ -127,3 +127,27 @@ def test_clean_stop_removes_the_board(running: Running) -> None:
     assert board is not None and read_status(board.path) is not None
     running.stop()
     assert not board.path.exists()
+
+
+def test_the_cache_view_hears_of_idle_loops_only_with_nothing_in_flight(paced: Running) -> None:
+    # What the view keeps off the request path (the read buffer for the
+    # largest row seen) starts at idle() (issue 21): never while a request
+    # is queued, restoring or decoding beside it.
+    proc = paced.proc
+    seen: list[int] = []
+    view = proc.parts.cache
+    real = view.idle
+
+    def idle() -> None:
+        seen.append(len(proc.core.requests))
+        real()
+
+    view.idle = idle  # type: ignore[method-assign]
+    done = paced.client.complete("abcdefgh", max_tokens=6, temperature=0.0)
+    assert done.finish_reason is FinishReason.LENGTH
+    # The loop reaches idle once the reply is out (the next poll's wake-up).
+    deadline = time.monotonic() + 10
+    while not seen and time.monotonic() < deadline:
+        paced.client.status()  # a message: one more loop turn
+    assert seen, "the loop never said it was idle"
+    assert set(seen) == {0}
