@@ -110,8 +110,8 @@ class CacheView(Protocol):
         ...
 
     def idle(self) -> None:
-        """The worker has nothing to decode or restore now: work the view
-        keeps off the request path (preparing the read buffer for the largest
-        row seen) may start. Called by the shell's loop, cheap when there is
-        nothing to do."""
+        """The worker has had nothing in flight for a moment (the shell's
+        ``AHEAD_AFTER_IDLE_S``, once per idle spell): work the view keeps off
+        the request path (preparing the read buffer for the largest row seen)
+        may start. Cheap when there is nothing to do."""
         ...

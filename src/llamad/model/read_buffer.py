@@ -6,8 +6,9 @@ that buffer on the restore's path cost ~12 ms for a 2,048-token row (47 MB)
 the first time a row that large was read after a start. So the buffer is
 sized *ahead* of the reads: every row the view sees (a lookup's answer, in
 any tier, since a ``ram`` row may be demoted and read by copy later; a save
-it makes) is :meth:`ReadBuffer.note`\\ d, and once the worker is idle
-(:meth:`ReadBuffer.prepare`, from the shell's loop) a buffer for the largest
+it makes) is :meth:`ReadBuffer.note`\\ d, and once the worker has been idle
+a moment (:meth:`ReadBuffer.prepare`, from the shell's loop through
+``CacheView.idle``) a buffer for the largest
 row seen is allocated and pre-faulted on a helper thread, off the loop. A
 read swaps the prepared buffer in (a pointer swap) and finds it large enough;
 only a row larger than any seen, or one read before the worker was idle

@@ -93,6 +93,13 @@ HUNG_FACTOR: Final = 1.5
 """A decode is stopped at ``decode_timeout_ms``; a tick still busy at this
 many times it silences the heartbeat (one that cannot be stopped)."""
 
+AHEAD_AFTER_IDLE_S: Final = 0.1
+"""After this long with no request in flight, the cache view may start what it
+keeps off the request path (:meth:`CacheView.idle`: the read buffer for the
+largest row seen). Not at once: a client sending its next request the moment
+a reply ends (a chat, an agent) would find the helper's page faults beside
+its restore on two cores, as the first repeat after a restart did."""
+
 IDLE_TRIM_S: Final = 1.0
 """After this long with no request in flight, the worker hands the C heap's
 free pages back (:func:`llamad._heap.release_free_heap`): what the model's
@@ -130,6 +137,8 @@ class WorkerProcess:
         # When the idle trim is due (None: done, until a request comes);
         # due at once when the loop starts, the load's garbage being freed.
         self._trim_at: float | None = None
+        # When the view's deferred work may start (None: done, until a request comes).
+        self._ahead_at: float | None = None
         started = clock()
         self.parts: WorkerParts = build_parts(spec)
         try:
@@ -368,6 +377,7 @@ class WorkerProcess:
             # time: keep_alive counts from the last of these.
             self.ops.last_request_at = self.clock()
             self._trim_at = self.ops.last_request_at + IDLE_TRIM_S
+            self._ahead_at = self.ops.last_request_at + AHEAD_AFTER_IDLE_S
         governor = self.parts.threads
         if governor is not None and not self.core.requests:
             # Nothing left to decode: the other workers get the cores now,
@@ -384,11 +394,12 @@ class WorkerProcess:
             self._owed = True
         elif handled or not report.idle or self._owed:
             self._publish()
-        trim_at = self._trim_at
+        trim_at, ahead_at = self._trim_at, self._ahead_at
         idle = report.idle and not self.core.requests
-        if idle:
+        if idle and ahead_at is not None and self.clock() >= ahead_at:
             # Work kept off the request path (the read buffer for the
             # largest row seen) starts now, with nothing beside it.
+            self._ahead_at = None
             self.parts.cache.idle()
         if idle and trim_at is not None and self.clock() >= trim_at:
             self._trim_at = None
@@ -407,7 +418,9 @@ class WorkerProcess:
     def _timeout(self) -> float | None:
         if self.core.has_work():
             return 0.0
-        wakes = [w for w in (self.core.next_wakeup(), self._trim_at) if w is not None]
+        wakes = [
+            w for w in (self.core.next_wakeup(), self._ahead_at, self._trim_at) if w is not None
+        ]
         return max(0.0, min(wakes) - self.clock()) if wakes else None
 
     def _send_early(self, events: list[tuple[str, Event]]) -> None:

@@ -151,3 +151,22 @@ def test_the_cache_view_hears_of_idle_loops_only_with_nothing_in_flight(paced: R
         paced.client.status()  # a message: one more loop turn
     assert seen, "the loop never said it was idle"
     assert set(seen) == {0}
+
+
+def test_the_cache_view_does_not_hear_of_idle_the_moment_a_reply_ends(
+    paced: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A client that sends its next request the moment a reply ends (a chat,
+    # an agent) must not find the view's deferred work beside it: idle()
+    # waits AHEAD_AFTER_IDLE_S (here made long) after the last request.
+    from llamad.model import worker_proc  # noqa: PLC0415
+
+    monkeypatch.setattr(worker_proc, "AHEAD_AFTER_IDLE_S", 60.0)
+    seen: list[int] = []
+    view = paced.proc.parts.cache
+    view.idle = lambda: seen.append(1)  # type: ignore[method-assign]
+    paced.client.complete("abcdefgh", max_tokens=3, temperature=0.0)
+    for _ in range(5):
+        paced.client.status()  # loop turns, idle every one of them
+    paced.client.complete("abcdefgh", max_tokens=3, temperature=0.0)
+    assert seen == []
