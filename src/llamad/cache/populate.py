@@ -8,7 +8,7 @@ writer thread saved it (``Tier.warm``), so its loop could not run for those
 milliseconds (``py-spy --gil`` found the writer holding the GIL there).
 :func:`populate_read` maps nothing: given a mapping made without
 ``MAP_POPULATE``, it asks the kernel to fault its pages in
-(``madvise(MADV_POPULATE_READ)``, Linux 5.14) through a cffi call, which
+(``madvise(MADV_POPULATE_READ)``, Linux 5.14) through a ctypes call, which
 releases the GIL (the probe's stall: 0.2 ms). On an older kernel it reads the
 whole mapping through the CRC32C C function, which releases the GIL too.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import mmap
+from collections.abc import Callable
 from typing import Any, Final
 
 from llamad.cache.checksum import crc32c
@@ -28,24 +29,31 @@ MADV_POPULATE_READ: Final = 22
 
 
 @functools.cache
-def _madvise() -> tuple[Any, Any] | None:
-    """cffi's handle on the C library's ``madvise`` (imported here: only a
-    process that maps rows loads cffi for it), None where there is none."""
-    import cffi  # noqa: PLC0415
+def _madvise() -> tuple[Any, Callable[[int, int, int], int]] | None:
+    """libc's ``madvise`` through ctypes, whose foreign calls release the GIL,
+    and a bare cffi backend ``FFI`` for a mapping's address (ctypes takes no
+    address of a read-only buffer); None where there is no ``madvise``.
 
-    ffi = cffi.FFI()
-    ffi.cdef("int madvise(void *addr, size_t length, int advice);")
+    Neither parses a C declaration: cffi's ABI mode, which this used before,
+    loads pycparser to parse one, ~11 ms and 0.7 MB in the first process that
+    mapped a row (a model worker's first restore after a start, SPEC P2)."""
+    import ctypes  # noqa: PLC0415
+
+    import _cffi_backend  # noqa: PLC0415
+
     try:
-        return ffi, ffi.dlopen(None)
-    except OSError:  # pragma: no cover - no C library to open
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):  # pragma: no cover - no C library to open
         return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return _cffi_backend.FFI(), fn
 
 
 def prepare_populate() -> bool:
-    """Build the ``madvise`` handle now (~11 ms: cffi parses its cdef with
-    pycparser), not at the first :func:`populate_read`, which runs on a
-    restore's path; whether there is one. A model worker calls it as it
-    starts."""
+    """Load what :func:`populate_read` calls now (ctypes' handle on libc,
+    well under a millisecond), not on the first restore's path; whether
+    there is a ``madvise``. A model worker's cache view calls it as it starts."""
     return _madvise() is not None
 
 
@@ -57,13 +65,13 @@ def populate_read(mapped: mmap.mmap) -> bool:
     size = len(mapped)
     found = _madvise()
     if found is not None:
-        ffi, libc = found
-        addr = ffi.from_buffer(mapped)
+        ffi, madvise = found
+        view = ffi.from_buffer(mapped)
         try:
-            if libc.madvise(addr, size, MADV_POPULATE_READ) == 0:
+            if madvise(int(ffi.cast("uintptr_t", view)), size, MADV_POPULATE_READ) == 0:
                 return True
         finally:
-            ffi.release(addr)
+            ffi.release(view)
     # Reading the pages faults them in; the checksum is thrown away.
     with memoryview(mapped) as view:
         crc32c(view)

@@ -238,9 +238,9 @@ class ClientCacheView:
         # Rows read by copy land here; sized ahead from the rows seen.
         self._buffer = ReadBuffer(host=host_buffer)
         if TierKind.RAM in self.restore_tiers:
-            # A ram row is mapped at its first load, and the first mapping
-            # builds cffi's madvise handle (pycparser parses its cdef): ~11 ms
-            # the first restore after a start paid (SPEC P2). Paid here instead.
+            # A ram row is mapped at its first load, which loads what the
+            # mapping calls (populate.py): before it took no cdef to parse,
+            # that was ~11 ms of the first restore after a start (SPEC P2).
             prepare_populate()
         self._owned: list[Callable[[], None]] = []
         self._closed = False

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import mmap
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,3 +74,19 @@ def test_without_madvise_the_pages_are_read_in(
     finally:
         if not m.closed:
             m.close()
+
+
+def test_the_handle_on_madvise_parses_no_c_declaration() -> None:
+    # cffi's ABI mode loaded pycparser to parse one: ~11 ms and 0.7 MB in the
+    # first process that mapped a row, a worker's first restore after a start
+    # (SPEC P2). A fresh interpreter: this one may have loaded either already.
+    code = (
+        "import sys\n"
+        "from llamad.cache.populate import prepare_populate\n"
+        "assert prepare_populate()\n"
+        "print('pycparser' in sys.modules, 'cffi' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.split() == ["False", "False"]
