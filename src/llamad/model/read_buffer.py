@@ -71,7 +71,6 @@ class ReadBuffer:
         self._lock = threading.Lock()
         self._largest = 0
         self._target = 0  # capacity the buffer in use or the one being prepared has
-        self._wanted = 0  # capacity noted since, to prepare when the worker is idle
         self._pending: list[Future[StateBuffer]] = []  # oldest first
         self._prepared = 0
         self._grows_on_read = 0
@@ -82,20 +81,16 @@ class ReadBuffer:
         """A row of ``size`` file bytes exists: have a buffer for it ready ahead
         of its read, prepared at the next :meth:`prepare`."""
         with self._lock:
-            if self._closed or size <= self._largest:
-                return
-            self._largest = size
-            want = size_class(size)
-            if want <= self._target or want > self._max_ahead:
-                return
-            self._wanted = max(self._wanted, want)
+            if not self._closed:
+                self._largest = max(self._largest, size)
 
     def prepare(self) -> bool:
-        """Start preparing the buffer the notes since the last call asked for
-        (the loop thread, when the worker is idle); whether one was started."""
+        """Start preparing a buffer for the largest row seen, unless one that
+        large is in use or on its way, or it is past ``max_ahead`` (the loop
+        thread, when the worker is idle); whether one was started."""
         with self._lock:
-            want, self._wanted = self._wanted, 0
-            if self._closed or want <= self._target:
+            want = size_class(self._largest) if self._largest else 0
+            if self._closed or want <= self._target or want > self._max_ahead:
                 return False
             self._target = want
             if self._helper is None:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import structlog
@@ -425,25 +425,26 @@ class WorkerProcess:
 
     def _send_early(self, events: list[tuple[str, Event]]) -> None:
         """A tick's events so far, sent before a finish save packs (WorkerCore._finish)."""
-        with self.actor.batched() if len(events) > 1 else contextlib.nullcontext():
-            for request_id, event in events:
-                if type(event) is TokenEvent and event.token is not None:
-                    self._early_tokens += 1
-                self.deliveries.deliver(request_id, event)
+        self._early_tokens += self._send(events)
 
     def _deliver(self, report: TickReport) -> None:
-        generated, self._early_tokens = self._early_tokens, 0
-        events = report.events
-        # One message per client for the tick's events (a gateway streaming
-        # several requests gets them together: SocketOutbox.batched).
-        with self.actor.batched() if len(events) > 1 else contextlib.nullcontext():
-            for request_id, event in events:
-                if type(event) is TokenEvent and event.token is not None:
-                    generated += 1
-                self.deliveries.deliver(request_id, event)
+        generated = self._early_tokens + self._send(report.events)
+        self._early_tokens = 0
         if report.batch and self._tick_started is not None:
             self.throughput.add(self._tick_started, generated, report.batch.n_rows)
             self._tick_started = None
+
+    def _send(self, events: Sequence[tuple[str, Event]]) -> int:
+        """Hand ``events`` to their deliveries; how many were sampled tokens.
+        Several go to each client in one message (a gateway streaming several
+        requests gets a tick's tokens together: SocketOutbox.batched)."""
+        tokens = 0
+        with self.actor.batched() if len(events) > 1 else contextlib.nullcontext():
+            for request_id, event in events:
+                if type(event) is TokenEvent and event.token is not None:
+                    tokens += 1
+                self.deliveries.deliver(request_id, event)
+        return tokens
 
     def _saves_done(self) -> None:
         completions = self.parts.completions
