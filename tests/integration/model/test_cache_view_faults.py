@@ -429,3 +429,28 @@ def test_close_waits_for_a_sync_save_still_writing_before_closing_its_connection
     assert state.released
     with CacheClient.from_settings(settings, client_name="after") as client:
         assert client.lookup_exact(job.key, pin=False) is not None  # it did finish
+
+
+def test_a_view_started_while_cache_meta_is_down_serves_cold_then_hits_once_it_is_back(
+    settings: CacheSettings, meta: Meta
+) -> None:
+    # A starting view pings cache-meta (its handshake, paid at start: SPEC
+    # P2); a cache-meta that is not there must cost at most that bound and
+    # never refuse the start.
+    meta.kill()
+    started = time.monotonic()
+    view = new_view(settings)
+    try:
+        assert time.monotonic() - started < 5.0
+        drv = make_driver(view)
+        tokens = prompt(40, start=23)
+        cold = drv.complete("down", tokens, max_tokens=4)
+        assert cold.cache_hit_kind is CacheHitKind.COLD
+        meta.restart()
+        drv.complete("up", tokens, max_tokens=4)  # its finish save now lands
+        settle_saves(view)
+        warm = drv.complete("back", tokens, max_tokens=4)
+        assert warm.cache_hit_kind is CacheHitKind.EXACT
+        assert warm.generated == cold.generated
+    finally:
+        resume_and_close(meta, view)
