@@ -30,14 +30,14 @@ import re
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, NamedTuple
 
 import structlog
 
-from llamad.cache.checksum import crc32c_split
+from llamad.cache.checksum import CrcBeside, crc32c_split
 from llamad.cache.counters import CounterAdd
 from llamad.cache.errors import CacheError, InvalidCacheValue, KvcCorrupt, TierError, TierFull
 from llamad.cache.kvc import (
@@ -90,12 +90,54 @@ class RowMissing(CacheError):
     code = "row_missing"
 
 
+def _checked() -> None:
+    """A row checked whole before it was handed over: nothing left to check."""
+
+
 class LoadedRow(NamedTuple):
-    """A row validated whole: its meta (``meta.logits``: the logits it keeps, if
-    any) and its payload (in the caller's buffer, or in place in a mapping)."""
+    """A validated row: its meta (``meta.logits``: the logits it keeps, if any)
+    and its payload (in the caller's buffer, or in place in a mapping).
+
+    ``check`` raises :class:`KvcCorrupt` unless the payload's checksum
+    matches. It is a no-op, except for a row mapped with ``check_beside``
+    (:meth:`Tier.mapped_row`), whose checksum runs while the caller uses the
+    payload: the caller calls it before it relies on what it made of it.
+    """
 
     meta: KvcMeta
     payload: memoryview
+    check: Callable[[], None] = _checked
+
+
+class _PayloadCheck:
+    """A mapped payload's checksum run beside its use (``Tier.mapped_row``'s
+    ``check_beside``): :meth:`check` gives the verdict, and leaving the block
+    gives it if nobody asked, then stops the helper before the view goes."""
+
+    def __init__(self, payload: memoryview, expected: int, path: Path) -> None:
+        self._crc = CrcBeside(payload)
+        self._expected = expected
+        self._path = path
+        self._checked = False
+
+    def check(self) -> None:
+        self._checked = True
+        if self._crc.value() != self._expected:
+            SEGMENTS.drop(self._path)
+            raise KvcCorrupt("payload_crc", "payload checksum mismatch")
+
+    def __enter__(self) -> _PayloadCheck:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        try:
+            if not self._checked:
+                # Whatever went wrong in the block, a damaged row is said to be.
+                self.check()
+        finally:
+            self._crc.close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,8 +419,10 @@ class Tier:
             yield row.payload
 
     @contextlib.contextmanager
-    def mapped_row(self, key_or_location: bytes | str | os.PathLike[str]) -> Iterator[LoadedRow]:
-        """A ``ram`` row's payload in place, fully validated: restore with no copy at all.
+    def mapped_row(
+        self, key_or_location: bytes | str | os.PathLike[str], *, check_beside: bool = False
+    ) -> Iterator[LoadedRow]:
+        """A ``ram`` row's payload in place, validated: restore with no copy at all.
 
         Inside the block the view can go straight to
         ``llama_state_seq_set_data``, which copies it into the KV cache; that
@@ -388,6 +432,15 @@ class Tier:
         meta is the one validated when the segment was mapped, which the
         mapping was just found equal to (its logits are bytes of this
         process, valid after the block too).
+
+        ``check_beside``: the payload's checksum is not awaited before the
+        block but computed beside it (:class:`~llamad.cache.checksum.CrcBeside`),
+        and the row's ``check()`` gives its verdict; the caller runs it after
+        its use of the payload and before it relies on the result (a restore
+        drops the cells it unpacked when it raises). A block left without
+        calling it, normally or by an exception, runs it on the way out: a
+        damaged row then raises :class:`KvcCorrupt` (chained to the block's
+        own exception), so its damage is counted whatever the caller did.
         """
         if self.kind is not TierKind.RAM:
             raise InvalidCacheValue("tier", f"{self.name} rows are read with read_into, not mapped")
@@ -401,12 +454,16 @@ class Tier:
             raise
         payload = segment.view[meta.payload_offset : meta.file_size]
         try:
-            # On two threads: it gates the restore (SPEC C2), and at 2,048
-            # tokens it was over half of it (checksum.crc32c_split).
-            if crc32c_split(payload) != meta.payload_crc32c:
-                SEGMENTS.drop(path)
-                raise KvcCorrupt("payload_crc", "payload checksum mismatch")
-            yield LoadedRow(meta, payload)
+            if not check_beside:
+                # On two threads: it gates the restore (SPEC C2), and at 2,048
+                # tokens it was over half of it (checksum.crc32c_split).
+                if crc32c_split(payload) != meta.payload_crc32c:
+                    SEGMENTS.drop(path)
+                    raise KvcCorrupt("payload_crc", "payload checksum mismatch")
+                yield LoadedRow(meta, payload)
+            else:
+                with _PayloadCheck(payload, meta.payload_crc32c, path) as verdict:
+                    yield LoadedRow(meta, payload, verdict.check)
         finally:
             try:
                 payload.release()
@@ -703,6 +760,16 @@ def discard_damaged(
     return removed
 
 
+def _damaged(
+    tier: Tier,
+    key_or_location: bytes | str | os.PathLike[str],
+    exc: KvcCorrupt,
+    counters: CounterAdd | None,
+) -> None:
+    log.warning("cache.corrupt_row", tier=tier.name, row=str(key_or_location), reason=exc.reason)
+    discard_damaged(tier, key_or_location, counters)
+
+
 def load(
     tier: Tier,
     key_or_location: bytes | str | os.PathLike[str],
@@ -735,10 +802,7 @@ def load_row(
     except RowMissing:
         return None
     except KvcCorrupt as exc:
-        log.warning(
-            "cache.corrupt_row", tier=tier.name, row=str(key_or_location), reason=exc.reason
-        )
-        discard_damaged(tier, key_or_location, counters)
+        _damaged(tier, key_or_location, exc, counters)
         return None
     if counters is not None:
         counters.add("load_total_ns", time.perf_counter_ns() - started)
@@ -761,28 +825,38 @@ def load_mapped_row(
     tier: Tier,
     key_or_location: bytes | str | os.PathLike[str],
     counters: CounterAdd | None = None,
+    *,
+    check_beside: bool = False,
 ) -> Iterator[LoadedRow | None]:
     """:func:`load_row` without the copy, for a ``ram`` row: its validated payload
     in place, with its meta.
 
     Yields the row (see :meth:`Tier.mapped_row` for how long its payload may
-    be used), or None for a miss; a damaged row is deleted and counted once,
-    as by :func:`load_row`.
+    be used, and for ``check_beside``), or None for a miss; a damaged row is
+    deleted and counted once, as by :func:`load_row`, also when its
+    checksum, run beside the block, fails there (the :class:`KvcCorrupt`
+    then leaves the block).
     """
     started = time.perf_counter_ns()
-    with contextlib.ExitStack() as stack:
-        view: LoadedRow | None
-        try:
-            view = stack.enter_context(tier.mapped_row(key_or_location))
-        except RowMissing:
-            view = None
-        except KvcCorrupt as exc:
-            log.warning(
-                "cache.corrupt_row", tier=tier.name, row=str(key_or_location), reason=exc.reason
-            )
-            discard_damaged(tier, key_or_location, counters)
-            view = None
-        else:
-            if counters is not None:
-                counters.add("load_total_ns", time.perf_counter_ns() - started)
-        yield view
+    view: LoadedRow | None = None
+    try:
+        with contextlib.ExitStack() as stack:
+            try:
+                view = stack.enter_context(
+                    tier.mapped_row(key_or_location, check_beside=check_beside)
+                )
+            except RowMissing:
+                pass
+            except KvcCorrupt as exc:
+                _damaged(tier, key_or_location, exc, counters)
+            else:
+                if counters is not None:
+                    counters.add("load_total_ns", time.perf_counter_ns() - started)
+            yield view
+    except KvcCorrupt as exc:
+        # The checksum run beside the block failed (in the block's check()
+        # or on its way out).
+        if view is None or exc.reason != "payload_crc":
+            raise
+        _damaged(tier, key_or_location, exc, counters)
+        raise

@@ -128,6 +128,13 @@ class Backend(Protocol):
         """Replace ``seq``'s state with a packed one."""
         ...
 
+    def may_unpack_unchecked(self, payload: memoryview, n_tokens: int) -> bool:
+        """Whether :meth:`unpack` may read ``payload`` (a row of ``n_tokens``
+        tokens) before its checksum is known: whatever damage the checksum
+        finds afterwards then only wrote wrong values into ``seq``'s own
+        cells, which the caller drops. False: check first."""
+        ...
+
 
 @runtime_checkable
 class Interruptible(Protocol):

@@ -16,7 +16,7 @@ a packed state to the writer pool (async) or writes it before returning
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
@@ -31,18 +31,28 @@ from llamad.model.savepoints import SaveJob
 __all__ = ["CacheView", "RowRead"]
 
 
+def _checked() -> None:
+    """A row checked whole before it was handed over."""
+
+
 @dataclass(frozen=True, slots=True)
 class RowRead:
-    """A row as :meth:`CacheView.read` hands it over, validated whole.
+    """A row as :meth:`CacheView.read` hands it over, validated.
 
     ``payload``: the packed state, valid only inside the ``read`` block (a
     ``ram`` row's is the shared mapping itself). ``logits``: the logits the
     row keeps for one of its positions (a finish save keeps its prompt's
     last), or ``None``; immutable bytes, which may be kept past the block.
+    ``check``: raises :class:`~llamad.cache.errors.KvcCorrupt` unless the
+    payload's checksum matched. A ``ram`` row's checksum runs beside the
+    block (the unpack copies the row while it runs), so the reader calls it
+    once it has unpacked the payload and before anything reads those cells;
+    for the others it is a no-op (checked before the block).
     """
 
     payload: memoryview
     logits: KvcLogits | None = None
+    check: Callable[[], None] = _checked
 
 
 class CacheView(Protocol):
@@ -74,7 +84,10 @@ class CacheView(Protocol):
     def read(self, row: RowRef) -> AbstractContextManager[RowRead | None]:
         """The row's validated payload and kept logits for the duration of the
         block, or ``None`` when the row turned out missing or corrupt, in any
-        record, the logits' included (it is then never served again)."""
+        record, the logits' included (it is then never served again). A
+        payload whose checksum fails in the block (:attr:`RowRead.check`)
+        raises :class:`~llamad.cache.errors.KvcCorrupt` out of it, and is
+        never served again either."""
         ...
 
     def read_buffer(self) -> ReadBufferStats | None:

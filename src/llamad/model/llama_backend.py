@@ -45,6 +45,7 @@ from llamad.llama_ffi.logprobs import token_logprobs
 from llamad.llama_ffi.model import Model
 from llamad.llama_ffi.options import FlashAttn
 from llamad.llama_ffi.sampling import Sampler
+from llamad.llama_ffi.state_layout import plain_seq_state
 from llamad.model.backend import Backend, Sampled, SamplerHandle
 from llamad.model.planner import BatchPlan
 from llamad.model.requests import RequestParams
@@ -280,6 +281,11 @@ class LlamaBackend:
 
     def unpack(self, seq: int, payload: memoryview) -> None:
         self.ctx.unpack_seq(seq, payload)
+
+    def may_unpack_unchecked(self, payload: memoryview, n_tokens: int) -> bool:
+        # llama.cpp's reader checks sizes and types itself; the positions it
+        # takes as they come are checked here (llama_ffi.state_layout).
+        return plain_seq_state(payload, n_tokens)
 
     def cell_end(self, seq: int) -> int:
         return self.ctx.seq_cell_end(seq)

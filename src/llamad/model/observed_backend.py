@@ -46,6 +46,7 @@ class ObservedBackend:
         self.seq_truncate: Callable[[int, int], None] = inner.seq_truncate
         self.pack: Callable[[int], PackedState] = inner.pack
         self.unpack: Callable[[int, memoryview], None] = inner.unpack
+        self.may_unpack_unchecked: Callable[[memoryview, int], bool] = inner.may_unpack_unchecked
         self.cell_end: Callable[[int], int] = inner.cell_end
 
     @property

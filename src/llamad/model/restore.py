@@ -226,7 +226,13 @@ class Restorer:
                 if got is None:
                     self.on_bad_row(row.key)
                     return False, None
+                if not self.backend.may_unpack_unchecked(got.payload, row.n_tokens):
+                    got.check()  # before llama.cpp reads a byte of it
                 self.backend.unpack(slot.seq, got.payload)
+                # A ram row's checksum runs beside the unpack (RowRead.check):
+                # a damaged row's cells are dropped below before anything
+                # reads them.
+                got.check()
                 logits = got.logits
         except (LlamadError, OSError) as exc:
             log.warning("model.restore_failed", seq=slot.seq, key=row.key.hex(), error=repr(exc))

@@ -16,6 +16,7 @@ import pytest
 
 from cache_view_support import Driver, Meta, real_context, real_driver, scratch_cache
 from llamad.cache.client import CacheClient
+from llamad.cache.kvc import KvcMeta, read_meta
 from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
 from llamad.llama_ffi import Context, Model
@@ -98,40 +99,76 @@ def test_a_salted_request_does_not_see_the_shared_rows_but_replies_the_same(
     assert again.cache_hit_kind is CacheHitKind.EXACT and again.reply == shared.reply
 
 
+class CountingUnpacks(LlamaBackend):
+    """The real backend, counting the states handed to llama.cpp."""
+
+    unpacks = 0
+
+    def unpack(self, seq: int, payload: memoryview) -> None:
+        self.unpacks += 1
+        super().unpack(seq, payload)
+
+
+def _k_value(meta: KvcMeta) -> int:
+    # Inside the first layer's K rows: past llama.cpp's 8-byte prefix, the
+    # stream and cell counts, the cells (12 bytes each), v_trans and n_layer,
+    # and the layer's type and row size (llama_ffi.state_layout).
+    return meta.payload_offset + 16 + 12 * meta.n_tokens + 8 + 12 + 10
+
+
+def _position(meta: KvcMeta) -> int:
+    return meta.payload_offset + 16 + 12 * 3  # cell 3's position
+
+
 @pytest.mark.parametrize(
-    ("where", "question"),
+    "case",
     [
-        (0.5, "Answer in French."),  # K values: llama.cpp takes the state as it is
-        (0.75, "Answer in German."),  # llama.cpp refuses the state itself
+        # A K value: the row's layout checks out, so llama.cpp unpacks it
+        # while its checksum runs; the check then fails and its cells go.
+        ("k_value", "Answer in French.", 1),
+        # A cell's position, which llama.cpp's reader takes as it comes:
+        # the layout check refuses it and the checksum is awaited first.
+        ("position", "Answer in Spanish.", 0),
+        # An eighth of the file as 0x7f, over layer headers: refused the same
+        # way (before issue 8's check, a run like it crashed the process).
+        ("run", "Answer in German.", 0),
     ],
+    ids=["k_value", "position", "run"],
 )
 def test_a_ram_payload_damaged_under_its_mapping_is_never_served(
-    worker: Driver, model: Model, settings: CacheSettings, where: float, question: str
+    ctx: Context, model: Model, settings: CacheSettings, case: tuple[str, str, int]
 ) -> None:
-    # The payload's CRC32C is checked before llama.cpp sees a byte of it.
-    # Checked beside the unpack instead (tried in issue 8: 2.5 ms faster at
-    # 2,048 tokens), damaged bytes reach llama_state_seq_set_data, and the
-    # second case here then crashed the process (SIGSEGV): llama.cpp's state
-    # reader trusts the sizes it reads.
-    tokens = model.tokenize(TEXT + question, parse_special=True)
-    cold = worker.complete("cold", tokens, max_tokens=12)
-    assert cold.finish_key is not None
-    with CacheClient.from_settings(settings, client_name="test-admin") as admin:
-        row = admin.lookup_exact(cold.finish_key, pin=False)
-        assert row is not None and row.tier is TierKind.RAM
-        corrupt = admin.counters()["corrupt_files"]
-        # The worker mapped the segment when it saved it and keeps the
-        # mapping: damage to the file shows through it. An eighth of the
-        # payload as NaNs would change the reply if it were ever decoded.
-        path = Path(row.location)
-        size = path.stat().st_size
-        with open(path, "r+b") as f:
-            f.seek(int(size * where))
-            f.write(b"\x7f" * (size // 8))
-        stats = worker.view.stats
-        mapped, misses = stats.reads_mapped, stats.read_misses
-        damaged = worker.complete("damaged", tokens, max_tokens=12)
-        assert damaged.cache_hit_kind is CacheHitKind.COLD
-        assert damaged.generated == cold.generated
-        assert (stats.reads_mapped, stats.read_misses) == (mapped, misses + 1)
-        assert admin.counters()["corrupt_files"] == corrupt + 1
+    where, question, unpacked = case
+    backend = CountingUnpacks(ctx)
+    with real_driver(ctx, settings, backend, chunk=CHUNK) as worker:
+        tokens = model.tokenize(TEXT + question, parse_special=True)
+        cold = worker.complete("cold", tokens, max_tokens=12)
+        assert cold.finish_key is not None
+        with CacheClient.from_settings(settings, client_name="test-admin") as admin:
+            row = admin.lookup_exact(cold.finish_key, pin=False)
+            assert row is not None and row.tier is TierKind.RAM
+            corrupt = admin.counters()["corrupt_files"]
+            # The worker mapped the segment when it saved it and keeps the
+            # mapping: damage to the file shows through it.
+            path = Path(row.location)
+            with open(path, "r+b") as f:
+                meta = read_meta(f.fileno())
+                size = path.stat().st_size
+                if where == "run":
+                    f.seek(int(size * 0.75))
+                    f.write(b"\x7f" * (size // 8))
+                else:
+                    at = _k_value(meta) if where == "k_value" else _position(meta)
+                    f.seek(at)
+                    byte = f.read(1)[0]
+                    f.seek(at)
+                    f.write(bytes((byte ^ 0x55,)))
+            stats = worker.view.stats
+            mapped, misses = stats.reads_mapped, stats.read_misses
+            backend.unpacks = 0
+            damaged = worker.complete("damaged", tokens, max_tokens=12)
+            assert damaged.cache_hit_kind is CacheHitKind.COLD
+            assert damaged.generated == cold.generated
+            assert backend.unpacks == unpacked
+            assert (stats.reads_mapped, stats.read_misses) == (mapped, misses + 1)
+            assert admin.counters()["corrupt_files"] == corrupt + 1

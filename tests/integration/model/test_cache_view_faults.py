@@ -26,7 +26,7 @@ from cache_view_support import (
     stub_config,
 )
 from llamad.cache.client import CacheClient
-from llamad.cache.kvc import SaveReason
+from llamad.cache.kvc import SaveReason, read_meta
 from llamad.cache.lookup import LookupPolicy
 from llamad.cache.settings import CacheSettings
 from llamad.cache.tier_kind import TierKind
@@ -341,24 +341,30 @@ def test_a_sync_save_to_a_hung_cache_meta_returns_by_its_deadline(
         resume_and_close(meta, view)
 
 
+@pytest.mark.parametrize("where", ["data", "state_header"])
 @pytest.mark.parametrize("tier", [TierKind.RAM, TierKind.DISK])
 def test_a_corrupt_row_runs_the_request_cold_and_is_counted_once(
-    settings: CacheSettings, meta: Meta, admin: CacheClient, tier: TierKind
+    settings: CacheSettings, meta: Meta, admin: CacheClient, tier: TierKind, where: str
 ) -> None:
+    # A ram row's checksum runs beside its unpack: damage in the KV data is
+    # unpacked, found by the check after it, and its cells dropped; damage in
+    # llama.cpp's own state header makes the unpack refuse it first. Either
+    # way the request runs cold with the reply a cold run gives.
     view = new_view(settings, save_tier=tier)
     try:
         drv = make_driver(view)
-        tokens = prompt(40, start=37 + len(tier.value))
+        tokens = prompt(40, start=37 + len(tier.value) + len(where))
         first = drv.complete("r1", tokens, max_tokens=6)
         assert first.finish_key is not None
         row = admin.lookup_exact(first.finish_key, pin=False)
         assert row is not None and row.tier is tier
         path = Path(row.location)
         with open(path, "r+b") as f:  # one flipped payload bit, as on a bad disk
-            f.seek(-1, os.SEEK_END)
-            last = f.read(1)[0]
-            f.seek(-1, os.SEEK_END)
-            f.write(bytes((last ^ 0x01,)))
+            offset = read_meta(f.fileno()).payload_offset if where == "state_header" else -1
+            f.seek(offset, os.SEEK_SET if offset >= 0 else os.SEEK_END)
+            byte = f.read(1)[0]
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes((byte ^ 0x40,)))
         corrupt = admin.counters()["corrupt_files"]
         saved_before = len(drv.saved)
 

@@ -6,14 +6,18 @@ import os
 import queue
 import subprocess
 import sys
+import threading
+import time
 
 import crc32c as package
 import pytest
 
 from llamad.cache import checksum
 from llamad.cache.checksum import (
+    BESIDE_CHUNK,
     HARDWARE_BASED,
     SPLIT_MIN_BYTES,
+    CrcBeside,
     crc32c,
     crc32c_combine,
     crc32c_split,
@@ -81,14 +85,18 @@ def test_a_split_check_sees_one_flipped_bit_in_either_half() -> None:
     assert crc32c_split(data) == good
 
 
-def test_a_helper_that_never_comes_leaves_the_caller_both_halves(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # No helper is started and the halves go to a queue nobody reads (a
-    # helper already running waits on the old one): the caller takes the
-    # second half back once its own is done, and the answer is the same.
+@pytest.fixture
+def no_helper(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No helper is started and its jobs go to a queue nobody reads (a helper
+    already running waits on the old one)."""
     monkeypatch.setattr(checksum, "_ensure_helper", lambda: None)
     monkeypatch.setattr(checksum, "_halves", queue.SimpleQueue())
+
+
+@pytest.mark.usefixtures("no_helper")
+def test_a_helper_that_never_comes_leaves_the_caller_both_halves() -> None:
+    # The caller takes the second half back once its own is done, and the
+    # answer is the same.
     data = os.urandom(2 * SPLIT_MIN_BYTES + 3)
     assert crc32c_split(data) == crc32c(data)
 
@@ -97,3 +105,80 @@ def test_a_split_check_keeps_no_export_of_the_buffer() -> None:
     data = bytearray(os.urandom(SPLIT_MIN_BYTES + 1))
     crc32c_split(data)
     data.extend(b"x")  # a bytearray with a live export cannot resize (BufferError)
+
+
+# -- CrcBeside: a CRC run beside the caller's own use of the bytes -------------------------
+
+
+@pytest.mark.parametrize(
+    "n", [0, 1, BESIDE_CHUNK - 1, BESIDE_CHUNK, BESIDE_CHUNK + 1, 5 * BESIDE_CHUNK + 3]
+)
+@pytest.mark.parametrize("after_s", [0.0, 0.001, 0.05])
+def test_a_crc_beside_is_the_crc_of_the_whole(n: int, after_s: float) -> None:
+    # Asked at once, with the helper part-way, or with it long done.
+    data = os.urandom(n)
+    with memoryview(data) as view:
+        beside = CrcBeside(view)
+        time.sleep(after_s)
+        assert beside.value() == crc32c(data)
+        assert beside.value() == crc32c(data)  # asked again: the same answer
+        beside.close()
+
+
+def test_a_crc_beside_sees_one_flipped_bit_anywhere() -> None:
+    data = bytearray(os.urandom(4 * BESIDE_CHUNK + 1))
+    good = crc32c(data)
+    for at in (0, BESIDE_CHUNK, 2 * BESIDE_CHUNK + 5, len(data) - 1):
+        data[at] ^= 0x04
+        for after_s in (0.0, 0.002):
+            with memoryview(data) as view:
+                beside = CrcBeside(view)
+                time.sleep(after_s)
+                assert beside.value() != good
+                beside.close()
+        data[at] ^= 0x04
+
+
+def test_the_helper_stops_at_the_callers_cut(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The helper has claimed the job but not begun when the caller asks: the
+    # caller takes the back half and waits; the helper, run now, must stop
+    # at the cut (running on to the end would make the combined CRC wrong).
+    jobs: queue.SimpleQueue[CrcBeside] = queue.SimpleQueue()
+    monkeypatch.setattr(checksum, "_ensure_helper", lambda: None)
+    monkeypatch.setattr(checksum, "_halves", jobs)
+    data = os.urandom(6 * BESIDE_CHUNK + 11)
+    with memoryview(data) as view:
+        beside = CrcBeside(view)
+        job = jobs.get_nowait()
+        assert job is beside and job.take()
+        answer: list[int] = []
+        caller = threading.Thread(target=lambda: answer.append(beside.value()))
+        caller.start()
+        time.sleep(0.05)  # the caller has cut and waits for the helper
+        assert answer == []
+        job.run()
+        caller.join(5)
+        assert answer == [crc32c(data)]
+        beside.close()
+
+
+@pytest.mark.usefixtures("no_helper")
+def test_a_helper_that_never_comes_leaves_the_caller_the_whole() -> None:
+    data = os.urandom(3 * BESIDE_CHUNK + 1)
+    with memoryview(data) as view:
+        beside = CrcBeside(view)
+        assert beside.value() == crc32c(data)  # returns: it waits for no helper
+        beside.close()
+
+
+def test_a_closed_crc_beside_no_longer_reads_the_buffer_and_has_no_value() -> None:
+    data = bytearray(os.urandom(8 * BESIDE_CHUNK))
+    view = memoryview(data)
+    beside = CrcBeside(view)
+    time.sleep(0.001)
+    beside.close()
+    beside.close()  # idempotent
+    view.release()  # no part of it is exported by a helper still reading
+    data.extend(b"x")  # a bytearray with a live export cannot resize (BufferError)
+    with pytest.raises(RuntimeError, match="after close"):
+        beside.value()

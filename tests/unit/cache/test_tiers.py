@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from llamad.cache import tiers as tiers_module
+from llamad.cache.checksum import BESIDE_CHUNK
 from llamad.cache.counters import Counters
 from llamad.cache.errors import InvalidCacheValue, KvcCorrupt, TierFull
 from llamad.cache.key import FingerprintMode, Namespace, tokens_to_bytes
@@ -28,6 +29,7 @@ from llamad.cache.tiers import (
     discard_damaged,
     load,
     load_mapped,
+    load_mapped_row,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -452,3 +454,104 @@ def test_prepare_makes_the_tier_root_and_every_missing_parent_private(tmp_path: 
     for made in (tmp_path / "llamad-uid", tmp_path / "llamad-uid" / "instance", root):
         assert made.stat().st_mode & 0o077 == 0, f"{made} is {made.stat().st_mode & 0o777:o}"
     assert tmp_path.stat().st_mode & 0o777 == 0o755  # an existing parent is left as it is
+
+
+# -- a mapped row whose checksum runs beside its use (check_beside) ------------------------
+
+BESIDE_PAYLOAD = 3 * BESIDE_CHUNK + 17  # the helper takes several steps
+
+
+def _beside_row(ram: Tier, tokens: list[int]) -> tuple[KvcSpec, bytes]:
+    payload = os.urandom(BESIDE_PAYLOAD)
+    return put(ram, tokens, payload), payload
+
+
+def _damaged_past_mapping(ram: Tier, counters: Counters, tokens: list[int], back: int) -> KvcSpec:
+    """A row mapped once (its segment then cached, as a worker's save leaves
+    it), then one payload byte ``back`` bytes from its end flipped: damage
+    the mapping's own validation cannot see."""
+    spec, _ = _beside_row(ram, tokens)
+    with load_mapped_row(ram, spec.key, counters) as row:
+        assert row is not None
+    path = ram.path_for(spec.key)
+    _flip(path, path.stat().st_size - back)
+    return spec
+
+
+def test_a_row_checked_beside_its_use_reads_whole_and_its_check_passes(
+    ram: Tier, counters: Counters
+) -> None:
+    spec, payload = _beside_row(ram, [11, *range(30)])
+    with load_mapped_row(ram, spec.key, counters, check_beside=True) as row:
+        assert row is not None and bytes(row.payload) == payload
+        row.check()
+        row.check()  # asked again: the same verdict
+    assert counters.get("corrupt_files") == 0
+    assert ram.path_for(spec.key).exists()
+
+
+def test_a_row_damaged_past_its_mapping_fails_its_check_and_is_discarded_once(
+    ram: Tier, counters: Counters
+) -> None:
+    # The mapping's validation checks the header and records; the payload's
+    # CRC is what runs beside the use.
+    spec = _damaged_past_mapping(ram, counters, [12, *range(30)], 1000)
+    path = ram.path_for(spec.key)
+    used = b""
+    with (
+        pytest.raises(KvcCorrupt) as raised,
+        load_mapped_row(ram, spec.key, counters, check_beside=True) as row,
+    ):
+        assert row is not None  # handed over before its checksum is known
+        used = bytes(row.payload)
+        row.check()
+        pytest.fail("a damaged payload passed its check")
+    assert raised.value.reason == "payload_crc"
+    assert len(used) == BESIDE_PAYLOAD  # the block had the bytes: the check is what says no
+    assert counters.get("corrupt_files") == 1
+    assert not path.exists() and path not in SEGMENTS
+    with load_mapped_row(ram, spec.key, counters, check_beside=True) as row:
+        assert row is None  # gone: a miss from now on
+    assert counters.get("corrupt_files") == 1
+
+
+def test_a_block_that_never_checks_a_damaged_row_still_raises_on_its_way_out(
+    ram: Tier, counters: Counters
+) -> None:
+    spec = _damaged_past_mapping(ram, counters, [13, *range(30)], 1)
+    with (
+        pytest.raises(KvcCorrupt, match="checksum"),
+        load_mapped_row(ram, spec.key, counters, check_beside=True) as row,
+    ):
+        assert row is not None
+    assert counters.get("corrupt_files") == 1
+
+
+def test_a_block_that_fails_on_a_damaged_row_says_the_row_was_damaged(
+    ram: Tier, counters: Counters
+) -> None:
+    # llama.cpp refusing a damaged state raises in the block before the
+    # check: the damage is still found, counted, and named, the block's own
+    # error chained to it.
+    spec = _damaged_past_mapping(ram, counters, [14, *range(30)], 2)
+    with (
+        pytest.raises(KvcCorrupt) as raised,
+        load_mapped_row(ram, spec.key, counters, check_beside=True),
+    ):
+        raise RuntimeError("the unpack refused it")
+    assert isinstance(raised.value.__context__, RuntimeError)
+    assert counters.get("corrupt_files") == 1
+
+
+def test_a_block_that_fails_on_a_whole_row_raises_its_own_error_and_keeps_the_row(
+    ram: Tier, counters: Counters
+) -> None:
+    spec, _ = _beside_row(ram, [15, *range(30)])
+    with (
+        pytest.raises(RuntimeError, match="elsewhere"),
+        load_mapped_row(ram, spec.key, counters, check_beside=True) as row,
+    ):
+        assert row is not None
+        raise RuntimeError("elsewhere")
+    assert counters.get("corrupt_files") == 0
+    assert ram.path_for(spec.key).exists()
