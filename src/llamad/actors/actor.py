@@ -179,6 +179,7 @@ class Actor:
         self.stats = ActorStats()
         self.instance = ""
         self.endpoint = ""
+        self._late_cancel: Callable[[Peer, int], None] | None = None
         self._pid = 0
         self._forks = FORKS[0]
         self._state = "new"
@@ -258,6 +259,13 @@ class Actor:
         connection), ``backpressure`` (it stopped reading), ``idle_expired``
         (quiet for ``Limits.peer_idle_s`` and its connection gone)."""
         self._peer_table.on_down.append(callback)
+
+    def on_late_cancel(self, callback: Callable[[Peer, int], None]) -> None:
+        """Run ``callback(peer, cid)`` for a CANCEL of a call with nothing open:
+        one answered already, whose client gave up before the answer reached
+        it (a call's timeout sends one), or one never seen. An actor whose
+        answers hand something out (cache-meta's pins) takes it back here."""
+        self._late_cancel = callback
 
     def add_reader(self, fd: int, callback: Callable[[], None]) -> None:
         """Call ``callback()`` from :meth:`poll` whenever ``fd`` is readable."""
@@ -737,6 +745,8 @@ class Actor:
         elif kind == Kind.CANCEL:
             if peer is not None and (handle := peer.open.get(cid)) is not None:
                 handle._cancel("cancelled")
+            elif peer is not None and self._late_cancel is not None:
+                self._late_cancel(peer, cid)
         elif kind == Kind.BYE:
             if peer is not None:
                 self._peer_table.gone(peer, "peer_closed")

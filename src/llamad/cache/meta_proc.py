@@ -34,7 +34,7 @@ import zmq
 
 from llamad import logs
 from llamad.actors.actor import Actor
-from llamad.actors.handles import PendingReply, Request
+from llamad.actors.handles import Peer, PendingReply, Request
 from llamad.actors.monitor import ProcessRef, ProcessWatch
 from llamad.actors.registry import Registry
 from llamad.actors.wire import Limits
@@ -69,6 +69,11 @@ _OWNER_SWEEP_S: Final = 30.0
 # (they may add a deadline or release a waiter); nothing else wakes an idle
 # cache-meta (a 50 ms floor once woke it 20 times a second, each wakeup taking
 # a core from a decode beside it).
+_ANSWERED_PINS_KEPT: Final = 4096
+"""Answers with a pin remembered for a late CANCEL (:meth:`MetaServer._late_cancel`):
+a client gives up on a call within seconds, long before this many more
+pinned answers have gone out."""
+
 _QUIET_OPS: Final = frozenset(
     {
         "lookup_exact",
@@ -160,8 +165,10 @@ class MetaServer:
         self._due = 0.0  # when housekeeping must run next
         self._dirty = True  # an op may have changed what is due
         self.prefetch = Prefetcher((), budget=settings.prefetch_bytes)
+        self._answered_pins: dict[tuple[Peer, int], int] = {}
         for name, spec in wire.OPS.items():
             self.actor.add_op(spec, self._handler(name))
+        self.actor.on_late_cancel(self._late_cancel)
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -441,29 +448,49 @@ class MetaServer:
             self._reply(handle, answer)
 
     def _reply(self, handle: PendingReply, answer: object) -> None:
-        body: Any = None
-        pin = None
         # RowRef and Lookup are msgspec structs: the actor encodes them as
         # their wire arrays directly.
-        if isinstance(answer, RowRef):
-            body, pin = answer, answer.pin
-        elif isinstance(answer, Lookup):
-            body = answer
-            pin = None if answer.row is None else answer.row.pin
-        if not handle.reply(body) and pin is not None:
-            # Nobody is there to check the pin in: release it now.
-            self.meta.checkin(pin)
+        body: Any = answer if isinstance(answer, (RowRef, Lookup)) else None
+        pin = _pin_of(answer)
+        if not handle.reply(body):
+            if pin is not None:
+                # Nobody is there to check the pin in: release it now.
+                self.meta.checkin(pin)
+        elif pin is not None:
+            self._note_pinned(handle.peer, handle.cid, pin)
+
+    def _note_pinned(self, peer: Peer, cid: int, pin: int) -> None:
+        """Remember which call a pin answered, for :meth:`_late_cancel`."""
+        answered = self._answered_pins
+        answered[peer, cid] = pin
+        if len(answered) > _ANSWERED_PINS_KEPT:
+            del answered[next(iter(answered))]
+
+    def _late_cancel(self, peer: Peer, cid: int) -> None:
+        """A client cancelled a call already answered: its timeout ran out
+        before the answer reached it, so it never takes the pin the answer
+        carried, and nobody would ever check it in (a worker's lookup sent
+        while cache-meta was stopped, answered once it ran again). Checked in
+        here; a pin checked in meanwhile is just not held any more."""
+        pin = self._answered_pins.pop((peer, cid), None)
+        if pin is not None and self.meta.checkin(pin):
+            self._dirty = True
+            log.info("cache.unclaimed_pin_released", pin=pin, peer=peer.name)
 
     # -- ops ------------------------------------------------------------------
 
     def _handler(self, name: str) -> Callable[[Request[Any]], Any]:
         method: Callable[[Request[Any]], Any] = getattr(self, f"_op_{name}")
-        if name in _QUIET_OPS:
-            return method
+        quiet = name in _QUIET_OPS
 
         def handler(req: Request[Any]) -> Any:
-            self._dirty = True
-            return method(req)
+            if not quiet:
+                self._dirty = True
+            answer = method(req)
+            pin = _pin_of(answer)
+            if pin is not None:
+                self._note_pinned(req.peer, req.cid, pin)
+            return answer
 
         return handler
 
@@ -584,6 +611,15 @@ class MetaServer:
         entries = [(e.seq, e.namespace, e.tokens) for e in req.body.entries]
         # Watched like any owner: a worker that dies takes its live blocks with it.
         self.kv_events.live_set(self._owner(req), entries)
+
+
+def _pin_of(answer: object) -> int | None:
+    """The pin an answer hands its caller, if any."""
+    if isinstance(answer, RowRef):
+        return answer.pin
+    if isinstance(answer, Lookup) and answer.row is not None:
+        return answer.row.pin
+    return None
 
 
 def _tiers(tiers: Collection[TierKind] | None) -> frozenset[TierKind] | None:

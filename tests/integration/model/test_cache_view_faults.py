@@ -195,10 +195,11 @@ def test_a_hung_cache_meta_costs_one_lookup_timeout_then_lookups_pause_for_the_c
 
 
 def test_a_stopped_cache_meta_is_taken_for_down_until_it_answers_again(
-    settings: CacheSettings, meta: Meta
+    settings: CacheSettings, meta: Meta, admin: CacheClient
 ) -> None:
     # No cooldown: only cache-meta's answer to the probe ends the state, so
     # the requests below can only be cold at once if the view skips them.
+    pins_before = admin.status()["pins"]
     view = new_view(settings, lookup_timeout_s=0.3, cooldown_s=0.0)
     try:
         drv = make_driver(view)
@@ -229,6 +230,10 @@ def test_a_stopped_cache_meta_is_taken_for_down_until_it_answers_again(
         wait_until(lambda: not view.cache_down, "the probe to hear from cache-meta", 30)
         assert drv.complete("back", tokens, max_tokens=4).cache_hit_kind is CacheHitKind.EXACT
         assert view.stats.lookups_skipped == 3
+        # The lookup that timed out was answered, with a pin, once cache-meta
+        # ran again; its CANCEL, right behind it, took the pin back (nobody
+        # else would check it in while this process lives).
+        wait_until(lambda: admin.status()["pins"] == pins_before, "the unclaimed pin back", 10)
     finally:
         resume_and_close(meta, view)
 

@@ -618,3 +618,33 @@ def test_a_call_while_a_stream_is_open_gets_its_own_answer(client: Client) -> No
     assert client.call("echo", {"during": True}) == {"during": True}
     assert [m.body["i"] for m in stream] == [1, 2, 3, 4]
     assert stream.result == {"n": 5}
+
+
+def test_a_cancel_of_a_call_answered_already_reaches_the_late_cancel_hook(
+    registry: Registry,
+) -> None:
+    # The client gives up (its timeout sends a CANCEL) while the actor is
+    # still inside the call; the actor answers, then reads the CANCEL with
+    # nothing open for it: the hook hears of it, so an answer that handed
+    # something out (cache-meta's pins) can take it back.
+    actor = Actor("late", registry=registry)
+    late: list[tuple[str, int]] = []
+    answered: list[int] = []
+
+    def slow(req: Request[Any]) -> int:
+        time.sleep(0.4)
+        answered.append(req.cid)
+        return 7
+
+    actor.add_op(OpSpec("slow", OpKind.CALL, body=Any), slow)
+    actor.add_op(OpSpec("quick", OpKind.CALL, body=Any), lambda req: 1)
+    actor.on_late_cancel(lambda peer, cid: late.append((peer.name, cid)))
+    with running(actor), Client(name="late", registry=registry, timeout=20) as c:
+        assert c.call("quick") == 1
+        with pytest.raises(RequestTimeout):
+            c.call("slow", timeout=0.1)
+        wait_until(lambda: late, "the late cancel", 10)
+        assert [cid for _, cid in late] == answered
+        assert c.call("quick") == 1  # a call answered in time sends none
+        time.sleep(0.1)
+        assert len(late) == 1
