@@ -355,9 +355,9 @@ def test_a_corrupt_row_runs_the_request_cold_and_is_counted_once(
     # unpacked, found by the check after it, and its cells dropped; damage in
     # llama.cpp's own state header makes the unpack refuse it first. Either
     # way the request runs cold with the reply a cold run gives.
-    # Pins this test's reads hold, whatever others left: a lookup answered
-    # after its caller timed out stays pinned (test_a_stopped_cache_meta_...
-    # leaves one; cache-meta releases pins when their process dies).
+    # Only the pins this test's reads could leave are its business: the
+    # module's cache-meta is shared, and a pin another test leaves (before
+    # 2ffcfb5, a lookup answered after its caller timed out) is that test's.
     pins_before = admin.status()["pins"]
     view = new_view(settings, save_tier=tier)
     try:
