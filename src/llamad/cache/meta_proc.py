@@ -69,11 +69,6 @@ _OWNER_SWEEP_S: Final = 30.0
 # (they may add a deadline or release a waiter); nothing else wakes an idle
 # cache-meta (a 50 ms floor once woke it 20 times a second, each wakeup taking
 # a core from a decode beside it).
-_ANSWERED_PINS_KEPT: Final = 4096
-"""Answers with a pin remembered for a late CANCEL (:meth:`MetaServer._late_cancel`):
-a client gives up on a call within seconds, long before this many more
-pinned answers have gone out."""
-
 _QUIET_OPS: Final = frozenset(
     {
         "lookup_exact",
@@ -87,6 +82,12 @@ _QUIET_OPS: Final = frozenset(
         "status",
     }
 )
+
+_ANSWERED_PINS_KEPT: Final = 4096
+"""Answers with a pin remembered for a late CANCEL (:meth:`MetaServer._late_cancel`):
+a client gives up on a call within seconds, long before this many more
+pinned answers have gone out."""
+
 # The tokens frame of a request can be as long as the longest prompt.
 _LIMITS: Final = Limits(max_frame_bytes=128 * 1024 * 1024)
 
