@@ -90,8 +90,9 @@ class RowMissing(CacheError):
     code = "row_missing"
 
 
-def _checked() -> None:
-    """A row checked whole before it was handed over: nothing left to check."""
+def checked_whole() -> None:
+    """A row's ``check`` when it was checked whole before it was handed over:
+    nothing is left to check."""
 
 
 class LoadedRow(NamedTuple):
@@ -106,7 +107,7 @@ class LoadedRow(NamedTuple):
 
     meta: KvcMeta
     payload: memoryview
-    check: Callable[[], None] = _checked
+    check: Callable[[], None] = checked_whole
 
 
 class _PayloadCheck:

@@ -24,15 +24,12 @@ from typing import Protocol
 from llamad.cache.key import Namespace
 from llamad.cache.kvc import KvcLogits
 from llamad.cache.lookup import Lookup, RowRef
+from llamad.cache.tiers import checked_whole
 from llamad.model.backend import PackedState
 from llamad.model.results import ReadBufferStats, TokenSources
 from llamad.model.savepoints import SaveJob
 
 __all__ = ["CacheView", "RowRead"]
-
-
-def _checked() -> None:
-    """A row checked whole before it was handed over."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +49,7 @@ class RowRead:
 
     payload: memoryview
     logits: KvcLogits | None = None
-    check: Callable[[], None] = _checked
+    check: Callable[[], None] = checked_whole
 
 
 class CacheView(Protocol):
