@@ -296,6 +296,14 @@ class CacheClient:
             return False
         return bool(self._call("checkin", wire.Checkin(pin), reply_type=bool))
 
+    def release(self, pin: int | None) -> None:
+        """:meth:`checkin` as a cast: nothing comes back, and nothing waits for
+        cache-meta (a worker releases a row's pin between a restore and its
+        first token). Pin ids start at random, so a release that reaches a
+        restarted cache-meta cannot free another process's pin."""
+        if pin is not None:
+            self._client.cast("release", wire.Checkin(pin))
+
     def forget(self, key: bytes, *, tier: TierKind | None = None) -> bool:
         """Tell cache-meta a row's copy in ``tier`` is gone or corrupt so it stops
         serving it (its copies elsewhere stay); without ``tier``, the whole row."""

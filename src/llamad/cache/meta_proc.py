@@ -75,6 +75,7 @@ _QUIET_OPS: Final = frozenset(
         "longest_prefix",
         "checkout",
         "checkin",
+        "release",
         "forget",
         "dump",
         "counters",
@@ -538,6 +539,9 @@ class MetaServer:
 
     def _op_checkin(self, req: Request[wire.Checkin]) -> bool:
         return self.meta.checkin(req.body.pin)
+
+    def _op_release(self, req: Request[wire.Checkin]) -> None:
+        self.meta.checkin(req.body.pin)
 
     def _op_forget(self, req: Request[wire.Forget]) -> bool:
         return self.meta.forget(req.body.key, req.body.tier)

@@ -216,6 +216,12 @@ OPS: Final = {
         _call("status", NoArgs, "-> {rows, reservations, pins, waiters, moves, tiers, ...}"),
         _call("pressure_check", NoArgs, "force a pressure check; -> report"),
         OpSpec(
+            "release",
+            OpKind.CAST,
+            body=Checkin,
+            doc="release a pin, no reply (a worker's checkin, off its request's path)",
+        ),
+        OpSpec(
             "live_entries",
             OpKind.CAST,
             body=LiveEntries,

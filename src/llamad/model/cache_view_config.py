@@ -71,7 +71,7 @@ class CacheViewConfig:
     among them, and a row with none there is a miss. ``fingerprint_mode`` /
     ``supplied_fingerprint``: how the model file is identified
     (:func:`llamad.model.identity.base_fingerprint`).
-    ``lookup_timeout_s``: the most a lookup, checkin or forget may hold the
+    ``lookup_timeout_s``: the most a lookup or forget may hold the
     loop beyond a parent-save wait (and the most cache-meta may stay silent
     during such a wait); a lookup that takes longer runs the request cold.
     Short by default (0.3 s) so that a request meeting a wedged cache-meta

@@ -87,6 +87,25 @@ def test_unknown_op_is_refused_with_its_code(cache_settings: CacheSettings) -> N
             client.close()
 
 
+def test_a_release_cast_frees_its_pin_and_a_malformed_one_is_dropped(
+    cache_settings: CacheSettings,
+) -> None:
+    with MetaProcess(cache_settings) as proc, CacheClient.from_settings(cache_settings) as cache:
+        key = put(cache, cache_settings, 7)
+        ref = cache.lookup_exact(key)
+        assert ref is not None and ref.pin is not None
+        assert cache.status()["pins"] == 1
+        # A cast has no answer to refuse with: a malformed one is dropped, and
+        # cache-meta reads the next message as ever.
+        cache._client.cast("release", {"pin": -1})
+        cache.release(ref.pin)
+        # Casts and calls on one connection arrive in the order sent.
+        assert cache.status()["pins"] == 0
+        cache.release(ref.pin)  # a pin released twice: nothing to free
+        assert cache.status()["pins"] == 0
+        assert proc.proc is not None and proc.proc.poll() is None
+
+
 def test_meta_hit_counts_persist_across_a_restart_and_keep_popular_rows(
     cache_settings: CacheSettings,
 ) -> None:

@@ -27,6 +27,7 @@ from llamad.model import identity
 from llamad.model.cache_view_config import CacheViewConfig
 from llamad.model.client_cache_view import ClientCacheView
 from llamad.model.savepoints import SaveJob
+from llamad.testing import wait_until
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
 
@@ -150,7 +151,7 @@ def test_a_row_saved_under_another_build_is_a_miss_on_every_tier_never_restored(
         hit = reader.resolve(live, tokens, parent_key=None, wait_s=0.0)
         assert hit.row is not None and hit.use_tokens == len(head)
         reader.checkin(hit.row.pin)
-        assert admin.status()["pins"] == 0
+        wait_until(lambda: admin.status()["pins"] == 0, "the checkin", 10)
     finally:
         reader.close()
         for view in writers.values():

@@ -24,7 +24,7 @@ from llamad.llama_ffi import Context, Model, Sampler, SamplerParams, StateBuffer
 from llamad.model import identity
 from llamad.model.client_cache_view import ClientCacheView
 from llamad.model.savepoints import SaveJob
-from llamad.testing import discard_scratch, scratch_settings
+from llamad.testing import discard_scratch, scratch_settings, wait_until
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
 
@@ -128,7 +128,7 @@ def test_a_state_saved_to_ram_restores_in_place_into_another_context_identically
         # In place: the read-only shared mapping, never a copy into a buffer.
         assert readonly
         assert view.stats.reads_mapped == 1 and view.stats.reads_copied == 0
-        assert admin.status()["pins"] == 0
+        wait_until(lambda: admin.status()["pins"] == 0, "the checkin", 10)
     finally:
         view.close()
 
@@ -174,6 +174,6 @@ def test_a_state_restored_from_disk_after_its_ram_copy_is_evicted_continues_iden
         # The read found it large enough: nothing allocated on its path.
         after = view.read_buffer()
         assert after.grows_on_read == 0 and after.capacity == ahead.capacity
-        assert admin.status()["pins"] == 0
+        wait_until(lambda: admin.status()["pins"] == 0, "the checkin", 10)
     finally:
         view.close()
