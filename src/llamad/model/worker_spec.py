@@ -37,6 +37,7 @@ from llamad.supervisor.spec import ChildSpec, Restart, Start
 
 __all__ = [
     "DEFAULT_PARTS",
+    "NT_THRESHOLD",
     "TILED_ENV",
     "TILED_MM_ENV",
     "WORKER_ENTRY",
@@ -44,6 +45,7 @@ __all__ = [
     "apply_numerics",
     "worker_actor_name",
     "worker_child_spec",
+    "worker_env",
     "worker_template",
 ]
 
@@ -418,7 +420,39 @@ def worker_template(
         shutdown=shutdown_s,
         liveness_timeout=liveness_s,
         start_timeout=load_timeout_s,
+        env=worker_env(),
     )
+
+
+NT_THRESHOLD: Final = 0x40000
+"""The copy size from which a worker's ``memcpy`` stores bypass the cache (256 KiB).
+
+A restore's ``llama_state_seq_set_data`` copies the row into the KV one
+layer's K or V at a time (786 KB per copy at 2,048 tokens of the default
+model). glibc stores through the cache below its non-temporal threshold,
+which it sets from the last-level cache's size (99 MB on a 260 MB-L3
+Xeon), so every destination line was first read from memory and the copy
+ran at about half its bandwidth: 6.4-7.0 ms for a 47 MB row in the
+daemon, 3.9-4.3 ms with this threshold (``docs/internals/model-worker.md``,
+"Copies that bypass the cache"). Below it (a 196 KB logits row, a
+decode's tensors) nothing changes."""
+
+_TUNABLES_ENV: Final = "GLIBC_TUNABLES"
+_NT_TUNABLE: Final = "glibc.cpu.x86_non_temporal_threshold"
+
+
+def worker_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """What a worker's environment adds to its supervisor's: glibc's
+    non-temporal threshold at :data:`NT_THRESHOLD`, after any tunables the
+    operator set (``GLIBC_TUNABLES``, read once by the loader when the
+    process starts). An operator's own threshold is left alone. Other C
+    libraries ignore the variable."""
+    tunables = environ.get(_TUNABLES_ENV, "")
+    named = {item.split("=", 1)[0] for item in tunables.split(":") if item}
+    if _NT_TUNABLE in named:
+        return {}
+    ours = f"{_NT_TUNABLE}={NT_THRESHOLD:#x}"
+    return {_TUNABLES_ENV: f"{tunables}:{ours}" if tunables else ours}
 
 
 TILED_ENV: Final = "GGML_CPU_FA_TILED"
@@ -465,4 +499,5 @@ def worker_child_spec(
         shutdown=saves_s + _SHUTDOWN_MARGIN_S,
         liveness_timeout=spec.liveness_s,
         start_timeout=spec.load_timeout_s,
+        env=worker_env(),
     )

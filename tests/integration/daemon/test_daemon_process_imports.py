@@ -9,7 +9,8 @@ config loader, libllama's binding). The supervisors in the middle of the tree
 one model; cache-meta runs the cache's meta side. These tests run a real
 daemon under a ``sitecustomize`` that writes each process's ``sys.modules`` at
 interpreter exit (so what a process imports late, even while stopping, is
-counted too) and fail if an eager import pulls a heavy package in.
+counted too) and fail if an eager import pulls a heavy package in. The same
+dump records the ``GLIBC_TUNABLES`` each process started with.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from daemon_harness import GREEDY, Daemon, prompt_text
+from llamad.model.worker_spec import NT_THRESHOLD
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
 
@@ -37,6 +39,8 @@ def _dump():
     mapped = sorted({f[5].strip() for f in fields if len(f) == 6 and f[5].startswith("/")})
     with open(path[:-4] + ".maps", "w") as f:
         f.write("\\n".join(mapped) + "\\n")
+    with open(path[:-4] + ".env", "w") as f:
+        f.write(os.environ.get("GLIBC_TUNABLES", ""))
 
 if os.environ.get("IMPORTS_DUMP_DIR"):
     atexit.register(_dump)
@@ -104,15 +108,28 @@ def _read(dumps: Path, kind: str) -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
     for path in dumps.glob("*.txt"):
         argv_line, _, rest = path.read_text().partition("\n")
-        if kind == "maps":
-            rest = path.with_suffix(".maps").read_text()
+        if kind != "txt":
+            rest = path.with_suffix(f".{kind}").read_text()
         argv = argv_line.split("\0")
-        items = set(rest.split("\n") if kind == "maps" else rest.split()) - {""}
+        if kind == "env":
+            items = set(rest.split(":")) - {""}
+        else:
+            items = set(rest.split("\n") if kind == "maps" else rest.split()) - {""}
         if "--id" in argv[:-1]:
             found[argv[argv.index("--id") + 1]] = items
         elif argv[0].endswith("/llamad/daemon/__main__.py"):
             found["root"] = items
     return found
+
+
+def test_only_the_worker_stores_its_large_copies_past_the_cache(dumps: Path) -> None:
+    # A restore copies a row into the KV a layer at a time; glibc's own
+    # threshold (from the last-level cache's size) would store those copies
+    # through the cache at half their speed (llamad.model.worker_spec.NT_THRESHOLD).
+    tunables = _read(dumps, "env")
+    ours = f"glibc.cpu.x86_non_temporal_threshold={NT_THRESHOLD:#x}"
+    assert ours in tunables.pop("model.m"), tunables
+    assert all(ours not in t for t in tunables.values()), tunables
 
 
 def _heavy(modules: set[str], banned: frozenset[str]) -> list[str]:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -15,6 +19,7 @@ from llamad.llama_ffi.options import ContextOptions, FlashAttn, KVType
 from llamad.model.cache_view_config import CacheViewConfig
 from llamad.model.config import MarkerPair, WorkerConfig
 from llamad.model.worker_spec import (
+    NT_THRESHOLD,
     TILED_ENV,
     TILED_MM_ENV,
     WORKER_ENTRY,
@@ -22,6 +27,7 @@ from llamad.model.worker_spec import (
     apply_numerics,
     worker_actor_name,
     worker_child_spec,
+    worker_env,
     worker_template,
 )
 from llamad.supervisor.spec import ChildSpec, Restart
@@ -214,3 +220,40 @@ def test_a_deterministic_worker_turns_the_tiled_attention_off_in_its_process() -
     assert environ == {}  # the default leaves the library's default alone
     apply_numerics(spec(deterministic=True), environ)
     assert environ == {TILED_ENV: "0", TILED_MM_ENV: "0"}
+
+
+NT = f"glibc.cpu.x86_non_temporal_threshold={NT_THRESHOLD:#x}"
+
+
+def test_a_worker_starts_with_the_non_temporal_threshold_after_the_operators_tunables() -> None:
+    assert worker_env({}) == {"GLIBC_TUNABLES": NT}
+    assert worker_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) == {
+        "GLIBC_TUNABLES": f"glibc.malloc.arena_max=2:{NT}"
+    }
+    # An operator's own threshold is theirs.
+    mine = "glibc.malloc.arena_max=2:glibc.cpu.x86_non_temporal_threshold=0x100000"
+    assert worker_env({"GLIBC_TUNABLES": mine}) == {}
+    # Both ways a worker is started carry it.
+    assert worker_template().env == worker_env()
+    assert worker_child_spec(spec()).env == worker_env()
+
+
+def _loader() -> str | None:
+    for name in ("/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1"):
+        if Path(name).exists():
+            return name
+    return shutil.which("ld.so")
+
+
+def test_glibc_reads_the_workers_threshold() -> None:
+    loader = _loader()
+    if loader is None:
+        pytest.skip("no glibc loader here")
+    env = {**os.environ, **worker_env({})}
+    run = subprocess.run(
+        [loader, "--list-tunables"], env=env, capture_output=True, text=True, check=False
+    )
+    if run.returncode != 0 or "x86_non_temporal_threshold" not in run.stdout:
+        pytest.skip("this glibc does not list x86 tunables")
+    line = next(x for x in run.stdout.splitlines() if "x86_non_temporal_threshold" in x)
+    assert line.split(":")[1].split()[0] == f"{NT_THRESHOLD:#x}", line
