@@ -18,6 +18,7 @@ from bench.peers_report import (
     CLIENT,
     CLIENT_VIA,
     COPY_FLOOR,
+    COPY_PAST_CACHE,
     HTTP_VIA,
     INFO,
     LBENCH,
@@ -411,6 +412,11 @@ def _quiet_share(results: Results, system: str) -> str:
     return f"{median(share) * 100:.3g}% of its quiet rate"
 
 
+def _past_cache(parts: Mapping[str, Sequence[float]]) -> str:
+    past = parts.get(COPY_PAST_CACHE, [])
+    return f"; its stores past the cache, as a worker copies: {_m(past)} ms" if past else ""
+
+
 def _restore_parts(parts: Mapping[str, Sequence[float]]) -> str:
     """The restore's own parts, where the worker reported them (issue 21)."""
     if not parts.get(LOAD):
@@ -446,7 +452,8 @@ def notes(results: Results) -> list[str]:
                 f"{_m(parts.get(RESTORE, []))} ms (of it waiting for the row's save "
                 f"{_m(parts.get(WAIT, []))} ms) + first token {_m(parts.get(PRIMER, []))} ms + "
                 f"client/transport {_m(parts.get(CLIENT, []))} ms (the row copied once: "
-                f"{_m(parts.get(COPY_FLOOR, []))} ms){_restore_parts(parts)}; its tokens came from "
+                f"{_m(parts.get(COPY_FLOOR, []))} ms{_past_cache(parts)}){_restore_parts(parts)}; "
+                "its tokens came from "
                 f"{_sources_of(r, 'ram', size)}; llama-server's host-RAM cache hit {server} ms."
             )
         elif b.id == "P2":

@@ -18,7 +18,9 @@ from, and the report shows it.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -34,6 +36,7 @@ from bench.peers.server_sys import LlamaServer
 from bench.peers_report import (
     CLIENT,
     COPY_FLOOR,
+    COPY_PAST_CACHE,
     LBENCH,
     LCPP,
     LLAMAD,
@@ -53,6 +56,7 @@ from bench.peers_report import (
     reuse_share,
 )
 from bench.worker_bench_report import steady_rate
+from llamad.model.worker_spec import worker_env
 
 if TYPE_CHECKING:
     from llamad.model.results import Completion
@@ -204,6 +208,7 @@ def _llamad_ttft(rig: Rig, res: Results, n: int, ids: list[int], fillers: list[l
         row = d.largest_ram_row()
         if row:
             res.breakdown.setdefault(COPY_FLOOR, []).append(copy_ms(row))
+            res.breakdown.setdefault(COPY_PAST_CACHE, []).append(copy_ms_past_cache(row))
 
 
 def _server_ttft(
@@ -251,6 +256,38 @@ def copy_ms(nbytes: int) -> float:
         np.copyto(dst, src)
         best = min(best, time.perf_counter() - t0)
     return best * 1e3
+
+
+def copy_ms_past_cache(nbytes: int) -> float:
+    """:func:`copy_ms` in a process started as a model worker is, with glibc's
+    non-temporal threshold at the worker's (its stores bypass the cache;
+    ``llamad.model.worker_spec.worker_env``). A fresh interpreter: glibc
+    reads the setting once, at the process's start."""
+    env = {**os.environ, **worker_env(os.environ)}
+    run = subprocess.run(
+        [sys.executable, "-c", _COPY_SCRIPT, str(nbytes)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    return float(run.stdout.strip())
+
+
+# copy_ms's own loop, standing alone (the child imports nothing of the bench).
+_COPY_SCRIPT = """
+import sys, time
+import numpy as np
+src = np.ones(int(sys.argv[1]), dtype=np.uint8)
+dst = np.empty_like(src)
+best = float("inf")
+for _ in range(5):
+    t0 = time.perf_counter()
+    np.copyto(dst, src)
+    best = min(best, time.perf_counter() - t0)
+print(best * 1e3)
+"""
 
 
 # -- P5: llama-bench ----------------------------------------------------------------------

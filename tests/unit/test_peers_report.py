@@ -313,6 +313,17 @@ def test_each_part_of_the_warm_path_is_set_against_the_floor_round_by_round() ->
     rows = [x for x in text.splitlines() if x.startswith(f"| {rep.LOAD}")]
     assert len(rows) == 2  # its ms in the breakdown, its ratio against the copy
     assert rep.COPY_FLOOR in rows[1] and "2.00 (1.80-2.00)" in rows[1]
+    # No copy past the cache recorded (runs before it): no row against it.
+    assert rep.TOTAL_PAST_CACHE not in got and rep.FLOOR_PAST_CACHE not in rep.floor_parts(r)
+    # Recorded: the floor made the way a worker copies, and the TTFT against
+    # it beside the bar's own floor (which stays the bar's).
+    r.breakdown[rep.COPY_PAST_CACHE] = [3.0, 4.0, 3.0]
+    got = rep.against_floor(r)
+    assert got[rep.TOTAL_PAST_CACHE] == (rep.FLOOR_PAST_CACHE, [3.0, 16.0 / 5.0, 14.0 / 4.0])
+    assert got[rep.TOTAL] == (rep.FLOOR_TOTAL, [2.0, 16.0 / 7.0, 14.0 / 6.0])
+    assert rep.floor_parts(r)[rep.FLOOR_PAST_CACHE] == [4.0, 5.0, 4.0]
+    text = render.report(r, plots=[])
+    assert f"| {rep.TOTAL_PAST_CACHE}" in text and "3.20 (3.00-3.50)" in text
     # A run recorded before the worker reported the parts renders as before.
     del r.breakdown[rep.LOAD]
     assert rep.against_floor(r) == {}
