@@ -432,7 +432,7 @@ layer's K or V at a time (786 KB per copy at 2,048 tokens of the default
 model). glibc stores through the cache below its non-temporal threshold,
 which it sets from the last-level cache's size (99 MB on a 260 MB-L3
 Xeon), so every destination line was first read from memory and the copy
-ran at about half its bandwidth: 6.4-7.0 ms for a 47 MB row in the
+took ~1.6x as long: 6.4-7.0 ms for a 47 MB row in the
 daemon, 3.9-4.3 ms with this threshold (``docs/internals/model-worker.md``,
 "Copies that bypass the cache"). Below it (a 196 KB logits row, a
 decode's tensors) nothing changes."""
