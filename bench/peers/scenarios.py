@@ -22,14 +22,15 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from bench.peers import workload
+from bench.peers.copy_floor import copy_ms
 from bench.peers.lcpp_sys import LlamaCppPython
 from bench.peers.llamad_sys import LlamadDaemon
 from bench.peers.server_sys import LlamaServer
@@ -246,27 +247,16 @@ def _llamad_restart(rig: Rig, res: Results, prompts: dict[int, list[int]]) -> No
         add_llamad(res, ms, c, "restart", n)
 
 
-def copy_ms(nbytes: int) -> float:
-    """Best of five copies of ``nbytes`` between two resident buffers."""
-    src = np.ones(nbytes, dtype=np.uint8)
-    dst = np.empty_like(src)
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e3
-
-
 def copy_ms_past_cache(nbytes: int) -> float:
-    """:func:`copy_ms` in a process started as a model worker is, with glibc's
-    non-temporal threshold at the worker's (its stores bypass the cache;
-    ``llamad.model.worker_spec.worker_env``). A fresh interpreter: glibc
-    reads the setting once, at the process's start."""
+    """:func:`~bench.peers.copy_floor.copy_ms` in a process started as a model
+    worker is, with glibc's non-temporal threshold at the worker's (its stores
+    bypass the cache; ``llamad.model.worker_spec.worker_env``). A fresh
+    interpreter: glibc reads the setting once, at the process's start."""
     env = {**os.environ, **worker_env(os.environ)}
     run = subprocess.run(
-        [sys.executable, "-c", _COPY_SCRIPT, str(nbytes)],
+        [sys.executable, "-m", "bench.peers.copy_floor", str(nbytes)],
         env=env,
+        cwd=_REPO,
         capture_output=True,
         text=True,
         check=True,
@@ -275,19 +265,7 @@ def copy_ms_past_cache(nbytes: int) -> float:
     return float(run.stdout.strip())
 
 
-# copy_ms's own loop, standing alone (the child imports nothing of the bench).
-_COPY_SCRIPT = """
-import sys, time
-import numpy as np
-src = np.ones(int(sys.argv[1]), dtype=np.uint8)
-dst = np.empty_like(src)
-best = float("inf")
-for _ in range(5):
-    t0 = time.perf_counter()
-    np.copyto(dst, src)
-    best = min(best, time.perf_counter() - t0)
-print(best * 1e3)
-"""
+_REPO = Path(__file__).resolve().parents[2]
 
 
 # -- P5: llama-bench ----------------------------------------------------------------------

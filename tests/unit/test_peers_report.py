@@ -351,3 +351,12 @@ def test_https_first_token_bar_is_judged_on_the_back_to_back_runs() -> None:
     assert first.measured.startswith("1 (-1.4")
     r.series["http-run/llamad/http/2048"] = [1.4, 2.5, 1.3]
     assert by_id(r, "HTTP", "back-to-back repeats").verdict == "within noise"
+
+
+def test_the_floor_copy_past_the_cache_runs_in_a_process_started_as_a_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # From another directory: the child finds the bench by the repository's path.
+    monkeypatch.chdir(tmp_path)
+    scenarios = importlib.import_module("bench.peers.scenarios")
+    assert scenarios.copy_ms_past_cache(1 << 20) > 0.0
