@@ -18,17 +18,14 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any
 
-from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import Response
+from starlette.routing import BaseRoute, Router
 from starlette.types import Receive, Scope, Send
 
 from llamad.gateway.gate import ErrorRender, Gate
 
-__all__ = ["PROTOCOLS", "GatewayApp", "Protocol", "build_app"]
+__all__ = ["PROTOCOLS", "GatewayApp", "Protocol", "ProtocolApp", "build_app"]
 
 
 @dataclass(frozen=True)
@@ -67,7 +64,7 @@ class GatewayApp:
     def __init__(self, gate: Gate, protocols: tuple[Protocol, ...] = PROTOCOLS) -> None:
         self.gate = gate
         self.protocols = protocols
-        self._apps: dict[str, Starlette] = {}
+        self._apps: dict[str, ProtocolApp] = {}
 
     def protocol_of(self, path: str) -> Protocol:
         """The protocol of the longest prefix ``path`` falls under (the first: none)."""
@@ -80,10 +77,12 @@ class GatewayApp:
         """The protocols built so far (for tests)."""
         return sorted(self._apps)
 
-    def app_of(self, protocol: Protocol) -> Starlette:
+    def app_of(self, protocol: Protocol) -> ProtocolApp:
         app = self._apps.get(protocol.name)
         if app is None:
-            app = self._apps[protocol.name] = _build(self.gate, protocol)
+            module = importlib.import_module(protocol.module)
+            app = ProtocolApp(module.routes(self.gate), protocol.render_error())
+            self._apps[protocol.name] = app
         return app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -91,20 +90,35 @@ class GatewayApp:
         await self.app_of(self.protocol_of(scope["path"]))(scope, receive, send)
 
 
-def _build(gate: Gate, protocol: Protocol) -> Starlette:
-    module = importlib.import_module(protocol.module)
-    render = protocol.render_error()
+class ProtocolApp:
+    """One protocol's routes, and its error shape for a path or a method none
+    of them serves (404, 405).
 
-    async def http_error(request: Request, exc: Any) -> Response:
-        # A path under this protocol's prefix that none of its routes serve.
-        status = exc.status_code if isinstance(exc, HTTPException) else 500
-        code = _CODES.get(status, "bad_request" if status < 500 else "internal")
-        message = f"{request.method} {request.url.path}: {getattr(exc, 'detail', '') or code}"
-        return render(status, code, message, None)
+    A starlette ``Router`` alone, not a ``Starlette`` app: that one wraps
+    every request in two middlewares (a 500 page for an exception the
+    endpoint let out, and exception handlers) whose ``send`` relays every
+    body chunk of a stream passes through. The endpoints catch every
+    exception themselves (:class:`~llamad.gateway.gate.Guarded`), so what
+    is left of those is the router's own refusals, rendered here."""
 
-    app = Starlette(routes=module.routes(gate), exception_handlers={HTTPException: http_error})
-    app.state.gate = gate
-    return app
+    def __init__(self, routes: list[BaseRoute], render: ErrorRender) -> None:
+        self.router = Router(routes)
+        self.render = render
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # "app" in the scope: the router raises its 404 and 405 as
+        # HTTPException (else it answers them in plain text itself).
+        scope["app"] = self
+        try:
+            await self.router(scope, receive, send)
+        except HTTPException as exc:
+            status = exc.status_code
+            code = _CODES.get(status, "bad_request" if status < 500 else "internal")
+            message = f"{scope['method']} {scope['path']}: {exc.detail or code}"
+            response = self.render(status, code, message, None)
+            if exc.headers:
+                response.headers.update(exc.headers)
+            await response(scope, receive, send)
 
 
 def build_app(gate: Gate, protocols: tuple[Protocol, ...] = PROTOCOLS) -> GatewayApp:

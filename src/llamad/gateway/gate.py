@@ -34,6 +34,7 @@ import structlog
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
+from starlette.types import Receive, Scope, Send
 
 from llamad.errors import LlamadError
 from llamad.gateway.errors import HttpError, param_of, status_of
@@ -51,8 +52,8 @@ __all__ = [
     "ClientGone",
     "ErrorRender",
     "Gate",
+    "Guarded",
     "OpenStream",
-    "guarded",
 ]
 
 log = structlog.get_logger("llamad.gateway")
@@ -85,22 +86,36 @@ ErrorRender = Callable[[int, str, str, "str | None"], Response]
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-def guarded(render: ErrorRender, endpoint: Endpoint) -> Endpoint:
-    """``endpoint`` with every refusal rendered in its protocol's shape and the
-    status of :mod:`llamad.gateway.errors`."""
+class Guarded:
+    """``endpoint`` as a plain ASGI app, every refusal rendered in its
+    protocol's shape and the status of :mod:`llamad.gateway.errors`.
 
-    async def run(request: Request) -> Response:
+    A starlette ``Route`` takes it as is (it is no function): no
+    ``request_response`` around it, so none of starlette's exception wrapper
+    and its ``send`` relay, which every body chunk of a stream went through
+    (this catches every exception itself; ``docs/internals/gateway.md``)."""
+
+    __slots__ = ("endpoint", "render")
+
+    def __init__(self, render: ErrorRender, endpoint: Endpoint) -> None:
+        self.render = render
+        self.endpoint = endpoint
+
+    async def run(self, request: Request) -> Response:
         try:
-            return await endpoint(request)
+            return await self.endpoint(request)
         except ClientGone:
             return Response(status_code=499)  # nobody reads it: the socket is gone
         except (LlamadError, HttpError) as exc:
-            return render(status_of(exc), exc.code, exc.message, param_of(exc))
+            return self.render(status_of(exc), exc.code, exc.message, param_of(exc))
         except Exception:
             log.exception("gateway.internal_error", path=request.url.path)
-            return render(500, "internal", "internal error (the gateway's log says more)", None)
+            message = "internal error (the gateway's log says more)"
+            return self.render(500, "internal", message, None)
 
-    return run
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = await self.run(Request(scope, receive, send))
+        await response(scope, receive, send)
 
 
 def key_digest(key: str) -> str:
@@ -174,7 +189,7 @@ class Gate:
         self, path: str, endpoint: Endpoint, render: ErrorRender, methods: Sequence[str]
     ) -> BaseRoute:
         """A starlette route whose refusals ``render`` shapes."""
-        return Route(path, guarded(render, endpoint), methods=list(methods))
+        return Route(path, Guarded(render, endpoint), methods=list(methods))
 
     # -- who, and what they sent ----------------------------------------------------
 
@@ -266,6 +281,13 @@ class Gate:
         opened: list[AsyncStream] = []  # the stream once sent, to close if what follows fails
         commit = self.http.keepalive_s if keepalive else None
 
+        loop = asyncio.get_running_loop()
+        woken = loop.create_future()  # the first event, a refusal, the client gone, or commit
+
+        def wake(_: object = None) -> None:
+            if not woken.done():
+                woken.set_result(None)
+
         async def start() -> tuple[AsyncIterator[Event], Event]:
             stream = await self.client.infer(
                 model,
@@ -276,7 +298,11 @@ class Gate:
             )
             opened.append(stream)
             events = aiter(stream)
-            return events, await anext(events)
+            first = await anext(events)
+            # Woken from here, not from the task's end: the request goes on a
+            # loop turn sooner (the task is done by the time it runs).
+            wake()
+            return events, first
 
         async def close() -> None:
             for stream in opened:
@@ -285,17 +311,22 @@ class Gate:
         def buffered() -> int:
             return opened[0].buffered() if opened else 0
 
-        # One watch over the send and the first event (each watch is two tasks).
-        starting = asyncio.ensure_future(start())
-        gone = asyncio.ensure_future(wait_disconnect(request.receive))
+        # One watch over the send and the first event: two tasks, one waiter.
+        starting = loop.create_task(start())
+        gone = loop.create_task(wait_disconnect(request.receive))
+        starting.add_done_callback(wake)  # a refusal (the task raised)
+        gone.add_done_callback(wake)
+        timer = None if commit is None else loop.call_later(commit, wake)
         try:
             try:
-                await asyncio.wait(
-                    (starting, gone), return_when=asyncio.FIRST_COMPLETED, timeout=commit
-                )
+                await woken
             finally:
+                starting.remove_done_callback(wake)
+                gone.remove_done_callback(wake)
                 if not gone.done():
                     gone.cancel()
+                if timer is not None:
+                    timer.cancel()
             if starting.done():
                 events, first = starting.result()
             elif gone.done():

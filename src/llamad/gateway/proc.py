@@ -189,6 +189,9 @@ async def _serve(settings: GatewaySettings) -> None:
         log_config=None,
         access_log=False,
         server_header=False,
+        # No X-Forwarded-* rewriting: a middleware on every request for a
+        # client address nothing reads (keys, not addresses, admit callers).
+        proxy_headers=False,
         timeout_graceful_shutdown=GRACE_S,
     )
     server = _Server(config)

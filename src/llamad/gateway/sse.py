@@ -4,10 +4,10 @@
 chunk (the protocol frames them: OpenAI's ``data: {...}\\n\\n``, Anthropic's
 ``event: ...\\ndata: ...\\n\\n``, Ollama's NDJSON lines) and, beside it,
 waits for the connection's ``http.disconnect``: the moment the client goes,
-the iterator's task is cancelled, which cancels the llamad stream inside it
-(CANCEL to the worker). uvicorn sends nothing to a closed connection and
-raises nothing either, so without that watch a stream whose client left
-would run to its end.
+the task pumping the iterator (the request's own) is cancelled, which
+cancels the llamad stream inside it (CANCEL to the worker). uvicorn sends
+nothing to a closed connection and raises nothing either, so without that
+watch a stream whose client left would run to its end.
 
 **Keep-alive.** With ``ping_s``, a stream that sent nothing for that long
 gets ``ping`` (an SSE comment, ``: ping``, which every SSE reader skips), so
@@ -15,9 +15,10 @@ a proxy with a read timeout keeps a long prefill or a held tool call open.
 One task sleeps beside the stream until the last write is ``ping_s`` old;
 the stream itself only notes the time of each write.
 
-Leaner than sse-starlette's response (one task beside the stream, no
-shutdown poller, no task group): it keeps the gateway's cost to the first
-token and per token small (``docs/internals/gateway.md``).
+Leaner than sse-starlette's response (the stream pumped in the request's
+task, a watch beside it, no shutdown poller, no task group): it keeps the
+gateway's cost to the first token and per token small
+(``docs/internals/gateway.md``).
 """
 
 from __future__ import annotations
@@ -85,29 +86,39 @@ class EventStream(StreamingResponse):
         self.ping = ping
         self._last = 0.0  # the loop's time of the last write
         self._ended = False  # the last body message is sent: no ping after it
+        self._gone = False  # the client left: the pump was cancelled for it
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        self._last = asyncio.get_running_loop().time()
-        pump = asyncio.ensure_future(self._pump(send))
-        gone = asyncio.ensure_future(wait_disconnect(receive))
-        tasks = [pump, gone]
+        loop = asyncio.get_running_loop()
+        self._last = loop.time()
+        # The stream is pumped in the request's own task, so its first chunk
+        # (here already when the response starts) is written now, not a loop
+        # turn later from a task of its own; the watch cancels this task the
+        # moment the client goes.
+        here = asyncio.current_task()
+        assert here is not None
+        watchers = [loop.create_task(self._watch(receive, here))]
         if self.ping_s:
-            tasks.append(asyncio.ensure_future(self._pings(send, self.ping_s)))
+            watchers.append(loop.create_task(self._pings(send, self.ping_s)))
         try:
-            await asyncio.wait((pump, gone), return_when=asyncio.FIRST_COMPLETED)
+            await self._pump(send)
+        except asyncio.CancelledError:
+            if not self._gone:
+                raise  # cancelled from outside (the server stopping): not ours to end
+            here.uncancel()  # the watch's cancel, spent: the response just ends
         finally:
-            for task in tasks:
-                if not task.done():
-                    task.cancel()
-            for task in tasks[1:]:
+            for task in watchers:
+                task.cancel()
+            for task in watchers:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        if pump.cancelled():
-            with contextlib.suppress(asyncio.CancelledError):
-                await pump
-            return
-        pump.result()
+
+    async def _watch(self, receive: Receive, pumping: asyncio.Task[None]) -> None:
+        await wait_disconnect(receive)
+        if not self._ended:
+            self._gone = True
+            pumping.cancel()
 
     async def _pump(self, send: Send) -> None:
         loop = asyncio.get_running_loop()

@@ -426,6 +426,7 @@ def test_unknown_routes_and_methods_in_openai_shape(app: TestClient) -> None:
     assert (r.status_code, r.json()["error"]["code"]) == (404, "not_found")
     r = app.get("/v1/chat/completions")
     assert (r.status_code, r.json()["error"]["code"]) == (405, "method_not_allowed")
+    assert r.headers["allow"] == "POST"  # RFC 9110: a 405 names the methods served
 
 
 def test_each_protocol_is_built_on_its_first_request(fake: FakeClient) -> None:
