@@ -6,7 +6,7 @@ through :class:`llamad.AsyncClient`, so a request over HTTP is a client
 request like any other: routed by the front, streamed straight from the worker.
 
 - :mod:`~llamad.gateway.proc`: the supervised entry point (bind, serve, heartbeat);
-- :mod:`~llamad.gateway.app`: the starlette app, one route table per protocol;
+- :mod:`~llamad.gateway.app`: the ASGI app, one starlette router per protocol;
 - :mod:`~llamad.gateway.gate`: every request's way into the daemon (keys,
   tenants' cache salts, limits, timeouts, disconnect → cancel);
 - :mod:`~llamad.gateway.errors`: llamad's error codes as HTTP statuses;

@@ -8,7 +8,7 @@ paths are answered in that shape. Adding a protocol is one line here.
 **Lazily.** A request goes to the protocol of the longest prefix its path
 falls under (``/v1/messages`` is Anthropic's inside OpenAI's ``/v1/``; a path
 under none is OpenAI's), and that protocol's module is imported and its
-starlette app built on the first request it gets. An idle gateway has
+router (:class:`ProtocolApp`) built on the first request it gets. An idle gateway has
 imported none of them (nor what they bring: the tool-call parsers, the JSON
 schema converter, the Prometheus exposition), which keeps its resident
 memory down (SPEC P9, ``docs/internals/gateway.md``).
@@ -58,8 +58,8 @@ _CODES = {404: "not_found", 405: "method_not_allowed"}
 
 
 class GatewayApp:
-    """The ASGI app: each request to its protocol's starlette app, built
-    (its module imported) on the protocol's first request."""
+    """The ASGI app: each request to its protocol's router, built (its
+    module imported) on the protocol's first request."""
 
     def __init__(self, gate: Gate, protocols: tuple[Protocol, ...] = PROTOCOLS) -> None:
         self.gate = gate
