@@ -70,6 +70,11 @@ def shaped(kept: array[float], shape: str) -> array[float]:
     elif shape == "nan_in_the_middle":
         row[500] = math.nan
         row[n - 1] = math.nan
+    elif shape == "nan_after_the_max_in_its_lane":
+        # A NaN sixteen entries after the maximum: the same lane of the SSE
+        # maximum, which must keep the maximum, not take the NaN.
+        row[1600] = top + 1.0
+        row[1616] = math.nan
     elif shape == "nan_first":
         row[0] = math.nan
     elif shape == "all_minus_inf":
@@ -80,6 +85,11 @@ def shaped(kept: array[float], shape: str) -> array[float]:
         row = array("f", [-1.0]) * n
         row[11] = -0.0
         row[12] = 0.0
+    elif shape == "signed_zeros_in_one_block":
+        # Both zeros in one block of four of the SSE scan, -0 first.
+        row = array("f", [-1.0]) * n
+        row[8] = -0.0
+        row[9] = 0.0
     else:  # pragma: no cover - a typo in the parameters
         raise AssertionError(shape)
     assert reference(row) != OUT_OF_THE_WAY
@@ -93,10 +103,12 @@ SHAPES = [
     "max_is_last",
     "max_is_first",
     "nan_in_the_middle",
+    "nan_after_the_max_in_its_lane",
     "nan_first",
     "all_minus_inf",
     "plus_inf",
     "signed_zeros",
+    "signed_zeros_in_one_block",
 ]
 
 
@@ -142,10 +154,11 @@ def test_a_chain_with_more_than_greedy_is_not_picked_on_the_raw_row(
     assert second == reference(without_top)
 
 
-@pytest.mark.parametrize("n", [1, 2, 7, 8, 9, 13, 17, 63])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 8, 9, 13, 15, 16, 17, 31, 33, 63])
 def test_rows_of_any_length_are_scanned_to_their_last_entry(model: Model, n: int) -> None:
-    # The model's rows are a multiple of eight long; the shim takes any
-    # length, so the tail after the last full group of eight is checked here.
+    # The model's rows are a multiple of sixteen long; the shim takes any
+    # length, so the tails after the SSE passes' last full blocks (sixteen
+    # for the maximum, four for the first entry equal to it) are checked here.
     rng = random.Random(n)
     with Sampler(model, BARE) as s, s.native_handle.lease() as chain:
         for case in range(40):
