@@ -710,9 +710,10 @@ def floor_parts(results: Results) -> dict[str, list[float]]:
     if past and sample:
         parts[COPY_PAST_CACHE] = past
         parts[FLOOR_PAST_CACHE] = [c + s for c, s in zip(past, sample, strict=False)]
-        total = parts.get(TOTAL, [])
-        if total:
-            parts[GAP] = [t - f for t, f in zip(total, parts[FLOOR_TOTAL], strict=False)]
+    total, floor = parts.get(TOTAL, []), parts.get(FLOOR_TOTAL, [])
+    if total and floor:
+        # Last, after the past-cache rows (the breakdown's order).
+        parts[GAP] = [t - f for t, f in zip(total, floor, strict=False)]
     return parts
 
 

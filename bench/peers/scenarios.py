@@ -247,6 +247,10 @@ def _llamad_restart(rig: Rig, res: Results, prompts: dict[int, list[int]]) -> No
         add_llamad(res, ms, c, "restart", n)
 
 
+_REPO = Path(__file__).resolve().parents[2]
+"""Where ``python -m bench.peers.copy_floor`` runs from, whatever the caller's cwd."""
+
+
 def copy_ms_past_cache(nbytes: int) -> float:
     """:func:`~bench.peers.copy_floor.copy_ms` in a process started as a model
     worker is, with glibc's non-temporal threshold at the worker's (its stores
@@ -263,9 +267,6 @@ def copy_ms_past_cache(nbytes: int) -> float:
         timeout=120,
     )
     return float(run.stdout.strip())
-
-
-_REPO = Path(__file__).resolve().parents[2]
 
 
 # -- P5: llama-bench ----------------------------------------------------------------------

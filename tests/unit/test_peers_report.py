@@ -313,8 +313,10 @@ def test_each_part_of_the_warm_path_is_set_against_the_floor_round_by_round() ->
     rows = [x for x in text.splitlines() if x.startswith(f"| {rep.LOAD}")]
     assert len(rows) == 2  # its ms in the breakdown, its ratio against the copy
     assert rep.COPY_FLOOR in rows[1] and "2.00 (1.80-2.00)" in rows[1]
-    # No copy past the cache recorded (runs before it): no row against it.
+    # No copy past the cache recorded (runs before it): no row against it,
+    # and the gap to the bar's floor is there all the same.
     assert rep.TOTAL_PAST_CACHE not in got and rep.FLOOR_PAST_CACHE not in rep.floor_parts(r)
+    assert rep.GAP in rep.floor_parts(r)
     # Recorded: the floor made the way a worker copies, and the TTFT against
     # it beside the bar's own floor (which stays the bar's).
     r.breakdown[rep.COPY_PAST_CACHE] = [3.0, 4.0, 3.0]
